@@ -1,0 +1,120 @@
+//! `PJRT_Buffer`: a device array; metadata, device→host copies, readiness.
+
+use crate::api::{api_call, args};
+use crate::client::ClientInner;
+use crate::element_type::ElementType;
+use crate::error::{Error, Result};
+use crate::event::Event;
+use pjrt_sys as sys;
+use std::sync::Arc;
+
+/// An owned device buffer; freed on drop. Keeps its client alive.
+pub struct Buffer {
+    client: Arc<ClientInner>,
+    raw: *mut sys::PJRT_Buffer,
+}
+
+// SAFETY: PJRT buffers are immutable device arrays whose methods are thread-safe; destruction is
+// done once, by the owner.
+unsafe impl Send for Buffer {}
+unsafe impl Sync for Buffer {}
+
+impl std::fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Buffer")
+            .field("element_type", &self.element_type().ok())
+            .field("dims", &self.dims().ok())
+            .finish()
+    }
+}
+
+impl Buffer {
+    /// # Safety
+    /// `raw` must be an owned buffer of `client`.
+    pub(crate) unsafe fn from_raw(client: Arc<ClientInner>, raw: *mut sys::PJRT_Buffer) -> Buffer {
+        Buffer { client, raw }
+    }
+
+    pub(crate) fn raw(&self) -> *mut sys::PJRT_Buffer {
+        self.raw
+    }
+
+    pub fn element_type(&self) -> Result<ElementType> {
+        let mut args = args!(PJRT_Buffer_ElementType_Args { buffer: self.raw });
+        api_call!(self.client.api(), PJRT_Buffer_ElementType, &mut args)?;
+        ElementType::from_raw(args.type_).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "buffer has PJRT element type {} which this layer does not support",
+                args.type_
+            ))
+        })
+    }
+
+    pub fn dims(&self) -> Result<Vec<i64>> {
+        let mut args = args!(PJRT_Buffer_Dimensions_Args { buffer: self.raw });
+        api_call!(self.client.api(), PJRT_Buffer_Dimensions, &mut args)?;
+        if args.num_dims == 0 {
+            return Ok(Vec::new());
+        }
+        // SAFETY: the buffer owns `num_dims` dimensions while it lives.
+        Ok(unsafe { std::slice::from_raw_parts(args.dims, args.num_dims) }.to_vec())
+    }
+
+    /// Bytes the buffer occupies on the device.
+    pub fn on_device_size(&self) -> Result<usize> {
+        let mut args = args!(PJRT_Buffer_OnDeviceSizeInBytes_Args { buffer: self.raw });
+        api_call!(self.client.api(), PJRT_Buffer_OnDeviceSizeInBytes, &mut args)?;
+        Ok(args.on_device_size_in_bytes)
+    }
+
+    /// Bytes of the dense row-major host copy.
+    pub fn host_size(&self) -> Result<usize> {
+        let mut args = args!(PJRT_Buffer_ToHostBuffer_Args { src: self.raw });
+        api_call!(self.client.api(), PJRT_Buffer_ToHostBuffer, &mut args)?;
+        Ok(args.dst_size)
+    }
+
+    /// Copies the buffer to a new dense row-major host array, waiting for it.
+    pub fn to_host(&self) -> Result<Vec<u8>> {
+        let size = self.host_size()?;
+        let mut out = vec![0u8; size];
+        self.to_host_into(&mut out)?;
+        Ok(out)
+    }
+
+    /// Copies the buffer into `dst` (exactly `host_size()` bytes), waiting for it.
+    pub fn to_host_into(&self, dst: &mut [u8]) -> Result<()> {
+        let mut args = args!(PJRT_Buffer_ToHostBuffer_Args {
+            src: self.raw,
+            dst: dst.as_mut_ptr() as *mut std::ffi::c_void,
+            dst_size: dst.len(),
+        });
+        api_call!(self.client.api(), PJRT_Buffer_ToHostBuffer, &mut args)?;
+        if args.event.is_null() {
+            return Ok(());
+        }
+        // SAFETY: an owned event of this plugin; awaited before `dst` is released.
+        let event = unsafe { Event::from_raw(*self.client.api(), args.event) };
+        event.wait()
+    }
+
+    /// An event that becomes ready when the buffer's contents are computed.
+    pub fn ready_event(&self) -> Result<Event> {
+        let mut args = args!(PJRT_Buffer_ReadyEvent_Args { buffer: self.raw });
+        api_call!(self.client.api(), PJRT_Buffer_ReadyEvent, &mut args)?;
+        // SAFETY: an owned event of this plugin.
+        Ok(unsafe { Event::from_raw(*self.client.api(), args.event) })
+    }
+
+    /// Waits until the buffer is computed; returns the error of the computation that made it.
+    pub fn wait_ready(&self) -> Result<()> {
+        self.ready_event()?.wait()
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        let mut args = args!(PJRT_Buffer_Destroy_Args { buffer: self.raw });
+        let _: Result<()> = api_call!(self.client.api(), PJRT_Buffer_Destroy, &mut args);
+    }
+}

@@ -1,0 +1,78 @@
+//! Element types of PJRT buffers that PyTorch and PJRT share.
+
+use pjrt_sys as sys;
+
+/// The element types this layer supports (every dtype PyTorch and PJRT have in common).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum ElementType {
+    Pred,
+    S8,
+    S16,
+    S32,
+    S64,
+    U8,
+    F16,
+    BF16,
+    F32,
+    F64,
+}
+
+impl ElementType {
+    pub const ALL: [ElementType; 10] = [
+        ElementType::Pred,
+        ElementType::S8,
+        ElementType::S16,
+        ElementType::S32,
+        ElementType::S64,
+        ElementType::U8,
+        ElementType::F16,
+        ElementType::BF16,
+        ElementType::F32,
+        ElementType::F64,
+    ];
+
+    /// Bytes per element in a dense host buffer.
+    pub fn size_bytes(self) -> usize {
+        match self {
+            ElementType::Pred | ElementType::S8 | ElementType::U8 => 1,
+            ElementType::S16 | ElementType::F16 | ElementType::BF16 => 2,
+            ElementType::S32 | ElementType::F32 => 4,
+            ElementType::S64 | ElementType::F64 => 8,
+        }
+    }
+
+    /// The MLIR element type name (`f32`, `i1`, `ui8`, ...).
+    pub fn mlir_name(self) -> &'static str {
+        match self {
+            ElementType::Pred => "i1",
+            ElementType::S8 => "i8",
+            ElementType::S16 => "i16",
+            ElementType::S32 => "i32",
+            ElementType::S64 => "i64",
+            ElementType::U8 => "ui8",
+            ElementType::F16 => "f16",
+            ElementType::BF16 => "bf16",
+            ElementType::F32 => "f32",
+            ElementType::F64 => "f64",
+        }
+    }
+
+    pub(crate) fn to_raw(self) -> sys::PJRT_Buffer_Type {
+        match self {
+            ElementType::Pred => sys::PJRT_Buffer_Type_PRED,
+            ElementType::S8 => sys::PJRT_Buffer_Type_S8,
+            ElementType::S16 => sys::PJRT_Buffer_Type_S16,
+            ElementType::S32 => sys::PJRT_Buffer_Type_S32,
+            ElementType::S64 => sys::PJRT_Buffer_Type_S64,
+            ElementType::U8 => sys::PJRT_Buffer_Type_U8,
+            ElementType::F16 => sys::PJRT_Buffer_Type_F16,
+            ElementType::BF16 => sys::PJRT_Buffer_Type_BF16,
+            ElementType::F32 => sys::PJRT_Buffer_Type_F32,
+            ElementType::F64 => sys::PJRT_Buffer_Type_F64,
+        }
+    }
+
+    pub(crate) fn from_raw(raw: sys::PJRT_Buffer_Type) -> Option<ElementType> {
+        ElementType::ALL.into_iter().find(|t| t.to_raw() == raw)
+    }
+}

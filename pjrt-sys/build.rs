@@ -31,7 +31,10 @@ fn find_header(manifest_dir: &Path) -> Result<PathBuf, String> {
         return if path.is_file() {
             Ok(path)
         } else {
-            Err(format!("PJRT_C_API_HEADER={} is not a file", path.display()))
+            Err(format!(
+                "PJRT_C_API_HEADER={} is not a file",
+                path.display()
+            ))
         };
     }
     let mut prefixes = Vec::new();

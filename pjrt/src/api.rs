@@ -10,6 +10,9 @@ use std::ffi::c_char;
 #[derive(Copy, Clone)]
 pub(crate) struct Api {
     raw: *const sys::PJRT_Api,
+    /// The plugin file, for error messages. Leaked once per loaded plugin (plugins are never
+    /// unloaded either).
+    label: &'static str,
 }
 
 // SAFETY: the table is immutable after `GetPjrtApi` returns, and the PJRT C API requires its
@@ -20,8 +23,8 @@ unsafe impl Sync for Api {}
 impl Api {
     /// # Safety
     /// `raw` must point to a `PJRT_Api` that stays valid for the rest of the process.
-    pub(crate) unsafe fn from_raw(raw: *const sys::PJRT_Api) -> Api {
-        Api { raw }
+    pub(crate) unsafe fn from_raw(raw: *const sys::PJRT_Api, label: &'static str) -> Api {
+        Api { raw, label }
     }
 
     pub(crate) fn raw(&self) -> *const sys::PJRT_Api {
@@ -48,7 +51,7 @@ impl Api {
         let (major, minor) = self.version();
         Error::Unimplemented {
             function,
-            plugin: crate::plugin::plugin_label_for(self.raw),
+            plugin: self.label.to_string(),
             major,
             minor,
         }

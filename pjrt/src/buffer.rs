@@ -63,7 +63,11 @@ impl Buffer {
     /// Bytes the buffer occupies on the device.
     pub fn on_device_size(&self) -> Result<usize> {
         let mut args = args!(PJRT_Buffer_OnDeviceSizeInBytes_Args { buffer: self.raw });
-        api_call!(self.client.api(), PJRT_Buffer_OnDeviceSizeInBytes, &mut args)?;
+        api_call!(
+            self.client.api(),
+            PJRT_Buffer_OnDeviceSizeInBytes,
+            &mut args
+        )?;
         Ok(args.on_device_size_in_bytes)
     }
 

@@ -175,7 +175,11 @@ impl Client {
             serialized_executable: serialized.as_ptr() as *const c_char,
             serialized_executable_size: serialized.len(),
         });
-        api_call!(self.inner.api(), PJRT_Executable_DeserializeAndLoad, &mut args)?;
+        api_call!(
+            self.inner.api(),
+            PJRT_Executable_DeserializeAndLoad,
+            &mut args
+        )?;
         // SAFETY: a fresh, owned loaded executable of this client.
         unsafe { LoadedExecutable::from_raw(self.inner.clone(), args.loaded_executable) }
     }
@@ -218,7 +222,11 @@ impl Client {
             host_buffer_semantics: sys::PJRT_HostBufferSemantics_kImmutableOnlyDuringCall,
             device: device.raw,
         });
-        api_call!(self.inner.api(), PJRT_Client_BufferFromHostBuffer, &mut args)?;
+        api_call!(
+            self.inner.api(),
+            PJRT_Client_BufferFromHostBuffer,
+            &mut args
+        )?;
         if !args.done_with_host_buffer.is_null() {
             // SAFETY: an owned event; with "only during call" semantics it is already done.
             drop(unsafe { Event::from_raw(*self.inner.api(), args.done_with_host_buffer) });
@@ -233,7 +241,9 @@ impl Client {
         api_call!(self.inner.api(), PJRT_Device_MemoryStats, &mut args)?;
         Ok(DeviceMemoryStats {
             bytes_in_use: args.bytes_in_use,
-            peak_bytes_in_use: args.peak_bytes_in_use_is_set.then_some(args.peak_bytes_in_use),
+            peak_bytes_in_use: args
+                .peak_bytes_in_use_is_set
+                .then_some(args.peak_bytes_in_use),
             bytes_limit: args.bytes_limit_is_set.then_some(args.bytes_limit),
         })
     }

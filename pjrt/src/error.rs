@@ -75,17 +75,17 @@ pub enum Error {
         minor: i32,
     },
     /// No plugin file was found for a name or path.
-    #[error(
-        "PJRT plugin '{requested}' not found; looked in: {looked}. {fix}"
-    )]
+    #[error("PJRT plugin '{requested}' not found; looked in: {looked}. {fix}")]
     PluginNotFound {
         requested: String,
         looked: String,
         fix: String,
     },
     /// The file exists but is not a loadable PJRT plugin.
-    #[error("'{path}' is not a PJRT plugin: {reason}. Point TORCH_PJRT_PLUGIN at a PJRT plugin \
-             (a shared library exporting GetPjrtApi), or use 'cpu', 'cuda' or 'tpu'")]
+    #[error(
+        "'{path}' is not a PJRT plugin: {reason}. Point TORCH_PJRT_PLUGIN at a PJRT plugin \
+             (a shared library exporting GetPjrtApi), or use 'cpu', 'cuda' or 'tpu'"
+    )]
     NotAPlugin { path: String, reason: String },
     /// The plugin speaks another major version of the PJRT C API.
     #[error(

@@ -20,6 +20,14 @@ pub struct LoadedExecutable {
 unsafe impl Send for LoadedExecutable {}
 unsafe impl Sync for LoadedExecutable {}
 
+impl std::fmt::Debug for LoadedExecutable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedExecutable")
+            .field("num_outputs", &self.num_outputs)
+            .finish()
+    }
+}
+
 /// What `GetCompiledMemoryStats` reports for one executable, in bytes.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CompiledMemoryStats {
@@ -106,8 +114,7 @@ impl LoadedExecutable {
         arguments: &[&Buffer],
         options: &ExecuteOptions,
     ) -> Result<(Vec<Buffer>, Option<Event>)> {
-        let raw_arguments: Vec<*mut sys::PJRT_Buffer> =
-            arguments.iter().map(|b| b.raw()).collect();
+        let raw_arguments: Vec<*mut sys::PJRT_Buffer> = arguments.iter().map(|b| b.raw()).collect();
         let argument_lists: [*const *mut sys::PJRT_Buffer; 1] = [raw_arguments.as_ptr()];
         let mut outputs: Vec<*mut sys::PJRT_Buffer> = vec![std::ptr::null_mut(); self.num_outputs];
         let output_lists: [*mut *mut sys::PJRT_Buffer; 1] = [outputs.as_mut_ptr()];

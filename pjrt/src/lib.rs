@@ -26,5 +26,7 @@ pub use named_value::NamedValue;
 pub use plugin::{resolve_plugin_path, site_package_dirs, Plugin};
 
 /// The PJRT C API version these bindings were generated from, as (major, minor).
-pub const BUILT_API_VERSION: (i32, i32) =
-    (pjrt_sys::PJRT_API_MAJOR as i32, pjrt_sys::PJRT_API_MINOR as i32);
+pub const BUILT_API_VERSION: (i32, i32) = (
+    pjrt_sys::PJRT_API_MAJOR as i32,
+    pjrt_sys::PJRT_API_MINOR as i32,
+);

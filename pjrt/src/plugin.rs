@@ -24,11 +24,17 @@ fn known_locations(name: &str) -> Option<&'static [&'static str]> {
 
 fn install_hint(name: &str) -> &'static str {
     match name {
-        "cpu" => "Install it with `pip install xla-cpu-pjrt` (or run `make venv`), or set \
-                  TORCH_PJRT_PLUGIN to the plugin's path",
-        "cuda" => "Install it with `pip install jax-cuda13-pjrt` (or jax-cuda12-pjrt), or set \
-                   TORCH_PJRT_PLUGIN to the plugin's path",
-        "tpu" => "Install it with `pip install libtpu`, or set TORCH_PJRT_PLUGIN to the plugin's path",
+        "cpu" => {
+            "Install it with `pip install xla-cpu-pjrt` (or run `make venv`), or set \
+                  TORCH_PJRT_PLUGIN to the plugin's path"
+        }
+        "cuda" => {
+            "Install it with `pip install jax-cuda13-pjrt` (or jax-cuda12-pjrt), or set \
+                   TORCH_PJRT_PLUGIN to the plugin's path"
+        }
+        "tpu" => {
+            "Install it with `pip install libtpu`, or set TORCH_PJRT_PLUGIN to the plugin's path"
+        }
         _ => "Set TORCH_PJRT_PLUGIN to 'cpu', 'cuda', 'tpu' or an existing plugin path",
     }
 }
@@ -42,7 +48,12 @@ pub fn site_package_dirs() -> Vec<PathBuf> {
                 let mut found: Vec<PathBuf> = entries
                     .flatten()
                     .filter(|e| e.file_name().to_string_lossy().starts_with("python"))
-                    .flat_map(|e| [e.path().join("site-packages"), e.path().join("dist-packages")])
+                    .flat_map(|e| {
+                        [
+                            e.path().join("site-packages"),
+                            e.path().join("dist-packages"),
+                        ]
+                    })
                     .collect();
                 found.sort();
                 dirs.extend(found);
@@ -127,16 +138,6 @@ fn registry() -> &'static Mutex<HashMap<PathBuf, Plugin>> {
     REGISTRY.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
-/// A short label for error messages: the plugin file a table belongs to.
-pub(crate) fn plugin_label_for(raw: *const sys::PJRT_Api) -> String {
-    let guard = registry().lock().unwrap_or_else(|e| e.into_inner());
-    guard
-        .values()
-        .find(|p| p.inner.api.raw() == raw)
-        .map(|p| p.inner.path.display().to_string())
-        .unwrap_or_else(|| "a PJRT plugin".to_string())
-}
-
 impl Plugin {
     /// Loads a plugin by name (`cpu`, `cuda`, `tpu`) or path. A file is loaded and
     /// `PJRT_Plugin_Initialize`d at most once per process; later calls return the same plugin.
@@ -176,7 +177,8 @@ impl Plugin {
             });
         }
         // SAFETY: `raw` points into the plugin's static data; `_library` keeps it loaded.
-        let api = unsafe { Api::from_raw(raw) };
+        let label: &'static str = Box::leak(shown.clone().into_boxed_str());
+        let api = unsafe { Api::from_raw(raw, label) };
         let (major, minor) = api.version();
         if major != sys::PJRT_API_MAJOR as i32 {
             return Err(Error::VersionSkew {

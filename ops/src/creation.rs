@@ -1,0 +1,284 @@
+//! Casts, copies, fills and creation ops (`full`, `zeros`, `ones`, `arange`, `linspace`, `eye`).
+
+use crate::dtype::{DType, ScalarValue, TensorType};
+use crate::emitter::{Cmp, Emitter, Value};
+use crate::error::{ensure, OpError};
+use crate::promote::{broadcast_shapes, check_fits};
+use crate::{LowerArgs, Meta, MetaArgs, OpId};
+
+pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
+    use OpId::*;
+    let p = &a.params;
+    match a.op {
+        Convert => {
+            a.expect_counts(1..=1, 0..=0)?;
+            Ok(Meta::single(a.inputs[0].with_dtype(p.dtype(0)?), vec![]))
+        }
+        Clone => {
+            a.expect_counts(1..=1, 0..=0)?;
+            Ok(Meta::single(a.inputs[0].clone(), vec![]))
+        }
+        Copy => {
+            a.expect_counts(2..=2, 0..=0)?;
+            let (dst, src) = (&a.inputs[0], &a.inputs[1]);
+            let b = broadcast_shapes(&dst.shape, &src.shape)?;
+            ensure!(
+                b == dst.shape,
+                "output with shape {:?} doesn't match the broadcast shape {:?}",
+                dst.shape.as_slice(),
+                b.as_slice()
+            );
+            Ok(Meta::single(dst.clone(), vec![]))
+        }
+        Fill => {
+            let dst = a
+                .inputs
+                .first()
+                .ok_or_else(|| OpError::runtime("fill_: expected self"))?;
+            if a.inputs.len() == 2 {
+                a.expect_counts(2..=2, 0..=0)?;
+                ensure!(
+                    a.inputs[1].rank() == 0,
+                    "fill_ only supports 0-dimension value tensor but got tensor with {} dimensions.",
+                    a.inputs[1].rank()
+                );
+                return Ok(Meta::single(dst.clone(), vec![]));
+            }
+            a.expect_counts(1..=1, 1..=1)?;
+            check_fits(a.scalars[0].value, dst.dtype)?;
+            Ok(Meta::single(dst.clone(), vec![dst.dtype]))
+        }
+        Full | Zeros | Ones => {
+            let dtype = p.dtype(0)?;
+            let sizes = p.rest(1);
+            check_sizes(sizes)?;
+            if a.op == Full {
+                a.expect_counts(0..=0, 1..=1)?;
+                check_fits(a.scalars[0].value, dtype)?;
+                Ok(Meta::single(TensorType::new(dtype, sizes), vec![dtype]))
+            } else {
+                a.expect_counts(0..=0, 0..=0)?;
+                Ok(Meta::single(TensorType::new(dtype, sizes), vec![]))
+            }
+        }
+        Arange => {
+            a.expect_counts(0..=0, 0..=0)?;
+            let dtype = p.dtype(0)?;
+            let (start, end, step) = (p.f64(1)?, p.f64(2)?, p.f64(3)?);
+            let n = arange_len(dtype, start, end, step)?;
+            Ok(Meta::single(TensorType::new(dtype, &[n]), vec![]))
+        }
+        Linspace => {
+            a.expect_counts(0..=0, 2..=2)?;
+            let dtype = p.dtype(0)?;
+            let steps = p.get(1)?;
+            if dtype == DType::Bool {
+                return Err(crate::elementwise::not_implemented_for(
+                    "linspace_cpu",
+                    dtype,
+                ));
+            }
+            ensure!(steps >= 0, "number of steps must be non-negative");
+            Ok(Meta::single(
+                TensorType::new(dtype, &[steps]),
+                vec![dtype, dtype],
+            ))
+        }
+        Eye => {
+            a.expect_counts(0..=0, 0..=0)?;
+            let dtype = p.dtype(0)?;
+            let (n, m) = (p.get(1)?, p.get(2)?);
+            ensure!(n >= 0, "n must be greater or equal to 0, got {n}");
+            ensure!(m >= 0, "m must be greater or equal to 0, got {m}");
+            Ok(Meta::single(TensorType::new(dtype, &[n, m]), vec![]))
+        }
+        op => Err(OpError::runtime(format!(
+            "{}: not a creation op",
+            op.name()
+        ))),
+    }
+}
+
+fn check_sizes(sizes: &[i64]) -> Result<(), OpError> {
+    if let Some(&bad) = sizes.iter().find(|&&s| s < 0) {
+        return Err(OpError::runtime(format!(
+            "Trying to create tensor with negative dimension {bad}: {sizes:?}"
+        )));
+    }
+    Ok(())
+}
+
+/// The accumulation dtype `arange` computes its values in (PyTorch's CPU `acc_type`).
+fn arange_acc(dtype: DType) -> DType {
+    match dtype {
+        DType::F32 | DType::F64 => DType::F64,
+        DType::F16 | DType::BF16 => DType::F32,
+        _ => DType::I64,
+    }
+}
+
+/// Number of elements of `arange(start, end, step)`, with PyTorch's checks.
+pub fn arange_len(dtype: DType, start: f64, end: f64, step: f64) -> Result<i64, OpError> {
+    // int64 converts the bounds to integers first; other dtypes check them as doubles.
+    let (s, e, st) = if dtype == DType::I64 {
+        (start.trunc(), end.trunc(), step.trunc())
+    } else {
+        (start, end, step)
+    };
+    if st == 0.0 {
+        let message = "step must be nonzero";
+        return Err(if step != 0.0 {
+            OpError::value(message)
+        } else {
+            OpError::runtime(message)
+        });
+    }
+    ensure!(
+        s.is_finite() && e.is_finite(),
+        "unsupported range: {s} -> {e}"
+    );
+    ensure!(
+        (st > 0.0 && e >= s) || (st < 0.0 && e <= s),
+        "upper bound and lower bound inconsistent with step sign"
+    );
+    let size = if dtype == DType::I64 {
+        let (s, e, st) = (s as i64, e as i64, st as i64);
+        let sgn = st.signum();
+        (e - s + st - sgn) / st
+    } else {
+        ((end - start) / step).ceil() as i64
+    };
+    ensure!(size >= 0, "invalid size, possible overflow?");
+    Ok(size)
+}
+
+pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+    use OpId::*;
+    let out = a.out(0).clone();
+    let p = &a.params;
+    let v = match a.op {
+        Convert => cast_like_pytorch(e, a.inputs[0], out.dtype),
+        Clone => a.inputs[0],
+        Copy => {
+            let src = cast_like_pytorch(e, a.inputs[1], out.dtype);
+            e.broadcast_to(src, &out.shape)
+        }
+        Fill | Full => {
+            let value = if a.op == Fill && a.inputs.len() == 2 {
+                a.inputs[1]
+            } else {
+                a.scalars[0]
+            };
+            let value = cast_like_pytorch(e, value, out.dtype);
+            e.broadcast_to(value, &out.shape)
+        }
+        Zeros | Ones => {
+            let x = if a.op == Ones { 1 } else { 0 };
+            e.constant(out.clone(), ScalarValue::Int(x))
+        }
+        Arange => {
+            let acc = arange_acc(out.dtype);
+            let n = out.shape[0];
+            let idx = e.iota(TensorType::new(acc, &[n]), 0);
+            let (start, step) = if acc == DType::I64 {
+                (
+                    ScalarValue::Int(p.f64(1)? as i64),
+                    ScalarValue::Int(p.f64(3)? as i64),
+                )
+            } else {
+                (ScalarValue::Float(p.f64(1)?), ScalarValue::Float(p.f64(3)?))
+            };
+            let start = e.constant(TensorType::new(acc, &[n]), start);
+            let step = e.constant(TensorType::new(acc, &[n]), step);
+            let scaled = e.mul(step, idx);
+            let v = e.add(start, scaled);
+            cast_like_pytorch(e, v, out.dtype)
+        }
+        Linspace => lower_linspace(e, a, &out),
+        Eye => {
+            let ty = TensorType::new(DType::I64, &out.shape);
+            let rows = e.iota(ty.clone(), 0);
+            let cols = e.iota(ty, 1);
+            let diag = e.compare(Cmp::Eq, rows, cols);
+            e.cast(diag, out.dtype)
+        }
+        op => {
+            return Err(OpError::runtime(format!(
+                "{}: not a creation op",
+                op.name()
+            )))
+        }
+    };
+    Ok(vec![v])
+}
+
+/// A cast with PyTorch's semantics on x86 CPUs: to bool is `x != 0`; floats truncate toward
+/// zero, narrow integers go through int64 and wrap, and NaN or out-of-range values become the
+/// "integer indefinite" value (the minimum of int32/int64), as the x86 conversion does.
+pub fn cast_like_pytorch(e: &mut Emitter, v: Value, to: DType) -> Value {
+    let from = e.dtype(v);
+    if !(from.is_float() && to.is_integral(false)) {
+        return e.cast(v, to);
+    }
+    let wide = if to == DType::I32 {
+        DType::I32
+    } else {
+        DType::I64
+    };
+    let bits = 8 * wide.size_bytes() as i32;
+    let converted = e.convert(v, wide);
+    let limit = 2f64.powi(bits - 1);
+    let lo = e.compare_const(Cmp::Ge, v, -limit);
+    let hi = e.compare_const(Cmp::Lt, v, limit);
+    let in_range = e.and(lo, hi);
+    let indefinite = e.constant(
+        e.ty(converted).clone(),
+        ScalarValue::Int(i64::MIN >> (64 - bits)),
+    );
+    let r = e.select(in_range, converted, indefinite);
+    e.convert(r, to)
+}
+
+fn lower_linspace(e: &mut Emitter, a: &LowerArgs, out: &TensorType) -> Value {
+    let steps = out.shape[0];
+    let dtype = out.dtype;
+    // Float outputs compute in their own dtype (f32 for bf16/f16); integer outputs in f64.
+    let step_t = if dtype.is_float() {
+        dtype.compute_dtype()
+    } else {
+        DType::F64
+    };
+    let vec_ty = TensorType::new(step_t, &[steps]);
+    let start = e.convert(a.scalars[0], step_t);
+    let end = e.convert(a.scalars[1], step_t);
+    if steps <= 1 {
+        let v = e.broadcast_to(start, &[steps]);
+        return cast_like_pytorch(e, v, dtype);
+    }
+    let span = e.sub(end, start);
+    let denom = e.f64_constant(step_t, (steps - 1) as f64);
+    let step = e.div(span, denom);
+    let idx_i = e.iota(TensorType::new(DType::I64, &[steps]), 0);
+    let idx = e.convert(idx_i, step_t);
+    let start_b = e.broadcast_to(start, &[steps]);
+    let end_b = e.broadcast_to(end, &[steps]);
+    let step_b = e.broadcast_to(step, &[steps]);
+    // idx < steps / 2: start + step * idx; else end - step * (steps - idx - 1).
+    let fwd_off = e.mul(step_b, idx);
+    let fwd = e.add(start_b, fwd_off);
+    let last = e.constant(vec_ty, ScalarValue::Float((steps - 1) as f64));
+    let rev_idx = e.sub(last, idx);
+    let rev_off = e.mul(step_b, rev_idx);
+    let bwd = e.sub(end_b, rev_off);
+    let halfway = e.constant(
+        TensorType::new(DType::I64, &[steps]),
+        ScalarValue::Int(steps / 2),
+    );
+    let first_half = e.compare(Cmp::Lt, idx_i, halfway);
+    let v = e.select(first_half, fwd, bwd);
+    if dtype.is_float() {
+        e.convert(v, dtype)
+    } else {
+        cast_like_pytorch(e, v, dtype)
+    }
+}

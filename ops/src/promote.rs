@@ -1,0 +1,253 @@
+//! PyTorch's type promotion (`torch.result_type`) and broadcasting rules.
+
+use crate::dtype::{DType, ScalarArg, Shape, TensorType};
+use crate::error::OpError;
+
+/// `torch.promote_types`: the smallest dtype both values fit in.
+pub fn promote_types(a: DType, b: DType) -> DType {
+    use DType::*;
+    if a == b {
+        return a;
+    }
+    match (a, b) {
+        (Bool, x) | (x, Bool) => x,
+        (F16, BF16) | (BF16, F16) => F32,
+        (x, y) if x.is_float() && y.is_float() => float_rank_max(x, y),
+        (x, y) if x.is_float() => {
+            let _ = y;
+            x
+        }
+        (x, y) if y.is_float() => {
+            let _ = x;
+            y
+        }
+        // Both integral.
+        (U8, I8) | (I8, U8) => I16,
+        (U8, x) | (x, U8) => x,
+        (x, y) => {
+            if x.size_bytes() >= y.size_bytes() {
+                x
+            } else {
+                y
+            }
+        }
+    }
+}
+
+fn float_rank_max(x: DType, y: DType) -> DType {
+    let rank = |d: DType| match d {
+        DType::F16 | DType::BF16 => 0,
+        DType::F32 => 1,
+        _ => 2,
+    };
+    if rank(x) >= rank(y) {
+        x
+    } else {
+        y
+    }
+}
+
+/// One operand of a type-promoting op.
+#[derive(Clone, Copy, Debug)]
+pub enum Operand<'a> {
+    Tensor(&'a TensorType),
+    Scalar(&'a ScalarArg),
+}
+
+/// `c10::ResultTypeState`: the running promotion over dimensioned tensors, 0-d tensors and
+/// wrapped numbers, each kept apart.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ResultTypeState {
+    dim_result: Option<DType>,
+    zero_dim_result: Option<DType>,
+    wrapped_result: Option<DType>,
+}
+
+fn promote_opt(a: Option<DType>, b: DType) -> Option<DType> {
+    Some(match a {
+        None => b,
+        Some(a) => promote_types(a, b),
+    })
+}
+
+/// The higher-priority result wins unless the lower one is of a higher category.
+fn combine_categories(higher: Option<DType>, lower: Option<DType>) -> Option<DType> {
+    let Some(h) = higher else { return lower };
+    if h.is_float() {
+        return Some(h);
+    }
+    match lower {
+        Some(l) if h == DType::Bool || l.is_float() => Some(promote_types(h, l)),
+        _ => Some(h),
+    }
+}
+
+impl ResultTypeState {
+    pub fn tensor(mut self, t: &TensorType) -> Self {
+        if t.rank() == 0 {
+            self.zero_dim_result = promote_opt(self.zero_dim_result, t.dtype);
+        } else {
+            self.dim_result = promote_opt(self.dim_result, t.dtype);
+        }
+        self
+    }
+
+    pub fn scalar(mut self, s: &ScalarArg) -> Self {
+        match s.tensor_dtype {
+            Some(d) => self.zero_dim_result = promote_opt(self.zero_dim_result, d),
+            None => self.wrapped_result = promote_opt(self.wrapped_result, s.own_dtype()),
+        }
+        self
+    }
+
+    pub fn operand(self, o: Operand<'_>) -> Self {
+        match o {
+            Operand::Tensor(t) => self.tensor(t),
+            Operand::Scalar(s) => self.scalar(s),
+        }
+    }
+
+    pub fn result(self) -> Option<DType> {
+        combine_categories(
+            self.dim_result,
+            combine_categories(self.zero_dim_result, self.wrapped_result),
+        )
+    }
+}
+
+/// `torch.result_type` over a list of operands.
+pub fn result_type(operands: &[Operand<'_>]) -> DType {
+    operands
+        .iter()
+        .fold(ResultTypeState::default(), |s, o| s.operand(*o))
+        .result()
+        .unwrap_or(DType::DEFAULT_FLOAT)
+}
+
+/// Integer and bool results of "float ops" (true division, sqrt, ...) become the default dtype.
+pub fn to_float(d: DType) -> DType {
+    if d.is_float() {
+        d
+    } else {
+        DType::DEFAULT_FLOAT
+    }
+}
+
+/// Broadcast two shapes, with PyTorch's error message.
+pub fn broadcast_shapes(a: &[i64], b: &[i64]) -> Result<Shape, OpError> {
+    let n = a.len().max(b.len());
+    let mut out = Shape::from_elem(1, n);
+    for i in 0..n {
+        let da = if i < n - a.len() {
+            1
+        } else {
+            a[i - (n - a.len())]
+        };
+        let db = if i < n - b.len() {
+            1
+        } else {
+            b[i - (n - b.len())]
+        };
+        out[i] = if da == db || db == 1 {
+            da
+        } else if da == 1 {
+            db
+        } else {
+            return Err(OpError::runtime(format!(
+                "The size of tensor a ({da}) must match the size of tensor b ({db}) at non-singleton dimension {i}"
+            )));
+        };
+    }
+    Ok(out)
+}
+
+/// Broadcast all tensor operands' shapes (scalars are 0-d).
+pub fn broadcast_all<'a>(shapes: impl IntoIterator<Item = &'a [i64]>) -> Result<Shape, OpError> {
+    let mut out = Shape::new();
+    for s in shapes {
+        out = broadcast_shapes(&out, s)?;
+    }
+    Ok(out)
+}
+
+/// Whether PyTorch's `checked_convert` accepts storing `value` in `dtype` (as `fill_` and
+/// `full` check): floats must be finite and in range for integers, in range (or infinite/NaN)
+/// for floats; negative integers down to `-max` may wrap into unsigned types.
+pub fn fits_in(value: crate::dtype::ScalarValue, dtype: DType) -> bool {
+    use crate::dtype::ScalarValue;
+    match value {
+        ScalarValue::Bool(_) => true,
+        _ if dtype == DType::Bool => true,
+        ScalarValue::Int(i) if dtype.is_integral(false) => {
+            let max = dtype.max_value() as i128;
+            let i = i as i128;
+            if dtype == DType::U8 {
+                i <= max && -i <= max
+            } else {
+                i >= dtype.min_value() as i128 && i <= max
+            }
+        }
+        ScalarValue::Int(i) => (i as f64).abs() <= dtype.max_value(),
+        ScalarValue::Float(f) => {
+            if dtype.is_float() {
+                !f.is_finite() || (f >= dtype.min_value() && f <= dtype.max_value())
+            } else {
+                f.is_finite() && f >= dtype.min_value() && f <= dtype.max_value()
+            }
+        }
+    }
+}
+
+/// PyTorch's overflow error for a value that does not fit `dtype`.
+pub fn check_fits(value: crate::dtype::ScalarValue, dtype: DType) -> Result<(), OpError> {
+    if fits_in(value, dtype) {
+        Ok(())
+    } else {
+        Err(OpError::runtime(format!(
+            "value cannot be converted to type {} without overflow",
+            dtype.cpp_type_name()
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::ScalarValue;
+
+    #[test]
+    fn promotion_lattice() {
+        assert_eq!(promote_types(DType::U8, DType::I8), DType::I16);
+        assert_eq!(promote_types(DType::BF16, DType::F16), DType::F32);
+        assert_eq!(promote_types(DType::I64, DType::F16), DType::F16);
+        assert_eq!(promote_types(DType::Bool, DType::U8), DType::U8);
+    }
+
+    #[test]
+    fn dimensioned_tensors_win_within_a_category() {
+        let t = TensorType::new(DType::I32, &[3]);
+        let zero_d = ScalarArg::tensor(ScalarValue::Float(1.0), DType::F64);
+        let number = ScalarArg::float(1.0);
+        assert_eq!(
+            result_type(&[Operand::Tensor(&t), Operand::Scalar(&zero_d)]),
+            DType::F64
+        );
+        assert_eq!(
+            result_type(&[Operand::Tensor(&t), Operand::Scalar(&number)]),
+            DType::F32
+        );
+        assert_eq!(
+            result_type(&[Operand::Tensor(&t), Operand::Scalar(&ScalarArg::int(5))]),
+            DType::I32
+        );
+    }
+
+    #[test]
+    fn broadcast_error_reads_like_pytorch() {
+        let err = broadcast_shapes(&[2, 3], &[4]).unwrap_err();
+        assert_eq!(
+            err.message,
+            "The size of tensor a (3) must match the size of tensor b (4) at non-singleton dimension 1"
+        );
+    }
+}

@@ -1,0 +1,535 @@
+//! Reductions over a dim list (`sum`, `mean`, `amax`, `argmax`, `var`, `norm`...) and softmax.
+
+use crate::dtype::{DType, ScalarValue, Shape, TensorType};
+use crate::elementwise::{is_nan, k, not_implemented_for};
+use crate::emitter::{Cmp, Emitter, Value};
+use crate::error::{ensure, OpError};
+use crate::params::{wrap_dim, wrap_dims};
+use crate::promote::to_float;
+use crate::{LowerArgs, Meta, MetaArgs, OpId};
+
+/// The shape after reducing `dims` (kept as size 1 when `keepdim`).
+pub fn reduced_shape(shape: &[i64], dims: &[usize], keepdim: bool) -> Shape {
+    shape
+        .iter()
+        .enumerate()
+        .filter_map(|(i, &d)| {
+            if !dims.contains(&i) {
+                Some(d)
+            } else if keepdim {
+                Some(1)
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
+/// Where each param group of a dim-list reduction starts: (keepdim, dtype?, extra?, dims).
+struct Layout {
+    dtype_at: Option<usize>,
+    value_at: Option<usize>,
+    dims_at: usize,
+}
+
+fn layout(op: OpId) -> Layout {
+    use OpId::*;
+    match op {
+        Sum | Mean | Prod => Layout {
+            dtype_at: Some(1),
+            value_at: None,
+            dims_at: 2,
+        },
+        Var | Std => Layout {
+            dtype_at: None,
+            value_at: Some(1),
+            dims_at: 2,
+        },
+        Norm => Layout {
+            dtype_at: Some(1),
+            value_at: Some(2),
+            dims_at: 3,
+        },
+        _ => Layout {
+            dtype_at: None,
+            value_at: None,
+            dims_at: 1,
+        },
+    }
+}
+
+fn empty_reduction_error(op: OpId, dims: &[usize], shape: &[i64]) -> Result<(), OpError> {
+    for &d in dims {
+        if shape[d] == 0 {
+            return Err(OpError::index(format!(
+                "{}(): Expected reduction dim {d} to have non-zero size.",
+                op.name()
+            )));
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
+    use OpId::*;
+    a.expect_counts(1..=1, 0..=0)?;
+    let x = &a.inputs[0];
+    let p = &a.params;
+    let rank = x.rank();
+    match a.op {
+        Argmax | Argmin => {
+            let keepdim = p.flag(0)?;
+            ensure!(
+                x.dtype != DType::Bool,
+                "{}(): does not support bool input",
+                a.op.name()
+            );
+            if p.len() > 1 {
+                let dim = wrap_dim(p.get(1)?, rank)?;
+                if rank > 0 && x.shape[dim] == 0 {
+                    return Err(OpError::index(format!(
+                        "{}(): Expected reduction dim {dim} to have non-zero size.",
+                        a.op.name()
+                    )));
+                }
+                let dims: Vec<usize> = if rank == 0 { vec![] } else { vec![dim] };
+                return Ok(Meta::single(
+                    TensorType::new(DType::I64, &reduced_shape(&x.shape, &dims, keepdim)),
+                    vec![],
+                ));
+            }
+            if x.numel() == 0 {
+                return Err(OpError::index(format!(
+                    "{}(): Expected reduction dim to be specified for input.numel() == 0.",
+                    a.op.name()
+                )));
+            }
+            let shape: Shape = if keepdim {
+                Shape::from_elem(1, rank)
+            } else {
+                Shape::new()
+            };
+            return Ok(Meta::single(
+                TensorType {
+                    dtype: DType::I64,
+                    shape,
+                },
+                vec![],
+            ));
+        }
+        Softmax | LogSoftmax => {
+            let dim = wrap_dim(p.get(0)?, rank)?;
+            ensure!(
+                p.get_or(1, 0) == 0,
+                "softmax with half to float conversion is not supported on CPU"
+            );
+            if !x.dtype.is_float() {
+                let base = if a.op == Softmax {
+                    "softmax"
+                } else {
+                    "log_softmax"
+                };
+                let lastdim = if dim + 1 >= rank { "lastdim_" } else { "" };
+                return Err(not_implemented_for(
+                    &format!("{base}_{lastdim}kernel_impl"),
+                    x.dtype,
+                ));
+            }
+            return Ok(Meta::single(x.clone(), vec![]));
+        }
+        _ => {}
+    }
+    let l = layout(a.op);
+    let keepdim = p.flag(0)?;
+    let dtype_arg = match l.dtype_at {
+        Some(i) => p.dtype_opt(i)?,
+        None => None,
+    };
+    if let Some(i) = l.value_at {
+        p.f64(i)?;
+    }
+    let dims_result = wrap_dims(p.rest(l.dims_at), rank);
+    let dims = if matches!(a.op, Mean | Var | Std | Norm) {
+        Vec::new()
+    } else {
+        dims_result.clone()?
+    };
+    let out = match a.op {
+        Sum | Prod => dtype_arg.unwrap_or(if x.dtype.is_integral(true) {
+            DType::I64
+        } else {
+            x.dtype
+        }),
+        Mean => {
+            let d = dtype_arg.unwrap_or(x.dtype);
+            if !d.is_float() {
+                let which = if dtype_arg.is_some() {
+                    "Optional"
+                } else {
+                    "Input"
+                };
+                return Err(OpError::runtime(format!(
+                    "mean(): could not infer output dtype. {which} dtype must be either a floating point or complex dtype. Got: {}",
+                    d.scalar_type_name()
+                )));
+            }
+            d
+        }
+        Amax | Amin => {
+            if x.numel() == 0 {
+                empty_reduction_error(a.op, &dims, &x.shape)?;
+            }
+            x.dtype
+        }
+        Any | All => {
+            if x.dtype == DType::U8 {
+                DType::U8
+            } else {
+                DType::Bool
+            }
+        }
+        Var | Std => {
+            ensure!(
+                x.dtype.is_float(),
+                "std and var only support floating point and complex dtypes"
+            );
+            x.dtype
+        }
+        Logsumexp => to_float(x.dtype),
+        Norm => {
+            ensure!(
+                x.dtype.is_float(),
+                "linalg.vector_norm: Expected a floating point or complex tensor as input. Got {}",
+                x.dtype.scalar_type_name()
+            );
+            if let Some(d) = dtype_arg {
+                ensure!(
+                    d.is_float(),
+                    "linalg.vector_norm: dtype should be floating point or complex. Got {}",
+                    d.scalar_type_name()
+                );
+            }
+            dtype_arg.unwrap_or(x.dtype)
+        }
+        op => return Err(OpError::runtime(format!("{}: not a reduction", op.name()))),
+    };
+    // Dtype errors come before dim errors for these ops.
+    let dims = dims_result?;
+    if a.op == Norm {
+        check_norm_empty(x, &dims, p.f64(2)?, p.rest(l.dims_at).is_empty())?;
+    }
+    Ok(Meta::single(
+        TensorType::new(out, &reduced_shape(&x.shape, &dims, keepdim)),
+        vec![],
+    ))
+}
+
+fn check_norm_empty(
+    x: &TensorType,
+    dims: &[usize],
+    ord: f64,
+    all_dims: bool,
+) -> Result<(), OpError> {
+    if !(ord.is_infinite() && x.numel() == 0) {
+        return Ok(());
+    }
+    let which = if ord > 0.0 { "inf" } else { "-inf" };
+    ensure!(
+        !all_dims,
+        "linalg.vector_norm cannot compute the {which} norm on an empty tensor because the operation does not have an identity"
+    );
+    for &d in dims {
+        ensure!(
+            x.shape[d] != 0,
+            "linalg.vector_norm cannot compute the {which} norm on the dimension {d}because this dimension is empty and the operation does not have an identity"
+        );
+    }
+    Ok(())
+}
+
+pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+    use OpId::*;
+    let x = a.inputs[0];
+    let out = a.out(0).clone();
+    let rank = e.rank(x);
+    let p = &a.params;
+    let v = match a.op {
+        Argmax | Argmin => lower_arg_reduce(e, a, x)?,
+        Softmax | LogSoftmax => {
+            let dim = wrap_dim(p.get(0)?, rank)?;
+            softmax(e, x, dim, a.op == LogSoftmax)
+        }
+        _ => {
+            let l = layout(a.op);
+            let dims = wrap_dims(p.rest(l.dims_at), rank)?;
+            let keepdim_shape = reduced_shape(e.shape(x), &dims, true);
+            let r = match a.op {
+                Sum | Prod | Mean => {
+                    let acc = out.dtype.compute_dtype();
+                    let xc = e.cast(x, if a.op == Mean { acc } else { out.dtype });
+                    let xc = e.cast(xc, acc);
+                    let r = if a.op == Prod {
+                        e.reduce_with(xc, 1.0, &dims, "stablehlo.multiply")
+                    } else {
+                        e.reduce_sum(xc, &dims)
+                    };
+                    if a.op == Mean {
+                        let count: i64 = dims.iter().map(|&d| e.shape(x)[d]).product();
+                        let n = k(e, r, count as f64);
+                        e.div(r, n)
+                    } else {
+                        r
+                    }
+                }
+                Amax | Amin => min_max_reduce(e, x, &dims, a.op == Amax),
+                Any | All => {
+                    let b = e.cast(x, DType::Bool);
+                    let (init, op) = if a.op == Any {
+                        (0.0, "stablehlo.or")
+                    } else {
+                        (1.0, "stablehlo.and")
+                    };
+                    e.reduce_with(b, init, &dims, op)
+                }
+                Var | Std => {
+                    let correction = p.f64(1)?;
+                    let xc = e.cast(x, out.dtype.compute_dtype());
+                    let var = variance(e, xc, &dims, correction);
+                    if a.op == Std {
+                        e.sqrt(var)
+                    } else {
+                        var
+                    }
+                }
+                Logsumexp => {
+                    let xc = e.cast(x, out.dtype.compute_dtype());
+                    logsumexp(e, xc, &dims)
+                }
+                Norm => {
+                    let xc = e.cast(x, out.dtype);
+                    let xc = e.cast(xc, out.dtype.compute_dtype());
+                    vector_norm(e, xc, &dims, p.f64(2)?)
+                }
+                op => return Err(OpError::runtime(format!("{}: not a reduction", op.name()))),
+            };
+            let r = e.convert(r, out.dtype);
+            if out.rank() == keepdim_shape.len() {
+                e.reshape(r, &keepdim_shape)
+            } else {
+                r
+            }
+        }
+    };
+    Ok(vec![e.convert(v, out.dtype)])
+}
+
+/// amax/amin; NaN propagates. The body selects NaN explicitly: XLA CPU's vectorized max
+/// reduction does not propagate it.
+pub(crate) fn min_max_reduce(e: &mut Emitter, x: Value, dims: &[usize], max: bool) -> Value {
+    let dtype = e.dtype(x);
+    if dtype == DType::Bool {
+        let (init, op) = if max {
+            (0.0, "stablehlo.or")
+        } else {
+            (1.0, "stablehlo.and")
+        };
+        return e.reduce_with(x, init, dims, op);
+    }
+    let init = match (dtype.is_float(), max) {
+        (true, true) => f64::NEG_INFINITY,
+        (true, false) => f64::INFINITY,
+        (false, true) => dtype.min_value(),
+        (false, false) => dtype.max_value(),
+    };
+    let init = if dtype == DType::I64 {
+        e.scalar_constant(
+            dtype,
+            ScalarValue::Int(if max { i64::MIN } else { i64::MAX }),
+        )
+    } else {
+        e.f64_constant(dtype, init)
+    };
+    let op = if max {
+        "stablehlo.maximum"
+    } else {
+        "stablehlo.minimum"
+    };
+    let float = dtype.is_float();
+    e.reduce(&[x], &[init], dims, |e, args| {
+        let m = e.binary(op, args[0], args[1]);
+        if float {
+            let a_nan = is_nan(e, args[0]);
+            let b_nan = is_nan(e, args[1]);
+            let m = e.select(b_nan, args[1], m);
+            vec![e.select(a_nan, args[0], m)]
+        } else {
+            vec![m]
+        }
+    })[0]
+}
+
+/// Sum over `dims`, keeping them as size-1 dims.
+pub(crate) fn sum_keepdim(e: &mut Emitter, x: Value, dims: &[usize]) -> Value {
+    let shape = reduced_shape(e.shape(x), dims, true);
+    let s = e.reduce_sum(x, dims);
+    e.reshape(s, &shape)
+}
+
+fn max_keepdim(e: &mut Emitter, x: Value, dims: &[usize]) -> Value {
+    let shape = reduced_shape(e.shape(x), dims, true);
+    let m = min_max_reduce(e, x, dims, true);
+    e.reshape(m, &shape)
+}
+
+fn variance(e: &mut Emitter, x: Value, dims: &[usize], correction: f64) -> Value {
+    let count: i64 = dims.iter().map(|&d| e.shape(x)[d]).product();
+    let shape = e.shape(x).to_vec();
+    let sum = sum_keepdim(e, x, dims);
+    let n = k(e, sum, count as f64);
+    let mean = e.div(sum, n);
+    let mean_b = e.broadcast_in_dim(mean, &shape, &(0..shape.len()).collect::<Vec<_>>());
+    let centered = e.sub(x, mean_b);
+    let sq = e.mul(centered, centered);
+    let m2 = e.reduce_sum(sq, dims);
+    let divisor = k(e, m2, (count as f64 - correction).max(0.0));
+    e.div(m2, divisor)
+}
+
+fn logsumexp(e: &mut Emitter, x: Value, dims: &[usize]) -> Value {
+    let shape = e.shape(x).to_vec();
+    let all: Vec<usize> = (0..shape.len()).collect();
+    let m = max_keepdim(e, x, dims);
+    // An infinite max would turn x - max into NaN: shift by 0 instead.
+    let abs = e.abs(m);
+    let inf = e.compare_const(Cmp::Eq, abs, f64::INFINITY);
+    let zero = k(e, m, 0.0);
+    let m = e.select(inf, zero, m);
+    let mb = e.broadcast_in_dim(m, &shape, &all);
+    let shifted = e.sub(x, mb);
+    let ex = e.exp(shifted);
+    let s = e.reduce_sum(ex, dims);
+    let l = e.log(s);
+    let kept = e.shape(l).to_vec();
+    let m_flat = e.reshape(m, &kept);
+    e.add(l, m_flat)
+}
+
+fn vector_norm(e: &mut Emitter, x: Value, dims: &[usize], ord: f64) -> Value {
+    let abs = e.abs(x);
+    if ord == 2.0 {
+        let sq = e.mul(x, x);
+        let s = e.reduce_sum(sq, dims);
+        e.sqrt(s)
+    } else if ord == 1.0 {
+        e.reduce_sum(abs, dims)
+    } else if ord == f64::INFINITY {
+        min_max_reduce(e, abs, dims, true)
+    } else if ord == f64::NEG_INFINITY {
+        min_max_reduce(e, abs, dims, false)
+    } else if ord == 0.0 {
+        let nz = e.compare_const(Cmp::Ne, x, 0.0);
+        let dtype = e.dtype(x);
+        let f = e.convert(nz, dtype);
+        e.reduce_sum(f, dims)
+    } else {
+        let p = k(e, abs, ord);
+        let powed = e.pow(abs, p);
+        let s = e.reduce_sum(powed, dims);
+        let inv = k(e, s, 1.0 / ord);
+        e.pow(s, inv)
+    }
+}
+
+/// Numerically stable (log-)softmax along `dim`, computed in f32 for bf16/f16.
+pub(crate) fn softmax(e: &mut Emitter, x: Value, dim: usize, log: bool) -> Value {
+    let dtype = e.dtype(x);
+    let xc = e.cast(x, dtype.compute_dtype());
+    let shape = e.shape(xc).to_vec();
+    if shape.is_empty() {
+        let r = if log { k(e, xc, 0.0) } else { k(e, xc, 1.0) };
+        return e.convert(r, dtype);
+    }
+    let all: Vec<usize> = (0..shape.len()).collect();
+    let m = max_keepdim(e, xc, &[dim]);
+    let mb = e.broadcast_in_dim(m, &shape, &all);
+    let shifted = e.sub(xc, mb);
+    let ex = e.exp(shifted);
+    let s = sum_keepdim(e, ex, &[dim]);
+    let sb = e.broadcast_in_dim(s, &shape, &all);
+    let r = if log {
+        let ls = e.log(sb);
+        e.sub(shifted, ls)
+    } else {
+        e.div(ex, sb)
+    };
+    e.convert(r, dtype)
+}
+
+/// argmax/argmin: the first index of the extreme value; NaN counts as the extreme, as in PyTorch.
+fn lower_arg_reduce(e: &mut Emitter, a: &LowerArgs, x: Value) -> Result<Value, OpError> {
+    let p = &a.params;
+    let out = a.out(0).clone();
+    let max = a.op == OpId::Argmax;
+    let rank = e.rank(x);
+    let (x, dim) = if p.len() > 1 && rank > 0 {
+        (x, wrap_dim(p.get(1)?, rank)?)
+    } else {
+        let n = e.ty(x).numel();
+        (e.reshape(x, &[n]), 0)
+    };
+    let mut x = x;
+    if e.dtype(x) == DType::Bool {
+        x = e.convert(x, DType::U8);
+    }
+    let shape = e.shape(x).to_vec();
+    let dtype = e.dtype(x);
+    let idx = e.iota(TensorType::new(DType::I64, &shape), dim);
+    let init_v = if dtype.is_float() {
+        e.f64_constant(
+            dtype,
+            if max {
+                f64::NEG_INFINITY
+            } else {
+                f64::INFINITY
+            },
+        )
+    } else if dtype == DType::I64 {
+        e.scalar_constant(
+            dtype,
+            ScalarValue::Int(if max { i64::MIN } else { i64::MAX }),
+        )
+    } else {
+        e.f64_constant(
+            dtype,
+            if max {
+                dtype.min_value()
+            } else {
+                dtype.max_value()
+            },
+        )
+    };
+    let init_i = e.scalar_constant(DType::I64, ScalarValue::Int(0));
+    let float = dtype.is_float();
+    let r = e.reduce(&[x, idx], &[init_v, init_i], &[dim], |e, args| {
+        let (av, ai, bv, bi) = (args[0], args[1], args[2], args[3]);
+        let dir = if max { Cmp::Gt } else { Cmp::Lt };
+        let mut a_better = e.compare(dir, av, bv);
+        let mut equal = e.compare(Cmp::Eq, av, bv);
+        if float {
+            let a_nan = is_nan(e, av);
+            let b_nan = is_nan(e, bv);
+            let not_b_nan = e.not(b_nan);
+            let nan_wins = e.and(a_nan, not_b_nan);
+            a_better = e.or(a_better, nan_wins);
+            let both_nan = e.and(a_nan, b_nan);
+            equal = e.or(equal, both_nan);
+        }
+        let a_first = e.compare(Cmp::Lt, ai, bi);
+        let tie = e.and(equal, a_first);
+        let pick_a = e.or(a_better, tie);
+        let v = e.select(pick_a, av, bv);
+        let i = e.select(pick_a, ai, bi);
+        vec![v, i]
+    });
+    Ok(e.reshape(r[1], &out.shape))
+}

@@ -1,0 +1,864 @@
+//! Shape and indexing ops: cat, stack, flip, roll, pad, repeat, tril/triu, gather, scatter,
+//! index_select, embedding, expand, sum_to_size and the primitive view ops.
+
+use crate::dtype::{DType, Shape, TensorType};
+use crate::emitter::{bracket_list, i64_array, Cmp, Emitter, Value};
+use crate::error::{ensure, OpError};
+use crate::params::{wrap_dim, wrap_dims};
+use crate::promote::{result_type, Operand};
+use crate::{LowerArgs, Meta, MetaArgs, OpId};
+
+fn fmt_shape(s: &[i64]) -> String {
+    format!("{s:?}")
+}
+
+/// `tensor.expand(to)` is valid (PyTorch's expand message otherwise).
+pub(crate) fn check_expand(from: &[i64], to: &[i64]) -> Result<(), OpError> {
+    ensure!(
+        to.len() >= from.len(),
+        "expand: the number of sizes provided ({}) must be greater or equal to the number of dimensions in the tensor ({})",
+        to.len(),
+        from.len()
+    );
+    let offset = to.len() - from.len();
+    for (i, &d) in from.iter().enumerate() {
+        let t = to[i + offset];
+        ensure!(
+            d == t || d == 1,
+            "The expanded size of the tensor ({t}) must match the existing size ({d}) at non-singleton dimension {}.  Target sizes: {}.  Tensor sizes: {}",
+            i + offset,
+            fmt_shape(to),
+            fmt_shape(from)
+        );
+    }
+    Ok(())
+}
+
+fn index_dtype_check(op: &str, index: &TensorType) -> Result<(), OpError> {
+    ensure!(
+        matches!(index.dtype, DType::I64 | DType::I32),
+        "{op}(): Expected dtype int32/int64 for index"
+    );
+    Ok(())
+}
+
+pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
+    use OpId::*;
+    let p = &a.params;
+    let i = a.inputs;
+    let single = |t: TensorType| Ok(Meta::single(t, vec![]));
+    match a.op {
+        Cat => {
+            if i.is_empty() {
+                return Err(OpError::value(
+                    "torch.cat(): expected a non-empty list of Tensors",
+                ));
+            }
+            a.expect_counts(1..=usize::MAX, 0..=0)?;
+            for (pos, t) in i.iter().enumerate() {
+                ensure!(
+                    t.rank() > 0,
+                    "zero-dimensional tensor (at position {pos}) cannot be concatenated"
+                );
+            }
+            let dtype = result_type(&i.iter().map(Operand::Tensor).collect::<Vec<_>>());
+            // Legacy: 1-D empty tensors are skipped.
+            let kept: Vec<&TensorType> = i
+                .iter()
+                .filter(|t| !(t.rank() == 1 && t.shape[0] == 0))
+                .collect();
+            let Some(first) = kept.first() else {
+                return single(TensorType::new(dtype, &[0]));
+            };
+            let dim = wrap_dim(p.get(0)?, first.rank())?;
+            let mut shape = first.shape.clone();
+            shape[dim] = 0;
+            for (n, t) in i.iter().enumerate() {
+                if t.rank() == 1 && t.shape[0] == 0 {
+                    continue;
+                }
+                ensure!(
+                    t.rank() == first.rank(),
+                    "Tensors must have same number of dimensions: got {} and {}",
+                    first.rank(),
+                    t.rank()
+                );
+                for d in 0..t.rank() {
+                    ensure!(
+                        d == dim || t.shape[d] == first.shape[d],
+                        "Sizes of tensors must match except in dimension {dim}. Expected size {} but got size {} for tensor number {n} in the list.",
+                        first.shape[d],
+                        t.shape[d]
+                    );
+                }
+                shape[dim] += t.shape[dim];
+            }
+            single(TensorType { dtype, shape })
+        }
+        Stack => {
+            ensure!(!i.is_empty(), "stack expects a non-empty TensorList");
+            for (n, t) in i.iter().enumerate() {
+                ensure!(
+                    t.shape == i[0].shape,
+                    "stack expects each tensor to be equal size, but got {} at entry 0 and {} at entry {n}",
+                    fmt_shape(&i[0].shape),
+                    fmt_shape(&t.shape)
+                );
+            }
+            let dim = wrap_dim(p.get(0)?, i[0].rank() + 1)?;
+            let mut shape = i[0].shape.clone();
+            shape.insert(dim, i.len() as i64);
+            let dtype = result_type(&i.iter().map(Operand::Tensor).collect::<Vec<_>>());
+            single(TensorType { dtype, shape })
+        }
+        Flip => {
+            a.expect_counts(1..=1, 0..=0)?;
+            wrap_dims(p.rest(0), i[0].rank())?;
+            single(i[0].clone())
+        }
+        Roll => {
+            a.expect_counts(1..=1, 0..=0)?;
+            let (shifts, dims) = roll_params(a)?;
+            ensure!(!shifts.is_empty(), "`shifts` required");
+            ensure!(
+                dims.is_empty() || dims.len() == shifts.len(),
+                "shifts and dimensions must align. shifts: {}, dims:{}",
+                shifts.len(),
+                dims.len()
+            );
+            for &d in dims {
+                wrap_dim(d, i[0].rank())?;
+            }
+            single(i[0].clone())
+        }
+        ConstantPadNd => {
+            a.expect_counts(1..=1, 0..=1)?;
+            let shape = padded_shape(&i[0], p.rest(0))?;
+            Ok(Meta::single(
+                TensorType {
+                    dtype: i[0].dtype,
+                    shape,
+                },
+                vec![i[0].dtype; a.scalars.len()],
+            ))
+        }
+        Repeat => {
+            a.expect_counts(1..=1, 0..=0)?;
+            let reps = p.rest(0);
+            ensure!(
+                reps.len() >= i[0].rank(),
+                "Number of dimensions of repeat dims can not be smaller than number of dimensions of tensor"
+            );
+            let padded = padded_front(&i[0].shape, reps.len());
+            let shape: Shape = padded.iter().zip(reps).map(|(s, r)| s * r).collect();
+            single(TensorType {
+                dtype: i[0].dtype,
+                shape,
+            })
+        }
+        Tril | Triu => {
+            a.expect_counts(1..=1, 0..=0)?;
+            ensure!(
+                i[0].rank() >= 2,
+                "{}: input tensor must have at least 2 dimensions",
+                a.op.name()
+            );
+            single(i[0].clone())
+        }
+        Gather => {
+            a.expect_counts(2..=2, 0..=0)?;
+            let (x, index) = (&i[0], &i[1]);
+            let dim = wrap_dim(p.get(0)?, x.rank())?;
+            index_dtype_check("gather", index)?;
+            ensure!(
+                index.rank() == x.rank() || index.numel() == 0,
+                "Index tensor must have the same number of dimensions as input tensor"
+            );
+            for d in 0..index.rank() {
+                ensure!(
+                    d == dim || index.shape[d] <= x.shape.get(d).copied().unwrap_or(1),
+                    "Size does not match at dimension {d} expected index {} to be no larger than self {} apart from dimension {dim}",
+                    fmt_shape(&index.shape),
+                    fmt_shape(&x.shape)
+                );
+            }
+            single(TensorType {
+                dtype: x.dtype,
+                shape: index.shape.clone(),
+            })
+        }
+        IndexSelect => {
+            a.expect_counts(2..=2, 0..=0)?;
+            let (x, index) = (&i[0], &i[1]);
+            let dim = wrap_dim(p.get(0)?, x.rank())?;
+            ensure!(
+                matches!(index.dtype, DType::I32 | DType::I64),
+                "index_select(): Expected dtype int32 or int64 for index"
+            );
+            if index.rank() > 1 {
+                return Err(OpError::index(
+                    "index_select(): Index is supposed to be a vector",
+                ));
+            }
+            let mut shape = x.shape.clone();
+            if x.rank() > 0 {
+                shape[dim] = index.numel();
+            }
+            single(TensorType {
+                dtype: x.dtype,
+                shape,
+            })
+        }
+        Scatter | ScatterAdd => {
+            let has_src = i.len() == 3;
+            if has_src {
+                a.expect_counts(3..=3, 0..=0)?;
+            } else {
+                ensure!(a.op == Scatter, "scatter_add: expected a src tensor");
+                a.expect_counts(2..=2, 1..=1)?;
+            }
+            let (x, index) = (&i[0], &i[1]);
+            let dim = wrap_dim(p.get(0)?, x.rank())?;
+            index_dtype_check("scatter", index)?;
+            if has_src {
+                ensure!(
+                    i[2].dtype == x.dtype,
+                    "scatter(): Expected self.dtype to be equal to src.dtype"
+                );
+            }
+            ensure!(
+                index.rank() == x.rank() || index.numel() == 0,
+                "Index tensor must have the same number of dimensions as self tensor"
+            );
+            for d in 0..index.rank() {
+                let too_big_self = d != dim && index.shape[d] > x.shape[d];
+                let too_big_src =
+                    has_src && index.shape[d] > i[2].shape.get(d).copied().unwrap_or(1);
+                if too_big_self || too_big_src {
+                    let src = if has_src {
+                        format!(
+                            " and to be no larger size than src {}",
+                            fmt_shape(&i[2].shape)
+                        )
+                    } else {
+                        String::new()
+                    };
+                    return Err(OpError::runtime(format!(
+                        "Expected index {} to be no larger than self {} apart from dimension {dim}{src}",
+                        fmt_shape(&index.shape),
+                        fmt_shape(&x.shape)
+                    )));
+                }
+            }
+            Ok(Meta::single(x.clone(), vec![x.dtype; a.scalars.len()]))
+        }
+        Embedding => {
+            a.expect_counts(2..=2, 0..=0)?;
+            let (w, idx) = (&i[0], &i[1]);
+            ensure!(w.rank() == 2, "'weight' must be 2-D");
+            ensure!(
+                matches!(idx.dtype, DType::I32 | DType::I64),
+                "Expected tensor for argument #1 'indices' to have one of the following scalar types: Long, Int; but got torch.{}Tensor instead (while checking arguments for embedding)",
+                idx.dtype.scalar_type_name()
+            );
+            let mut shape = idx.shape.clone();
+            shape.push(w.shape[1]);
+            single(TensorType {
+                dtype: w.dtype,
+                shape,
+            })
+        }
+        Expand => {
+            a.expect_counts(1..=1, 0..=0)?;
+            let x = &i[0];
+            let sizes = p.rest(0);
+            ensure!(
+                sizes.len() >= x.rank(),
+                "expand(torch.{}Tensor{{{}}}, size={}): the number of sizes provided ({}) must be greater or equal to the number of dimensions in the tensor ({})",
+                x.dtype.scalar_type_name(),
+                fmt_shape(&x.shape),
+                fmt_shape(sizes),
+                sizes.len(),
+                x.rank()
+            );
+            let shape = expand_target(&x.shape, sizes);
+            check_expand(&x.shape, &shape)?;
+            single(x.with_shape(&shape))
+        }
+        SumToSize => {
+            a.expect_counts(1..=1, 0..=0)?;
+            let x = &i[0];
+            let sizes = p.rest(0);
+            let ok = sizes.len() <= x.rank()
+                && sizes
+                    .iter()
+                    .rev()
+                    .zip(x.shape.iter().rev())
+                    .all(|(&s, &d)| s == d || s == 1);
+            ensure!(
+                ok,
+                "size {{{}}} is not expandable to size {{{}}}.",
+                fmt_shape(sizes),
+                fmt_shape(&x.shape)
+            );
+            single(x.with_shape(sizes))
+        }
+        Reshape => {
+            a.expect_counts(1..=1, 0..=0)?;
+            let shape = infer_size(p.rest(0), i[0].numel())?;
+            single(i[0].with_shape(&shape))
+        }
+        Permute => {
+            a.expect_counts(1..=1, 0..=0)?;
+            let x = &i[0];
+            let dims = p.rest(0);
+            ensure!(
+                dims.len() == x.rank(),
+                "permute(sparse_coo): number of dimensions in the tensor input does not match the length of the desired ordering of dimensions i.e. input.dim() = {} is not equal to len(dims) = {}",
+                x.rank(),
+                dims.len()
+            );
+            let perm = permutation(dims, x.rank())?;
+            let shape: Shape = perm.iter().map(|&d| x.shape[d]).collect();
+            single(x.with_shape(&shape))
+        }
+        Transpose => {
+            a.expect_counts(1..=1, 0..=0)?;
+            let x = &i[0];
+            let (d0, d1) = (
+                wrap_dim(p.get(0)?, x.rank())?,
+                wrap_dim(p.get(1)?, x.rank())?,
+            );
+            let mut shape = x.shape.clone();
+            if x.rank() > 0 {
+                shape.swap(d0, d1);
+            }
+            single(x.with_shape(&shape))
+        }
+        Slice => {
+            a.expect_counts(1..=1, 0..=0)?;
+            let x = &i[0];
+            ensure!(x.rank() > 0, "slice() cannot be applied to a 0-dim tensor.");
+            let (dim, start, end, step) = slice_bounds(a, x)?;
+            let mut shape = x.shape.clone();
+            shape[dim] = if end > start {
+                (end - start + step - 1) / step
+            } else {
+                0
+            };
+            single(x.with_shape(&shape))
+        }
+        Select => {
+            a.expect_counts(1..=1, 0..=0)?;
+            let x = &i[0];
+            ensure!(
+                x.rank() > 0,
+                "select() cannot be applied to a 0-dim tensor."
+            );
+            let dim = wrap_dim(p.get(0)?, x.rank())?;
+            let index = p.get(1)?;
+            let size = x.shape[dim];
+            if index < -size || index >= size {
+                return Err(OpError::index(format!(
+                    "select(): index {index} out of range for tensor of size {} at dimension {}",
+                    fmt_shape(&x.shape),
+                    p.get(0)?
+                )));
+            }
+            let mut shape = x.shape.clone();
+            shape.remove(dim);
+            single(x.with_shape(&shape))
+        }
+        op => Err(OpError::runtime(format!("{}: not a shape op", op.name()))),
+    }
+}
+
+fn roll_params<'a>(a: &'a MetaArgs) -> Result<(&'a [i64], &'a [i64]), OpError> {
+    split_roll(a.params.rest(0)).ok_or_else(|| {
+        a.params
+            .invalid("expected n, then n shifts, then 0 or n dims")
+    })
+}
+
+fn split_roll(p: &[i64]) -> Option<(&[i64], &[i64])> {
+    let n = *p.first()? as usize;
+    let shifts = p.get(1..1 + n)?;
+    let dims = p.get(1 + n..)?;
+    Some((shifts, dims))
+}
+
+fn padded_front(shape: &[i64], rank: usize) -> Vec<i64> {
+    let mut v = vec![1; rank - shape.len()];
+    v.extend_from_slice(shape);
+    v
+}
+
+fn expand_target(shape: &[i64], sizes: &[i64]) -> Shape {
+    let offset = sizes.len() - shape.len();
+    sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &s)| {
+            if s == -1 && i >= offset {
+                shape[i - offset]
+            } else {
+                s
+            }
+        })
+        .collect()
+}
+
+fn infer_size(sizes: &[i64], numel: i64) -> Result<Shape, OpError> {
+    let mut infer = None;
+    let mut known = 1i64;
+    for (i, &s) in sizes.iter().enumerate() {
+        if s == -1 {
+            ensure!(infer.is_none(), "only one dimension can be inferred");
+            infer = Some(i);
+        } else {
+            ensure!(s >= 0, "invalid shape dimension {s}");
+            known *= s;
+        }
+    }
+    let mut shape = Shape::from_slice(sizes);
+    let invalid = || {
+        OpError::runtime(format!(
+            "shape '{}' is invalid for input of size {numel}",
+            fmt_shape(sizes)
+        ))
+    };
+    match infer {
+        Some(_) if numel == 0 && known == 0 => {
+            return Err(OpError::runtime(format!(
+                "cannot reshape tensor of 0 elements into shape {} because the unspecified dimension size -1 can be any value and is ambiguous",
+                fmt_shape(sizes)
+            )))
+        }
+        Some(i) => {
+            if known == 0 || numel % known != 0 {
+                return Err(invalid());
+            }
+            shape[i] = numel / known;
+        }
+        None if known != numel => return Err(invalid()),
+        None => {}
+    }
+    Ok(shape)
+}
+
+fn permutation(dims: &[i64], rank: usize) -> Result<Vec<usize>, OpError> {
+    let mut seen = vec![false; rank];
+    let mut perm = Vec::with_capacity(rank);
+    for &d in dims {
+        let w = wrap_dim(d, rank)?;
+        ensure!(!seen[w], "permute(): duplicate dims are not allowed.");
+        seen[w] = true;
+        perm.push(w);
+    }
+    Ok(perm)
+}
+
+/// `(dim, start, end, step)` of a slice with Python's clamping.
+fn slice_bounds(a: &MetaArgs, x: &TensorType) -> Result<(usize, i64, i64, i64), OpError> {
+    let p = &a.params;
+    let dim = wrap_dim(p.get(0)?, x.rank())?;
+    let (mut start, mut end, step) = (p.get(1)?, p.get(2)?, p.get(3)?);
+    ensure!(step > 0, "slice step must be positive");
+    let size = x.shape[dim];
+    if start < 0 {
+        start += size;
+    }
+    if end < 0 {
+        end += size;
+    }
+    start = start.clamp(0, size);
+    end = end.clamp(start, size);
+    Ok((dim, start, end, step))
+}
+
+fn padded_shape(x: &TensorType, pad: &[i64]) -> Result<Shape, OpError> {
+    ensure!(
+        pad.len() & 1 == 0,
+        "Length of pad must be even but instead it equals {}",
+        pad.len()
+    );
+    ensure!(
+        pad.len() / 2 <= x.rank(),
+        "Length of pad should be no more than twice the number of dimensions of the input. Pad length is {}while the input has {}dimensions.",
+        pad.len(),
+        x.rank()
+    );
+    let mut shape = x.shape.clone();
+    for (j, pair) in pad.chunks(2).enumerate() {
+        let d = x.rank() - 1 - j;
+        let new = shape[d] + pair[0] + pair[1];
+        // PyTorch crops with narrow() before padding, which reports the negative length.
+        ensure!(new >= 0, "narrow(): length must be non-negative.");
+        shape[d] = new;
+    }
+    Ok(shape)
+}
+
+// ---- lowering ------------------------------------------------------------------------------
+
+pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+    use OpId::*;
+    let out = a.out(0).clone();
+    let p = &a.params;
+    let v = match a.op {
+        Cat => {
+            let parts: Vec<Value> = a
+                .inputs
+                .iter()
+                .filter(|&&v| !(e.rank(v) == 1 && e.shape(v)[0] == 0))
+                .copied()
+                .collect::<Vec<_>>()
+                .into_iter()
+                .map(|v| e.cast(v, out.dtype))
+                .collect();
+            if parts.is_empty() {
+                e.constant(out.clone(), crate::ScalarValue::Int(0))
+            } else {
+                let dim = wrap_dim(p.get(0)?, out.rank())?;
+                e.concatenate(&parts, dim)
+            }
+        }
+        Stack => {
+            let dim = wrap_dim(p.get(0)?, out.rank())?;
+            let parts: Vec<Value> = a
+                .inputs
+                .iter()
+                .map(|&v| {
+                    let c = e.cast(v, out.dtype);
+                    let mut s = e.shape(c).to_vec();
+                    s.insert(dim, 1);
+                    e.reshape(c, &s)
+                })
+                .collect();
+            e.concatenate(&parts, dim)
+        }
+        Flip => {
+            let dims = wrap_dims(p.rest(0), out.rank())?;
+            e.reverse(a.inputs[0], &dims)
+        }
+        Roll => lower_roll(e, a.inputs[0], p.rest(0)),
+        ConstantPadNd => {
+            let x = a.inputs[0];
+            let rank = out.rank();
+            let (mut low, mut high) = (vec![0; rank], vec![0; rank]);
+            for (j, pair) in p.rest(0).chunks(2).enumerate() {
+                low[rank - 1 - j] = pair[0];
+                high[rank - 1 - j] = pair[1];
+            }
+            let value = match a.scalars.first() {
+                Some(&s) => e.cast(s, out.dtype),
+                None => e.scalar_constant(out.dtype, crate::ScalarValue::Int(0)),
+            };
+            e.pad(x, value, &low, &high, &vec![0; rank])
+        }
+        Repeat => {
+            let reps = p.rest(0);
+            let padded = padded_front(e.shape(a.inputs[0]), reps.len());
+            let x = e.reshape(a.inputs[0], &padded);
+            // [s0, s1] -> broadcast to [r0, s0, r1, s1] -> reshape [r0*s0, r1*s1].
+            let mut wide = Vec::new();
+            let mut dims = Vec::new();
+            for (i, (&s, &r)) in padded.iter().zip(reps).enumerate() {
+                wide.push(r);
+                wide.push(s);
+                dims.push(2 * i + 1);
+            }
+            let b = e.broadcast_in_dim(x, &wide, &dims);
+            e.reshape(b, &out.shape)
+        }
+        Tril | Triu => {
+            let x = a.inputs[0];
+            let diagonal = p.get_or(0, 0);
+            let shape = out.shape.to_vec();
+            let r = shape.len();
+            let ity = TensorType::new(DType::I64, &shape);
+            let rows = e.iota(ity.clone(), r - 2);
+            let cols = e.iota(ity, r - 1);
+            let diff = e.sub(cols, rows);
+            let dconst = e.full_like(diff, diagonal as f64);
+            let keep = if a.op == Tril {
+                e.compare(Cmp::Le, diff, dconst)
+            } else {
+                e.compare(Cmp::Ge, diff, dconst)
+            };
+            let zero = e.full_like(x, 0.0);
+            let zero = if out.dtype == DType::Bool {
+                e.cast(zero, DType::Bool)
+            } else {
+                zero
+            };
+            e.select(keep, x, zero)
+        }
+        Gather => {
+            let dim = wrap_dim(p.get(0)?, e.rank(a.inputs[0]))?;
+            gather_along(e, a.inputs[0], a.inputs[1], dim)
+        }
+        IndexSelect => {
+            let x = a.inputs[0];
+            if e.rank(x) == 0 {
+                let n = e.ty(a.inputs[1]).numel();
+                if n == 0 {
+                    e.constant(out.clone(), crate::ScalarValue::Int(0))
+                } else {
+                    x
+                }
+            } else {
+                let dim = wrap_dim(p.get(0)?, e.rank(x))?;
+                let n = e.ty(a.inputs[1]).numel();
+                let idx = e.reshape(a.inputs[1], &[n]);
+                index_select(e, x, idx, dim)
+            }
+        }
+        Scatter | ScatterAdd => {
+            let x = a.inputs[0];
+            let index = a.inputs[1];
+            let dim = wrap_dim(p.get(0)?, e.rank(x))?;
+            let index_shape = e.shape(index).to_vec();
+            let updates = if a.inputs.len() == 3 {
+                let src = a.inputs[2];
+                let zeros = vec![0; index_shape.len()];
+                let ones = vec![1; index_shape.len()];
+                if e.shape(src) == index_shape.as_slice() {
+                    src
+                } else {
+                    e.slice(src, &zeros, &index_shape, &ones)
+                }
+            } else {
+                let v = e.cast(a.scalars[0], out.dtype);
+                e.broadcast_to(v, &index_shape)
+            };
+            scatter_along(e, x, index, updates, dim, a.op == ScatterAdd)
+        }
+        Embedding => {
+            let (w, idx) = (a.inputs[0], a.inputs[1]);
+            let n = e.ty(idx).numel();
+            let flat = e.reshape(idx, &[n]);
+            let rows = index_select(e, w, flat, 0);
+            e.reshape(rows, &out.shape)
+        }
+        Expand => e.broadcast_to(a.inputs[0], &out.shape),
+        SumToSize => sum_to_size(e, a.inputs[0], &out.shape),
+        Reshape => e.reshape(a.inputs[0], &out.shape),
+        Permute => {
+            let perm = permutation(p.rest(0), out.rank())?;
+            e.transpose(a.inputs[0], &perm)
+        }
+        Transpose => {
+            let r = out.rank();
+            if r == 0 {
+                a.inputs[0]
+            } else {
+                let (d0, d1) = (wrap_dim(p.get(0)?, r)?, wrap_dim(p.get(1)?, r)?);
+                let mut perm: Vec<usize> = (0..r).collect();
+                perm.swap(d0, d1);
+                e.transpose(a.inputs[0], &perm)
+            }
+        }
+        Slice => {
+            let x = a.inputs[0];
+            let in_ty = e.ty(x).clone();
+            let meta_args = MetaArgs {
+                op: a.op,
+                inputs: std::slice::from_ref(&in_ty),
+                scalars: &[],
+                params: a.params,
+            };
+            let (dim, start, end, step) = slice_bounds(&meta_args, &in_ty)?;
+            let end = end.max(start);
+            e.slice_dim(x, dim, start, end, step)
+        }
+        Select => {
+            let x = a.inputs[0];
+            let dim = wrap_dim(p.get(0)?, e.rank(x))?;
+            let size = e.shape(x)[dim];
+            let mut index = p.get(1)?;
+            if index < 0 {
+                index += size;
+            }
+            let s = e.slice_dim(x, dim, index, index + 1, 1);
+            e.reshape(s, &out.shape)
+        }
+        op => return Err(OpError::runtime(format!("{}: not a shape op", op.name()))),
+    };
+    Ok(vec![v])
+}
+
+fn lower_roll(e: &mut Emitter, x: Value, p: &[i64]) -> Value {
+    let (shifts, dims) = split_roll(p).expect("meta checked roll params");
+    let shape = e.shape(x).to_vec();
+    if dims.is_empty() {
+        let n: i64 = shape.iter().product();
+        let flat = e.reshape(x, &[n]);
+        let r = roll_dim(e, flat, 0, shifts[0]);
+        return e.reshape(r, &shape);
+    }
+    let mut v = x;
+    for (&s, &d) in shifts.iter().zip(dims) {
+        let d = wrap_dim(d, shape.len()).expect("meta checked");
+        v = roll_dim(e, v, d, s);
+    }
+    v
+}
+
+fn roll_dim(e: &mut Emitter, x: Value, dim: usize, shift: i64) -> Value {
+    let size = e.shape(x).get(dim).copied().unwrap_or(1);
+    if size == 0 || e.rank(x) == 0 {
+        return x;
+    }
+    let s = shift.rem_euclid(size);
+    if s == 0 {
+        return x;
+    }
+    let tail = e.slice_dim(x, dim, size - s, size, 1);
+    let head = e.slice_dim(x, dim, 0, size - s, 1);
+    e.concatenate(&[tail, head], dim)
+}
+
+/// `x` gathered with `index` (int) along `dim`: full index vectors built from iotas.
+fn full_indices(e: &mut Emitter, index: Value, dim: usize) -> Value {
+    let shape = e.shape(index).to_vec();
+    let r = shape.len();
+    let idx = e.convert(index, DType::I64);
+    let mut ishape = shape.clone();
+    ishape.push(1);
+    let parts: Vec<Value> = (0..r)
+        .map(|d| {
+            let comp = if d == dim {
+                idx
+            } else {
+                e.iota(TensorType::new(DType::I64, &shape), d)
+            };
+            e.reshape(comp, &ishape)
+        })
+        .collect();
+    e.concatenate(&parts, r)
+}
+
+fn gather_along(e: &mut Emitter, x: Value, index: Value, dim: usize) -> Value {
+    let r = e.rank(x);
+    let out_shape = e.shape(index).to_vec();
+    if r == 0 || out_shape.iter().product::<i64>() == 0 {
+        let v = e.reshape(x, &vec![1; out_shape.len()]);
+        return if out_shape.iter().product::<i64>() == 0 {
+            let ty = e.ty(x).with_shape(&out_shape);
+            e.constant(ty, crate::ScalarValue::Int(0))
+        } else {
+            e.broadcast_to(v, &out_shape)
+        };
+    }
+    let indices = full_indices(e, index, dim);
+    let all: Vec<i64> = (0..r as i64).collect();
+    let attrs = format!(
+        "dimension_numbers = #stablehlo.gather<collapsed_slice_dims = {}, start_index_map = {}, index_vector_dim = {}>, indices_are_sorted = false, slice_sizes = {}",
+        bracket_list(&all),
+        bracket_list(&all),
+        r,
+        i64_array(&vec![1; r])
+    );
+    let ty = e.ty(x).with_shape(&out_shape);
+    e.op("stablehlo.gather", &[x, indices], &attrs, ty)
+}
+
+/// Rows `idx` (1-D, int) of `x` along `dim`.
+fn index_select(e: &mut Emitter, x: Value, idx: Value, dim: usize) -> Value {
+    let shape = e.shape(x).to_vec();
+    let n = e.shape(idx)[0];
+    let idx = e.convert(idx, DType::I64);
+    let indices = e.reshape(idx, &[n, 1]);
+    let mut out_shape = shape.clone();
+    out_shape[dim] = n;
+    if n == 0 {
+        let ty = e.ty(x).with_shape(&out_shape);
+        return e.constant(ty, crate::ScalarValue::Int(0));
+    }
+    let offset_dims: Vec<i64> = (0..shape.len() as i64)
+        .filter(|&d| d != dim as i64)
+        .collect();
+    let mut slice_sizes = shape.clone();
+    slice_sizes[dim] = 1;
+    let attrs = format!(
+        "dimension_numbers = #stablehlo.gather<offset_dims = {}, collapsed_slice_dims = [{dim}], start_index_map = [{dim}], index_vector_dim = 1>, indices_are_sorted = false, slice_sizes = {}",
+        bracket_list(&offset_dims),
+        i64_array(&slice_sizes)
+    );
+    let ty = e.ty(x).with_shape(&out_shape);
+    e.op("stablehlo.gather", &[x, indices], &attrs, ty)
+}
+
+fn scatter_along(
+    e: &mut Emitter,
+    x: Value,
+    index: Value,
+    updates: Value,
+    dim: usize,
+    add: bool,
+) -> Value {
+    let r = e.rank(x);
+    if e.ty(index).numel() == 0 {
+        return x;
+    }
+    if r == 0 {
+        let u = e.reshape(updates, &[]);
+        return if add { e.add(x, u) } else { u };
+    }
+    let indices = full_indices(e, index, dim);
+    let all: Vec<i64> = (0..r as i64).collect();
+    let dtype = e.dtype(x);
+    let region = e.region(
+        &[TensorType::scalar(dtype), TensorType::scalar(dtype)],
+        |e, args| {
+            if !add {
+                vec![args[1]]
+            } else if dtype == DType::Bool {
+                vec![e.or(args[0], args[1])]
+            } else {
+                vec![e.add(args[0], args[1])]
+            }
+        },
+    );
+    let attrs = format!(
+        "scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = {}, scatter_dims_to_operand_dims = {}, index_vector_dim = {}>, indices_are_sorted = false, unique_indices = false",
+        bracket_list(&all),
+        bracket_list(&all),
+        r
+    );
+    let ty = e.ty(x).clone();
+    e.op_with_regions(
+        "stablehlo.scatter",
+        &[x, indices, updates],
+        &[region],
+        &attrs,
+        vec![ty],
+    )[0]
+}
+
+/// Sum `x` down to `shape` (leading dims and dims where `shape` has 1).
+pub(crate) fn sum_to_size(e: &mut Emitter, x: Value, shape: &[i64]) -> Value {
+    let xs = e.shape(x).to_vec();
+    if xs == shape {
+        return x;
+    }
+    let lead = xs.len() - shape.len();
+    let dims: Vec<usize> = (0..xs.len())
+        .filter(|&d| d < lead || (shape[d - lead] == 1 && xs[d] != 1))
+        .collect();
+    let dtype = e.dtype(x);
+    let acc = if dtype.is_float() {
+        dtype.compute_dtype()
+    } else {
+        dtype
+    };
+    let xc = e.convert(x, acc);
+    let s = if dtype == DType::Bool {
+        e.reduce_with(xc, 0.0, &dims, "stablehlo.or")
+    } else {
+        e.reduce_sum(xc, &dims)
+    };
+    let s = e.convert(s, dtype);
+    e.reshape(s, shape)
+}

@@ -1,0 +1,170 @@
+//! Snapshots of the StableHLO text each op lowers to, so lowering changes show up in review.
+
+use ops::{f64_param, lower_single, DType, OpId, ScalarArg, TensorType};
+
+fn t(dtype: DType, shape: &[i64]) -> TensorType {
+    TensorType::new(dtype, shape)
+}
+
+fn text(op: OpId, inputs: &[TensorType], scalars: &[ScalarArg], params: &[i64]) -> String {
+    lower_single(op, inputs, scalars, params)
+        .unwrap_or_else(|e| panic!("{op}: {e}"))
+        .0
+}
+
+macro_rules! snapshot {
+    ($name:ident, $op:expr, $inputs:expr, $scalars:expr, $params:expr) => {
+        #[test]
+        fn $name() {
+            insta::assert_snapshot!(text($op, &$inputs, &$scalars, &$params));
+        }
+    };
+}
+
+snapshot!(
+    add_alpha_broadcast,
+    OpId::Add,
+    [t(DType::F32, &[2, 3]), t(DType::F32, &[3])],
+    [ScalarArg::float(2.0)],
+    []
+);
+snapshot!(
+    mul_bf16_scalar,
+    OpId::Mul,
+    [t(DType::BF16, &[4])],
+    [ScalarArg::float(0.5)],
+    []
+);
+snapshot!(
+    div_floor_int,
+    OpId::Div,
+    [t(DType::I32, &[4]), t(DType::I32, &[4])],
+    [],
+    [2]
+);
+snapshot!(
+    pow_scalar_exponent,
+    OpId::Pow,
+    [t(DType::F32, &[3])],
+    [ScalarArg::float(2.0)],
+    []
+);
+snapshot!(
+    lt_int_float_scalar,
+    OpId::Lt,
+    [t(DType::I64, &[3])],
+    [ScalarArg::float(0.5)],
+    []
+);
+snapshot!(gelu_tanh, OpId::Gelu, [t(DType::F32, &[3])], [], [1]);
+snapshot!(
+    where_scalar_other,
+    OpId::Where,
+    [t(DType::Bool, &[2, 2]), t(DType::F32, &[2])],
+    [ScalarArg::float(0.0)],
+    []
+);
+snapshot!(
+    clamp_min_max,
+    OpId::Clamp,
+    [t(DType::F32, &[3])],
+    [ScalarArg::float(-1.0), ScalarArg::float(1.0)],
+    [2, 2]
+);
+snapshot!(
+    convert_f32_to_u8,
+    OpId::Convert,
+    [t(DType::F32, &[3])],
+    [],
+    [DType::U8.code() as i64]
+);
+snapshot!(
+    arange_f32,
+    OpId::Arange,
+    [],
+    [],
+    [
+        DType::F32.code() as i64,
+        f64_param(0.0),
+        f64_param(2.0),
+        f64_param(0.5)
+    ]
+);
+snapshot!(
+    sum_bf16_dim,
+    OpId::Sum,
+    [t(DType::BF16, &[2, 3])],
+    [],
+    [1, -1, 1]
+);
+snapshot!(
+    argmax_dim,
+    OpId::Argmax,
+    [t(DType::F32, &[2, 3])],
+    [],
+    [0, 1]
+);
+snapshot!(
+    log_softmax,
+    OpId::LogSoftmax,
+    [t(DType::F32, &[2, 3])],
+    [],
+    [1, 0]
+);
+snapshot!(
+    matmul_batched,
+    OpId::Matmul,
+    [t(DType::F32, &[2, 1, 2, 3]), t(DType::F32, &[5, 3, 4])],
+    [],
+    []
+);
+snapshot!(
+    addmm,
+    OpId::Addmm,
+    [
+        t(DType::F32, &[4]),
+        t(DType::F32, &[2, 3]),
+        t(DType::F32, &[3, 4])
+    ],
+    [ScalarArg::float(1.0), ScalarArg::float(1.0)],
+    []
+);
+snapshot!(
+    cat_promotes,
+    OpId::Cat,
+    [t(DType::F32, &[2, 3]), t(DType::I32, &[2, 1])],
+    [],
+    [1]
+);
+snapshot!(
+    gather_dim1,
+    OpId::Gather,
+    [t(DType::F32, &[2, 3]), t(DType::I64, &[2, 2])],
+    [],
+    [1]
+);
+snapshot!(
+    scatter_add_dim0,
+    OpId::ScatterAdd,
+    [
+        t(DType::F32, &[2, 3]),
+        t(DType::I64, &[2, 3]),
+        t(DType::F32, &[2, 3])
+    ],
+    [],
+    [0]
+);
+snapshot!(
+    constant_pad_crop,
+    OpId::ConstantPadNd,
+    [t(DType::F32, &[2, 3])],
+    [ScalarArg::float(0.0)],
+    [1, -1]
+);
+snapshot!(
+    nll_loss_mean,
+    OpId::NllLoss,
+    [t(DType::F32, &[2, 3]), t(DType::I64, &[2])],
+    [],
+    [1, -100]
+);

@@ -1,0 +1,330 @@
+//! End-to-end tests of the safe PJRT layer on the XLA CPU plugin: transfers of every dtype,
+//! compile and execute, serialization, concurrency, events and every bad input.
+
+use pjrt::{Client, ElementType, Error, NamedValue, Plugin};
+use std::sync::{Arc, OnceLock};
+
+fn client() -> &'static Client {
+    static CLIENT: OnceLock<Client> = OnceLock::new();
+    CLIENT.get_or_init(|| {
+        let plugin = Plugin::load("cpu").expect("the CPU plugin is installed by `make venv`");
+        Client::new(&plugin).expect("client")
+    })
+}
+
+fn f32_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+fn f32_values(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+#[test]
+fn client_reports_platform_and_devices() {
+    let c = client();
+    assert_eq!(c.platform_name(), "cpu");
+    assert!(!c.addressable_devices().is_empty());
+    let (major, minor) = c.plugin().api_version();
+    assert_eq!(major, pjrt::BUILT_API_VERSION.0);
+    assert!(minor > 0);
+    assert!(!c.plugin().version_fingerprint().is_empty());
+}
+
+#[test]
+fn client_creation_options_are_passed() {
+    let plugin = Plugin::load("cpu").unwrap();
+    let c = Client::with_options(
+        &plugin,
+        &[("cpu_device_count".to_string(), NamedValue::Int64(2))],
+    )
+    .unwrap();
+    assert_eq!(c.addressable_devices().len(), 2);
+}
+
+#[test]
+fn plugin_is_loaded_once_per_process() {
+    let a = Plugin::load("cpu").unwrap();
+    let b = Plugin::load(a.path().to_str().unwrap()).unwrap();
+    assert_eq!(a.path(), b.path());
+}
+
+#[test]
+fn every_dtype_round_trips() {
+    let c = client();
+    for ty in ElementType::ALL {
+        let n = 7usize;
+        let bytes: Vec<u8> = (0..n * ty.size_bytes())
+            .map(|i| match ty {
+                // Booleans must be 0 or 1.
+                ElementType::Pred => (i % 2) as u8,
+                _ => (i * 37 % 251) as u8,
+            })
+            .collect();
+        let buffer = c.buffer_from_host(&bytes, ty, &[n as i64]).unwrap();
+        assert_eq!(buffer.element_type().unwrap(), ty);
+        assert_eq!(buffer.dims().unwrap(), vec![n as i64]);
+        assert_eq!(buffer.to_host().unwrap(), bytes, "{ty:?}");
+    }
+}
+
+#[test]
+fn zero_dim_and_empty_buffers_round_trip() {
+    let c = client();
+    let scalar = c
+        .buffer_from_host(&f32_bytes(&[2.5]), ElementType::F32, &[])
+        .unwrap();
+    assert_eq!(scalar.dims().unwrap(), Vec::<i64>::new());
+    assert_eq!(f32_values(&scalar.to_host().unwrap()), vec![2.5]);
+    let empty = c.buffer_from_host(&[], ElementType::F32, &[0, 3]).unwrap();
+    assert_eq!(empty.to_host().unwrap(), Vec::<u8>::new());
+}
+
+#[test]
+fn elementwise_module_runs() {
+    let c = client();
+    let exe = c
+        .compile(
+            r#"
+func.func public @main(%a: tensor<4xf32>, %b: tensor<4xf32>) -> tensor<4xf32> {
+  %s = stablehlo.add %a, %b : tensor<4xf32>
+  %m = stablehlo.multiply %s, %a : tensor<4xf32>
+  return %m : tensor<4xf32>
+}"#,
+        )
+        .unwrap();
+    let a = c
+        .buffer_from_host(&f32_bytes(&[1., 2., 3., 4.]), ElementType::F32, &[4])
+        .unwrap();
+    let b = c
+        .buffer_from_host(&f32_bytes(&[10., 20., 30., 40.]), ElementType::F32, &[4])
+        .unwrap();
+    let out = exe.execute(&[&a, &b]).unwrap();
+    assert_eq!(out.len(), 1);
+    assert_eq!(
+        f32_values(&out[0].to_host().unwrap()),
+        vec![11., 44., 99., 176.]
+    );
+}
+
+const DOT_AND_REDUCE: &str = r#"
+func.func public @main(%x: tensor<2x3xf32>, %y: tensor<3x2xf32>) -> (tensor<2x2xf32>, tensor<2xf32>, tensor<i64>) {
+  %p = stablehlo.dot_general %x, %y, contracting_dims = [1] x [0] : (tensor<2x3xf32>, tensor<3x2xf32>) -> tensor<2x2xf32>
+  %z = stablehlo.constant dense<0.0> : tensor<f32>
+  %r = stablehlo.reduce(%p init: %z) applies stablehlo.add across dimensions = [1] : (tensor<2x2xf32>, tensor<f32>) -> tensor<2xf32>
+  %k = stablehlo.constant dense<42> : tensor<i64>
+  return %p, %r, %k : tensor<2x2xf32>, tensor<2xf32>, tensor<i64>
+}"#;
+
+fn run_dot_and_reduce(exe: &pjrt::LoadedExecutable) -> (Vec<f32>, Vec<f32>, i64) {
+    let c = client();
+    let x = c
+        .buffer_from_host(
+            &f32_bytes(&[1., 2., 3., 4., 5., 6.]),
+            ElementType::F32,
+            &[2, 3],
+        )
+        .unwrap();
+    let y = c
+        .buffer_from_host(
+            &f32_bytes(&[1., 0., 0., 1., 1., 1.]),
+            ElementType::F32,
+            &[3, 2],
+        )
+        .unwrap();
+    let out = exe.execute(&[&x, &y]).unwrap();
+    assert_eq!(out.len(), 3);
+    assert_eq!(out[2].element_type().unwrap(), ElementType::S64);
+    let k = i64::from_le_bytes(out[2].to_host().unwrap().try_into().unwrap());
+    (
+        f32_values(&out[0].to_host().unwrap()),
+        f32_values(&out[1].to_host().unwrap()),
+        k,
+    )
+}
+
+#[test]
+fn dot_general_reduce_and_multiple_results() {
+    let exe = client().compile(DOT_AND_REDUCE).unwrap();
+    assert_eq!(exe.num_outputs(), 3);
+    let (p, r, k) = run_dot_and_reduce(&exe);
+    assert_eq!(p, vec![4., 5., 10., 11.]);
+    assert_eq!(r, vec![9., 21.]);
+    assert_eq!(k, 42);
+}
+
+#[test]
+fn serialize_deserialize_gives_same_result() {
+    let c = client();
+    let exe = c.compile(DOT_AND_REDUCE).unwrap();
+    let bytes = exe.serialize().unwrap();
+    assert!(!bytes.is_empty());
+    let loaded = c.deserialize(&bytes).unwrap();
+    assert_eq!(run_dot_and_reduce(&exe), run_dot_and_reduce(&loaded));
+}
+
+#[test]
+fn corrupt_serialized_executable_is_an_error() {
+    let c = client();
+    let exe = c.compile(DOT_AND_REDUCE).unwrap();
+    let mut bytes = exe.serialize().unwrap();
+    bytes.truncate(bytes.len() / 3);
+    assert!(c.deserialize(&bytes).is_err());
+    assert!(c.deserialize(b"not an executable").is_err());
+}
+
+#[test]
+fn two_threads_execute_at_once() {
+    let c = client();
+    let exe = Arc::new(
+        c.compile(
+            r#"
+func.func public @main(%a: tensor<1024xf32>) -> tensor<f32> {
+  %e = stablehlo.exponential %a : tensor<1024xf32>
+  %z = stablehlo.constant dense<0.0> : tensor<f32>
+  %r = stablehlo.reduce(%e init: %z) applies stablehlo.add across dimensions = [0] : (tensor<1024xf32>, tensor<f32>) -> tensor<f32>
+  return %r : tensor<f32>
+}"#,
+        )
+        .unwrap(),
+    );
+    let handles: Vec<_> = (0..2)
+        .map(|t| {
+            let exe = exe.clone();
+            std::thread::spawn(move || {
+                let c = client();
+                let value = t as f32;
+                let input = c
+                    .buffer_from_host(&f32_bytes(&[value; 1024]), ElementType::F32, &[1024])
+                    .unwrap();
+                for _ in 0..200 {
+                    let out = exe.execute(&[&input]).unwrap();
+                    let got = f32_values(&out[0].to_host().unwrap())[0];
+                    let want = 1024.0 * value.exp();
+                    assert!((got - want).abs() <= want * 1e-5, "{got} vs {want}");
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+}
+
+#[test]
+fn events_fire_callbacks_and_contain_panics() {
+    let c = client();
+    let a = c
+        .buffer_from_host(&f32_bytes(&[1.0]), ElementType::F32, &[1])
+        .unwrap();
+    let event = a.ready_event().unwrap();
+    event.wait().unwrap();
+    assert!(event.is_ready().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    event
+        .on_ready(move |result| {
+            tx.send(result.is_ok()).unwrap();
+        })
+        .unwrap();
+    assert!(rx.recv().unwrap());
+    // A panicking callback is caught on the plugin's side of the boundary.
+    let event = a.ready_event().unwrap();
+    event.on_ready(|_| panic!("callback panic")).unwrap();
+    assert_eq!(f32_values(&a.to_host().unwrap()), vec![1.0]);
+}
+
+#[test]
+fn execution_event_is_returned() {
+    let exe = client().compile(DOT_AND_REDUCE).unwrap();
+    let c = client();
+    let x = c
+        .buffer_from_host(&f32_bytes(&[0.; 6]), ElementType::F32, &[2, 3])
+        .unwrap();
+    let y = c
+        .buffer_from_host(&f32_bytes(&[0.; 6]), ElementType::F32, &[3, 2])
+        .unwrap();
+    let (outs, event) = exe
+        .execute_with(&[&x, &y], &pjrt::ExecuteOptions::default())
+        .unwrap();
+    if let Some(event) = event {
+        event.wait().unwrap();
+    }
+    outs[0].wait_ready().unwrap();
+}
+
+#[test]
+fn compiled_memory_stats_work_and_device_stats_are_an_error() {
+    let c = client();
+    let exe = c.compile(DOT_AND_REDUCE).unwrap();
+    let stats = exe.compiled_memory_stats().unwrap();
+    assert!(stats.output_bytes >= 16 + 8 + 8, "{stats:?}");
+    // The CPU plugin has no allocator statistics: an error, not a crash.
+    let device = c.addressable_devices()[0].clone();
+    let err = c.device_memory_stats(&device).unwrap_err();
+    assert!(!err.to_string().is_empty());
+}
+
+#[test]
+fn missing_plugin_names_places_and_fix() {
+    let err = Plugin::load("/nonexistent/dir/plugin.so").unwrap_err();
+    let message = err.to_string();
+    assert!(message.contains("/nonexistent/dir/plugin.so"), "{message}");
+    assert!(message.contains("TORCH_PJRT_PLUGIN"), "{message}");
+    let err = Plugin::load("tpu").unwrap_err();
+    let message = err.to_string();
+    assert!(matches!(err, Error::PluginNotFound { .. }), "{message}");
+    assert!(message.contains("libtpu/libtpu.so"), "{message}");
+    assert!(message.contains("pip install libtpu"), "{message}");
+}
+
+#[test]
+fn a_library_that_is_not_a_plugin_is_refused() {
+    let libc = [
+        "/lib/x86_64-linux-gnu/libc.so.6",
+        "/usr/lib/x86_64-linux-gnu/libc.so.6",
+    ]
+    .into_iter()
+    .find(|p| std::path::Path::new(p).exists())
+    .expect("libc.so.6");
+    let err = Plugin::load(libc).unwrap_err();
+    assert!(matches!(err, Error::NotAPlugin { .. }), "{err}");
+    assert!(err.to_string().contains("GetPjrtApi"), "{err}");
+    // Not a shared library at all.
+    let dir = std::env::temp_dir().join(format!("pjrt-not-elf-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = dir.join("plugin.so");
+    std::fs::write(&text, b"plain text").unwrap();
+    let err = Plugin::load(text.to_str().unwrap()).unwrap_err();
+    assert!(matches!(err, Error::NotAPlugin { .. }), "{err}");
+}
+
+#[test]
+fn invalid_stablehlo_carries_the_diagnostic() {
+    let err = client()
+        .compile("func.func public @main(%a: tensor<4xf32>) -> tensor<4xf32> { %b = stablehlo.bogus_op %a : tensor<4xf32>\n return %b : tensor<4xf32> }")
+        .unwrap_err();
+    let message = err.to_string();
+    assert!(message.contains("bogus_op"), "{message}");
+    // The client keeps working after a failed compile.
+    elementwise_module_runs();
+}
+
+#[test]
+fn host_slice_length_is_checked_before_pjrt() {
+    let err = client()
+        .buffer_from_host(&[0u8; 10], ElementType::F32, &[3])
+        .unwrap_err();
+    let message = err.to_string();
+    assert!(matches!(err, Error::InvalidArgument(_)));
+    assert!(
+        message.contains("12 bytes") && message.contains("10 bytes"),
+        "{message}"
+    );
+    let err = client()
+        .buffer_from_host(&[], ElementType::F32, &[-1])
+        .unwrap_err();
+    assert!(err.to_string().contains("non-negative"));
+}

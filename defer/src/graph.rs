@@ -1,0 +1,865 @@
+//! The deferred-op graph: capture (meta at once, node appended, digests hashed incrementally),
+//! storages' values, and the planning of a flush into one fused region with its key.
+
+use crate::storage::{Storage, StorageId, StorageValue};
+use fuse::{InputRef, Operand, Region, RegionNode, StableHasher};
+use liveness::{ExternalId, NodeId, NodeIdSequence, NodeOutput, PendingNode, Request, ValueRef};
+pub use ops::ErrorKind;
+use ops::{DType, Meta, OpError, OpId, ScalarArg, Shape, TensorType};
+use smallvec::SmallVec;
+use std::collections::{HashMap, VecDeque};
+
+/// An engine error: the Python exception class it maps to, and a PyTorch-style message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+impl EngineError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        EngineError {
+            kind,
+            message: message.into(),
+        }
+    }
+    pub fn runtime(message: impl Into<String>) -> Self {
+        EngineError::new(ErrorKind::Runtime, message)
+    }
+    pub fn not_implemented(message: impl Into<String>) -> Self {
+        EngineError::new(ErrorKind::NotImplemented, message)
+    }
+}
+
+impl std::fmt::Display for EngineError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for EngineError {}
+
+impl From<OpError> for EngineError {
+    fn from(e: OpError) -> Self {
+        EngineError {
+            kind: e.kind,
+            message: e.message,
+        }
+    }
+}
+
+/// A tensor as PyTorch describes it: a strided window on a storage.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorRef {
+    pub storage: StorageId,
+    pub dtype: DType,
+    pub sizes: Shape,
+    pub strides: SmallVec<[i64; 6]>,
+    pub offset: i64,
+}
+
+impl TensorRef {
+    /// A contiguous tensor over a whole storage.
+    pub fn contiguous(storage: StorageId, dtype: DType, sizes: &[i64]) -> Self {
+        let mut strides: SmallVec<[i64; 6]> = SmallVec::from_elem(1, sizes.len());
+        for i in (0..sizes.len().saturating_sub(1)).rev() {
+            strides[i] = strides[i + 1] * sizes[i + 1].max(1);
+        }
+        TensorRef {
+            storage,
+            dtype,
+            sizes: Shape::from_slice(sizes),
+            strides,
+            offset: 0,
+        }
+    }
+
+    pub fn numel(&self) -> i64 {
+        self.sizes.iter().product()
+    }
+
+    fn is_contiguous(&self) -> bool {
+        let mut expected = 1;
+        for (&size, &stride) in self.sizes.iter().zip(&self.strides).rev() {
+            if size != 1 && stride != expected {
+                return false;
+            }
+            expected *= size;
+        }
+        true
+    }
+
+    fn ty(&self) -> TensorType {
+        TensorType::new(self.dtype, &self.sizes)
+    }
+}
+
+/// The outputs of a captured op: the storages written and their types.
+#[derive(Clone, Debug)]
+pub struct Captured {
+    pub outputs: Vec<(StorageId, TensorType)>,
+}
+
+/// What a flush is asked to materialize.
+#[derive(Copy, Clone, Debug)]
+pub enum FlushRequest<'a> {
+    /// Every pending op (an explicit sync, op-by-op modes, the region-size cap).
+    All,
+    /// The values of these storages (and, by ordered materialization, every older op).
+    Storages(&'a [StorageId]),
+}
+
+/// A device value and its type, as passed to a region.
+#[derive(Clone, Debug)]
+pub struct ExternalValue<V> {
+    pub value: V,
+    pub ty: TensorType,
+}
+
+/// A planned region: everything the engine needs to compile (on a miss) and run it. Its output
+/// values are already installed in the storages that hold them.
+#[derive(Debug)]
+pub struct Flush<V> {
+    /// Key parts: op structure, and all dimensions (the engine adds the options part).
+    pub shapeless: u64,
+    pub dims: u64,
+    pub region: Region,
+    pub args: Vec<V>,
+    pub scalar_packs: Vec<fuse::ScalarPack>,
+    pub outputs: Vec<V>,
+    pub output_types: Vec<TensorType>,
+    pub label: String,
+    pub dropped_ops: usize,
+}
+
+/// Where a host read gets its bytes.
+#[derive(Clone, Debug)]
+pub enum ReadSource<V> {
+    Device(V, TensorType),
+    /// The storage was never written: zeros.
+    Zeros,
+}
+
+/// Counters of the capture side.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GraphStats {
+    pub captured_ops: u64,
+    pub deferred_ops: u64,
+    pub materializations: u64,
+    pub regions: u64,
+    pub region_ops: u64,
+    pub dropped_ops: u64,
+    pub largest_region: u64,
+    pub live_storages: u64,
+}
+
+#[derive(Clone, Debug)]
+struct NodeInput {
+    value: ValueRef,
+    reshape_to: Option<Shape>,
+}
+
+#[derive(Clone, Debug)]
+struct Node {
+    id: NodeId,
+    op: OpId,
+    params: SmallVec<[i64; 4]>,
+    scalars: SmallVec<[ScalarArg; 2]>,
+    meta: Meta,
+    inputs: SmallVec<[NodeInput; 3]>,
+    /// Digests chained over the pending list up to and including this node.
+    prefix_shapeless: u64,
+    prefix_dims: u64,
+}
+
+impl PendingNode for Node {
+    fn id(&self) -> NodeId {
+        self.id
+    }
+    fn inputs(&self) -> impl Iterator<Item = ValueRef> + '_ {
+        self.inputs.iter().map(|i| i.value)
+    }
+    fn num_outputs(&self) -> u32 {
+        self.meta.outputs.len() as u32
+    }
+    fn is_side_effecting(&self) -> bool {
+        false
+    }
+}
+
+#[derive(Clone, Debug)]
+struct External<V> {
+    value: V,
+    ty: TensorType,
+}
+
+/// The capture state of one engine: storages, pending ops and the values they read.
+#[derive(Debug)]
+pub struct Graph<V> {
+    storages: HashMap<StorageId, Storage<V>>,
+    next_storage: u64,
+    pending: VecDeque<Node>,
+    ids: NodeIdSequence,
+    externals: HashMap<ExternalId, External<V>>,
+    external_of: HashMap<(StorageId, u64), ExternalId>,
+    next_external: u64,
+    /// Which storages hold each pending value (a held value is live: it must be materialized).
+    holders: HashMap<NodeOutput, SmallVec<[StorageId; 2]>>,
+    /// First-use numbering of the externals read by the pending list (part of the key).
+    arg_numbers: HashMap<ExternalId, u32>,
+    stats: GraphStats,
+}
+
+impl<V: Clone> Default for Graph<V> {
+    fn default() -> Self {
+        Graph::new()
+    }
+}
+
+fn layout_error(what: &str, t: &TensorRef, why: &str) -> EngineError {
+    EngineError::not_implemented(format!(
+        "{what}: a tensor of sizes {:?}, strides {:?} and storage offset {} {why}; only contiguous \
+         tensors covering their whole storage are supported on pjrt so far. Call .contiguous() \
+         or .clone() on it first",
+        t.sizes.as_slice(),
+        t.strides.as_slice(),
+        t.offset
+    ))
+}
+
+impl<V: Clone> Graph<V> {
+    pub fn new() -> Self {
+        Graph {
+            storages: HashMap::new(),
+            next_storage: 1,
+            pending: VecDeque::new(),
+            ids: NodeIdSequence::new(),
+            externals: HashMap::new(),
+            external_of: HashMap::new(),
+            next_external: 0,
+            holders: HashMap::new(),
+            arg_numbers: HashMap::new(),
+            stats: GraphStats::default(),
+        }
+    }
+
+    pub fn stats(&self) -> GraphStats {
+        GraphStats {
+            live_storages: self.storages.len() as u64,
+            ..self.stats.clone()
+        }
+    }
+
+    pub fn reset_stats(&mut self) {
+        self.stats = GraphStats::default();
+    }
+
+    pub fn pending_len(&self) -> usize {
+        self.pending.len()
+    }
+
+    // ----- storages -----
+
+    /// A new, unwritten storage of `nbytes` bytes.
+    pub fn new_storage(&mut self, nbytes: u64) -> StorageId {
+        let id = StorageId(self.next_storage);
+        self.next_storage += 1;
+        self.storages.insert(
+            id,
+            Storage {
+                nbytes,
+                native: None,
+                value: StorageValue::Uninit,
+                version: 0,
+            },
+        );
+        id
+    }
+
+    /// PyTorch dropped its last reference to the storage.
+    pub fn release_storage(&mut self, id: StorageId) -> Result<(), EngineError> {
+        let storage = self.storages.remove(&id).ok_or_else(|| unknown_storage(id))?;
+        if let StorageValue::Pending { out, .. } = storage.value {
+            self.drop_holder(out, id);
+        }
+        Ok(())
+    }
+
+    pub fn storage_nbytes(&self, id: StorageId) -> Result<u64, EngineError> {
+        Ok(self.storage(id)?.nbytes)
+    }
+
+    /// Changes a storage's byte size (`resize_`); only an unwritten storage can change size so far.
+    pub fn resize_storage(&mut self, id: StorageId, nbytes: u64) -> Result<(), EngineError> {
+        let storage = self.storages.get_mut(&id).ok_or_else(|| unknown_storage(id))?;
+        if storage.nbytes == nbytes {
+            return Ok(());
+        }
+        if !matches!(storage.value, StorageValue::Uninit) {
+            return Err(EngineError::not_implemented(format!(
+                "resizing a written pjrt storage from {} to {nbytes} bytes is not supported yet; \
+                 create a new tensor instead",
+                storage.nbytes
+            )));
+        }
+        storage.nbytes = nbytes;
+        storage.native = None;
+        Ok(())
+    }
+
+    fn storage(&self, id: StorageId) -> Result<&Storage<V>, EngineError> {
+        self.storages.get(&id).ok_or_else(|| unknown_storage(id))
+    }
+
+    /// Checks that `t` is a whole-storage contiguous view whose dtype is the storage's native
+    /// type (fixing the native type on first typed use).
+    fn check_whole(&mut self, what: &str, t: &TensorRef) -> Result<(), EngineError> {
+        if t.sizes.len() != t.strides.len() {
+            return Err(EngineError::runtime(format!(
+                "{what}: sizes {:?} and strides {:?} have different lengths",
+                t.sizes.as_slice(),
+                t.strides.as_slice()
+            )));
+        }
+        if t.sizes.iter().any(|&s| s < 0) {
+            return Err(EngineError::runtime(format!(
+                "{what}: negative size in {:?}",
+                t.sizes.as_slice()
+            )));
+        }
+        let storage = self.storages.get_mut(&t.storage).ok_or_else(|| unknown_storage(t.storage))?;
+        if t.offset != 0 {
+            return Err(layout_error(what, t, "has a non-zero storage offset"));
+        }
+        if !t.is_contiguous() {
+            return Err(layout_error(what, t, "is not contiguous"));
+        }
+        let bytes = t.numel() as u64 * t.dtype.size_bytes() as u64;
+        if bytes != storage.nbytes {
+            return Err(layout_error(
+                what,
+                t,
+                &format!("covers {bytes} of its storage's {} bytes", storage.nbytes),
+            ));
+        }
+        match storage.native {
+            None => storage.native = Some(t.dtype),
+            Some(native) if native != t.dtype => {
+                return Err(EngineError::not_implemented(format!(
+                    "{what}: the storage holds {} values but is read as {}; reinterpreting a \
+                     storage's dtype (view(dtype)) is not supported on pjrt yet",
+                    native.name(),
+                    t.dtype.name()
+                )))
+            }
+            Some(_) => {}
+        }
+        Ok(())
+    }
+
+    // ----- capture -----
+
+    /// Captures one op: meta at once (shape, dtype and value errors raised here), then a
+    /// pending node whose outputs go to new storages (`outs` empty) or into `outs`.
+    pub fn capture(
+        &mut self,
+        op: OpId,
+        inputs: &[TensorRef],
+        scalars: &[ScalarArg],
+        params: &[i64],
+        outs: &[TensorRef],
+    ) -> Result<Captured, EngineError> {
+        let mut types: SmallVec<[TensorType; 3]> = SmallVec::new();
+        for (i, t) in inputs.iter().enumerate() {
+            self.check_whole(&format!("{} input {i}", op.name()), t)?;
+            types.push(t.ty());
+        }
+        let meta = ops::meta(op, &types, scalars, params)?;
+        for (i, out) in outs.iter().enumerate() {
+            self.check_whole(&format!("{} output {i}", op.name()), out)?;
+            let produced = meta.outputs.get(i).ok_or_else(|| {
+                EngineError::runtime(format!(
+                    "{}: got {} output tensors but the op produces {}",
+                    op.name(),
+                    outs.len(),
+                    meta.outputs.len()
+                ))
+            })?;
+            if produced.shape != out.sizes {
+                return Err(EngineError::runtime(format!(
+                    "{}: output {i} has shape {:?} but the result has shape {:?}; resize the \
+                     output first (PyTorch's out= does this)",
+                    op.name(),
+                    out.sizes.as_slice(),
+                    produced.shape.as_slice()
+                )));
+            }
+        }
+        let mut node_inputs: SmallVec<[NodeInput; 3]> = SmallVec::new();
+        for t in inputs {
+            node_inputs.push(self.read_for_node(t)?);
+        }
+        let id = self.push_node(op, params, scalars, meta.clone(), node_inputs);
+        let mut outputs = Vec::with_capacity(meta.outputs.len());
+        if outs.is_empty() {
+            for (i, ty) in meta.outputs.iter().enumerate() {
+                let nbytes = ty.numel() as u64 * ty.dtype.size_bytes() as u64;
+                let storage = self.new_storage(nbytes);
+                self.storages.get_mut(&storage).unwrap().native = Some(ty.dtype);
+                self.write_pending(storage, id.output(i as u32), ty.clone());
+                outputs.push((storage, ty.clone()));
+            }
+        } else {
+            for (i, out) in outs.iter().enumerate() {
+                let produced = &meta.outputs[i];
+                let mut value = id.output(i as u32);
+                if produced.dtype != out.dtype {
+                    // out= with another dtype: PyTorch casts the result into the output's dtype.
+                    let cast_meta = ops::meta(
+                        OpId::Convert,
+                        std::slice::from_ref(produced),
+                        &[],
+                        &[out.dtype.code() as i64],
+                    )?;
+                    let input = NodeInput {
+                        value: ValueRef::Pending(value),
+                        reshape_to: None,
+                    };
+                    let cast = self.push_node(
+                        OpId::Convert,
+                        &[out.dtype.code() as i64],
+                        &[],
+                        cast_meta,
+                        SmallVec::from_elem(input, 1),
+                    );
+                    value = cast.output(0);
+                }
+                self.write_pending(out.storage, value, out.ty());
+                outputs.push((out.storage, out.ty()));
+            }
+        }
+        self.stats.captured_ops += 1;
+        Ok(Captured { outputs })
+    }
+
+    /// The node input that reads tensor `t` now (a snapshot: later writes don't change it).
+    fn read_for_node(&mut self, t: &TensorRef) -> Result<NodeInput, EngineError> {
+        let storage = self.storage(t.storage)?;
+        let (nbytes, version) = (storage.nbytes, storage.version);
+        let (value, source_shape) = match storage.value.clone() {
+            StorageValue::Pending { out, ty } => (ValueRef::Pending(out), ty.shape.clone()),
+            StorageValue::Device { value, ty } => {
+                let key = (t.storage, version);
+                let external = match self.external_of.get(&key) {
+                    Some(e) => *e,
+                    None => {
+                        let e = ExternalId(self.next_external);
+                        self.next_external += 1;
+                        self.externals.insert(
+                            e,
+                            External {
+                                value,
+                                ty: ty.clone(),
+                            },
+                        );
+                        self.external_of.insert(key, e);
+                        e
+                    }
+                };
+                (ValueRef::External(external), ty.shape)
+            }
+            StorageValue::Uninit => {
+                // An unwritten storage reads as zeros: capture the fill.
+                let numel = nbytes as i64 / t.dtype.size_bytes() as i64;
+                let mut params: SmallVec<[i64; 4]> = SmallVec::new();
+                params.push(t.dtype.code() as i64);
+                params.push(numel);
+                let meta = ops::meta(OpId::Zeros, &[], &[], &params)?;
+                let ty = meta.outputs[0].clone();
+                let id = self.push_node(OpId::Zeros, &params, &[], meta, SmallVec::new());
+                self.write_pending(t.storage, id.output(0), ty.clone());
+                (ValueRef::Pending(id.output(0)), ty.shape)
+            }
+        };
+        let reshape_to = (source_shape != t.sizes).then(|| t.sizes.clone());
+        Ok(NodeInput { value, reshape_to })
+    }
+
+    fn push_node(
+        &mut self,
+        op: OpId,
+        params: &[i64],
+        scalars: &[ScalarArg],
+        meta: Meta,
+        inputs: SmallVec<[NodeInput; 3]>,
+    ) -> NodeId {
+        let id = self.ids.next_id();
+        let mut node = Node {
+            id,
+            op,
+            params: SmallVec::from_slice(params),
+            scalars: SmallVec::from_slice(scalars),
+            meta,
+            inputs,
+            prefix_shapeless: 0,
+            prefix_dims: 0,
+        };
+        let position = self.pending.len();
+        let (prev_s, prev_d) = self
+            .pending
+            .back()
+            .map(|n| (n.prefix_shapeless, n.prefix_dims))
+            .unwrap_or((0, 0));
+        let base = self.pending.front().map(|n| n.id.seq()).unwrap_or(id.seq());
+        let (s, d) = Self::node_digests(
+            &node,
+            position,
+            base,
+            &mut self.arg_numbers,
+            &self.externals,
+        );
+        node.prefix_shapeless = fuse::combine(prev_s, s);
+        node.prefix_dims = fuse::combine(prev_d, d);
+        self.pending.push_back(node);
+        id
+    }
+
+    /// The node's own digests: structure (shapeless) and sizes (dims), with inputs described
+    /// relative to the pending list so one program shape gives one key wherever it starts.
+    fn node_digests(
+        node: &Node,
+        position: usize,
+        base_seq: u64,
+        arg_numbers: &mut HashMap<ExternalId, u32>,
+        externals: &HashMap<ExternalId, External<V>>,
+    ) -> (u64, u64) {
+        let mut s = StableHasher::new();
+        let mut d = StableHasher::new();
+        s.u32(node.op.id() as u32).i64s(&node.params);
+        s.u64(node.scalars.len() as u64);
+        for scalar in &node.scalars {
+            s.scalar_kind(scalar);
+        }
+        s.u64(node.inputs.len() as u64);
+        for input in &node.inputs {
+            match input.value {
+                ValueRef::Pending(out) => {
+                    let producer = (out.node.seq() - base_seq) as usize;
+                    s.u32(1).u64((position - producer) as u64).u32(out.index);
+                }
+                ValueRef::External(e) => {
+                    let next = arg_numbers.len() as u32;
+                    let number = *arg_numbers.entry(e).or_insert(next);
+                    s.u32(2).u32(number);
+                    if let Some(ext) = externals.get(&e) {
+                        s.dtype(ext.ty.dtype);
+                        d.i64s(&ext.ty.shape);
+                    }
+                }
+            }
+            match &input.reshape_to {
+                Some(shape) => {
+                    s.u32(1);
+                    d.i64s(shape);
+                }
+                None => {
+                    s.u32(0);
+                }
+            }
+        }
+        for out in &node.meta.outputs {
+            s.dtype(out.dtype);
+            d.i64s(&out.shape);
+        }
+        (s.finish(), d.finish())
+    }
+
+    /// Recomputes every pending node's digests (after a partial flush moved the list's start).
+    fn rehash_pending(&mut self) {
+        self.arg_numbers.clear();
+        let Some(base) = self.pending.front().map(|n| n.id.seq()) else {
+            return;
+        };
+        let (mut prev_s, mut prev_d) = (0, 0);
+        for position in 0..self.pending.len() {
+            let (s, d) = Self::node_digests(
+                &self.pending[position],
+                position,
+                base,
+                &mut self.arg_numbers,
+                &self.externals,
+            );
+            prev_s = fuse::combine(prev_s, s);
+            prev_d = fuse::combine(prev_d, d);
+            let node = &mut self.pending[position];
+            node.prefix_shapeless = prev_s;
+            node.prefix_dims = prev_d;
+        }
+    }
+
+    fn write_pending(&mut self, storage: StorageId, out: NodeOutput, ty: TensorType) {
+        let entry = self.storages.get_mut(&storage).expect("checked storage");
+        let old = std::mem::replace(&mut entry.value, StorageValue::Pending { out, ty });
+        entry.version += 1;
+        if let StorageValue::Pending { out: old_out, .. } = old {
+            self.drop_holder(old_out, storage);
+        }
+        self.holders.entry(out).or_default().push(storage);
+    }
+
+    fn drop_holder(&mut self, out: NodeOutput, storage: StorageId) {
+        if let Some(list) = self.holders.get_mut(&out) {
+            list.retain(|s| *s != storage);
+            if list.is_empty() {
+                self.holders.remove(&out);
+            }
+        }
+    }
+
+    // ----- host transfers -----
+
+    /// Where the bytes of tensor `t` come from; `None` means a flush of its storage is needed
+    /// first.
+    pub fn read_source(&mut self, t: &TensorRef) -> Result<Option<ReadSource<V>>, EngineError> {
+        self.check_whole("reading a pjrt tensor", t)?;
+        Ok(match &self.storage(t.storage)?.value {
+            StorageValue::Uninit => Some(ReadSource::Zeros),
+            StorageValue::Device { value, ty } => Some(ReadSource::Device(value.clone(), ty.clone())),
+            StorageValue::Pending { .. } => None,
+        })
+    }
+
+    /// Gives tensor `t`'s storage a new device value (an upload from the host).
+    pub fn write_device(&mut self, t: &TensorRef, value: V) -> Result<(), EngineError> {
+        self.check_whole("writing a pjrt tensor", t)?;
+        let storage = self.storages.get_mut(&t.storage).unwrap();
+        let old = std::mem::replace(
+            &mut storage.value,
+            StorageValue::Device {
+                value,
+                ty: t.ty(),
+            },
+        );
+        storage.version += 1;
+        if let StorageValue::Pending { out, .. } = old {
+            self.drop_holder(out, t.storage);
+        }
+        Ok(())
+    }
+
+    /// Whether any of these storages holds a pending value.
+    pub fn any_pending(&self, storages: &[StorageId]) -> bool {
+        storages.iter().any(|s| {
+            matches!(
+                self.storages.get(s).map(|st| &st.value),
+                Some(StorageValue::Pending { .. })
+            )
+        })
+    }
+
+    // ----- flush -----
+
+    /// Plans a materialization: chooses the region (ordered materialization), builds it, and
+    /// installs a new output value (from `make_output`) into every storage holding an output.
+    /// Returns `None` when nothing needs to run.
+    pub fn flush(
+        &mut self,
+        request: FlushRequest<'_>,
+        mut make_output: impl FnMut(&TensorType) -> V,
+    ) -> Result<Option<Flush<V>>, EngineError> {
+        if self.pending.is_empty() {
+            return Ok(None);
+        }
+        let requested: Vec<ValueRef>;
+        let liveness_request = match request {
+            FlushRequest::All => Request::All,
+            FlushRequest::Storages(storages) => {
+                requested = storages
+                    .iter()
+                    .filter_map(|s| match self.storages.get(s).map(|st| &st.value) {
+                        Some(StorageValue::Pending { out, .. }) => Some(ValueRef::Pending(*out)),
+                        _ => None,
+                    })
+                    .collect();
+                if requested.is_empty() {
+                    return Ok(None);
+                }
+                Request::Values(&requested)
+            }
+        };
+        let holders = &self.holders;
+        let plan = liveness::plan(&self.pending, liveness_request, |out| {
+            holders.contains_key(&out)
+        })
+        .map_err(|e| EngineError::runtime(format!("internal error planning a region: {e}")))?;
+        if plan.region_len() == 0 {
+            return Ok(None);
+        }
+        let base = self.pending.front().unwrap().id.seq();
+        let position = |id: NodeId| (id.seq() - base) as usize;
+
+        // Region: kept nodes in capture order, externals numbered by first use.
+        let mut region = Region::default();
+        let mut args: Vec<V> = Vec::new();
+        let mut arg_index: HashMap<ExternalId, u32> = HashMap::new();
+        let mut region_index: HashMap<NodeId, u32> = HashMap::with_capacity(plan.kept.len());
+        let mut scalars: Vec<(ScalarArg, DType)> = Vec::new();
+        for &id in &plan.kept {
+            let node = &self.pending[position(id)];
+            let mut inputs: SmallVec<[InputRef; 3]> = SmallVec::new();
+            for input in &node.inputs {
+                let operand = match input.value {
+                    ValueRef::Pending(out) => Operand::Node {
+                        node: region_index[&out.node],
+                        output: out.index,
+                    },
+                    ValueRef::External(e) => {
+                        let next = arg_index.len() as u32;
+                        let number = *arg_index.entry(e).or_insert_with(|| {
+                            let ext = &self.externals[&e];
+                            region.args.push(ext.ty.clone());
+                            args.push(ext.value.clone());
+                            next
+                        });
+                        Operand::Arg(number)
+                    }
+                };
+                inputs.push(InputRef {
+                    operand,
+                    reshape_to: input.reshape_to.clone(),
+                });
+            }
+            for (scalar, dtype) in node.scalars.iter().zip(&node.meta.scalar_dtypes) {
+                scalars.push((*scalar, *dtype));
+            }
+            region_index.insert(id, region.nodes.len() as u32);
+            region.nodes.push(RegionNode {
+                op: node.op,
+                params: node.params.clone(),
+                inputs,
+                scalars: SmallVec::new(),
+                meta: node.meta.clone(),
+            });
+        }
+        let (slots, packs) = fuse::pack_scalars(&scalars);
+        let mut slot_iter = slots.into_iter();
+        for node in &mut region.nodes {
+            let n = node.meta.scalar_dtypes.len();
+            node.scalars = slot_iter.by_ref().take(n).collect();
+        }
+        region.set_scalar_packs(&packs);
+
+        // Outputs and the key (prefix digest of the region, then the outputs).
+        let last = self.pending[plan.region_len() - 1].clone_digests();
+        let mut key_s = StableHasher::new();
+        let mut key_d = StableHasher::new();
+        key_s.u64(last.0).u64(plan.outputs.len() as u64);
+        key_d.u64(last.1);
+        let mut output_types = Vec::with_capacity(plan.outputs.len());
+        for output in &plan.outputs {
+            let out = output.value;
+            key_s.u64(position(out.node) as u64).u32(out.index);
+            region.outputs.push(Operand::Node {
+                node: region_index[&out.node],
+                output: out.index,
+            });
+            output_types.push(self.pending[position(out.node)].meta.outputs[out.index as usize].clone());
+        }
+        let shapeless = key_s.finish();
+        let dims = key_d.finish();
+
+        // Install the new values.
+        let outputs: Vec<V> = output_types.iter().map(&mut make_output).collect();
+        let mut replacement: HashMap<NodeOutput, ExternalId> = HashMap::new();
+        for ((output, value), ty) in plan.outputs.iter().zip(&outputs).zip(&output_types) {
+            if let Some(list) = self.holders.remove(&output.value) {
+                for storage in list {
+                    if let Some(st) = self.storages.get_mut(&storage) {
+                        st.value = StorageValue::Device {
+                            value: value.clone(),
+                            ty: ty.clone(),
+                        };
+                    }
+                }
+            }
+            if output.read_by_pending {
+                let e = ExternalId(self.next_external);
+                self.next_external += 1;
+                self.externals.insert(
+                    e,
+                    External {
+                        value: value.clone(),
+                        ty: ty.clone(),
+                    },
+                );
+                replacement.insert(output.value, e);
+            }
+        }
+        let region_len = plan.region_len();
+        self.pending.drain(..region_len);
+        for node in self.pending.iter_mut() {
+            for input in node.inputs.iter_mut() {
+                if let ValueRef::Pending(out) = input.value {
+                    if let Some(e) = replacement.get(&out) {
+                        input.value = ValueRef::External(*e);
+                    }
+                }
+            }
+        }
+        // Drop device values no pending op reads any more.
+        if self.pending.is_empty() {
+            self.externals.clear();
+            self.external_of.clear();
+            self.arg_numbers.clear();
+        } else {
+            let mut used = std::collections::HashSet::new();
+            for node in &self.pending {
+                for input in &node.inputs {
+                    if let ValueRef::External(e) = input.value {
+                        used.insert(e);
+                    }
+                }
+            }
+            self.externals.retain(|e, _| used.contains(e));
+            self.external_of.retain(|_, e| used.contains(e));
+            self.rehash_pending();
+        }
+
+        let label = region.label();
+        self.stats.materializations += 1;
+        self.stats.regions += 1;
+        self.stats.region_ops += plan.kept.len() as u64;
+        self.stats.dropped_ops += plan.dropped.len() as u64;
+        self.stats.largest_region = self.stats.largest_region.max(plan.kept.len() as u64);
+        Ok(Some(Flush {
+            shapeless,
+            dims,
+            region,
+            args,
+            scalar_packs: packs,
+            outputs,
+            output_types,
+            label,
+            dropped_ops: plan.dropped.len(),
+        }))
+    }
+
+    /// Counts a captured op as deferred (DeferAndFuse) rather than run at once.
+    pub fn note_deferred(&mut self) {
+        self.stats.deferred_ops += 1;
+    }
+}
+
+impl Node {
+    fn clone_digests(&self) -> (u64, u64) {
+        (self.prefix_shapeless, self.prefix_dims)
+    }
+}
+
+fn unknown_storage(id: StorageId) -> EngineError {
+    EngineError::runtime(format!(
+        "pjrt storage {} does not exist (it was released, or never allocated by this engine); \
+         this tensor can no longer be used",
+        id.0
+    ))
+}

@@ -1,0 +1,16 @@
+//! Capture: storages (PyTorch's unit of aliasing), the graph of deferred ops, the process-wide
+//! eager mode, and the planning of each materialization into a fused region.
+//!
+//! The crate never calls PJRT: a storage's device value is an opaque `V` (the engine's future of
+//! a device buffer), so every rule here is testable with plain values.
+
+mod graph;
+mod mode;
+mod storage;
+
+pub use graph::{
+    Captured, EngineError, ErrorKind, ExternalValue, Flush, FlushRequest, Graph, GraphStats,
+    ReadSource, TensorRef,
+};
+pub use mode::{Mode, ModeStack};
+pub use storage::StorageId;

@@ -1,0 +1,130 @@
+//! Builds the StableHLO module of a region: arguments (the region's external values, then one
+//! packed buffer per scalar dtype), every op lowered through `ops`, and the live outputs.
+
+use crate::scalars::{ScalarPack, ScalarSlot};
+use ops::{Emitter, Meta, OpError, OpId, Shape, TensorType, Value};
+use smallvec::SmallVec;
+
+/// Where an op input comes from inside a region.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Operand {
+    /// The region's `n`th external argument.
+    Arg(u32),
+    /// Output `output` of the region's `node`th op.
+    Node { node: u32, output: u32 },
+}
+
+/// An op input: its source, reshaped when the consumer reads it with another shape of the same
+/// element count (storages hold values in the shape their producer gave them).
+#[derive(Clone, Debug, PartialEq)]
+pub struct InputRef {
+    pub operand: Operand,
+    pub reshape_to: Option<Shape>,
+}
+
+/// One op of a region.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RegionNode {
+    pub op: OpId,
+    pub params: SmallVec<[i64; 4]>,
+    pub inputs: SmallVec<[InputRef; 3]>,
+    pub scalars: SmallVec<[ScalarSlot; 2]>,
+    pub meta: Meta,
+}
+
+/// A region ready to be emitted: what a materialization runs.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Region {
+    pub args: Vec<TensorType>,
+    pub nodes: Vec<RegionNode>,
+    pub outputs: Vec<Operand>,
+    /// One packed scalar buffer per dtype, passed after `args`.
+    pub scalar_packs: Vec<(ops::DType, u32)>,
+}
+
+impl Region {
+    /// The packs' dtypes and counts, in argument order.
+    pub fn set_scalar_packs(&mut self, packs: &[ScalarPack]) {
+        self.scalar_packs = packs.iter().map(|p| (p.dtype, p.count)).collect();
+    }
+
+    /// A short description for errors and dumps: "add" or "region of 12 ops: add, mul, ...".
+    pub fn label(&self) -> String {
+        match self.nodes.len() {
+            0 => "empty region".to_string(),
+            1 => self.nodes[0].op.name().to_string(),
+            n => {
+                let mut names: Vec<&str> = self.nodes.iter().take(6).map(|n| n.op.name()).collect();
+                if n > 6 {
+                    names.push("...");
+                }
+                format!("region of {n} ops: {}", names.join(", "))
+            }
+        }
+    }
+}
+
+/// Emits the region as one `func.func public @main` module.
+pub fn build_module(region: &Region) -> Result<String, OpError> {
+    let mut e = Emitter::new();
+    let args: Vec<Value> = region.args.iter().map(|t| e.argument(t.clone())).collect();
+    let packs: Vec<(ops::DType, Value)> = region
+        .scalar_packs
+        .iter()
+        .map(|&(dtype, count)| (dtype, e.argument(TensorType::new(dtype, &[count as i64]))))
+        .collect();
+    let mut results: Vec<SmallVec<[Value; 1]>> = Vec::with_capacity(region.nodes.len());
+    let resolve = |results: &Vec<SmallVec<[Value; 1]>>, operand: Operand| -> Result<Value, OpError> {
+        match operand {
+            Operand::Arg(i) => args.get(i as usize).copied(),
+            Operand::Node { node, output } => results
+                .get(node as usize)
+                .and_then(|outs| outs.get(output as usize))
+                .copied(),
+        }
+        .ok_or_else(|| {
+            OpError::runtime(format!(
+                "internal error: region operand {operand:?} refers to nothing (region has {} args, \
+                 {} ops emitted so far)",
+                args.len(),
+                results.len()
+            ))
+        })
+    };
+    for node in &region.nodes {
+        let mut inputs: SmallVec<[Value; 3]> = SmallVec::new();
+        for input in &node.inputs {
+            let mut v = resolve(&results, input.operand)?;
+            if let Some(shape) = &input.reshape_to {
+                if e.shape(v) != shape.as_slice() {
+                    v = e.reshape(v, shape);
+                }
+            }
+            inputs.push(v);
+        }
+        let mut scalars: SmallVec<[Value; 2]> = SmallVec::new();
+        for slot in &node.scalars {
+            let pack = packs
+                .iter()
+                .find(|(d, _)| *d == slot.dtype)
+                .map(|(_, v)| *v)
+                .ok_or_else(|| {
+                    OpError::runtime(format!(
+                        "internal error: no packed scalar buffer of dtype {}",
+                        slot.dtype.name()
+                    ))
+                })?;
+            let i = slot.index as i64;
+            let one = e.slice(pack, &[i], &[i + 1], &[1]);
+            scalars.push(e.reshape(one, &[]));
+        }
+        let outs = ops::lower(node.op, &mut e, &inputs, &scalars, &node.params, &node.meta)?;
+        results.push(outs.into_iter().collect());
+    }
+    let outputs: Vec<Value> = region
+        .outputs
+        .iter()
+        .map(|&o| resolve(&results, o))
+        .collect::<Result<_, _>>()?;
+    Ok(e.finish(&outputs))
+}

@@ -1,0 +1,607 @@
+//! `Compiler`: the compile thread pool in front of the three cache tiers, with in-flight
+//! deduplication, and the `CompileHandle` every request returns.
+
+use crate::config::CompileConfig;
+use crate::cpu::cpu_features_hash;
+use crate::disk::{DiskTier, EntryRead, KeyLock};
+use crate::error::{panic_message, CompileError};
+use crate::handle::Slot;
+use crate::key::{CacheKey, FingerprintInputs};
+use crate::tier1::{KeyMap, Tier1};
+use crossbeam_channel::{Receiver, Sender};
+use parking_lot::Mutex;
+use pjrt::LoadedExecutable;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+type CompileResult = Result<Arc<LoadedExecutable>, CompileError>;
+type BuildFn = Box<dyn FnOnce() -> Result<String, String> + Send + 'static>;
+
+/// The future executable of one key. Cloning is cheap; every clone sees the same outcome.
+#[derive(Clone)]
+pub struct CompileHandle {
+    key: CacheKey,
+    slot: Arc<Slot<CompileResult>>,
+}
+
+impl std::fmt::Debug for CompileHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompileHandle")
+            .field("key", &format_args!("{}", self.key))
+            .field("ready", &self.is_ready())
+            .finish()
+    }
+}
+
+impl CompileHandle {
+    /// A handle that already holds `executable` (e.g. one obtained outside any cache).
+    pub fn ready(key: CacheKey, executable: Arc<LoadedExecutable>) -> CompileHandle {
+        CompileHandle {
+            key,
+            slot: Arc::new(Slot::filled(Ok(executable))),
+        }
+    }
+
+    /// A handle that already holds a failure.
+    pub fn failed(key: CacheKey, error: CompileError) -> CompileHandle {
+        CompileHandle {
+            key,
+            slot: Arc::new(Slot::filled(Err(error))),
+        }
+    }
+
+    fn pending(key: CacheKey) -> CompileHandle {
+        CompileHandle {
+            key,
+            slot: Arc::new(Slot::empty()),
+        }
+    }
+
+    pub fn key(&self) -> CacheKey {
+        self.key
+    }
+
+    /// Blocks until the executable is available or the compile has failed.
+    pub fn wait(&self) -> CompileResult {
+        self.slot.wait()
+    }
+
+    /// [`CompileHandle::wait`] for at most `timeout`; `None` if still compiling.
+    pub fn wait_timeout(&self, timeout: Duration) -> Option<CompileResult> {
+        self.slot.wait_timeout(timeout)
+    }
+
+    /// The outcome if there is one yet; never blocks.
+    pub fn try_get(&self) -> Option<CompileResult> {
+        self.slot.get()
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.slot.is_filled()
+    }
+
+    /// Whether two handles wait on the same compile.
+    pub fn same_request(&self, other: &CompileHandle) -> bool {
+        Arc::ptr_eq(&self.slot, &other.slot)
+    }
+}
+
+/// Counters of a [`Compiler`] since it was made or last reset.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CompileStats {
+    /// Successful compiles (from MLIR text).
+    pub compilations: u64,
+    /// `lookup`s and `request`s answered from memory.
+    pub tier1_hits: u64,
+    pub tier2_hits: u64,
+    pub tier3_hits: u64,
+    /// Requests no tier could serve: the module text was built and compiled.
+    pub misses: u64,
+    /// Requests that joined a compile already in flight for their key.
+    pub inflight_dedups: u64,
+    pub compile_time_total: Duration,
+    /// Time spent deserializing and loading tier-2/3 entries.
+    pub deserialize_time_total: Duration,
+    pub bytes_written_tier2: u64,
+    pub bytes_written_tier3: u64,
+    /// Builds and compiles that failed (including panics).
+    pub failures: u64,
+    /// Executables in tier 1 now.
+    pub tier1_entries: u64,
+    /// Tier-1 entries dropped to stay within capacity.
+    pub evictions: u64,
+    /// Tier-2/3 entries found corrupt, truncated, foreign, unreadable or undeserializable
+    /// (each then treated as a miss and rewritten).
+    pub invalid_entries: u64,
+    /// Cache or dump files that could not be written, locks that could not be taken.
+    pub disk_errors: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    compilations: AtomicU64,
+    tier1_hits: AtomicU64,
+    tier2_hits: AtomicU64,
+    tier3_hits: AtomicU64,
+    misses: AtomicU64,
+    inflight_dedups: AtomicU64,
+    compile_nanos: AtomicU64,
+    deserialize_nanos: AtomicU64,
+    bytes_written_tier2: AtomicU64,
+    bytes_written_tier3: AtomicU64,
+    failures: AtomicU64,
+    evictions: AtomicU64,
+    invalid_entries: AtomicU64,
+    disk_errors: AtomicU64,
+}
+
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+fn add_time(counter: &AtomicU64, since: Instant) {
+    counter.fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
+}
+
+#[derive(Clone, Copy)]
+enum Tier {
+    Shared,
+    Persistent,
+}
+
+struct Job {
+    key: CacheKey,
+    build: BuildFn,
+    handle: CompileHandle,
+}
+
+struct Shared {
+    client: pjrt::Client,
+    compile_options: pjrt::CompileOptions,
+    dump_dir: Option<PathBuf>,
+    tier1: Tier1<Arc<LoadedExecutable>>,
+    tier2: Option<DiskTier>,
+    tier3: Option<DiskTier>,
+    inflight: Mutex<KeyMap<CompileHandle>>,
+    counters: Counters,
+    last_disk_problem: Mutex<Option<String>>,
+}
+
+/// Compiles StableHLO modules on a thread pool and caches the executables in three tiers:
+/// memory (tier 1), a host-local shared directory (tier 2) and a persistent directory (tier 3).
+/// Share it through an `Arc`; every method takes `&self`.
+pub struct Compiler {
+    shared: Arc<Shared>,
+    sender: Option<Sender<Job>>,
+    threads: Vec<JoinHandle<()>>,
+    options_fingerprint: u64,
+    cpu_features: String,
+    cache_dir_name: String,
+}
+
+impl std::fmt::Debug for Compiler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Compiler")
+            .field("threads", &self.threads.len())
+            .field("tier2", &self.tier2_dir())
+            .field("tier3", &self.tier3_dir())
+            .field(
+                "options_fingerprint",
+                &format_args!("{:016x}", self.options_fingerprint),
+            )
+            .finish()
+    }
+}
+
+/// Keeps a directory-name component to characters every filesystem accepts.
+fn path_safe(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+impl Compiler {
+    /// Starts the pool and opens (creating) the configured directories. Tiers 2 and 3 live in a
+    /// subdirectory named after the engine version, the plugin build and the CPU features, so
+    /// another engine, plugin or CPU never even sees this one's entries.
+    pub fn new(client: pjrt::Client, config: CompileConfig) -> Result<Compiler, CompileError> {
+        let mut inputs = FingerprintInputs::gather(
+            client.plugin(),
+            &client,
+            &config.compile_options,
+            &config.engine_version,
+        );
+        inputs.cpu_features = config.cpu_features.clone();
+        let cache_dir_name = format!(
+            "torch-pjrt-{}-{}-plugin{:016x}-cpu{:016x}",
+            path_safe(&config.engine_version),
+            path_safe(client.platform_name()),
+            inputs.plugin_fingerprint(),
+            cpu_features_hash(&config.cpu_features),
+        );
+        let open = |root: &Option<PathBuf>, variable: &str| -> Result<_, CompileError> {
+            root.as_ref()
+                .map(|root| {
+                    DiskTier::open(root.join(&cache_dir_name)).map_err(|e| {
+                        CompileError::Config(format!(
+                            "cannot create the compilation cache directory {} ({e}); make it \
+                             writable or change {variable}",
+                            root.display()
+                        ))
+                    })
+                })
+                .transpose()
+        };
+        let tier2 = open(&config.shared_dir, "TORCH_PJRT_SHARED_CACHE")?;
+        let tier3 = open(&config.persistent_dir, "TORCH_PJRT_CACHE_DIR")?;
+        if let Some(dump) = &config.dump_dir {
+            std::fs::create_dir_all(dump).map_err(|e| {
+                CompileError::Config(format!(
+                    "cannot create the dump directory {} ({e}); make it writable or change \
+                     TORCH_PJRT_DUMP_DIR",
+                    dump.display()
+                ))
+            })?;
+        }
+        let shared = Arc::new(Shared {
+            client,
+            compile_options: config.compile_options.clone(),
+            dump_dir: config.dump_dir.clone(),
+            tier1: Tier1::new(config.tier1_capacity),
+            tier2,
+            tier3,
+            inflight: Mutex::new(KeyMap::default()),
+            counters: Counters::default(),
+            last_disk_problem: Mutex::new(None),
+        });
+        let (sender, receiver) = crossbeam_channel::unbounded::<Job>();
+        let mut threads = Vec::new();
+        for index in 0..config.threads.max(1) {
+            let shared = shared.clone();
+            let receiver = receiver.clone();
+            let thread = std::thread::Builder::new()
+                .name(format!("torch-pjrt-compile-{index}"))
+                .spawn(move || serve(&shared, &receiver))
+                .map_err(|e| CompileError::Config(format!("cannot start a compile thread: {e}")))?;
+            threads.push(thread);
+        }
+        Ok(Compiler {
+            shared,
+            sender: Some(sender),
+            threads,
+            options_fingerprint: inputs.fingerprint(),
+            cpu_features: config.cpu_features,
+            cache_dir_name,
+        })
+    }
+
+    /// The `options` word to put in every [`CacheKey`] this compiler serves.
+    pub fn options_fingerprint(&self) -> u64 {
+        self.options_fingerprint
+    }
+
+    /// The CPU features string this compiler names its entries with.
+    pub fn cpu_features(&self) -> &str {
+        &self.cpu_features
+    }
+
+    pub fn client(&self) -> &pjrt::Client {
+        &self.shared.client
+    }
+
+    /// The versioned subdirectory name used under both disk tiers.
+    pub fn cache_dir_name(&self) -> &str {
+        &self.cache_dir_name
+    }
+
+    pub fn tier2_dir(&self) -> Option<&Path> {
+        self.shared.tier2.as_ref().map(|t| t.dir())
+    }
+
+    pub fn tier3_dir(&self) -> Option<&Path> {
+        self.shared.tier3.as_ref().map(|t| t.dir())
+    }
+
+    /// Where `key`'s tier-2 entry lives (whether or not it exists).
+    pub fn tier2_entry_path(&self, key: &CacheKey) -> Option<PathBuf> {
+        self.shared.tier2.as_ref().map(|t| t.entry_path(key))
+    }
+
+    /// Where `key`'s tier-3 entry lives (whether or not it exists).
+    pub fn tier3_entry_path(&self, key: &CacheKey) -> Option<PathBuf> {
+        self.shared.tier3.as_ref().map(|t| t.entry_path(key))
+    }
+
+    /// Tier 1 only: never blocks on a compile, never touches disk.
+    pub fn lookup(&self, key: &CacheKey) -> Option<Arc<LoadedExecutable>> {
+        let found = self.shared.tier1.get(key);
+        if found.is_some() {
+            bump(&self.shared.counters.tier1_hits);
+        }
+        found
+    }
+
+    /// Puts an executable obtained elsewhere into tier 1.
+    pub fn insert(&self, key: CacheKey, executable: Arc<LoadedExecutable>) {
+        let evicted = self.shared.tier1.insert(key, executable);
+        self.shared
+            .counters
+            .evictions
+            .fetch_add(evicted, Ordering::Relaxed);
+    }
+
+    /// Returns at once. A tier-1 hit gives a ready handle; otherwise a pool thread tries tier 2,
+    /// then tier 3, and only then calls `build` for the module text and compiles it. Concurrent
+    /// requests for one key share one handle and one compile. `build`'s error string (and the
+    /// plugin's diagnostic, if compiling fails) reaches every waiter.
+    pub fn request<F>(&self, key: CacheKey, build: F) -> CompileHandle
+    where
+        F: FnOnce() -> Result<String, String> + Send + 'static,
+    {
+        let counters = &self.shared.counters;
+        if let Some(executable) = self.shared.tier1.get(&key) {
+            bump(&counters.tier1_hits);
+            return CompileHandle::ready(key, executable);
+        }
+        let mut inflight = self.shared.inflight.lock();
+        if let Some(handle) = inflight.get(&key) {
+            bump(&counters.inflight_dedups);
+            return handle.clone();
+        }
+        // A pool thread inserts into tier 1 before it leaves the in-flight map: checking again
+        // under the map's lock closes the window between the first lookup and the lock.
+        if let Some(executable) = self.shared.tier1.get(&key) {
+            bump(&counters.tier1_hits);
+            return CompileHandle::ready(key, executable);
+        }
+        let handle = CompileHandle::pending(key);
+        inflight.insert(key, handle.clone());
+        drop(inflight);
+        let job = Job {
+            key,
+            build: Box::new(build),
+            handle: handle.clone(),
+        };
+        let refused = match &self.sender {
+            Some(sender) => sender.send(job).err().map(|e| e.into_inner()),
+            None => Some(job),
+        };
+        if let Some(job) = refused {
+            self.shared.inflight.lock().remove(&key);
+            job.handle.slot.fill(Err(CompileError::ShutDown { key }));
+        }
+        handle
+    }
+
+    /// The most recent invalid entry or disk error (they are counted in [`CompileStats`] and
+    /// otherwise silent: the cache degrades to compiling).
+    pub fn last_disk_problem(&self) -> Option<String> {
+        self.shared.last_disk_problem.lock().clone()
+    }
+
+    pub fn stats(&self) -> CompileStats {
+        let c = &self.shared.counters;
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        CompileStats {
+            compilations: load(&c.compilations),
+            tier1_hits: load(&c.tier1_hits),
+            tier2_hits: load(&c.tier2_hits),
+            tier3_hits: load(&c.tier3_hits),
+            misses: load(&c.misses),
+            inflight_dedups: load(&c.inflight_dedups),
+            compile_time_total: Duration::from_nanos(load(&c.compile_nanos)),
+            deserialize_time_total: Duration::from_nanos(load(&c.deserialize_nanos)),
+            bytes_written_tier2: load(&c.bytes_written_tier2),
+            bytes_written_tier3: load(&c.bytes_written_tier3),
+            failures: load(&c.failures),
+            tier1_entries: self.shared.tier1.len() as u64,
+            evictions: load(&c.evictions),
+            invalid_entries: load(&c.invalid_entries),
+            disk_errors: load(&c.disk_errors),
+        }
+    }
+
+    /// Zeroes every counter (`tier1_entries` reports the live count and is not a counter).
+    pub fn reset_stats(&self) {
+        let c = &self.shared.counters;
+        for counter in [
+            &c.compilations,
+            &c.tier1_hits,
+            &c.tier2_hits,
+            &c.tier3_hits,
+            &c.misses,
+            &c.inflight_dedups,
+            &c.compile_nanos,
+            &c.deserialize_nanos,
+            &c.bytes_written_tier2,
+            &c.bytes_written_tier3,
+            &c.failures,
+            &c.evictions,
+            &c.invalid_entries,
+            &c.disk_errors,
+        ] {
+            counter.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for Compiler {
+    /// Lets the pool finish every queued request (their waiters get an answer), then joins it.
+    fn drop(&mut self) {
+        drop(self.sender.take());
+        let current = std::thread::current().id();
+        for thread in self.threads.drain(..) {
+            // The last reference may be dropped by a build closure on a pool thread.
+            if thread.thread().id() != current {
+                let _ = thread.join();
+            }
+        }
+    }
+}
+
+fn serve(shared: &Shared, jobs: &Receiver<Job>) {
+    for job in jobs.iter() {
+        shared.run(job);
+    }
+}
+
+impl Shared {
+    fn run(&self, job: Job) {
+        let Job { key, build, handle } = job;
+        let result =
+            catch_unwind(AssertUnwindSafe(|| self.obtain(key, build))).unwrap_or_else(|payload| {
+                Err(CompileError::Panicked {
+                    key,
+                    message: panic_message(payload.as_ref()),
+                })
+            });
+        match &result {
+            Ok(executable) => {
+                let evicted = self.tier1.insert(key, executable.clone());
+                self.counters
+                    .evictions
+                    .fetch_add(evicted, Ordering::Relaxed);
+            }
+            Err(_) => bump(&self.counters.failures),
+        }
+        self.inflight.lock().remove(&key);
+        handle.slot.fill(result);
+    }
+
+    fn obtain(&self, key: CacheKey, build: BuildFn) -> CompileResult {
+        // The tier-2 lock makes a second process on this host wait for the first one's compile
+        // and then load its entry, instead of compiling the same key at the same time.
+        let _lock: Option<KeyLock> = self.tier2.as_ref().and_then(|tier2| {
+            tier2
+                .lock(&key)
+                .map_err(|e| {
+                    self.disk_error(format!(
+                        "locking key {key} in {}: {e}",
+                        tier2.dir().display()
+                    ))
+                })
+                .ok()
+        });
+        if let Some((executable, _)) = self.load(Tier::Shared, &key) {
+            bump(&self.counters.tier2_hits);
+            return Ok(executable);
+        }
+        if let Some((executable, bytes)) = self.load(Tier::Persistent, &key) {
+            bump(&self.counters.tier3_hits);
+            self.store(Tier::Shared, &key, &bytes);
+            return Ok(executable);
+        }
+        self.compile_and_store(key, build)
+    }
+
+    fn tier(&self, tier: Tier) -> Option<&DiskTier> {
+        match tier {
+            Tier::Shared => self.tier2.as_ref(),
+            Tier::Persistent => self.tier3.as_ref(),
+        }
+    }
+
+    /// A valid entry, deserialized and loaded; anything else is a miss.
+    fn load(&self, tier: Tier, key: &CacheKey) -> Option<(Arc<LoadedExecutable>, Vec<u8>)> {
+        let bytes = match self.tier(tier)?.read(key) {
+            EntryRead::Missing => return None,
+            EntryRead::Invalid(reason) => {
+                self.invalid_entry(reason);
+                return None;
+            }
+            EntryRead::Found(bytes) => bytes,
+        };
+        let start = Instant::now();
+        let loaded = self.client.deserialize(&bytes);
+        add_time(&self.counters.deserialize_nanos, start);
+        match loaded {
+            Ok(executable) => Some((Arc::new(executable), bytes)),
+            Err(e) => {
+                self.invalid_entry(format!("entry for key {key} does not load: {e}"));
+                None
+            }
+        }
+    }
+
+    fn store(&self, tier: Tier, key: &CacheKey, payload: &[u8]) {
+        let Some(disk) = self.tier(tier) else { return };
+        match disk.write(key, payload) {
+            Ok(written) => {
+                let counter = match tier {
+                    Tier::Shared => &self.counters.bytes_written_tier2,
+                    Tier::Persistent => &self.counters.bytes_written_tier3,
+                };
+                counter.fetch_add(written, Ordering::Relaxed);
+            }
+            Err(e) => self.disk_error(format!("writing {}: {e}", disk.entry_path(key).display())),
+        }
+    }
+
+    fn invalid_entry(&self, reason: String) {
+        bump(&self.counters.invalid_entries);
+        *self.last_disk_problem.lock() = Some(reason);
+    }
+
+    fn disk_error(&self, message: String) {
+        bump(&self.counters.disk_errors);
+        *self.last_disk_problem.lock() = Some(message);
+    }
+
+    fn compile_and_store(&self, key: CacheKey, build: BuildFn) -> CompileResult {
+        bump(&self.counters.misses);
+        let text = build().map_err(|message| CompileError::Build { key, message })?;
+        self.dump(&key, &text);
+        let start = Instant::now();
+        let compiled = self
+            .client
+            .compile_with_options(&text, &self.compile_options);
+        add_time(&self.counters.compile_nanos, start);
+        let executable = compiled.map_err(|e| {
+            let message = e.to_string();
+            self.dump_error(&key, &message);
+            CompileError::Compile { key, message }
+        })?;
+        bump(&self.counters.compilations);
+        if self.tier2.is_some() || self.tier3.is_some() {
+            match executable.serialize() {
+                Ok(bytes) => {
+                    self.store(Tier::Persistent, &key, &bytes);
+                    self.store(Tier::Shared, &key, &bytes);
+                }
+                Err(e) => self.disk_error(format!("serializing key {key}: {e}")),
+            }
+        }
+        Ok(Arc::new(executable))
+    }
+
+    /// `<dump>/<key>.mlir`: the key as comments, then the module text (still valid MLIR).
+    fn dump(&self, key: &CacheKey, text: &str) {
+        let Some(dir) = &self.dump_dir else { return };
+        let contents = format!(
+            "// torch-pjrt cache key {key}\n// shapeless={:016x} dims={:016x} options={:016x}\n{text}\n",
+            key.shapeless, key.dims, key.options
+        );
+        let path = dir.join(format!("{key}.mlir"));
+        if let Err(e) = std::fs::write(&path, contents) {
+            self.disk_error(format!("writing {}: {e}", path.display()));
+        }
+    }
+
+    fn dump_error(&self, key: &CacheKey, message: &str) {
+        let Some(dir) = &self.dump_dir else { return };
+        let path = dir.join(format!("{key}.error.txt"));
+        if let Err(e) = std::fs::write(&path, message) {
+            self.disk_error(format!("writing {}: {e}", path.display()));
+        }
+    }
+}

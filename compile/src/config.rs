@@ -1,0 +1,164 @@
+//! `CompileConfig`: pool size, tier-1 capacity and the tier-2/3 and dump directories, read from
+//! the `TORCH_PJRT_*` environment variables or set directly.
+
+use crate::cpu;
+use crate::error::CompileError;
+use std::path::PathBuf;
+
+/// The tier-2 directory used when `TORCH_PJRT_SHARED_CACHE=1`.
+pub const DEFAULT_SHARED_DIR: &str = "/dev/shm/torch-pjrt-cache";
+
+/// The tier-1 capacity when none is given: enough for every op signature of a large model in
+/// Strict mode, small enough that the executables' code stays a few hundred MB at most.
+pub const DEFAULT_TIER1_CAPACITY: usize = 4096;
+
+/// How a [`crate::Compiler`] compiles and where it caches.
+#[derive(Clone, Debug)]
+pub struct CompileConfig {
+    /// Compile-pool threads (`TORCH_PJRT_COMPILE_THREADS`; default min(2, cores)). XLA
+    /// parallelises inside one compile too, so more threads mostly help many small modules.
+    pub threads: usize,
+    /// Tier 1 (in-process, always on): at most this many executables, least recently used
+    /// evicted first.
+    pub tier1_capacity: usize,
+    /// Tier 2: a machine-local directory shared by the processes of one host
+    /// (`TORCH_PJRT_SHARED_CACHE=1` → [`DEFAULT_SHARED_DIR`], or an absolute path).
+    pub shared_dir: Option<PathBuf>,
+    /// Tier 3: a persistent directory (`TORCH_PJRT_CACHE_DIR`).
+    pub persistent_dir: Option<PathBuf>,
+    /// Where to write the StableHLO text and key of every compiled module
+    /// (`TORCH_PJRT_DUMP_DIR`).
+    pub dump_dir: Option<PathBuf>,
+    /// Goes into the options fingerprint and the directory names: a new engine never loads
+    /// an older engine's executables.
+    pub engine_version: String,
+    pub compile_options: pjrt::CompileOptions,
+    /// The host identity used for naming cache entries; leave it at
+    /// [`cpu::host_cpu_features`] (it does not change what XLA compiles for).
+    pub cpu_features: String,
+}
+
+impl Default for CompileConfig {
+    /// No disk tiers, no dump, the default pool size.
+    fn default() -> Self {
+        CompileConfig {
+            threads: default_threads(),
+            tier1_capacity: DEFAULT_TIER1_CAPACITY,
+            shared_dir: None,
+            persistent_dir: None,
+            dump_dir: None,
+            engine_version: env!("CARGO_PKG_VERSION").to_string(),
+            compile_options: pjrt::CompileOptions::default(),
+            cpu_features: cpu::host_cpu_features().to_string(),
+        }
+    }
+}
+
+fn default_threads() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .min(2)
+}
+
+impl CompileConfig {
+    /// Reads `TORCH_PJRT_COMPILE_THREADS`, `TORCH_PJRT_SHARED_CACHE`, `TORCH_PJRT_CACHE_DIR`
+    /// and `TORCH_PJRT_DUMP_DIR`. A malformed value is an error naming the variable.
+    pub fn from_env() -> Result<CompileConfig, CompileError> {
+        CompileConfig::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// [`CompileConfig::from_env`] over any variable source (tests pass a map).
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<CompileConfig, CompileError> {
+        let mut config = CompileConfig::default();
+        let set = |name: &str| {
+            var(name)
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty())
+        };
+        if let Some(threads) = set("TORCH_PJRT_COMPILE_THREADS") {
+            config.threads = match threads.parse::<usize>() {
+                Ok(n) if n >= 1 => n,
+                _ => {
+                    return Err(CompileError::Config(format!(
+                        "TORCH_PJRT_COMPILE_THREADS must be a whole number of threads ≥ 1, got \
+                         '{threads}'; unset it for the default ({})",
+                        default_threads()
+                    )))
+                }
+            };
+        }
+        if let Some(shared) = set("TORCH_PJRT_SHARED_CACHE") {
+            config.shared_dir = match shared.to_ascii_lowercase().as_str() {
+                "1" | "true" | "yes" | "on" => Some(PathBuf::from(DEFAULT_SHARED_DIR)),
+                "0" | "false" | "no" | "off" => None,
+                _ if shared.starts_with('/') => Some(PathBuf::from(&shared)),
+                _ => {
+                    return Err(CompileError::Config(format!(
+                        "TORCH_PJRT_SHARED_CACHE must be 1 (use {DEFAULT_SHARED_DIR}), 0, or an \
+                         absolute directory path, got '{shared}'"
+                    )))
+                }
+            };
+        }
+        config.persistent_dir = set("TORCH_PJRT_CACHE_DIR").map(PathBuf::from);
+        config.dump_dir = set("TORCH_PJRT_DUMP_DIR").map(PathBuf::from);
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn from(pairs: &[(&str, &str)]) -> Result<CompileConfig, CompileError> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        CompileConfig::from_vars(|name| map.get(name).cloned())
+    }
+
+    #[test]
+    fn unset_variables_give_the_defaults() {
+        let config = from(&[]).unwrap();
+        assert!(config.threads >= 1 && config.threads <= 2);
+        assert_eq!(config.tier1_capacity, DEFAULT_TIER1_CAPACITY);
+        assert!(config.shared_dir.is_none() && config.persistent_dir.is_none());
+        assert!(config.dump_dir.is_none());
+    }
+
+    #[test]
+    fn variables_are_read() {
+        let config = from(&[
+            ("TORCH_PJRT_COMPILE_THREADS", "5"),
+            ("TORCH_PJRT_SHARED_CACHE", "1"),
+            ("TORCH_PJRT_CACHE_DIR", "/tmp/c"),
+            ("TORCH_PJRT_DUMP_DIR", "/tmp/d"),
+        ])
+        .unwrap();
+        assert_eq!(config.threads, 5);
+        assert_eq!(config.shared_dir, Some(PathBuf::from(DEFAULT_SHARED_DIR)));
+        assert_eq!(config.persistent_dir, Some(PathBuf::from("/tmp/c")));
+        assert_eq!(config.dump_dir, Some(PathBuf::from("/tmp/d")));
+        let config = from(&[("TORCH_PJRT_SHARED_CACHE", "/var/tmp/x")]).unwrap();
+        assert_eq!(config.shared_dir, Some(PathBuf::from("/var/tmp/x")));
+        let config = from(&[("TORCH_PJRT_SHARED_CACHE", "0")]).unwrap();
+        assert_eq!(config.shared_dir, None);
+    }
+
+    #[test]
+    fn malformed_values_name_the_variable() {
+        let err = from(&[("TORCH_PJRT_COMPILE_THREADS", "many")]).unwrap_err();
+        assert!(
+            err.to_string().contains("TORCH_PJRT_COMPILE_THREADS"),
+            "{err}"
+        );
+        assert!(err.to_string().contains("'many'"), "{err}");
+        let err = from(&[("TORCH_PJRT_COMPILE_THREADS", "0")]).unwrap_err();
+        assert!(err.to_string().contains("≥ 1"), "{err}");
+        let err = from(&[("TORCH_PJRT_SHARED_CACHE", "maybe")]).unwrap_err();
+        assert!(err.to_string().contains("TORCH_PJRT_SHARED_CACHE"), "{err}");
+    }
+}

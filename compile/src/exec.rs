@@ -1,0 +1,395 @@
+//! The ordered execution queue: callers enqueue executions (and host↔device transfers or reads
+//! as closures) and return at once; one worker thread runs them in enqueue order. Values flow
+//! between jobs as `DeviceValue`s, futures of device buffers, so a failure travels to every
+//! dependent job as an error value naming the job that failed.
+
+use crate::compiler::CompileHandle;
+use crate::error::{panic_message, ExecError};
+use crate::handle::Slot;
+use crossbeam_channel::{Receiver, Sender};
+use pjrt::{Buffer, ExecuteOptions};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::{JoinHandle, ThreadId};
+use std::time::Duration;
+
+type ValueResult = Result<Arc<Buffer>, ExecError>;
+
+/// A device buffer that may not exist yet: ready, pending (a queued job will produce it) or
+/// failed. Cloning is cheap; every clone sees the same outcome.
+#[derive(Clone)]
+pub struct DeviceValue {
+    slot: Arc<Slot<ValueResult>>,
+}
+
+impl std::fmt::Debug for DeviceValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match self.slot.get() {
+            None => "pending",
+            Some(Ok(_)) => "ready",
+            Some(Err(_)) => "failed",
+        };
+        f.debug_struct("DeviceValue")
+            .field("state", &state)
+            .finish()
+    }
+}
+
+impl DeviceValue {
+    /// A value that exists now (e.g. a host→device transfer's result).
+    pub fn ready(buffer: impl Into<Arc<Buffer>>) -> DeviceValue {
+        DeviceValue {
+            slot: Arc::new(Slot::filled(Ok(buffer.into()))),
+        }
+    }
+
+    /// An output slot for a job about to be enqueued.
+    pub fn pending() -> DeviceValue {
+        DeviceValue {
+            slot: Arc::new(Slot::empty()),
+        }
+    }
+
+    /// A value that will never exist, for an error found before anything was enqueued.
+    pub fn failed(error: ExecError) -> DeviceValue {
+        DeviceValue {
+            slot: Arc::new(Slot::filled(Err(error))),
+        }
+    }
+
+    /// Blocks until the producing job has run; the buffer may still be computing on the device
+    /// (see [`DeviceValue::wait_ready`]).
+    pub fn wait(&self) -> ValueResult {
+        self.slot.wait()
+    }
+
+    /// [`DeviceValue::wait`] for at most `timeout`; `None` if the job has not run yet.
+    pub fn wait_timeout(&self, timeout: Duration) -> Option<ValueResult> {
+        self.slot.wait_timeout(timeout)
+    }
+
+    /// Blocks until the buffer's contents are computed on the device.
+    pub fn wait_ready(&self) -> ValueResult {
+        let buffer = self.wait()?;
+        buffer.wait_ready().map_err(|e| ExecError::Device {
+            message: e.to_string(),
+        })?;
+        Ok(buffer)
+    }
+
+    /// The outcome if the producing job has run; never blocks.
+    pub fn try_get(&self) -> Option<ValueResult> {
+        self.slot.get()
+    }
+
+    /// Whether the producing job has run (successfully or not).
+    pub fn is_resolved(&self) -> bool {
+        self.slot.is_filled()
+    }
+
+    /// Whether two handles refer to the same value.
+    pub fn same_value(&self, other: &DeviceValue) -> bool {
+        Arc::ptr_eq(&self.slot, &other.slot)
+    }
+
+    /// Only the first outcome counts: a value is resolved once.
+    fn resolve(&self, result: ValueResult) {
+        self.slot.fill(result);
+    }
+}
+
+/// Waits until every value is computed on the device; the first error wins.
+pub fn wait_all_ready(values: &[DeviceValue]) -> Result<(), ExecError> {
+    for value in values {
+        value.wait_ready()?;
+    }
+    Ok(())
+}
+
+/// One execution: run `executable` on `arguments`, resolve `outputs` with its results.
+pub struct ExecJob {
+    /// Names the job in errors (an op name, or "region of 12 ops: add, mul, ...").
+    pub label: Arc<str>,
+    pub executable: CompileHandle,
+    pub arguments: Vec<DeviceValue>,
+    /// Created with [`DeviceValue::pending`] by the caller, one per executable result.
+    pub outputs: Vec<DeviceValue>,
+    /// Argument indices the executable may donate (reuse for an output); all others are passed
+    /// as non-donatable. A donated argument's buffer must not be read afterwards.
+    pub donatable: Vec<usize>,
+}
+
+impl ExecJob {
+    pub fn new(
+        label: impl Into<Arc<str>>,
+        executable: CompileHandle,
+        arguments: Vec<DeviceValue>,
+        outputs: Vec<DeviceValue>,
+    ) -> ExecJob {
+        ExecJob {
+            label: label.into(),
+            executable,
+            arguments,
+            outputs,
+            donatable: Vec::new(),
+        }
+    }
+
+    /// Marks argument indices as donatable.
+    pub fn donate(mut self, indices: impl IntoIterator<Item = usize>) -> ExecJob {
+        self.donatable.extend(indices);
+        self
+    }
+}
+
+type TaskFn = Box<dyn FnOnce() -> Result<Vec<Arc<Buffer>>, String> + Send + 'static>;
+
+enum Work {
+    Execute(ExecJob),
+    Task {
+        label: Arc<str>,
+        outputs: Vec<DeviceValue>,
+        task: TaskFn,
+    },
+    Marker(Sender<()>),
+}
+
+/// Counters of an [`ExecQueue`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ExecStats {
+    /// Jobs and closures enqueued.
+    pub enqueued: u64,
+    /// Executables launched successfully.
+    pub executions: u64,
+    /// Closures run (successfully or not).
+    pub tasks: u64,
+    /// Jobs and closures whose outputs were failed.
+    pub failed: u64,
+    /// Enqueued but not yet run.
+    pub pending: u64,
+}
+
+#[derive(Default)]
+struct QueueShared {
+    enqueued: AtomicU64,
+    completed: AtomicU64,
+    executions: AtomicU64,
+    tasks: AtomicU64,
+    failed: AtomicU64,
+    worker: OnceLock<ThreadId>,
+}
+
+/// An ordered execution queue with one worker thread. Work runs in enqueue order; a job waits for
+/// its executable and its arguments (which must come from earlier work or be ready) and launches
+/// the execution without waiting for the device.
+pub struct ExecQueue {
+    sender: Option<Sender<Work>>,
+    worker: Option<JoinHandle<()>>,
+    shared: Arc<QueueShared>,
+}
+
+impl std::fmt::Debug for ExecQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExecQueue")
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl ExecQueue {
+    pub fn new() -> std::io::Result<ExecQueue> {
+        let (sender, receiver) = crossbeam_channel::unbounded::<Work>();
+        let shared = Arc::new(QueueShared::default());
+        let worker_shared = shared.clone();
+        let worker = std::thread::Builder::new()
+            .name("torch-pjrt-exec".to_string())
+            .spawn(move || serve(&worker_shared, &receiver))?;
+        let _ = shared.worker.set(worker.thread().id());
+        Ok(ExecQueue {
+            sender: Some(sender),
+            worker: Some(worker),
+            shared,
+        })
+    }
+
+    /// Queues an execution and returns at once.
+    pub fn enqueue(&self, job: ExecJob) {
+        self.send(Work::Execute(job));
+    }
+
+    /// Queues a closure (a host→device transfer, a device→host read, a callback) to run in
+    /// order with the executions. Its buffers resolve `outputs`, in order; its error (or a panic)
+    /// fails them.
+    pub fn enqueue_fn<F>(&self, label: impl Into<Arc<str>>, outputs: Vec<DeviceValue>, task: F)
+    where
+        F: FnOnce() -> Result<Vec<Arc<Buffer>>, String> + Send + 'static,
+    {
+        self.send(Work::Task {
+            label: label.into(),
+            outputs,
+            task: Box::new(task),
+        });
+    }
+
+    fn send(&self, work: Work) {
+        self.shared.enqueued.fetch_add(1, Ordering::Relaxed);
+        let refused = match &self.sender {
+            Some(sender) => sender.send(work).err().map(|e| e.into_inner()),
+            None => Some(work),
+        };
+        if let Some(work) = refused {
+            self.shared.completed.fetch_add(1, Ordering::Relaxed);
+            let (label, outputs) = match work {
+                Work::Execute(job) => (job.label, job.outputs),
+                Work::Task { label, outputs, .. } => (label, outputs),
+                Work::Marker(_) => return,
+            };
+            fail_all(&self.shared, &outputs, ExecError::ShutDown { label });
+        }
+    }
+
+    /// Blocks until everything enqueued before this call has run (executions launched, closures
+    /// returned). Called from inside a queued closure it returns at once: the queue cannot wait
+    /// for itself.
+    pub fn flush(&self) {
+        if self.shared.worker.get() == Some(&std::thread::current().id()) {
+            return;
+        }
+        let (done, finished) = crossbeam_channel::bounded(1);
+        self.send(Work::Marker(done));
+        let _ = finished.recv();
+    }
+
+    /// [`ExecQueue::flush`], then wait until `values` are computed on the device.
+    pub fn synchronize(&self, values: &[DeviceValue]) -> Result<(), ExecError> {
+        self.flush();
+        wait_all_ready(values)
+    }
+
+    pub fn stats(&self) -> ExecStats {
+        let s = &self.shared;
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        let enqueued = load(&s.enqueued);
+        ExecStats {
+            enqueued,
+            executions: load(&s.executions),
+            tasks: load(&s.tasks),
+            failed: load(&s.failed),
+            pending: enqueued.saturating_sub(load(&s.completed)),
+        }
+    }
+}
+
+impl Drop for ExecQueue {
+    /// Runs everything already enqueued, then stops the worker.
+    fn drop(&mut self) {
+        drop(self.sender.take());
+        if let Some(worker) = self.worker.take() {
+            if worker.thread().id() != std::thread::current().id() {
+                let _ = worker.join();
+            }
+        }
+    }
+}
+
+fn fail_all(shared: &QueueShared, outputs: &[DeviceValue], error: ExecError) {
+    shared.failed.fetch_add(1, Ordering::Relaxed);
+    for output in outputs {
+        output.resolve(Err(error.clone()));
+    }
+}
+
+fn resolve_all(
+    shared: &QueueShared,
+    label: &Arc<str>,
+    outputs: &[DeviceValue],
+    results: Vec<Arc<Buffer>>,
+) {
+    if results.len() != outputs.len() {
+        let error = ExecError::OutputCount {
+            label: label.clone(),
+            expected: outputs.len(),
+            got: results.len(),
+        };
+        return fail_all(shared, outputs, error);
+    }
+    for (output, buffer) in outputs.iter().zip(results) {
+        output.resolve(Ok(buffer));
+    }
+}
+
+fn serve(shared: &QueueShared, work: &Receiver<Work>) {
+    for item in work.iter() {
+        match item {
+            Work::Execute(job) => {
+                let outcome = catch_unwind(AssertUnwindSafe(|| execute(shared, &job)))
+                    .unwrap_or_else(|payload| {
+                        Err(ExecError::Task {
+                            label: job.label.clone(),
+                            message: format!("panicked: {}", panic_message(payload.as_ref())),
+                        })
+                    });
+                match outcome {
+                    Ok(results) => resolve_all(shared, &job.label, &job.outputs, results),
+                    Err(error) => fail_all(shared, &job.outputs, error),
+                }
+            }
+            Work::Task {
+                label,
+                outputs,
+                task,
+            } => {
+                shared.tasks.fetch_add(1, Ordering::Relaxed);
+                let outcome = catch_unwind(AssertUnwindSafe(task)).unwrap_or_else(|payload| {
+                    Err(format!("panicked: {}", panic_message(payload.as_ref())))
+                });
+                match outcome {
+                    Ok(results) => resolve_all(shared, &label, &outputs, results),
+                    Err(message) => fail_all(shared, &outputs, ExecError::Task { label, message }),
+                }
+            }
+            Work::Marker(done) => {
+                // Counted before the flusher wakes, so it sees no pending work of its own.
+                shared.completed.fetch_add(1, Ordering::Relaxed);
+                let _ = done.send(());
+                continue;
+            }
+        }
+        shared.completed.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+fn execute(shared: &QueueShared, job: &ExecJob) -> Result<Vec<Arc<Buffer>>, ExecError> {
+    let label = &job.label;
+    let executable = job.executable.wait().map_err(|source| ExecError::Compile {
+        label: label.clone(),
+        source,
+    })?;
+    let mut arguments = Vec::with_capacity(job.arguments.len());
+    for (index, argument) in job.arguments.iter().enumerate() {
+        let buffer = argument.wait().map_err(|error| ExecError::Argument {
+            label: label.clone(),
+            index,
+            cause: Arc::new(error.root_cause().clone()),
+        })?;
+        arguments.push(buffer);
+    }
+    let borrowed: Vec<&Buffer> = arguments.iter().map(|b| b.as_ref()).collect();
+    let options = ExecuteOptions {
+        non_donatable: (0..arguments.len())
+            .filter(|i| !job.donatable.contains(i))
+            .map(|i| i as i64)
+            .collect(),
+    };
+    // The completion event is dropped: each result's own ready event tells when it is computed.
+    let (results, _completion) =
+        executable
+            .execute_with(&borrowed, &options)
+            .map_err(|e| ExecError::Execute {
+                label: label.clone(),
+                message: e.to_string(),
+            })?;
+    shared.executions.fetch_add(1, Ordering::Relaxed);
+    Ok(results.into_iter().map(Arc::new).collect())
+}

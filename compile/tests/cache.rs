@@ -1,0 +1,479 @@
+//! The compile cache within one process: tier-1 hits, in-flight dedup, failures, tier-3
+//! restarts, corrupt and foreign entries, concurrent writers, fingerprints, eviction and dumps.
+
+mod common;
+
+use common::*;
+use compile::{CacheKey, CompileConfig, CompileError, FingerprintInputs};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+#[test]
+fn tier1_hit_serves_without_building() {
+    let compiler = compiler(config());
+    let k = key(&compiler, 1);
+    assert!(compiler.lookup(&k).is_none());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let first = compiler.request(k, counted_build(module(2.0), &calls));
+    let executable = first.wait().unwrap();
+    check_runs(&executable, 2.0);
+
+    let again = compiler.request(k, counted_build(module(2.0), &calls));
+    assert!(again.is_ready(), "a tier-1 hit is ready at once");
+    assert!(Arc::ptr_eq(&again.try_get().unwrap().unwrap(), &executable));
+    assert!(Arc::ptr_eq(&compiler.lookup(&k).unwrap(), &executable));
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "text is built only on a miss"
+    );
+
+    let stats = compiler.stats();
+    assert_eq!(stats.compilations, 1);
+    assert_eq!(stats.misses, 1);
+    assert_eq!(stats.tier1_hits, 2);
+    assert_eq!(stats.tier1_entries, 1);
+    assert!(stats.compile_time_total > Duration::ZERO);
+    compiler.reset_stats();
+    let stats = compiler.stats();
+    assert_eq!((stats.compilations, stats.tier1_hits), (0, 0));
+    assert_eq!(stats.tier1_entries, 1);
+}
+
+#[test]
+fn concurrent_requests_for_one_key_compile_once() {
+    let compiler = Arc::new(compiler(config()));
+    let k = key(&compiler, 2);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let start = Arc::new(Barrier::new(8));
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            let (compiler, calls, start) = (compiler.clone(), calls.clone(), start.clone());
+            std::thread::spawn(move || {
+                start.wait();
+                let handle = compiler.request(k, move || {
+                    calls.fetch_add(1, Ordering::SeqCst);
+                    // Keeps the compile in flight while the other requests arrive.
+                    std::thread::sleep(Duration::from_millis(150));
+                    Ok(module(3.0))
+                });
+                handle.wait().unwrap()
+            })
+        })
+        .collect();
+    let executables: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    for executable in &executables {
+        assert!(Arc::ptr_eq(executable, &executables[0]));
+    }
+    let stats = compiler.stats();
+    assert_eq!(stats.compilations, 1);
+    assert_eq!(stats.inflight_dedups + stats.tier1_hits, 7, "{stats:?}");
+    assert!(stats.inflight_dedups >= 1, "{stats:?}");
+    check_runs(&executables[0], 3.0);
+}
+
+#[test]
+fn compile_failure_reaches_every_waiter_and_compiler_stays_usable() {
+    let compiler = compiler(config());
+    let k = key(&compiler, 3);
+    let first = compiler.request(k, || {
+        std::thread::sleep(Duration::from_millis(100));
+        Ok(INVALID_MODULE.to_string())
+    });
+    let others: Vec<_> = (0..3)
+        .map(|_| compiler.request(k, || Ok(INVALID_MODULE.to_string())))
+        .collect();
+    for handle in std::iter::once(&first).chain(&others) {
+        assert!(handle.same_request(&first));
+        let error = handle.wait().unwrap_err();
+        assert!(matches!(error, CompileError::Compile { key, .. } if key == k));
+        let message = error.to_string();
+        assert!(
+            message.contains("bogus_op"),
+            "the diagnostic is carried: {message}"
+        );
+        assert!(message.contains(&k.to_string()), "{message}");
+    }
+    let stats = compiler.stats();
+    assert_eq!((stats.failures, stats.compilations), (1, 0));
+    assert!(compiler.lookup(&k).is_none(), "failures are not cached");
+
+    // Another key compiles, and the failed key may be retried.
+    check_runs(
+        &compiler
+            .request(key(&compiler, 4), || Ok(module(4.0)))
+            .wait()
+            .unwrap(),
+        4.0,
+    );
+    check_runs(
+        &compiler.request(k, || Ok(module(5.0))).wait().unwrap(),
+        5.0,
+    );
+    assert_eq!(compiler.stats().compilations, 2);
+}
+
+#[test]
+fn build_errors_and_panics_are_error_values() {
+    let compiler = compiler(config());
+    let error = compiler
+        .request(key(&compiler, 5), || {
+            Err("op 'frobnicate' has no lowering".into())
+        })
+        .wait()
+        .unwrap_err();
+    assert!(matches!(error, CompileError::Build { .. }));
+    assert!(error.to_string().contains("frobnicate"), "{error}");
+
+    let error = compiler
+        .request(key(&compiler, 6), || panic!("lowering bug"))
+        .wait()
+        .unwrap_err();
+    assert!(matches!(error, CompileError::Panicked { .. }));
+    assert!(error.to_string().contains("lowering bug"), "{error}");
+
+    // Both pool threads survived.
+    let handles: Vec<_> = (0..2)
+        .map(|i| compiler.request(key(&compiler, 7 + i), move || Ok(module(i as f32))))
+        .collect();
+    for handle in handles {
+        handle.wait().unwrap();
+    }
+    assert_eq!(compiler.stats().failures, 2);
+}
+
+#[test]
+fn restarted_process_is_served_from_tier3() {
+    let dir = tempfile::tempdir().unwrap();
+    let k;
+    {
+        let first = compiler(with_tier3(dir.path()));
+        k = key(&first, 10);
+        first.request(k, || Ok(module(6.0))).wait().unwrap();
+        let stats = first.stats();
+        assert_eq!(stats.compilations, 1);
+        assert!(stats.bytes_written_tier3 > 0);
+        let path = first.tier3_entry_path(&k).unwrap();
+        assert!(path.is_file());
+        let dir_name = path
+            .parent()
+            .unwrap()
+            .file_name()
+            .unwrap()
+            .to_string_lossy();
+        assert!(dir_name.starts_with("torch-pjrt-"), "{dir_name}");
+        assert!(dir_name.contains(env!("CARGO_PKG_VERSION")), "{dir_name}");
+        assert!(
+            dir_name.contains("-plugin") && dir_name.contains("-cpu"),
+            "{dir_name}"
+        );
+    }
+    let restarted = compiler(with_tier3(dir.path()));
+    let executable = restarted
+        .request(k, || panic!("a tier-3 hit must not build the text"))
+        .wait()
+        .unwrap();
+    check_runs(&executable, 6.0);
+    let stats = restarted.stats();
+    assert_eq!(
+        (stats.compilations, stats.tier3_hits, stats.misses),
+        (0, 1, 0)
+    );
+    assert!(stats.deserialize_time_total > Duration::ZERO);
+    assert!(restarted.lookup(&k).is_some(), "a tier-3 hit fills tier 1");
+}
+
+#[test]
+fn tier3_hit_fills_tier2() {
+    let persistent = tempfile::tempdir().unwrap();
+    let shared = tempfile::tempdir().unwrap();
+    let both = || CompileConfig {
+        persistent_dir: Some(persistent.path().to_path_buf()),
+        shared_dir: Some(shared.path().to_path_buf()),
+        ..config()
+    };
+    let k = key(&compiler(config()), 11);
+    compiler(with_tier3(persistent.path()))
+        .request(k, || Ok(module(7.0)))
+        .wait()
+        .unwrap();
+    let second = compiler(both());
+    second.request(k, || panic!("not built")).wait().unwrap();
+    assert_eq!(
+        (second.stats().tier3_hits, second.stats().tier2_hits),
+        (1, 0)
+    );
+    assert!(second.stats().bytes_written_tier2 > 0);
+    let third = compiler(both());
+    check_runs(
+        &third.request(k, || panic!("not built")).wait().unwrap(),
+        7.0,
+    );
+    assert_eq!(
+        (third.stats().tier2_hits, third.stats().compilations),
+        (1, 0)
+    );
+}
+
+/// Damages `key`'s tier-3 entry with `damage`, then checks that a fresh compiler treats it as a
+/// miss, compiles, and rewrites it so that the next compiler loads it.
+fn check_damage_is_rewritten(id: u64, damage: impl FnOnce(&std::path::Path)) {
+    let dir = tempfile::tempdir().unwrap();
+    let first = compiler(with_tier3(dir.path()));
+    let k = key(&first, id);
+    first.request(k, || Ok(module(8.0))).wait().unwrap();
+    let path = first.tier3_entry_path(&k).unwrap();
+    drop(first);
+    damage(&path);
+
+    let second = compiler(with_tier3(dir.path()));
+    check_runs(&second.request(k, || Ok(module(8.0))).wait().unwrap(), 8.0);
+    let stats = second.stats();
+    assert_eq!(
+        (stats.invalid_entries, stats.compilations),
+        (1, 1),
+        "{stats:?}"
+    );
+    assert!(second.last_disk_problem().is_some());
+
+    let third = compiler(with_tier3(dir.path()));
+    check_runs(
+        &third.request(k, || panic!("rewritten")).wait().unwrap(),
+        8.0,
+    );
+    let stats = third.stats();
+    assert_eq!(
+        (stats.tier3_hits, stats.invalid_entries),
+        (1, 0),
+        "{stats:?}"
+    );
+}
+
+#[test]
+fn corrupt_entry_is_a_miss_and_gets_rewritten() {
+    check_damage_is_rewritten(20, |path| {
+        let mut bytes = std::fs::read(path).unwrap();
+        let middle = bytes.len() / 2;
+        bytes[middle] ^= 0x5a;
+        std::fs::write(path, bytes).unwrap();
+    });
+}
+
+#[test]
+fn truncated_and_empty_entries_are_misses() {
+    check_damage_is_rewritten(21, |path| {
+        let bytes = std::fs::read(path).unwrap();
+        std::fs::write(path, &bytes[..bytes.len() / 3]).unwrap();
+    });
+    check_damage_is_rewritten(22, |path| std::fs::write(path, b"").unwrap());
+}
+
+#[test]
+fn undeserializable_and_foreign_entries_are_misses() {
+    // A well-formed entry whose payload the plugin cannot load.
+    check_damage_is_rewritten(23, |path| {
+        let k = CacheKey::from_hex(path.file_stem().unwrap().to_str().unwrap()).unwrap();
+        std::fs::write(path, compile::disk::encode_entry(&k, b"not an executable")).unwrap();
+    });
+    // Another key's entry renamed into place.
+    check_damage_is_rewritten(24, |path| {
+        let other = CacheKey::new(999, 999, 999);
+        let bytes = std::fs::read(path).unwrap();
+        let payload = compile::disk::decode_entry(
+            &CacheKey::from_hex(path.file_stem().unwrap().to_str().unwrap()).unwrap(),
+            &bytes,
+        )
+        .unwrap()
+        .to_vec();
+        std::fs::write(path, compile::disk::encode_entry(&other, &payload)).unwrap();
+    });
+}
+
+#[test]
+fn unreadable_entry_is_a_miss_not_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let compiler = compiler(with_tier3(dir.path()));
+    let k = key(&compiler, 25);
+    // A directory where the entry should be: unreadable, and cannot be replaced either.
+    std::fs::create_dir_all(compiler.tier3_entry_path(&k).unwrap().join("x")).unwrap();
+    check_runs(
+        &compiler.request(k, || Ok(module(9.0))).wait().unwrap(),
+        9.0,
+    );
+    let stats = compiler.stats();
+    assert_eq!(
+        (stats.invalid_entries, stats.compilations),
+        (1, 1),
+        "{stats:?}"
+    );
+    assert_eq!(stats.disk_errors, 1, "{stats:?}");
+}
+
+#[test]
+fn concurrent_writers_in_one_process_leave_a_valid_entry() {
+    let dir = tempfile::tempdir().unwrap();
+    // Separate compilers share no in-flight map: each compiles and writes the same entry.
+    let writers: Vec<_> = (0..3).map(|_| compiler(with_tier3(dir.path()))).collect();
+    let k = key(&writers[0], 30);
+    let handles: Vec<_> = writers
+        .iter()
+        .map(|c| c.request(k, || Ok(module(10.0))))
+        .collect();
+    for handle in handles {
+        handle.wait().unwrap();
+    }
+    let compiled: u64 = writers.iter().map(|c| c.stats().compilations).sum();
+    assert_eq!(compiled, 3);
+    let reader = compiler(with_tier3(dir.path()));
+    check_runs(
+        &reader.request(k, || panic!("valid entry")).wait().unwrap(),
+        10.0,
+    );
+    assert_eq!(reader.stats().invalid_entries, 0);
+    let leftovers: Vec<_> = std::fs::read_dir(reader.tier3_dir().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+#[test]
+fn another_cpu_misses() {
+    let dir = tempfile::tempdir().unwrap();
+    let here = compiler(with_tier3(dir.path()));
+    let k = key(&here, 40);
+    here.request(k, || Ok(module(11.0))).wait().unwrap();
+
+    let elsewhere = compiler(CompileConfig {
+        cpu_features: "x86_64;model=Another CPU;features=sse,sse2".to_string(),
+        ..with_tier3(dir.path())
+    });
+    assert_ne!(elsewhere.options_fingerprint(), here.options_fingerprint());
+    assert_ne!(elsewhere.tier3_dir(), here.tier3_dir());
+    // Even a caller that reused the old key would find nothing in the other CPU's directory.
+    elsewhere.request(k, || Ok(module(11.0))).wait().unwrap();
+    let stats = elsewhere.stats();
+    assert_eq!((stats.tier3_hits, stats.compilations), (0, 1));
+    let other_key = key(&elsewhere, 40);
+    assert_ne!(other_key, k);
+}
+
+type Change = Box<dyn Fn(&mut FingerprintInputs)>;
+
+#[test]
+fn options_fingerprint_covers_every_input_and_is_fixed() {
+    let base = FingerprintInputs {
+        compile_options: vec![1, 2, 3],
+        xla_flags: String::new(),
+        engine_version: "0.1.0".into(),
+        plugin_file_name: "xla_cpu_pjrt.so".into(),
+        plugin_version: "api=0.81;size=1;mtime=2".into(),
+        api_version: (0, 81),
+        platform_name: "cpu".into(),
+        platform_version: "v1".into(),
+        cpu_features: "x86_64;features=sse2".into(),
+    };
+    // xxh3 over a fixed encoding: this value must never change.
+    assert_eq!(
+        base.fingerprint(),
+        0x9777_35a1_0886_874d,
+        "{:#x}",
+        base.fingerprint()
+    );
+    let variants: Vec<Change> = vec![
+        Box::new(|i| i.compile_options.push(0)),
+        Box::new(|i| i.xla_flags = "--xla_cpu_enable_fast_math=true".into()),
+        Box::new(|i| i.engine_version = "0.2.0".into()),
+        Box::new(|i| i.plugin_file_name = "other.so".into()),
+        Box::new(|i| i.plugin_version.push('x')),
+        Box::new(|i| i.api_version = (0, 82)),
+        Box::new(|i| i.platform_name = "cuda".into()),
+        Box::new(|i| i.platform_version = "v2".into()),
+        Box::new(|i| i.cpu_features = "x86_64;features=sse2,avx512f".into()),
+    ];
+    let mut seen = std::collections::HashSet::from([base.fingerprint()]);
+    for change in variants {
+        let mut inputs = base.clone();
+        change(&mut inputs);
+        assert!(seen.insert(inputs.fingerprint()), "{inputs:?}");
+    }
+
+    let client = client();
+    let live = compile::options_fingerprint(
+        client.plugin(),
+        &client,
+        &pjrt::CompileOptions::default(),
+        "0.1.0",
+    );
+    let again = compile::options_fingerprint(
+        client.plugin(),
+        &client,
+        &pjrt::CompileOptions::default(),
+        "0.1.0",
+    );
+    assert_eq!(live, again);
+    let gathered = FingerprintInputs::gather(
+        client.plugin(),
+        &client,
+        &pjrt::CompileOptions::default(),
+        "0.1.0",
+    );
+    assert_eq!(gathered.cpu_features, compile::host_cpu_features());
+    assert_eq!(gathered.plugin_file_name, "xla_cpu_pjrt.so");
+}
+
+#[test]
+fn tier1_evicts_least_recently_used() {
+    let compiler = compiler(CompileConfig {
+        tier1_capacity: 2,
+        ..config()
+    });
+    let executable = compiler
+        .request(key(&compiler, 50), || Ok(module(1.0)))
+        .wait()
+        .unwrap();
+    compiler.insert(key(&compiler, 51), executable.clone());
+    assert!(compiler.lookup(&key(&compiler, 50)).is_some());
+    compiler.insert(key(&compiler, 52), executable);
+    assert!(compiler.lookup(&key(&compiler, 51)).is_none());
+    assert!(compiler.lookup(&key(&compiler, 50)).is_some());
+    let stats = compiler.stats();
+    assert_eq!((stats.tier1_entries, stats.evictions), (2, 1));
+}
+
+#[test]
+fn dump_dir_receives_text_and_key() {
+    let dump = tempfile::tempdir().unwrap();
+    let compiler = compiler(CompileConfig {
+        dump_dir: Some(dump.path().to_path_buf()),
+        ..config()
+    });
+    let k = key(&compiler, 60);
+    compiler.request(k, || Ok(module(12.0))).wait().unwrap();
+    let text = std::fs::read_to_string(dump.path().join(format!("{k}.mlir"))).unwrap();
+    assert!(
+        text.contains(&k.to_string()) && text.contains("stablehlo.multiply"),
+        "{text}"
+    );
+    let bad = key(&compiler, 61);
+    compiler
+        .request(bad, || Ok(INVALID_MODULE.to_string()))
+        .wait()
+        .unwrap_err();
+    let error = std::fs::read_to_string(dump.path().join(format!("{bad}.error.txt"))).unwrap();
+    assert!(error.contains("bogus_op"), "{error}");
+}
+
+#[test]
+fn unusable_cache_directory_is_a_configuration_error() {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let error = compile::Compiler::new(client(), with_tier3(file.path())).unwrap_err();
+    assert!(matches!(error, CompileError::Config(_)));
+    assert!(
+        error.to_string().contains("TORCH_PJRT_CACHE_DIR"),
+        "{error}"
+    );
+}

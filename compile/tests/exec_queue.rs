@@ -1,0 +1,260 @@
+//! The ordered execution queue: order, values flowing between jobs, error propagation with
+//! labels, flush, asynchrony behind a slow compile, donation and device completion.
+
+mod common;
+
+use common::*;
+use compile::{CacheKey, CompileError, CompileHandle, DeviceValue, ExecError, ExecJob, ExecQueue};
+use parking_lot::Mutex;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn ready_executable(factor: f32) -> CompileHandle {
+    let executable = client().compile(&module(factor)).unwrap();
+    CompileHandle::ready(
+        CacheKey::new(factor.to_bits() as u64, 0, 0),
+        Arc::new(executable),
+    )
+}
+
+fn value(values: &[f32]) -> DeviceValue {
+    DeviceValue::ready(f32_buffer(values))
+}
+
+#[test]
+fn outputs_feed_later_jobs_in_order() {
+    let queue = ExecQueue::new().unwrap();
+    let times_two = ready_executable(2.0);
+    let a = value(&[1., 2., 3., 4.]);
+    let b = value(&[0., 0., 0., 0.]);
+    let order = Arc::new(Mutex::new(Vec::new()));
+
+    let first = DeviceValue::pending();
+    queue.enqueue(ExecJob::new(
+        "first",
+        times_two.clone(),
+        vec![a.clone(), b.clone()],
+        vec![first.clone()],
+    ));
+    let seen = order.clone();
+    queue.enqueue_fn("note 1", vec![], move || {
+        seen.lock().push(1);
+        Ok(vec![])
+    });
+    let second = DeviceValue::pending();
+    queue.enqueue(ExecJob::new(
+        "second",
+        times_two,
+        vec![first.clone(), a],
+        vec![second.clone()],
+    ));
+    let seen = order.clone();
+    let read_back = second.clone();
+    queue.enqueue_fn("read second", vec![], move || {
+        // Earlier jobs have run: the value exists.
+        assert!(read_back.is_resolved());
+        seen.lock().push(2);
+        Ok(vec![])
+    });
+    // (a + b) * 2 = [2,4,6,8]; (that + a) * 2 = [6,12,18,24].
+    assert_eq!(
+        f32_values(&second.wait_ready().unwrap()),
+        vec![6., 12., 18., 24.]
+    );
+    queue.flush();
+    assert_eq!(*order.lock(), vec![1, 2]);
+    let stats = queue.stats();
+    assert_eq!((stats.executions, stats.tasks, stats.pending), (2, 2, 0));
+}
+
+#[test]
+fn errors_propagate_to_dependents_with_labels() {
+    let queue = ExecQueue::new().unwrap();
+    let broken = CompileHandle::failed(
+        CacheKey::new(1, 2, 3),
+        CompileError::Compile {
+            key: CacheKey::new(1, 2, 3),
+            message: "error: 'stablehlo.bogus_op' is unknown".into(),
+        },
+    );
+    let x = value(&[1., 1., 1., 1.]);
+    let bad = DeviceValue::pending();
+    queue.enqueue(ExecJob::new(
+        "region of 2 ops: bogus, add",
+        broken,
+        vec![x.clone(), x.clone()],
+        vec![bad.clone()],
+    ));
+    let dependent = DeviceValue::pending();
+    queue.enqueue(ExecJob::new(
+        "mul",
+        ready_executable(3.0),
+        vec![x.clone(), bad.clone()],
+        vec![dependent.clone()],
+    ));
+    let grandchild = DeviceValue::pending();
+    queue.enqueue(ExecJob::new(
+        "sub",
+        ready_executable(4.0),
+        vec![dependent.clone(), x.clone()],
+        vec![grandchild.clone()],
+    ));
+    let independent = DeviceValue::pending();
+    queue.enqueue(ExecJob::new(
+        "add",
+        ready_executable(5.0),
+        vec![x.clone(), x],
+        vec![independent.clone()],
+    ));
+
+    let error = bad.wait().unwrap_err();
+    assert_eq!(error.label(), Some("region of 2 ops: bogus, add"));
+    assert!(error.to_string().contains("bogus_op"), "{error}");
+
+    let error = dependent.wait().unwrap_err();
+    let message = error.to_string();
+    assert!(
+        matches!(error, ExecError::Argument { index: 1, .. }),
+        "{message}"
+    );
+    assert!(message.starts_with("mul:"), "{message}");
+    assert!(message.contains("region of 2 ops: bogus, add"), "{message}");
+    assert!(message.contains("bogus_op"), "{message}");
+
+    // The chain does not nest: the grandchild names itself and the first failure only.
+    let error = grandchild.wait().unwrap_err();
+    assert_eq!(
+        error.root_cause().label(),
+        Some("region of 2 ops: bogus, add")
+    );
+    assert!(!error.to_string().contains("mul:"), "{error}");
+
+    assert_eq!(f32_values(&independent.wait_ready().unwrap()), vec![10.; 4]);
+    assert_eq!(queue.stats().failed, 3);
+}
+
+#[test]
+fn task_failures_panics_and_wrong_output_counts_are_errors() {
+    let queue = ExecQueue::new().unwrap();
+    let failed = DeviceValue::pending();
+    queue.enqueue_fn("to_device", vec![failed.clone()], || {
+        Err("out of host memory".into())
+    });
+    let panicked = DeviceValue::pending();
+    queue.enqueue_fn("to_host", vec![panicked.clone()], || panic!("reader bug"));
+    let (one, two) = (DeviceValue::pending(), DeviceValue::pending());
+    queue.enqueue(ExecJob::new(
+        "add",
+        ready_executable(1.0),
+        vec![value(&[0.; 4]), value(&[0.; 4])],
+        vec![one.clone(), two.clone()],
+    ));
+    let uploaded = DeviceValue::pending();
+    queue.enqueue_fn("upload", vec![uploaded.clone()], || {
+        Ok(vec![Arc::new(f32_buffer(&[7.; 4]))])
+    });
+
+    let error = failed.wait().unwrap_err();
+    assert_eq!(error.to_string(), "to_device: out of host memory");
+    let error = panicked.wait().unwrap_err();
+    assert!(error.to_string().contains("reader bug"), "{error}");
+    let error = two.wait().unwrap_err();
+    assert!(
+        matches!(
+            error,
+            ExecError::OutputCount {
+                expected: 2,
+                got: 1,
+                ..
+            }
+        ),
+        "{error}"
+    );
+    assert!(one.wait().is_err());
+    // The worker survived all of it.
+    assert_eq!(f32_values(&uploaded.wait().unwrap()), vec![7.; 4]);
+}
+
+#[test]
+fn enqueue_returns_before_a_slow_compile_finishes() {
+    let compiler = compiler(config());
+    let queue = ExecQueue::new().unwrap();
+    let handle = compiler.request(key(&compiler, 1), || {
+        std::thread::sleep(Duration::from_millis(400));
+        Ok(module(2.0))
+    });
+    let out = DeviceValue::pending();
+    let start = Instant::now();
+    queue.enqueue(ExecJob::new(
+        "slow",
+        handle,
+        vec![value(&[1.; 4]), value(&[1.; 4])],
+        vec![out.clone()],
+    ));
+    let after = DeviceValue::pending();
+    queue.enqueue_fn("after", vec![after.clone()], || {
+        Ok(vec![Arc::new(f32_buffer(&[0.; 4]))])
+    });
+    let enqueue_time = start.elapsed();
+    assert!(enqueue_time < Duration::from_millis(50), "{enqueue_time:?}");
+    assert!(!out.is_resolved() && !after.is_resolved());
+    assert_eq!(queue.stats().pending, 2);
+    assert_eq!(f32_values(&out.wait().unwrap()), vec![4.; 4]);
+    assert!(start.elapsed() >= Duration::from_millis(350));
+    after.wait().unwrap();
+}
+
+#[test]
+fn flush_waits_for_everything_enqueued() {
+    let queue = Arc::new(ExecQueue::new().unwrap());
+    let done = Arc::new(Mutex::new(0));
+    for _ in 0..3 {
+        let done = done.clone();
+        queue.enqueue_fn("sleep", vec![], move || {
+            std::thread::sleep(Duration::from_millis(30));
+            *done.lock() += 1;
+            Ok(vec![])
+        });
+    }
+    // A flush from inside the queue returns instead of waiting for itself.
+    let inner = queue.clone();
+    queue.enqueue_fn("nested flush", vec![], move || {
+        inner.flush();
+        Ok(vec![])
+    });
+    queue.flush();
+    assert_eq!(*done.lock(), 3);
+    assert_eq!(queue.stats().pending, 0);
+}
+
+#[test]
+fn donated_arguments_and_device_completion() {
+    let queue = ExecQueue::new().unwrap();
+    let out = DeviceValue::pending();
+    queue.enqueue(
+        ExecJob::new(
+            "add_",
+            ready_executable(1.0),
+            vec![value(&[1.; 4]), value(&[2.; 4])],
+            vec![out.clone()],
+        )
+        .donate([0]),
+    );
+    queue.synchronize(std::slice::from_ref(&out)).unwrap();
+    assert_eq!(f32_values(&out.try_get().unwrap().unwrap()), vec![3.; 4]);
+    compile::wait_all_ready(&[out, value(&[0.; 4])]).unwrap();
+}
+
+#[test]
+fn dropping_the_queue_runs_what_was_enqueued() {
+    let out = DeviceValue::pending();
+    {
+        let queue = ExecQueue::new().unwrap();
+        queue.enqueue_fn("late", vec![out.clone()], || {
+            std::thread::sleep(Duration::from_millis(20));
+            Ok(vec![Arc::new(f32_buffer(&[1.; 4]))])
+        });
+    }
+    assert!(out.is_resolved());
+    assert!(out.wait().is_ok());
+}

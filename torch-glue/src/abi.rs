@@ -1,0 +1,627 @@
+//! The C ABI: the only way the C++ PrivateUse1 plugin (or any C program) reaches the engine.
+//!
+//! Every function returns a status code (`TPJRT_OK` or the Python exception class of the
+//! error), sets a thread-local message readable with `tpjrt_last_error`, and never lets a panic
+//! cross into the caller.
+
+use crate::global;
+use defer::{EngineError, ErrorKind, Mode, StorageId, TensorRef};
+use ops::{DType, OpId, ScalarArg, ScalarValue, Shape};
+use smallvec::SmallVec;
+use std::cell::RefCell;
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// Success.
+pub const TPJRT_OK: i32 = 0;
+/// Maps to Python's `RuntimeError`.
+pub const TPJRT_RUNTIME_ERROR: i32 = 1;
+/// Maps to `ValueError`.
+pub const TPJRT_VALUE_ERROR: i32 = 2;
+/// Maps to `TypeError`.
+pub const TPJRT_TYPE_ERROR: i32 = 3;
+/// Maps to `NotImplementedError`.
+pub const TPJRT_NOT_IMPLEMENTED: i32 = 4;
+/// Maps to `IndexError`.
+pub const TPJRT_INDEX_ERROR: i32 = 5;
+
+/// The most dimensions an output description carries.
+pub const TPJRT_MAX_DIMS: usize = 16;
+
+/// Scalar kinds of `TpjrtScalar::kind`.
+pub const TPJRT_SCALAR_BOOL: i32 = 0;
+pub const TPJRT_SCALAR_INT: i32 = 1;
+pub const TPJRT_SCALAR_FLOAT: i32 = 2;
+
+/// A tensor: a strided window `(sizes, strides, offset)` in elements of `dtype` on `storage`.
+/// `dtype` is PyTorch's ScalarType code.
+#[repr(C)]
+pub struct TpjrtTensor {
+    pub storage: u64,
+    pub dtype: i32,
+    pub ndim: i32,
+    pub sizes: *const i64,
+    pub strides: *const i64,
+    pub offset: i64,
+}
+
+/// A value scalar: a Python number (`tensor_dtype` = -1) or a CPU 0-d tensor of that dtype.
+#[repr(C)]
+pub struct TpjrtScalar {
+    pub kind: i32,
+    pub tensor_dtype: i32,
+    pub int_value: i64,
+    pub float_value: f64,
+}
+
+/// One op call. `outs` (may be empty) are existing destination tensors for in-place and `out=`
+/// variants; without them the engine creates new storages.
+#[repr(C)]
+pub struct TpjrtOpCall {
+    pub op: i32,
+    pub inputs: *const TpjrtTensor,
+    pub num_inputs: u64,
+    pub scalars: *const TpjrtScalar,
+    pub num_scalars: u64,
+    pub params: *const i64,
+    pub num_params: u64,
+    pub outs: *const TpjrtTensor,
+    pub num_outs: u64,
+}
+
+/// One result of an op: its storage (0 from `tpjrt_op_meta`), dtype and contiguous sizes.
+#[repr(C)]
+pub struct TpjrtOutput {
+    pub storage: u64,
+    pub dtype: i32,
+    pub ndim: i32,
+    pub sizes: [i64; TPJRT_MAX_DIMS],
+    pub nbytes: u64,
+}
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+fn set_last_error(message: &str) {
+    let clean: String = message.chars().filter(|&c| c != '\0').collect();
+    LAST_ERROR.with(|e| *e.borrow_mut() = CString::new(clean).unwrap_or_default());
+}
+
+fn code_of(kind: ErrorKind) -> i32 {
+    match kind {
+        ErrorKind::Runtime => TPJRT_RUNTIME_ERROR,
+        ErrorKind::Value => TPJRT_VALUE_ERROR,
+        ErrorKind::Type => TPJRT_TYPE_ERROR,
+        ErrorKind::NotImplemented => TPJRT_NOT_IMPLEMENTED,
+        ErrorKind::Index => TPJRT_INDEX_ERROR,
+    }
+}
+
+/// Runs `f`, turning errors and panics into a status code and the thread's last error.
+fn guarded(f: impl FnOnce() -> Result<(), EngineError>) -> i32 {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => TPJRT_OK,
+        Ok(Err(e)) => {
+            set_last_error(&e.message);
+            code_of(e.kind)
+        }
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".to_string());
+            set_last_error(&format!(
+                "internal error in the torch-pjrt engine: {what}. The engine is still usable; \
+                 please report this with the code that triggered it"
+            ));
+            TPJRT_RUNTIME_ERROR
+        }
+    }
+}
+
+fn invalid(message: String) -> EngineError {
+    EngineError::runtime(message)
+}
+
+/// # Safety
+/// `ptr` must point to `len` readable values, or `len` must be 0.
+unsafe fn slice<'a, T>(ptr: *const T, len: u64) -> Result<&'a [T], EngineError> {
+    if len == 0 {
+        return Ok(&[]);
+    }
+    if ptr.is_null() {
+        return Err(invalid(format!("a null pointer was passed for {len} elements")));
+    }
+    Ok(std::slice::from_raw_parts(ptr, len as usize))
+}
+
+fn dtype(code: i32) -> Result<DType, EngineError> {
+    DType::from_code(code).ok_or_else(|| {
+        EngineError::new(
+            ErrorKind::Type,
+            format!(
+                "dtype code {code} is not supported on pjrt; supported: float64, float32, \
+                 float16, bfloat16, int64, int32, int16, int8, uint8, bool"
+            ),
+        )
+    })
+}
+
+/// # Safety
+/// `t` must describe valid size/stride arrays of `ndim` elements.
+unsafe fn tensor_ref(t: &TpjrtTensor) -> Result<TensorRef, EngineError> {
+    if t.ndim < 0 {
+        return Err(invalid(format!("a tensor with ndim {} was passed", t.ndim)));
+    }
+    let sizes = slice(t.sizes, t.ndim as u64)?;
+    let strides = slice(t.strides, t.ndim as u64)?;
+    Ok(TensorRef {
+        storage: StorageId(t.storage),
+        dtype: dtype(t.dtype)?,
+        sizes: Shape::from_slice(sizes),
+        strides: SmallVec::from_slice(strides),
+        offset: t.offset,
+    })
+}
+
+fn scalar(s: &TpjrtScalar) -> Result<ScalarArg, EngineError> {
+    let value = match s.kind {
+        TPJRT_SCALAR_BOOL => ScalarValue::Bool(s.int_value != 0),
+        TPJRT_SCALAR_INT => ScalarValue::Int(s.int_value),
+        TPJRT_SCALAR_FLOAT => ScalarValue::Float(s.float_value),
+        other => {
+            return Err(invalid(format!(
+                "scalar kind {other} is unknown: expected 0 (bool), 1 (int) or 2 (float)"
+            )))
+        }
+    };
+    Ok(ScalarArg {
+        value,
+        tensor_dtype: if s.tensor_dtype < 0 {
+            None
+        } else {
+            Some(dtype(s.tensor_dtype)?)
+        },
+    })
+}
+
+struct DecodedCall {
+    op: OpId,
+    inputs: Vec<TensorRef>,
+    scalars: Vec<ScalarArg>,
+    params: Vec<i64>,
+    outs: Vec<TensorRef>,
+}
+
+/// # Safety
+/// `call` must be a valid call description.
+unsafe fn decode(call: *const TpjrtOpCall) -> Result<DecodedCall, EngineError> {
+    let call = call.as_ref().ok_or_else(|| invalid("a null op call was passed".into()))?;
+    let op = u16::try_from(call.op)
+        .ok()
+        .and_then(OpId::from_u16)
+        .ok_or_else(|| {
+            EngineError::new(
+                ErrorKind::NotImplemented,
+                format!(
+                    "op id {} is not an op of this engine (it knows {} ops); look ids up with \
+                     tpjrt_op_id",
+                    call.op,
+                    OpId::ALL.len()
+                ),
+            )
+        })?;
+    let inputs = slice(call.inputs, call.num_inputs)?
+        .iter()
+        .map(|t| tensor_ref(t))
+        .collect::<Result<_, _>>()?;
+    let scalars = slice(call.scalars, call.num_scalars)?
+        .iter()
+        .map(scalar)
+        .collect::<Result<_, _>>()?;
+    let params = slice(call.params, call.num_params)?.to_vec();
+    let outs = slice(call.outs, call.num_outs)?
+        .iter()
+        .map(|t| tensor_ref(t))
+        .collect::<Result<_, _>>()?;
+    Ok(DecodedCall {
+        op,
+        inputs,
+        scalars,
+        params,
+        outs,
+    })
+}
+
+fn write_outputs(
+    results: &[(u64, ops::TensorType)],
+    outputs: *mut TpjrtOutput,
+    max_outputs: u64,
+    num_outputs: *mut u64,
+) -> Result<(), EngineError> {
+    if !num_outputs.is_null() {
+        // SAFETY: the caller passed a writable u64.
+        unsafe { *num_outputs = results.len() as u64 };
+    }
+    if results.len() as u64 > max_outputs {
+        return Err(invalid(format!(
+            "the op has {} outputs but room for {max_outputs} was passed",
+            results.len()
+        )));
+    }
+    if results.is_empty() {
+        return Ok(());
+    }
+    if outputs.is_null() {
+        return Err(invalid("a null outputs array was passed".into()));
+    }
+    for (i, (storage, ty)) in results.iter().enumerate() {
+        if ty.shape.len() > TPJRT_MAX_DIMS {
+            return Err(invalid(format!(
+                "a result of {} dimensions exceeds the ABI's {TPJRT_MAX_DIMS}",
+                ty.shape.len()
+            )));
+        }
+        let mut sizes = [0i64; TPJRT_MAX_DIMS];
+        sizes[..ty.shape.len()].copy_from_slice(&ty.shape);
+        // SAFETY: the caller passed room for `max_outputs` outputs.
+        unsafe {
+            *outputs.add(i) = TpjrtOutput {
+                storage: *storage,
+                dtype: ty.dtype.code(),
+                ndim: ty.shape.len() as i32,
+                sizes,
+                nbytes: ty.numel() as u64 * ty.dtype.size_bytes() as u64,
+            };
+        }
+    }
+    Ok(())
+}
+
+/// Starts the engine if it is not running: `plugin` is `cpu`, `cuda`, `tpu` or a path (NULL:
+/// `TORCH_PJRT_PLUGIN`, default `cpu`). Configuration errors are reported here.
+///
+/// # Safety
+/// `plugin` must be NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn tpjrt_init(plugin: *const c_char) -> i32 {
+    guarded(|| {
+        let plugin = if plugin.is_null() {
+            None
+        } else {
+            Some(CStr::from_ptr(plugin).to_string_lossy().into_owned())
+        };
+        global::init(plugin.as_deref()).map(|_| ())
+    })
+}
+
+/// The message of this thread's last error (valid until the thread's next failing call).
+#[no_mangle]
+pub extern "C" fn tpjrt_last_error() -> *const c_char {
+    LAST_ERROR.with(|e| e.borrow().as_ptr())
+}
+
+/// Looks up an op id by its ATen name (e.g. "add", "_to_copy").
+///
+/// # Safety
+/// `name` must be a NUL-terminated string; `id` a writable int.
+#[no_mangle]
+pub unsafe extern "C" fn tpjrt_op_id(name: *const c_char, id: *mut i32) -> i32 {
+    guarded(|| {
+        if name.is_null() || id.is_null() {
+            return Err(invalid("tpjrt_op_id: null argument".into()));
+        }
+        let name = CStr::from_ptr(name).to_string_lossy();
+        let op = OpId::from_name(&name).ok_or_else(|| {
+            EngineError::not_implemented(format!("the op '{name}' is not supported by the pjrt engine"))
+        })?;
+        *id = op.id() as i32;
+        Ok(())
+    })
+}
+
+/// A new storage of `nbytes` bytes (unwritten: reads as zeros).
+///
+/// # Safety
+/// `storage` must be a writable u64.
+#[no_mangle]
+pub unsafe extern "C" fn tpjrt_storage_new(nbytes: u64, storage: *mut u64) -> i32 {
+    guarded(|| {
+        let engine = global::engine()?;
+        if storage.is_null() {
+            return Err(invalid("tpjrt_storage_new: null output".into()));
+        }
+        *storage = engine.new_storage(nbytes).0;
+        Ok(())
+    })
+}
+
+/// Releases a storage (PyTorch dropped its last reference).
+#[no_mangle]
+pub extern "C" fn tpjrt_storage_release(storage: u64) -> i32 {
+    guarded(|| global::engine()?.release_storage(StorageId(storage)))
+}
+
+/// Changes a storage's byte size.
+#[no_mangle]
+pub extern "C" fn tpjrt_storage_resize(storage: u64, nbytes: u64) -> i32 {
+    guarded(|| global::engine()?.resize_storage(StorageId(storage), nbytes))
+}
+
+/// Runs or defers one op; writes its results to `outputs` (room for `max_outputs`).
+///
+/// # Safety
+/// `call` must be valid; `outputs` must have room for `max_outputs`; `num_outputs` writable.
+#[no_mangle]
+pub unsafe extern "C" fn tpjrt_op(
+    call: *const TpjrtOpCall,
+    outputs: *mut TpjrtOutput,
+    max_outputs: u64,
+    num_outputs: *mut u64,
+) -> i32 {
+    guarded(|| {
+        let engine = global::engine()?;
+        let c = decode(call)?;
+        let captured = engine.op(c.op, &c.inputs, &c.scalars, &c.params, &c.outs)?;
+        let results: Vec<(u64, ops::TensorType)> =
+            captured.outputs.into_iter().map(|(s, t)| (s.0, t)).collect();
+        write_outputs(&results, outputs, max_outputs, num_outputs)
+    })
+}
+
+/// The results an op would produce, without running it (storage ids are 0).
+///
+/// # Safety
+/// As `tpjrt_op`.
+#[no_mangle]
+pub unsafe extern "C" fn tpjrt_op_meta(
+    call: *const TpjrtOpCall,
+    outputs: *mut TpjrtOutput,
+    max_outputs: u64,
+    num_outputs: *mut u64,
+) -> i32 {
+    guarded(|| {
+        let c = decode(call)?;
+        let types: Vec<ops::TensorType> = c
+            .inputs
+            .iter()
+            .map(|t| ops::TensorType::new(t.dtype, &t.sizes))
+            .collect();
+        let meta = ops::meta(c.op, &types, &c.scalars, &c.params)?;
+        let results: Vec<(u64, ops::TensorType)> =
+            meta.outputs.into_iter().map(|t| (0, t)).collect();
+        write_outputs(&results, outputs, max_outputs, num_outputs)
+    })
+}
+
+/// Copies host memory into a tensor (`nbytes` = numel × itemsize).
+///
+/// # Safety
+/// `dst` must be valid; `data` must point to `nbytes` readable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn tpjrt_write_host(
+    dst: *const TpjrtTensor,
+    data: *const c_void,
+    nbytes: u64,
+) -> i32 {
+    guarded(|| {
+        let engine = global::engine()?;
+        let t = tensor_ref(dst.as_ref().ok_or_else(|| invalid("null tensor".into()))?)?;
+        let bytes = slice(data as *const u8, nbytes)?;
+        engine.write_host(&t, bytes)
+    })
+}
+
+/// Copies a tensor into host memory (`nbytes` = numel × itemsize), materializing it first.
+///
+/// # Safety
+/// `src` must be valid; `data` must point to `nbytes` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn tpjrt_read_host(
+    src: *const TpjrtTensor,
+    data: *mut c_void,
+    nbytes: u64,
+) -> i32 {
+    guarded(|| {
+        let engine = global::engine()?;
+        let t = tensor_ref(src.as_ref().ok_or_else(|| invalid("null tensor".into()))?)?;
+        if nbytes > 0 && data.is_null() {
+            return Err(invalid("tpjrt_read_host: null destination".into()));
+        }
+        let bytes: &mut [u8] = if nbytes == 0 {
+            &mut []
+        } else {
+            std::slice::from_raw_parts_mut(data as *mut u8, nbytes as usize)
+        };
+        engine.read_host(&t, bytes)
+    })
+}
+
+/// Materializes everything pending and waits for the device.
+#[no_mangle]
+pub extern "C" fn tpjrt_sync() -> i32 {
+    guarded(|| global::engine()?.sync())
+}
+
+/// Pushes an eager mode (0 strict, 1 debug, 2 defer_and_fuse) on the process-wide stack.
+#[no_mangle]
+pub extern "C" fn tpjrt_mode_push(mode: i32) -> i32 {
+    guarded(|| {
+        let mode = mode_of(mode)?;
+        global::engine()?.modes().push(mode);
+        Ok(())
+    })
+}
+
+/// Pops the innermost eager mode.
+#[no_mangle]
+pub extern "C" fn tpjrt_mode_pop() -> i32 {
+    guarded(|| {
+        global::engine()?
+            .modes()
+            .pop()
+            .map(|_| ())
+            .map_err(EngineError::runtime)
+    })
+}
+
+/// Replaces the innermost eager mode.
+#[no_mangle]
+pub extern "C" fn tpjrt_mode_set(mode: i32) -> i32 {
+    guarded(|| {
+        let mode = mode_of(mode)?;
+        global::engine()?.modes().set(mode);
+        Ok(())
+    })
+}
+
+/// The current eager mode.
+///
+/// # Safety
+/// `mode` must be a writable int.
+#[no_mangle]
+pub unsafe extern "C" fn tpjrt_mode_get(mode: *mut i32) -> i32 {
+    guarded(|| {
+        if mode.is_null() {
+            return Err(invalid("tpjrt_mode_get: null output".into()));
+        }
+        *mode = global::engine()?.modes().current().code();
+        Ok(())
+    })
+}
+
+fn mode_of(code: i32) -> Result<Mode, EngineError> {
+    Mode::from_code(code).ok_or_else(|| {
+        EngineError::new(
+            ErrorKind::Value,
+            format!("eager mode code {code} is unknown: expected 0 (strict), 1 (debug) or 2 (defer_and_fuse)"),
+        )
+    })
+}
+
+/// The number of devices of the PJRT client.
+///
+/// # Safety
+/// `count` must be a writable int.
+#[no_mangle]
+pub unsafe extern "C" fn tpjrt_device_count(count: *mut i32) -> i32 {
+    guarded(|| {
+        if count.is_null() {
+            return Err(invalid("tpjrt_device_count: null output".into()));
+        }
+        *count = global::engine()?.device_count() as i32;
+        Ok(())
+    })
+}
+
+/// Counts one CPU fallback of `op` (reported by the plugin's fallback kernel).
+///
+/// # Safety
+/// `op` must be a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn tpjrt_note_fallback(op: *const c_char) -> i32 {
+    guarded(|| {
+        if op.is_null() {
+            return Err(invalid("tpjrt_note_fallback: null op name".into()));
+        }
+        let name = CStr::from_ptr(op).to_string_lossy();
+        global::engine()?.note_fallback(&name);
+        Ok(())
+    })
+}
+
+/// Writes the metrics as JSON into `buffer` (capacity `capacity`); `length` gets the full length
+/// (call again with a larger buffer if it exceeds the capacity).
+///
+/// # Safety
+/// `buffer` must have room for `capacity` bytes; `length` must be writable.
+#[no_mangle]
+pub unsafe extern "C" fn tpjrt_metrics_json(
+    buffer: *mut c_char,
+    capacity: u64,
+    length: *mut u64,
+) -> i32 {
+    guarded(|| {
+        let json = global::engine()?.metrics().to_json();
+        if !length.is_null() {
+            *length = json.len() as u64;
+        }
+        if !buffer.is_null() && capacity > 0 {
+            let n = json.len().min(capacity as usize - 1);
+            std::ptr::copy_nonoverlapping(json.as_ptr(), buffer as *mut u8, n);
+            *buffer.add(n) = 0;
+        }
+        Ok(())
+    })
+}
+
+/// Zeroes every metric.
+#[no_mangle]
+pub extern "C" fn tpjrt_reset_metrics() -> i32 {
+    guarded(|| {
+        global::engine()?.reset_metrics();
+        Ok(())
+    })
+}
+
+/// The ABI version in `TpjrtApi::version`; bumped on any incompatible change.
+pub const TPJRT_ABI_VERSION: u32 = 1;
+
+/// Every ABI function in one table, so a plugin loaded separately (the C++ PrivateUse1 backend)
+/// reaches the same engine instance through one pointer handed over at import time.
+#[repr(C)]
+pub struct TpjrtApi {
+    pub version: u32,
+    pub struct_size: u32,
+    pub init: unsafe extern "C" fn(*const c_char) -> i32,
+    pub last_error: extern "C" fn() -> *const c_char,
+    pub op_id: unsafe extern "C" fn(*const c_char, *mut i32) -> i32,
+    pub storage_new: unsafe extern "C" fn(u64, *mut u64) -> i32,
+    pub storage_release: extern "C" fn(u64) -> i32,
+    pub storage_resize: extern "C" fn(u64, u64) -> i32,
+    pub op: unsafe extern "C" fn(*const TpjrtOpCall, *mut TpjrtOutput, u64, *mut u64) -> i32,
+    pub op_meta: unsafe extern "C" fn(*const TpjrtOpCall, *mut TpjrtOutput, u64, *mut u64) -> i32,
+    pub write_host: unsafe extern "C" fn(*const TpjrtTensor, *const c_void, u64) -> i32,
+    pub read_host: unsafe extern "C" fn(*const TpjrtTensor, *mut c_void, u64) -> i32,
+    pub sync: extern "C" fn() -> i32,
+    pub mode_push: extern "C" fn(i32) -> i32,
+    pub mode_pop: extern "C" fn() -> i32,
+    pub mode_set: extern "C" fn(i32) -> i32,
+    pub mode_get: unsafe extern "C" fn(*mut i32) -> i32,
+    pub device_count: unsafe extern "C" fn(*mut i32) -> i32,
+    pub note_fallback: unsafe extern "C" fn(*const c_char) -> i32,
+    pub metrics_json: unsafe extern "C" fn(*mut c_char, u64, *mut u64) -> i32,
+    pub reset_metrics: extern "C" fn() -> i32,
+}
+
+static API: TpjrtApi = TpjrtApi {
+    version: TPJRT_ABI_VERSION,
+    struct_size: std::mem::size_of::<TpjrtApi>() as u32,
+    init: tpjrt_init,
+    last_error: tpjrt_last_error,
+    op_id: tpjrt_op_id,
+    storage_new: tpjrt_storage_new,
+    storage_release: tpjrt_storage_release,
+    storage_resize: tpjrt_storage_resize,
+    op: tpjrt_op,
+    op_meta: tpjrt_op_meta,
+    write_host: tpjrt_write_host,
+    read_host: tpjrt_read_host,
+    sync: tpjrt_sync,
+    mode_push: tpjrt_mode_push,
+    mode_pop: tpjrt_mode_pop,
+    mode_set: tpjrt_mode_set,
+    mode_get: tpjrt_mode_get,
+    device_count: tpjrt_device_count,
+    note_fallback: tpjrt_note_fallback,
+    metrics_json: tpjrt_metrics_json,
+    reset_metrics: tpjrt_reset_metrics,
+};
+
+/// The function table of this engine library.
+#[no_mangle]
+pub extern "C" fn tpjrt_api() -> *const TpjrtApi {
+    &API
+}

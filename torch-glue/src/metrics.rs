@@ -1,0 +1,135 @@
+//! Engine metrics: what ran, what compiled, what was deferred, what fell back to the CPU.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// Counters updated on the hot path (atomics) plus the fallback table.
+#[derive(Default, Debug)]
+pub struct Counters {
+    pub executions: AtomicU64,
+    pub ops: AtomicU64,
+    pub host_to_device: AtomicU64,
+    pub device_to_host: AtomicU64,
+    pub host_to_device_bytes: AtomicU64,
+    pub device_to_host_bytes: AtomicU64,
+    pub execute_errors: AtomicU64,
+    pub fallback_ops: Mutex<BTreeMap<String, u64>>,
+}
+
+impl Counters {
+    pub fn bump(counter: &AtomicU64, by: u64) {
+        counter.fetch_add(by, Ordering::Relaxed);
+    }
+
+    pub fn get(counter: &AtomicU64) -> u64 {
+        counter.load(Ordering::Relaxed)
+    }
+
+    pub fn reset(&self) {
+        for c in [
+            &self.executions,
+            &self.ops,
+            &self.host_to_device,
+            &self.device_to_host,
+            &self.host_to_device_bytes,
+            &self.device_to_host_bytes,
+            &self.execute_errors,
+        ] {
+            c.store(0, Ordering::Relaxed);
+        }
+        self.fallback_ops
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+    }
+}
+
+/// A point-in-time copy of every metric.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MetricsSnapshot {
+    pub values: BTreeMap<&'static str, f64>,
+    pub fallback_ops: BTreeMap<String, u64>,
+    pub last_recompile_reason: Option<String>,
+}
+
+impl MetricsSnapshot {
+    /// The snapshot as a JSON object (what the Python `metrics()` parses).
+    pub fn to_json(&self) -> String {
+        let mut out = String::from("{");
+        for (k, v) in &self.values {
+            if v.fract() == 0.0 && v.abs() < 9e15 {
+                out.push_str(&format!("\"{k}\":{},", *v as i64));
+            } else {
+                out.push_str(&format!("\"{k}\":{v},"));
+            }
+        }
+        out.push_str("\"fallback_ops\":{");
+        let entries: Vec<String> = self
+            .fallback_ops
+            .iter()
+            .map(|(k, v)| format!("{}:{v}", json_string(k)))
+            .collect();
+        out.push_str(&entries.join(","));
+        out.push_str("},\"last_recompile_reason\":");
+        match &self.last_recompile_reason {
+            Some(r) => out.push_str(&json_string(r)),
+            None => out.push_str("null"),
+        }
+        out.push('}');
+        out
+    }
+
+    /// A human-readable report.
+    pub fn report(&self) -> String {
+        let mut out = String::from("torch-pjrt metrics\n");
+        for (k, v) in &self.values {
+            out.push_str(&format!("  {k:<28} {v}\n"));
+        }
+        if self.fallback_ops.is_empty() {
+            out.push_str("  fallback_ops                 (none)\n");
+        } else {
+            out.push_str("  fallback_ops\n");
+            for (k, v) in &self.fallback_ops {
+                out.push_str(&format!("    {k:<26} {v}\n"));
+            }
+        }
+        if let Some(r) = &self.last_recompile_reason {
+            out.push_str(&format!("  last recompile: {r}\n"));
+        }
+        out
+    }
+}
+
+fn json_string(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_has_contract_keys_and_escapes() {
+        let mut s = MetricsSnapshot::default();
+        s.values.insert("compilations", 3.0);
+        s.values.insert("compile_seconds", 0.25);
+        s.fallback_ops.insert("aten::\"odd\"".to_string(), 2);
+        let j = s.to_json();
+        assert!(j.contains("\"compilations\":3"), "{j}");
+        assert!(j.contains("\"compile_seconds\":0.25"), "{j}");
+        assert!(j.contains("\"aten::\\\"odd\\\"\":2"), "{j}");
+        assert!(j.ends_with("\"last_recompile_reason\":null}"), "{j}");
+    }
+}

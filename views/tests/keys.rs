@@ -1,0 +1,66 @@
+//! Cache keys: the same view pattern keys the same, a different one differently.
+
+use std::collections::hash_map::DefaultHasher;
+use std::hash::Hasher;
+
+use views::{decompose, hash_chain, hash_write_program, invert, Layout};
+
+/// Records the bytes fed, so tests can compare key streams exactly.
+#[derive(Default)]
+struct Recorder(Vec<u8>);
+
+impl Hasher for Recorder {
+    fn finish(&self) -> u64 {
+        let mut h = DefaultHasher::new();
+        h.write(&self.0);
+        h.finish()
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        self.0.extend_from_slice(bytes);
+    }
+}
+
+fn chain_key(base_len: i64, view: &Layout) -> Vec<u8> {
+    let mut recorder = Recorder::default();
+    hash_chain(&decompose(base_len, 4, view).unwrap(), &mut recorder);
+    recorder.0
+}
+
+fn write_key(base_len: i64, view: &Layout) -> Vec<u8> {
+    let mut recorder = Recorder::default();
+    hash_write_program(&invert(base_len, 4, view).unwrap(), &mut recorder);
+    recorder.0
+}
+
+#[test]
+fn same_pattern_same_key() {
+    let view = Layout::new(4, &[512, 1024], &[2, 1024], 1);
+    assert_eq!(chain_key(1 << 20, &view), chain_key(1 << 20, &view.clone()));
+    assert_eq!(write_key(1 << 20, &view), write_key(1 << 20, &view));
+}
+
+#[test]
+fn different_patterns_different_keys() {
+    let odd = Layout::new(4, &[512, 1024], &[2, 1024], 1);
+    let even = Layout::new(4, &[512, 1024], &[2, 1024], 0);
+    let transposed = Layout::contiguous(4, &[1024, 1024]);
+    assert_ne!(chain_key(1 << 20, &odd), chain_key(1 << 20, &even));
+    assert_ne!(chain_key(1 << 20, &odd), chain_key(1 << 20, &transposed));
+    assert_ne!(
+        chain_key(1 << 20, &transposed),
+        chain_key(1 << 21, &transposed)
+    );
+    assert_ne!(write_key(1 << 20, &odd), write_key(1 << 20, &even));
+}
+
+#[test]
+fn key_stream_is_fixed() {
+    // The stream is part of on-disk keys: it must not change with the compiler.
+    let key = chain_key(8, &Layout::new(4, &[4], &[2], 1));
+    let mut expected = Vec::new();
+    let u64s = |v: &mut Vec<u8>, xs: &[u64]| xs.iter().for_each(|x| v.extend(x.to_le_bytes()));
+    u64s(&mut expected, &[1, 8, 1]); // input [8], one op
+    expected.push(4); // slice
+    u64s(&mut expected, &[1, 1, 1, 8, 1, 2]); // start [1], limit [8], strides [2]
+    assert_eq!(key, expected);
+}

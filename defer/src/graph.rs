@@ -2,12 +2,13 @@
 //! storages' values, and the planning of a flush into one fused region with its key.
 
 use crate::storage::{Storage, StorageId, StorageValue};
-use fuse::{InputRef, Operand, Region, RegionNode, StableHasher};
+use fuse::{InputRef, InputView, Operand, Region, RegionNode, RegionOp, StableHasher, WriteView};
 use liveness::{ExternalId, NodeId, NodeIdSequence, NodeOutput, PendingNode, Request, ValueRef};
 pub use ops::ErrorKind;
 use ops::{DType, Meta, OpError, OpId, ScalarArg, Shape, TensorType};
 use smallvec::SmallVec;
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 
 /// An engine error: the Python exception class it maps to, and a PyTorch-style message.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -45,6 +46,12 @@ impl From<OpError> for EngineError {
             kind: e.kind,
             message: e.message,
         }
+    }
+}
+
+impl From<views::ViewError> for EngineError {
+    fn from(e: views::ViewError) -> Self {
+        EngineError::runtime(e.to_string())
     }
 }
 
@@ -92,6 +99,24 @@ impl TensorRef {
     fn ty(&self) -> TensorType {
         TensorType::new(self.dtype, &self.sizes)
     }
+
+    fn layout(&self) -> views::Layout {
+        views::Layout {
+            elem_size: self.dtype.size_bytes(),
+            sizes: views::Dims::from_slice(&self.sizes),
+            strides: views::Dims::from_slice(&self.strides),
+            offset: self.offset,
+        }
+    }
+}
+
+/// How a tensor relates to its storage's value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Placement {
+    native: DType,
+    base_len: i64,
+    /// Contiguous, offset 0, the storage's dtype, every element: the value itself, reshaped.
+    whole: bool,
 }
 
 /// The outputs of a captured op: the storages written and their types.
@@ -157,12 +182,23 @@ pub struct GraphStats {
 struct NodeInput {
     value: ValueRef,
     reshape_to: Option<Shape>,
+    view: Option<Arc<InputView>>,
+}
+
+impl NodeInput {
+    fn plain(value: ValueRef) -> Self {
+        NodeInput {
+            value,
+            reshape_to: None,
+            view: None,
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
 struct Node {
     id: NodeId,
-    op: OpId,
+    op: RegionOp,
     params: SmallVec<[i64; 4]>,
     scalars: SmallVec<[ScalarArg; 2]>,
     meta: Meta,
@@ -216,17 +252,6 @@ impl<V: Clone> Default for Graph<V> {
     }
 }
 
-fn layout_error(what: &str, t: &TensorRef, why: &str) -> EngineError {
-    EngineError::not_implemented(format!(
-        "{what}: a tensor of sizes {:?}, strides {:?} and storage offset {} {why}; only contiguous \
-         tensors covering their whole storage are supported on pjrt so far. Call .contiguous() \
-         or .clone() on it first",
-        t.sizes.as_slice(),
-        t.strides.as_slice(),
-        t.offset
-    ))
-}
-
 impl<V: Clone> Graph<V> {
     pub fn new() -> Self {
         Graph {
@@ -278,7 +303,10 @@ impl<V: Clone> Graph<V> {
 
     /// PyTorch dropped its last reference to the storage.
     pub fn release_storage(&mut self, id: StorageId) -> Result<(), EngineError> {
-        let storage = self.storages.remove(&id).ok_or_else(|| unknown_storage(id))?;
+        let storage = self
+            .storages
+            .remove(&id)
+            .ok_or_else(|| unknown_storage(id))?;
         if let StorageValue::Pending { out, .. } = storage.value {
             self.drop_holder(out, id);
         }
@@ -291,7 +319,10 @@ impl<V: Clone> Graph<V> {
 
     /// Changes a storage's byte size (`resize_`); only an unwritten storage can change size so far.
     pub fn resize_storage(&mut self, id: StorageId, nbytes: u64) -> Result<(), EngineError> {
-        let storage = self.storages.get_mut(&id).ok_or_else(|| unknown_storage(id))?;
+        let storage = self
+            .storages
+            .get_mut(&id)
+            .ok_or_else(|| unknown_storage(id))?;
         if storage.nbytes == nbytes {
             return Ok(());
         }
@@ -311,9 +342,8 @@ impl<V: Clone> Graph<V> {
         self.storages.get(&id).ok_or_else(|| unknown_storage(id))
     }
 
-    /// Checks that `t` is a whole-storage contiguous view whose dtype is the storage's native
-    /// type (fixing the native type on first typed use).
-    fn check_whole(&mut self, what: &str, t: &TensorRef) -> Result<(), EngineError> {
+    /// Where `t` sits in its storage; fixes the storage's native type on first typed use.
+    fn placement(&mut self, what: &str, t: &TensorRef) -> Result<Placement, EngineError> {
         if t.sizes.len() != t.strides.len() {
             return Err(EngineError::runtime(format!(
                 "{what}: sizes {:?} and strides {:?} have different lengths",
@@ -327,34 +357,43 @@ impl<V: Clone> Graph<V> {
                 t.sizes.as_slice()
             )));
         }
-        let storage = self.storages.get_mut(&t.storage).ok_or_else(|| unknown_storage(t.storage))?;
-        if t.offset != 0 {
-            return Err(layout_error(what, t, "has a non-zero storage offset"));
-        }
-        if !t.is_contiguous() {
-            return Err(layout_error(what, t, "is not contiguous"));
-        }
-        let bytes = t.numel() as u64 * t.dtype.size_bytes() as u64;
-        if bytes != storage.nbytes {
-            return Err(layout_error(
-                what,
-                t,
-                &format!("covers {bytes} of its storage's {} bytes", storage.nbytes),
-            ));
-        }
-        match storage.native {
-            None => storage.native = Some(t.dtype),
-            Some(native) if native != t.dtype => {
-                return Err(EngineError::not_implemented(format!(
-                    "{what}: the storage holds {} values but is read as {}; reinterpreting a \
-                     storage's dtype (view(dtype)) is not supported on pjrt yet",
-                    native.name(),
-                    t.dtype.name()
-                )))
+        let storage = self
+            .storages
+            .get_mut(&t.storage)
+            .ok_or_else(|| unknown_storage(t.storage))?;
+        let native = match storage.native {
+            Some(native) => native,
+            None => {
+                let size = t.dtype.size_bytes() as u64;
+                if storage.nbytes % size != 0 {
+                    return Err(EngineError::runtime(format!(
+                        "{what}: a storage of {} bytes cannot hold {} elements ({size} bytes \
+                         each)",
+                        storage.nbytes,
+                        t.dtype.name()
+                    )));
+                }
+                storage.native = Some(t.dtype);
+                t.dtype
             }
-            Some(_) => {}
+        };
+        let base_len = (storage.nbytes / native.size_bytes() as u64) as i64;
+        let whole =
+            t.offset == 0 && t.dtype == native && t.is_contiguous() && t.numel() == base_len;
+        if !whole {
+            views::check_in_bounds(base_len, native.size_bytes(), &t.layout())?;
         }
-        Ok(())
+        Ok(Placement {
+            native,
+            base_len,
+            whole,
+        })
+    }
+
+    /// Whether `t` is its storage's whole value (contiguous, offset 0, same dtype, every
+    /// element), so host transfers can move the storage's buffer directly.
+    pub fn is_whole(&mut self, t: &TensorRef) -> Result<bool, EngineError> {
+        Ok(self.placement("a pjrt tensor", t)?.whole)
     }
 
     // ----- capture -----
@@ -370,13 +409,23 @@ impl<V: Clone> Graph<V> {
         outs: &[TensorRef],
     ) -> Result<Captured, EngineError> {
         let mut types: SmallVec<[TensorType; 3]> = SmallVec::new();
+        let mut placements: SmallVec<[Placement; 3]> = SmallVec::new();
         for (i, t) in inputs.iter().enumerate() {
-            self.check_whole(&format!("{} input {i}", op.name()), t)?;
+            placements.push(self.placement(&format!("{} input {i}", op.name()), t)?);
             types.push(t.ty());
         }
         let meta = ops::meta(op, &types, scalars, params)?;
+        let mut out_placements: SmallVec<[Placement; 1]> = SmallVec::new();
         for (i, out) in outs.iter().enumerate() {
-            self.check_whole(&format!("{} output {i}", op.name()), out)?;
+            let placement = self.placement(&format!("{} output {i}", op.name()), out)?;
+            if !placement.whole {
+                let written = out.layout();
+                views::check_no_internal_overlap(&written)?;
+                for input in inputs.iter().filter(|t| t.storage == out.storage) {
+                    views::check_no_partial_overlap(&written, &input.layout())?;
+                }
+            }
+            out_placements.push(placement);
             let produced = meta.outputs.get(i).ok_or_else(|| {
                 EngineError::runtime(format!(
                     "{}: got {} output tensors but the op produces {}",
@@ -396,10 +445,16 @@ impl<V: Clone> Graph<V> {
             }
         }
         let mut node_inputs: SmallVec<[NodeInput; 3]> = SmallVec::new();
-        for t in inputs {
-            node_inputs.push(self.read_for_node(t)?);
+        for (t, placement) in inputs.iter().zip(&placements) {
+            node_inputs.push(self.read_for_node(t, placement)?);
         }
-        let id = self.push_node(op, params, scalars, meta.clone(), node_inputs);
+        let id = self.push_node(
+            RegionOp::Aten(op),
+            params,
+            scalars,
+            meta.clone(),
+            node_inputs,
+        );
         let mut outputs = Vec::with_capacity(meta.outputs.len());
         if outs.is_empty() {
             for (i, ty) in meta.outputs.iter().enumerate() {
@@ -421,12 +476,9 @@ impl<V: Clone> Graph<V> {
                         &[],
                         &[out.dtype.code() as i64],
                     )?;
-                    let input = NodeInput {
-                        value: ValueRef::Pending(value),
-                        reshape_to: None,
-                    };
+                    let input = NodeInput::plain(ValueRef::Pending(value));
                     let cast = self.push_node(
-                        OpId::Convert,
+                        RegionOp::Aten(OpId::Convert),
                         &[out.dtype.code() as i64],
                         &[],
                         cast_meta,
@@ -434,7 +486,12 @@ impl<V: Clone> Graph<V> {
                     );
                     value = cast.output(0);
                 }
-                self.write_pending(out.storage, value, out.ty());
+                let placement = out_placements[i];
+                if placement.whole {
+                    self.write_pending(out.storage, value, out.ty());
+                } else {
+                    self.write_through_view(out, &placement, value)?;
+                }
                 outputs.push((out.storage, out.ty()));
             }
         }
@@ -442,8 +499,53 @@ impl<V: Clone> Graph<V> {
         Ok(Captured { outputs })
     }
 
+    /// A write of `value` (the op's result, in `out`'s dtype and shape) through the view `out`:
+    /// a node computing the storage's new flat value from its old one.
+    fn write_through_view(
+        &mut self,
+        out: &TensorRef,
+        placement: &Placement,
+        value: NodeOutput,
+    ) -> Result<(), EngineError> {
+        let program = views::invert(
+            placement.base_len,
+            placement.native.size_bytes(),
+            &out.layout(),
+        )?;
+        let whole_base =
+            TensorRef::contiguous(out.storage, placement.native, &[placement.base_len]);
+        let base_input = self.read_for_node(
+            &whole_base,
+            &Placement {
+                whole: true,
+                ..*placement
+            },
+        )?;
+        let ty = TensorType::new(placement.native, &[placement.base_len]);
+        let meta = Meta {
+            outputs: vec![ty.clone()],
+            scalar_dtypes: Vec::new(),
+        };
+        let mut inputs: SmallVec<[NodeInput; 3]> = SmallVec::new();
+        inputs.push(base_input);
+        inputs.push(NodeInput::plain(ValueRef::Pending(value)));
+        let write = RegionOp::WriteView(Arc::new(WriteView {
+            program,
+            view_dtype: out.dtype,
+            base_dtype: placement.native,
+            base_len: placement.base_len,
+        }));
+        let id = self.push_node(write, &[], &[], meta, inputs);
+        self.write_pending(out.storage, id.output(0), ty);
+        Ok(())
+    }
+
     /// The node input that reads tensor `t` now (a snapshot: later writes don't change it).
-    fn read_for_node(&mut self, t: &TensorRef) -> Result<NodeInput, EngineError> {
+    fn read_for_node(
+        &mut self,
+        t: &TensorRef,
+        placement: &Placement,
+    ) -> Result<NodeInput, EngineError> {
         let storage = self.storage(t.storage)?;
         let (nbytes, version) = (storage.nbytes, storage.version);
         let (value, source_shape) = match storage.value.clone() {
@@ -470,24 +572,50 @@ impl<V: Clone> Graph<V> {
             }
             StorageValue::Uninit => {
                 // An unwritten storage reads as zeros: capture the fill.
-                let numel = nbytes as i64 / t.dtype.size_bytes() as i64;
+                let _ = nbytes;
                 let mut params: SmallVec<[i64; 4]> = SmallVec::new();
-                params.push(t.dtype.code() as i64);
-                params.push(numel);
+                params.push(placement.native.code() as i64);
+                params.push(placement.base_len);
                 let meta = ops::meta(OpId::Zeros, &[], &[], &params)?;
                 let ty = meta.outputs[0].clone();
-                let id = self.push_node(OpId::Zeros, &params, &[], meta, SmallVec::new());
+                let id = self.push_node(
+                    RegionOp::Aten(OpId::Zeros),
+                    &params,
+                    &[],
+                    meta,
+                    SmallVec::new(),
+                );
                 self.write_pending(t.storage, id.output(0), ty.clone());
                 (ValueRef::Pending(id.output(0)), ty.shape)
             }
         };
-        let reshape_to = (source_shape != t.sizes).then(|| t.sizes.clone());
-        Ok(NodeInput { value, reshape_to })
+        if placement.whole {
+            let reshape_to = (source_shape != t.sizes).then(|| t.sizes.clone());
+            return Ok(NodeInput {
+                value,
+                reshape_to,
+                view: None,
+            });
+        }
+        let chain = views::decompose(
+            placement.base_len,
+            placement.native.size_bytes(),
+            &t.layout(),
+        )?;
+        Ok(NodeInput {
+            value,
+            reshape_to: None,
+            view: Some(Arc::new(InputView {
+                chain,
+                view_dtype: t.dtype,
+                base_dtype: placement.native,
+            })),
+        })
     }
 
     fn push_node(
         &mut self,
-        op: OpId,
+        op: RegionOp,
         params: &[i64],
         scalars: &[ScalarArg],
         meta: Meta,
@@ -535,7 +663,19 @@ impl<V: Clone> Graph<V> {
     ) -> (u64, u64) {
         let mut s = StableHasher::new();
         let mut d = StableHasher::new();
-        s.u32(node.op.id() as u32).i64s(&node.params);
+        match &node.op {
+            RegionOp::Aten(op) => {
+                s.u32(op.id() as u32);
+            }
+            RegionOp::WriteView(w) => {
+                s.u32(0xffff)
+                    .dtype(w.view_dtype)
+                    .dtype(w.base_dtype)
+                    .i64(w.base_len);
+                views::hash_write_program(&w.program, &mut s);
+            }
+        }
+        s.i64s(&node.params);
         s.u64(node.scalars.len() as u64);
         for scalar in &node.scalars {
             s.scalar_kind(scalar);
@@ -557,12 +697,16 @@ impl<V: Clone> Graph<V> {
                     }
                 }
             }
-            match &input.reshape_to {
-                Some(shape) => {
+            match (&input.reshape_to, &input.view) {
+                (_, Some(view)) => {
+                    s.u32(2).dtype(view.view_dtype).dtype(view.base_dtype);
+                    views::hash_chain(&view.chain, &mut s);
+                }
+                (Some(shape), None) => {
                     s.u32(1);
                     d.i64s(shape);
                 }
-                None => {
+                (None, None) => {
                     s.u32(0);
                 }
             }
@@ -621,24 +765,31 @@ impl<V: Clone> Graph<V> {
     /// Where the bytes of tensor `t` come from; `None` means a flush of its storage is needed
     /// first.
     pub fn read_source(&mut self, t: &TensorRef) -> Result<Option<ReadSource<V>>, EngineError> {
-        self.check_whole("reading a pjrt tensor", t)?;
+        if !self.placement("reading a pjrt tensor", t)?.whole {
+            return Err(EngineError::runtime(
+                "internal error: a strided tensor was read directly; copy it first",
+            ));
+        }
         Ok(match &self.storage(t.storage)?.value {
             StorageValue::Uninit => Some(ReadSource::Zeros),
-            StorageValue::Device { value, ty } => Some(ReadSource::Device(value.clone(), ty.clone())),
+            StorageValue::Device { value, ty } => {
+                Some(ReadSource::Device(value.clone(), ty.clone()))
+            }
             StorageValue::Pending { .. } => None,
         })
     }
 
     /// Gives tensor `t`'s storage a new device value (an upload from the host).
     pub fn write_device(&mut self, t: &TensorRef, value: V) -> Result<(), EngineError> {
-        self.check_whole("writing a pjrt tensor", t)?;
+        if !self.placement("writing a pjrt tensor", t)?.whole {
+            return Err(EngineError::runtime(
+                "internal error: a strided tensor was written directly; write through a copy",
+            ));
+        }
         let storage = self.storages.get_mut(&t.storage).unwrap();
         let old = std::mem::replace(
             &mut storage.value,
-            StorageValue::Device {
-                value,
-                ty: t.ty(),
-            },
+            StorageValue::Device { value, ty: t.ty() },
         );
         storage.version += 1;
         if let StorageValue::Pending { out, .. } = old {
@@ -727,6 +878,7 @@ impl<V: Clone> Graph<V> {
                 inputs.push(InputRef {
                     operand,
                     reshape_to: input.reshape_to.clone(),
+                    view: input.view.clone(),
                 });
             }
             for (scalar, dtype) in node.scalars.iter().zip(&node.meta.scalar_dtypes) {
@@ -734,7 +886,7 @@ impl<V: Clone> Graph<V> {
             }
             region_index.insert(id, region.nodes.len() as u32);
             region.nodes.push(RegionNode {
-                op: node.op,
+                op: node.op.clone(),
                 params: node.params.clone(),
                 inputs,
                 scalars: SmallVec::new(),
@@ -763,7 +915,8 @@ impl<V: Clone> Graph<V> {
                 node: region_index[&out.node],
                 output: out.index,
             });
-            output_types.push(self.pending[position(out.node)].meta.outputs[out.index as usize].clone());
+            output_types
+                .push(self.pending[position(out.node)].meta.outputs[out.index as usize].clone());
         }
         let shapeless = key_s.finish();
         let dims = key_d.finish();

@@ -86,7 +86,10 @@ impl ModeStack {
     }
 
     pub fn current(&self) -> Mode {
-        *self.lock().last().expect("the mode stack always has its default")
+        *self
+            .lock()
+            .last()
+            .expect("the mode stack always has its default")
     }
 
     pub fn push(&self, mode: Mode) {
@@ -136,10 +139,20 @@ mod tests {
     #[test]
     fn env_values_choose_the_default() {
         assert_eq!(Mode::from_env_values(None, None).unwrap(), Mode::Strict);
-        assert_eq!(Mode::from_env_values(Some("1"), None).unwrap(), Mode::DeferAndFuse);
-        assert_eq!(Mode::from_env_values(Some("0"), Some("1")).unwrap(), Mode::Debug);
+        assert_eq!(
+            Mode::from_env_values(Some("1"), None).unwrap(),
+            Mode::DeferAndFuse
+        );
+        assert_eq!(
+            Mode::from_env_values(Some("0"), Some("1")).unwrap(),
+            Mode::Debug
+        );
         let err = Mode::from_env_values(Some("1"), Some("1")).unwrap_err();
-        assert!(err.contains("TORCH_PJRT_DEFER_AND_FUSE") && err.contains("TORCH_PJRT_LAUNCH_BLOCKING"));
-        assert!(Mode::from_name("lazy").unwrap_err().contains("defer_and_fuse"));
+        assert!(
+            err.contains("TORCH_PJRT_DEFER_AND_FUSE") && err.contains("TORCH_PJRT_LAUNCH_BLOCKING")
+        );
+        assert!(Mode::from_name("lazy")
+            .unwrap_err()
+            .contains("defer_and_fuse"));
     }
 }

@@ -18,9 +18,7 @@ impl Default for StableHasher {
 
 impl StableHasher {
     pub fn new() -> Self {
-        StableHasher {
-            state: Xxh3::new(),
-        }
+        StableHasher { state: Xxh3::new() }
     }
 
     pub fn u64(&mut self, value: u64) -> &mut Self {
@@ -69,10 +67,27 @@ impl StableHasher {
             ScalarValue::Float(_) => 3,
         };
         self.u32(kind);
-        self.u32(scalar.tensor_dtype.map(|d| d.code() as u32 + 1).unwrap_or(0))
+        self.u32(
+            scalar
+                .tensor_dtype
+                .map(|d| d.code() as u32 + 1)
+                .unwrap_or(0),
+        )
     }
 
     pub fn finish(&self) -> u64 {
+        self.state.digest()
+    }
+}
+
+/// Lets fixed-encoding feeders (e.g. `views::hash_chain`, which writes explicit little-endian
+/// integers) hash into the same stream.
+impl std::hash::Hasher for StableHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        self.state.update(bytes);
+    }
+
+    fn finish(&self) -> u64 {
         self.state.digest()
     }
 }

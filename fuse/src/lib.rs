@@ -4,7 +4,11 @@
 mod hash;
 mod module;
 mod scalars;
+mod view_lowering;
 
 pub use hash::{combine, StableHasher};
-pub use module::{build_module, InputRef, Operand, Region, RegionNode};
+pub use module::{
+    build_module, InputRef, InputView, Operand, Region, RegionNode, RegionOp, WriteView,
+};
 pub use scalars::{pack_scalars, ScalarPack, ScalarSlot};
+pub use view_lowering::{lower_chain, lower_read, lower_write};

@@ -2,8 +2,10 @@
 //! packed buffer per scalar dtype), every op lowered through `ops`, and the live outputs.
 
 use crate::scalars::{ScalarPack, ScalarSlot};
-use ops::{Emitter, Meta, OpError, OpId, Shape, TensorType, Value};
+use crate::view_lowering::{lower_read, lower_write};
+use ops::{DType, Emitter, Meta, OpError, OpId, Shape, TensorType, Value};
 use smallvec::SmallVec;
+use std::sync::Arc;
 
 /// Where an op input comes from inside a region.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
@@ -14,18 +16,63 @@ pub enum Operand {
     Node { node: u32, output: u32 },
 }
 
-/// An op input: its source, reshaped when the consumer reads it with another shape of the same
-/// element count (storages hold values in the shape their producer gave them).
+/// A strided read of a storage's value: the flat base (of `base_dtype`) through a view chain.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InputView {
+    pub chain: views::Chain,
+    pub view_dtype: DType,
+    pub base_dtype: DType,
+}
+
+/// An op input: its source, then either a reshape (a contiguous read with another shape of the
+/// same element count: storages hold values in the shape their producer gave them) or a view.
 #[derive(Clone, Debug, PartialEq)]
 pub struct InputRef {
     pub operand: Operand,
     pub reshape_to: Option<Shape>,
+    pub view: Option<Arc<InputView>>,
+}
+
+impl InputRef {
+    pub fn plain(operand: Operand) -> Self {
+        InputRef {
+            operand,
+            reshape_to: None,
+            view: None,
+        }
+    }
+}
+
+/// A write through a view: inputs are the old flat base and the update (the view's shape);
+/// the output is the new flat base.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WriteView {
+    pub program: views::WriteProgram,
+    pub view_dtype: DType,
+    pub base_dtype: DType,
+    pub base_len: i64,
+}
+
+/// What a region node computes.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RegionOp {
+    Aten(OpId),
+    WriteView(Arc<WriteView>),
+}
+
+impl RegionOp {
+    pub fn name(&self) -> &'static str {
+        match self {
+            RegionOp::Aten(op) => op.name(),
+            RegionOp::WriteView(_) => "write_through_view",
+        }
+    }
 }
 
 /// One op of a region.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RegionNode {
-    pub op: OpId,
+    pub op: RegionOp,
     pub params: SmallVec<[i64; 4]>,
     pub inputs: SmallVec<[InputRef; 3]>,
     pub scalars: SmallVec<[ScalarSlot; 2]>,
@@ -74,28 +121,31 @@ pub fn build_module(region: &Region) -> Result<String, OpError> {
         .map(|&(dtype, count)| (dtype, e.argument(TensorType::new(dtype, &[count as i64]))))
         .collect();
     let mut results: Vec<SmallVec<[Value; 1]>> = Vec::with_capacity(region.nodes.len());
-    let resolve = |results: &Vec<SmallVec<[Value; 1]>>, operand: Operand| -> Result<Value, OpError> {
-        match operand {
-            Operand::Arg(i) => args.get(i as usize).copied(),
-            Operand::Node { node, output } => results
-                .get(node as usize)
-                .and_then(|outs| outs.get(output as usize))
-                .copied(),
-        }
-        .ok_or_else(|| {
-            OpError::runtime(format!(
+    let resolve =
+        |results: &Vec<SmallVec<[Value; 1]>>, operand: Operand| -> Result<Value, OpError> {
+            match operand {
+                Operand::Arg(i) => args.get(i as usize).copied(),
+                Operand::Node { node, output } => results
+                    .get(node as usize)
+                    .and_then(|outs| outs.get(output as usize))
+                    .copied(),
+            }
+            .ok_or_else(|| {
+                OpError::runtime(format!(
                 "internal error: region operand {operand:?} refers to nothing (region has {} args, \
                  {} ops emitted so far)",
                 args.len(),
                 results.len()
             ))
-        })
-    };
+            })
+        };
     for node in &region.nodes {
         let mut inputs: SmallVec<[Value; 3]> = SmallVec::new();
         for input in &node.inputs {
             let mut v = resolve(&results, input.operand)?;
-            if let Some(shape) = &input.reshape_to {
+            if let Some(view) = &input.view {
+                v = lower_read(&mut e, v, &view.chain, view.view_dtype, view.base_dtype);
+            } else if let Some(shape) = &input.reshape_to {
                 if e.shape(v) != shape.as_slice() {
                     v = e.reshape(v, shape);
                 }
@@ -118,8 +168,33 @@ pub fn build_module(region: &Region) -> Result<String, OpError> {
             let one = e.slice(pack, &[i], &[i + 1], &[1]);
             scalars.push(e.reshape(one, &[]));
         }
-        let outs = ops::lower(node.op, &mut e, &inputs, &scalars, &node.params, &node.meta)?;
-        results.push(outs.into_iter().collect());
+        let outs: SmallVec<[Value; 1]> = match &node.op {
+            RegionOp::Aten(op) => {
+                ops::lower(*op, &mut e, &inputs, &scalars, &node.params, &node.meta)?
+                    .into_iter()
+                    .collect()
+            }
+            RegionOp::WriteView(w) => {
+                if inputs.len() != 2 {
+                    return Err(OpError::runtime(format!(
+                        "internal error: a write through a view takes 2 inputs, got {}",
+                        inputs.len()
+                    )));
+                }
+                let base = e.reshape(inputs[0], &[w.base_len]);
+                let new_base = lower_write(
+                    &mut e,
+                    base,
+                    inputs[1],
+                    &w.program,
+                    w.view_dtype,
+                    w.base_dtype,
+                );
+                let flat = e.reshape(new_base, &[w.base_len]);
+                SmallVec::from_elem(flat, 1)
+            }
+        };
+        results.push(outs);
     }
     let outputs: Vec<Value> = region
         .outputs

@@ -124,7 +124,13 @@ mod tests {
         assert_eq!(packs[0].bytes.len(), 8);
         assert_eq!(&packs[0].bytes[4..], &2.0f32.to_le_bytes());
         assert_eq!(packs[1].bytes, 3i64.to_le_bytes());
-        assert_eq!(slots[2], ScalarSlot { dtype: DType::F32, index: 1 });
+        assert_eq!(
+            slots[2],
+            ScalarSlot {
+                dtype: DType::F32,
+                index: 1
+            }
+        );
     }
 
     #[test]

@@ -132,7 +132,9 @@ unsafe fn slice<'a, T>(ptr: *const T, len: u64) -> Result<&'a [T], EngineError> 
         return Ok(&[]);
     }
     if ptr.is_null() {
-        return Err(invalid(format!("a null pointer was passed for {len} elements")));
+        return Err(invalid(format!(
+            "a null pointer was passed for {len} elements"
+        )));
     }
     Ok(std::slice::from_raw_parts(ptr, len as usize))
 }
@@ -198,7 +200,9 @@ struct DecodedCall {
 /// # Safety
 /// `call` must be a valid call description.
 unsafe fn decode(call: *const TpjrtOpCall) -> Result<DecodedCall, EngineError> {
-    let call = call.as_ref().ok_or_else(|| invalid("a null op call was passed".into()))?;
+    let call = call
+        .as_ref()
+        .ok_or_else(|| invalid("a null op call was passed".into()))?;
     let op = u16::try_from(call.op)
         .ok()
         .and_then(OpId::from_u16)
@@ -315,7 +319,9 @@ pub unsafe extern "C" fn tpjrt_op_id(name: *const c_char, id: *mut i32) -> i32 {
         }
         let name = CStr::from_ptr(name).to_string_lossy();
         let op = OpId::from_name(&name).ok_or_else(|| {
-            EngineError::not_implemented(format!("the op '{name}' is not supported by the pjrt engine"))
+            EngineError::not_implemented(format!(
+                "the op '{name}' is not supported by the pjrt engine"
+            ))
         })?;
         *id = op.id() as i32;
         Ok(())
@@ -365,8 +371,11 @@ pub unsafe extern "C" fn tpjrt_op(
         let engine = global::engine()?;
         let c = decode(call)?;
         let captured = engine.op(c.op, &c.inputs, &c.scalars, &c.params, &c.outs)?;
-        let results: Vec<(u64, ops::TensorType)> =
-            captured.outputs.into_iter().map(|(s, t)| (s.0, t)).collect();
+        let results: Vec<(u64, ops::TensorType)> = captured
+            .outputs
+            .into_iter()
+            .map(|(s, t)| (s.0, t))
+            .collect();
         write_outputs(&results, outputs, max_outputs, num_outputs)
     })
 }

@@ -186,29 +186,33 @@ impl Engine {
         params: &[i64],
         outs: &[TensorRef],
     ) -> Result<Captured, EngineError> {
-        let mode = self.modes.current();
         Counters::bump(&self.counters.ops, 1);
         let mut graph = self.graph.lock();
         let captured = graph.capture(op, inputs, scalars, params, outs)?;
-        match mode {
+        self.after_capture(&mut graph)?;
+        Ok(captured)
+    }
+
+    /// The flush policy of the current mode, applied after each capture: Strict and Debug run
+    /// the op at once (Debug also waits for it), DeferAndFuse only at the region-size cap.
+    fn after_capture(&self, graph: &mut Graph<DeviceValue>) -> Result<(), EngineError> {
+        match self.modes.current() {
             Mode::DeferAndFuse => {
                 graph.note_deferred();
                 if graph.pending_len() >= self.max_region_ops {
-                    self.flush_locked(&mut graph, FlushRequest::All)?;
+                    self.flush_locked(graph, FlushRequest::All)?;
                 }
             }
             Mode::Strict => {
-                self.flush_locked(&mut graph, FlushRequest::All)?;
+                self.flush_locked(graph, FlushRequest::All)?;
             }
             Mode::Debug => {
-                let launched = self.flush_locked(&mut graph, FlushRequest::All)?;
-                drop(graph);
-                for value in launched {
+                for value in self.flush_locked(graph, FlushRequest::All)? {
                     self.wait_device(&value)?;
                 }
             }
         }
-        Ok(captured)
+        Ok(())
     }
 
     /// Plans and launches a flush; returns the launched outputs. Runs under the graph lock so
@@ -311,6 +315,28 @@ impl Engine {
                 dst.len()
             )));
         }
+        let whole = self.graph.lock().is_whole(t)?;
+        if !whole {
+            // A strided tensor: copy it into a contiguous temporary on the device, read that.
+            let temp = self.graph.lock().new_storage(expected as u64);
+            let result = (|| {
+                let temp_ref = TensorRef::contiguous(temp, t.dtype, &t.sizes);
+                {
+                    let mut graph = self.graph.lock();
+                    graph.capture(
+                        OpId::Clone,
+                        std::slice::from_ref(t),
+                        &[],
+                        &[],
+                        &[temp_ref.clone()],
+                    )?;
+                    self.after_capture(&mut graph)?;
+                }
+                self.read_host(&temp_ref, dst)
+            })();
+            self.graph.lock().release_storage(temp)?;
+            return result;
+        }
         let source = {
             let mut graph = self.graph.lock();
             match graph.read_source(t)? {
@@ -354,9 +380,20 @@ impl Engine {
             .map_err(|e| runtime_error("copying a host tensor to pjrt", e))?;
         Counters::bump(&self.counters.host_to_device, 1);
         Counters::bump(&self.counters.host_to_device_bytes, src.len() as u64);
-        self.graph
-            .lock()
-            .write_device(t, DeviceValue::ready(Arc::new(buffer)))
+        let value = DeviceValue::ready(Arc::new(buffer));
+        let mut graph = self.graph.lock();
+        if graph.is_whole(t)? {
+            return graph.write_device(t, value);
+        }
+        // A strided destination: the upload becomes a temporary, copied in through the view.
+        let temp = graph.new_storage(expected as u64);
+        let temp_ref = TensorRef::contiguous(temp, t.dtype, &t.sizes);
+        let result = graph.write_device(&temp_ref, value).and_then(|()| {
+            graph.capture(OpId::Clone, &[temp_ref], &[], &[], std::slice::from_ref(t))?;
+            self.after_capture(&mut graph)
+        });
+        graph.release_storage(temp)?;
+        result
     }
 
     // ----- metrics -----

@@ -48,7 +48,13 @@ pub fn read_i64(e: &Engine, t: &TensorRef) -> Vec<i64> {
 }
 
 /// Runs an op with new outputs and returns its first output as a tensor.
-pub fn op(e: &Engine, op: OpId, inputs: &[&TensorRef], scalars: &[ScalarArg], params: &[i64]) -> TensorRef {
+pub fn op(
+    e: &Engine,
+    op: OpId,
+    inputs: &[&TensorRef],
+    scalars: &[ScalarArg],
+    params: &[i64],
+) -> TensorRef {
     let inputs: Vec<TensorRef> = inputs.iter().map(|t| (*t).clone()).collect();
     let captured = e.op(op, &inputs, scalars, params, &[]).expect("op");
     let (storage, ty): (StorageId, _) = captured.outputs[0].clone();
@@ -56,5 +62,8 @@ pub fn op(e: &Engine, op: OpId, inputs: &[&TensorRef], scalars: &[ScalarArg], pa
 }
 
 pub fn metric(e: &Engine, name: &str) -> f64 {
-    *e.metrics().values.get(name).unwrap_or_else(|| panic!("no metric {name}"))
+    *e.metrics()
+        .values
+        .get(name)
+        .unwrap_or_else(|| panic!("no metric {name}"))
 }

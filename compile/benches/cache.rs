@@ -116,7 +116,7 @@ fn first_run(c: &mut Criterion) {
 
     let mut group = c.benchmark_group("first_run_100_op_module");
     group.sample_size(10);
-    group.measurement_time(Duration::from_secs(4));
+    group.measurement_time(Duration::from_secs(5));
     let seed = AtomicU64::new(2);
     group.bench_function("cold_compile", |bench| {
         bench.iter_batched(

@@ -112,6 +112,8 @@ pub struct ExecJob {
     /// Names the job in errors (an op name, or "region of 12 ops: add, mul, ...").
     pub label: Arc<str>,
     pub executable: CompileHandle,
+    /// Each ready, or produced by work enqueued earlier: the worker waits for them in order, so
+    /// a value produced by later work on the same queue would be waited for forever.
     pub arguments: Vec<DeviceValue>,
     /// Created with [`DeviceValue::pending`] by the caller, one per executable result.
     pub outputs: Vec<DeviceValue>,

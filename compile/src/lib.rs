@@ -26,3 +26,19 @@ pub use cpu::{cpu_features_hash, host_cpu_features, host_cpu_features_hash};
 pub use error::{CompileError, ExecError};
 pub use exec::{wait_all_ready, DeviceValue, ExecJob, ExecQueue, ExecStats};
 pub use key::{options_fingerprint, CacheKey, FingerprintInputs};
+
+#[cfg(test)]
+mod tests {
+    fn shareable<T: Send + Sync>() {}
+
+    #[test]
+    fn public_types_are_shareable_between_threads() {
+        shareable::<crate::Compiler>();
+        shareable::<crate::CompileHandle>();
+        shareable::<crate::ExecQueue>();
+        shareable::<crate::DeviceValue>();
+        shareable::<crate::ExecJob>();
+        shareable::<crate::CompileError>();
+        shareable::<crate::ExecError>();
+    }
+}

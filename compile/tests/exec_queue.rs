@@ -180,7 +180,7 @@ fn enqueue_returns_before_a_slow_compile_finishes() {
     let compiler = compiler(config());
     let queue = ExecQueue::new().unwrap();
     let handle = compiler.request(key(&compiler, 1), || {
-        std::thread::sleep(Duration::from_millis(400));
+        std::thread::sleep(Duration::from_millis(600));
         Ok(module(2.0))
     });
     let out = DeviceValue::pending();
@@ -196,11 +196,14 @@ fn enqueue_returns_before_a_slow_compile_finishes() {
         Ok(vec![Arc::new(f32_buffer(&[0.; 4]))])
     });
     let enqueue_time = start.elapsed();
-    assert!(enqueue_time < Duration::from_millis(50), "{enqueue_time:?}");
+    assert!(
+        enqueue_time < Duration::from_millis(200),
+        "{enqueue_time:?}"
+    );
     assert!(!out.is_resolved() && !after.is_resolved());
     assert_eq!(queue.stats().pending, 2);
     assert_eq!(f32_values(&out.wait().unwrap()), vec![4.; 4]);
-    assert!(start.elapsed() >= Duration::from_millis(350));
+    assert!(start.elapsed() >= Duration::from_millis(550));
     after.wait().unwrap();
 }
 

@@ -1,6 +1,7 @@
 //! The disk tiers across processes: this test binary re-runs itself, filtered to `child`, with
-//! the child's role in environment variables. The child prints `READY` once its compiler exists
-//! and `STATS <compilations> <tier2 hits> <tier3 hits> <invalid entries>` when done.
+//! the child's role in environment variables. The child prints `BUILDING` when it builds a
+//! module's text (holding the key's lock) and `STATS <compilations> <tier2 hits> <tier3 hits>
+//! <invalid entries>` when done.
 
 mod common;
 
@@ -28,11 +29,12 @@ fn child() {
     let delay: u64 = std::env::var("COMPILE_TEST_BUILD_DELAY_MS")
         .map(|v| v.parse().unwrap())
         .unwrap_or(0);
-    println!("READY");
     let keys = std::env::var("COMPILE_TEST_KEYS").unwrap();
     for id in keys.split(',') {
         let id: u64 = id.parse().unwrap();
         let handle = compiler.request(key(&compiler, id), move || {
+            // The build runs while the pool thread holds the key's tier-2 lock.
+            println!("BUILDING");
             std::thread::sleep(Duration::from_millis(delay));
             Ok(module(id as f32))
         });
@@ -113,10 +115,9 @@ fn two_processes_compiling_one_key_at_once_compile_it_once() {
         ("COMPILE_TEST_KEYS", "101".into()),
         ("COMPILE_TEST_BUILD_DELAY_MS", "600".into()),
     ]);
-    other.wait_for("READY");
-    // The child's pool thread takes the key's lock within microseconds of READY and holds it
-    // through its slow build: this process waits on the lock, then loads the child's entry.
-    std::thread::sleep(Duration::from_millis(50));
+    // The child holds the key's lock through its slow build: this process waits on the lock,
+    // then loads the child's entry.
+    other.wait_for("BUILDING");
     let here = compiler(with_tier2(shared.path()));
     let k = key(&here, 101);
     let start = std::time::Instant::now();

@@ -108,11 +108,11 @@ impl Engine {
             .map_err(|e| EngineError::runtime(format!("cannot start the pjrt device: {e}")))?;
         let client = pjrt::Client::new(&plugin)
             .map_err(|e| EngineError::runtime(format!("cannot create a PJRT client: {e}")))?;
-        let compile_options = pjrt::CompileOptions::default();
-        let options_key =
-            compile::options_fingerprint(&plugin, &client, &compile_options, ENGINE_VERSION);
-        let compiler = Compiler::new(client.clone(), config.compile.clone())
+        let mut compile_config = config.compile.clone();
+        compile_config.engine_version = ENGINE_VERSION.to_string();
+        let compiler = Compiler::new(client.clone(), compile_config)
             .map_err(|e| runtime_error("cannot start the compiler", e))?;
+        let options_key = compiler.options_fingerprint();
         Ok(Engine {
             client,
             compiler: Arc::new(compiler),
@@ -328,7 +328,7 @@ impl Engine {
                         std::slice::from_ref(t),
                         &[],
                         &[],
-                        &[temp_ref.clone()],
+                        std::slice::from_ref(&temp_ref),
                     )?;
                     self.after_capture(&mut graph)?;
                 }

@@ -59,20 +59,20 @@ fn writes_through_views_update_the_base() {
         let cols = view(&x, &[4, 2], &[4, 2], 1);
         e.op(
             OpId::Mul,
-            &[cols.clone()],
+            std::slice::from_ref(&cols),
             &[ScalarArg::float(2.0)],
             &[],
-            &[cols.clone()],
+            std::slice::from_ref(&cols),
         )
         .unwrap();
         // x.diagonal().fill_(-1)
         let diag = view(&x, &[4], &[5], 0);
         e.op(
             OpId::Fill,
-            &[diag.clone()],
+            std::slice::from_ref(&diag),
             &[ScalarArg::float(-1.0)],
             &[],
-            &[diag],
+            std::slice::from_ref(&diag),
         )
         .unwrap();
         let mut want = iota(16);
@@ -109,10 +109,10 @@ fn overlapping_writes_are_rejected_with_pytorch_messages() {
     let err = e
         .op(
             OpId::Add,
-            &[expanded.clone()],
+            std::slice::from_ref(&expanded),
             &[ScalarArg::float(1.0)],
             &[],
-            &[expanded],
+            std::slice::from_ref(&expanded),
         )
         .unwrap_err();
     assert!(

@@ -155,6 +155,9 @@ pub struct Flush<V> {
     pub output_types: Vec<TensorType>,
     pub label: String,
     pub dropped_ops: usize,
+    /// Verdicts of the region's side-effecting checks (`_assert_async`): 0-d bools that must be
+    /// true, each with the op that produced it. They are extra outputs no storage holds.
+    pub checks: Vec<(V, String)>,
 }
 
 /// Where a host read gets its bytes.
@@ -219,7 +222,7 @@ impl PendingNode for Node {
         self.meta.outputs.len() as u32
     }
     fn is_side_effecting(&self) -> bool {
-        false
+        matches!(self.op, RegionOp::Aten(op) if op.is_side_effecting())
     }
 }
 
@@ -456,7 +459,9 @@ impl<V: Clone> Graph<V> {
             node_inputs,
         );
         let mut outputs = Vec::with_capacity(meta.outputs.len());
-        if outs.is_empty() {
+        if outs.is_empty() && op.is_side_effecting() {
+            // Its results are verdicts for the engine, not tensors for PyTorch.
+        } else if outs.is_empty() {
             for (i, ty) in meta.outputs.iter().enumerate() {
                 let nbytes = ty.numel() as u64 * ty.dtype.size_bytes() as u64;
                 let storage = self.new_storage(nbytes);
@@ -918,11 +923,48 @@ impl<V: Clone> Graph<V> {
             output_types
                 .push(self.pending[position(out.node)].meta.outputs[out.index as usize].clone());
         }
+        // Side-effecting ops are kept even when nothing reads them; their results (check
+        // verdicts) leave the region so the engine can act on them.
+        let mut check_outputs: Vec<(NodeOutput, String)> = Vec::new();
+        let mut checks_in_outputs: Vec<(usize, String)> = Vec::new();
+        for &id in &plan.kept {
+            let node = &self.pending[position(id)];
+            if !node.is_side_effecting() {
+                continue;
+            }
+            for k in 0..node.meta.outputs.len() as u32 {
+                let out = id.output(k);
+                match plan.output_position(out) {
+                    Some(i) => checks_in_outputs.push((i, node.op.name().to_string())),
+                    None => check_outputs.push((out, node.op.name().to_string())),
+                }
+            }
+        }
+        key_s.u64(check_outputs.len() as u64);
+        for (out, _) in &check_outputs {
+            key_s.u64(position(out.node) as u64).u32(out.index);
+            region.outputs.push(Operand::Node {
+                node: region_index[&out.node],
+                output: out.index,
+            });
+            output_types
+                .push(self.pending[position(out.node)].meta.outputs[out.index as usize].clone());
+        }
         let shapeless = key_s.finish();
         let dims = key_d.finish();
 
         // Install the new values.
         let outputs: Vec<V> = output_types.iter().map(&mut make_output).collect();
+        let checks: Vec<(V, String)> = checks_in_outputs
+            .into_iter()
+            .map(|(i, label)| (outputs[i].clone(), label))
+            .chain(
+                check_outputs
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, (_, label))| (outputs[plan.outputs.len() + i].clone(), label)),
+            )
+            .collect();
         let mut replacement: HashMap<NodeOutput, ExternalId> = HashMap::new();
         for ((output, value), ty) in plan.outputs.iter().zip(&outputs).zip(&output_types) {
             if let Some(list) = self.holders.remove(&output.value) {
@@ -994,6 +1036,7 @@ impl<V: Clone> Graph<V> {
             output_types,
             label,
             dropped_ops: plan.dropped.len(),
+            checks,
         }))
     }
 

@@ -6,6 +6,7 @@
 //! PyTorch's errors; [`lower`] emits StableHLO through an [`Emitter`].
 
 mod backward;
+mod checks;
 mod creation;
 pub mod dtype;
 mod elementwise;
@@ -93,6 +94,7 @@ enum Family {
     Linalg,
     Shape,
     Backward,
+    Check,
 }
 
 fn family(op: OpId) -> Family {
@@ -110,6 +112,7 @@ fn family(op: OpId) -> Family {
         ThresholdBackward | LogSoftmaxBackward | SoftmaxBackward | NllLoss | NllLossBackward => {
             Family::Backward
         }
+        AssertAsync => Family::Check,
         _ => Family::Elementwise,
     }
 }
@@ -135,6 +138,7 @@ pub fn meta(
         Family::Linalg => linalg::meta(&args),
         Family::Shape => shape::meta(&args),
         Family::Backward => backward::meta(&args),
+        Family::Check => checks::meta(&args),
     }
 }
 
@@ -162,6 +166,7 @@ pub fn lower(
         Family::Linalg => linalg::lower(e, &args),
         Family::Shape => shape::lower(e, &args),
         Family::Backward => backward::lower(e, &args),
+        Family::Check => checks::lower(e, &args),
     }?;
     debug_assert_eq!(outs.len(), meta.outputs.len());
     for (v, ty) in outs.iter().zip(&meta.outputs) {

@@ -183,6 +183,12 @@ op_catalogue! {
         params: "[reduction: 0 = none, 1 = mean, 2 = sum, ignore_index]";
     NllLossBackward = "nll_loss_backward", inputs: "grad_output, self, target, total_weight, weight?", scalars: "",
         params: "[reduction: 0 = none, 1 = mean, 2 = sum, ignore_index]";
+
+    // ---- side-effecting ops ------------------------------------------------------------
+    /// Outputs a 0-d bool flag (true when the assertion holds) that the engine checks after
+    /// running: PyTorch's op has no result, so nothing reads the flag, and it is kept only
+    /// because it is side-effecting.
+    AssertAsync = "_assert_async", inputs: "self", scalars: "", params: "";
 }
 
 impl OpId {
@@ -192,6 +198,12 @@ impl OpId {
 
     pub fn from_u16(id: u16) -> Option<Self> {
         OpId::ALL.get(id as usize).copied()
+    }
+
+    /// Whether the op must run even when nothing reads its outputs (it checks or changes
+    /// state beyond its results).
+    pub fn is_side_effecting(self) -> bool {
+        matches!(self, OpId::AssertAsync)
     }
 
     pub fn from_name(name: &str) -> Option<Self> {

@@ -96,6 +96,8 @@ pub struct Engine {
     max_region_ops: usize,
     /// The outputs of the newest launched region, awaited by `sync`.
     last_outputs: Mutex<Vec<DeviceValue>>,
+    /// Verdicts of launched `_assert_async` checks, verified at the next materialization point.
+    pending_checks: Mutex<Vec<(DeviceValue, String)>>,
     /// The dimensions digest last compiled for each structure, to name why a recompile happened.
     seen_structures: Mutex<HashMap<u64, u64>>,
     recompiles: std::sync::atomic::AtomicU64,
@@ -124,6 +126,7 @@ impl Engine {
             counters: Counters::default(),
             max_region_ops: config.max_region_ops,
             last_outputs: Mutex::new(Vec::new()),
+            pending_checks: Mutex::new(Vec::new()),
             seen_structures: Mutex::new(HashMap::new()),
             recompiles: Default::default(),
             last_recompile_reason: Mutex::new(None),
@@ -210,6 +213,7 @@ impl Engine {
                 for value in self.flush_locked(graph, FlushRequest::All)? {
                     self.wait_device(&value)?;
                 }
+                self.verify_checks()?;
             }
         }
         Ok(())
@@ -254,6 +258,9 @@ impl Engine {
             args.push(DeviceValue::ready(Arc::new(buffer)));
         }
         Counters::bump(&self.counters.executions, 1);
+        if !flush.checks.is_empty() {
+            self.pending_checks.lock().extend(flush.checks);
+        }
         self.queue.enqueue(ExecJob::new(
             flush.label,
             handle,
@@ -300,7 +307,30 @@ impl Engine {
         for value in &last {
             self.wait_device(value)?;
         }
-        Ok(())
+        self.verify_checks()
+    }
+
+    /// Reads the verdicts of every launched assertion; the first false one is the error.
+    fn verify_checks(&self) -> Result<(), EngineError> {
+        let checks = std::mem::take(&mut *self.pending_checks.lock());
+        let mut first_error = None;
+        for (value, op) in checks {
+            let result = self.wait_device(&value).and_then(|buffer| {
+                let bytes = buffer
+                    .to_host()
+                    .map_err(|e| runtime_error("reading an assertion's verdict", e))?;
+                if bytes.first().copied().unwrap_or(0) == 0 {
+                    return Err(EngineError::runtime(format!(
+                        "{op}: Expected Tensor with single nonzero value, but got zero"
+                    )));
+                }
+                Ok(())
+            });
+            if let Err(e) = result {
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
     }
 
     /// Copies tensor `t` to host memory `dst` (exactly `t.numel() * itemsize` bytes),
@@ -349,6 +379,7 @@ impl Engine {
                 }
             }
         };
+        self.verify_checks()?;
         match source {
             ReadSource::Zeros => dst.fill(0),
             ReadSource::Device(value, _) => {

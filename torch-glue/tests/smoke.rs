@@ -16,3 +16,50 @@ fn add_in_every_mode() {
         println!("{mode:?}: {}", e.metrics().report());
     }
 }
+
+#[test]
+fn assert_async_is_kept_and_checked_at_materialization() {
+    use ops::ScalarArg;
+    for mode in [Mode::Strict, Mode::Debug, Mode::DeferAndFuse] {
+        let e = engine(mode);
+        let x = upload_f32(&e, &[1., 2., 3.], &[3]);
+        let total = op(&e, OpId::Sum, &[&x], &[], &[0, -1]);
+        // Passes: the sum is nonzero. Nothing reads the verdict, yet it runs.
+        e.op(
+            OpId::AssertAsync,
+            std::slice::from_ref(&total),
+            &[],
+            &[],
+            &[],
+        )
+        .unwrap();
+        let y = op(&e, OpId::Mul, &[&x], &[ScalarArg::float(2.0)], &[]);
+        assert_eq!(read_f32(&e, &y), vec![2., 4., 6.], "{mode:?}");
+        // Fails: x - x sums to zero. The error surfaces at the op in Debug, else at the next
+        // materialization, naming the op; the engine stays usable afterwards.
+        let zero = op(&e, OpId::Sub, &[&x, &x], &[], &[]);
+        let zero_sum = op(&e, OpId::Sum, &[&zero], &[], &[0, -1]);
+        let at_op = e.op(
+            OpId::AssertAsync,
+            std::slice::from_ref(&zero_sum),
+            &[],
+            &[],
+            &[],
+        );
+        let err = match (mode, at_op) {
+            (Mode::Debug, Err(err)) => err,
+            (Mode::Debug, Ok(_)) => panic!("Debug must raise at the op"),
+            (_, Ok(_)) => e.sync().unwrap_err(),
+            (_, Err(err)) => panic!("{mode:?} raised at capture: {err:?}"),
+        };
+        assert!(
+            err.message.contains("_assert_async") && err.message.contains("got zero"),
+            "{}",
+            err.message
+        );
+        assert_eq!(read_f32(&e, &y), vec![2., 4., 6.], "{mode:?} after error");
+        if mode == Mode::DeferAndFuse {
+            assert_eq!(metric(&e, "dropped_ops"), 0.0);
+        }
+    }
+}

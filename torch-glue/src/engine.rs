@@ -249,13 +249,23 @@ impl Engine {
             }
         };
         let mut args = flush.args;
-        for pack in &flush.scalar_packs {
-            let buffer = self
-                .client
-                .buffer_from_host(&pack.bytes, element_type(pack.dtype), &[pack.count as i64])
-                .map_err(|e| runtime_error("uploading lifted scalars", e))?;
+        for pack in flush.scalar_packs {
+            // Uploaded on the execution thread, in order, off the caller's path.
+            let value = DeviceValue::pending();
+            let client = self.client.clone();
+            self.queue
+                .enqueue_fn("lifted scalars", vec![value.clone()], move || {
+                    client
+                        .buffer_from_host(
+                            &pack.bytes,
+                            element_type(pack.dtype),
+                            &[pack.count as i64],
+                        )
+                        .map(|b| vec![Arc::new(b)])
+                        .map_err(|e| format!("uploading lifted scalars: {e}"))
+                });
             Counters::bump(&self.counters.host_to_device, 1);
-            args.push(DeviceValue::ready(Arc::new(buffer)));
+            args.push(value);
         }
         Counters::bump(&self.counters.executions, 1);
         if !flush.checks.is_empty() {

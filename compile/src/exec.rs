@@ -93,6 +93,19 @@ impl DeviceValue {
         Arc::ptr_eq(&self.slot, &other.slot)
     }
 
+    /// Whether this handle is the only one: no storage, queued job or other holder refers to
+    /// the value, so its buffer may be donated to an execution.
+    pub fn is_unique(&self) -> bool {
+        Arc::strong_count(&self.slot) == 1
+    }
+
+    /// A handle that does not keep the value alive.
+    pub fn downgrade(&self) -> WeakDeviceValue {
+        WeakDeviceValue {
+            slot: Arc::downgrade(&self.slot),
+        }
+    }
+
     /// Only the first outcome counts: a value is resolved once.
     fn resolve(&self, result: ValueResult) {
         self.slot.fill(result);
@@ -100,6 +113,19 @@ impl DeviceValue {
 }
 
 /// Waits until every value is computed on the device; the first error wins.
+/// A [`DeviceValue`] handle that does not keep the value alive.
+#[derive(Clone, Debug)]
+pub struct WeakDeviceValue {
+    slot: std::sync::Weak<Slot<ValueResult>>,
+}
+
+impl WeakDeviceValue {
+    /// The value, if something still holds it.
+    pub fn upgrade(&self) -> Option<DeviceValue> {
+        self.slot.upgrade().map(|slot| DeviceValue { slot })
+    }
+}
+
 pub fn wait_all_ready(values: &[DeviceValue]) -> Result<(), ExecError> {
     for value in values {
         value.wait_ready()?;
@@ -305,7 +331,7 @@ fn fail_all(shared: &QueueShared, outputs: &[DeviceValue], error: ExecError) {
 fn resolve_all(
     shared: &QueueShared,
     label: &Arc<str>,
-    outputs: &[DeviceValue],
+    outputs: Vec<DeviceValue>,
     results: Vec<Arc<Buffer>>,
 ) {
     if results.len() != outputs.len() {
@@ -314,9 +340,9 @@ fn resolve_all(
             expected: outputs.len(),
             got: results.len(),
         };
-        return fail_all(shared, outputs, error);
+        return fail_all(shared, &outputs, error);
     }
-    for (output, buffer) in outputs.iter().zip(results) {
+    for (output, buffer) in outputs.into_iter().zip(results) {
         output.resolve(Ok(buffer));
     }
 }
@@ -332,9 +358,19 @@ fn serve(shared: &QueueShared, work: &Receiver<Work>) {
                             message: format!("panicked: {}", panic_message(payload.as_ref())),
                         })
                     });
+                // Let go of the arguments before resolving, and of each output right after: a
+                // reader woken by the result then sees the queue no longer holding the values,
+                // so they can be donated to the next execution.
+                let ExecJob {
+                    label,
+                    arguments,
+                    outputs,
+                    ..
+                } = job;
+                drop(arguments);
                 match outcome {
-                    Ok(results) => resolve_all(shared, &job.label, &job.outputs, results),
-                    Err(error) => fail_all(shared, &job.outputs, error),
+                    Ok(results) => resolve_all(shared, &label, outputs, results),
+                    Err(error) => fail_all(shared, &outputs, error),
                 }
             }
             Work::Task {
@@ -347,7 +383,7 @@ fn serve(shared: &QueueShared, work: &Receiver<Work>) {
                     Err(format!("panicked: {}", panic_message(payload.as_ref())))
                 });
                 match outcome {
-                    Ok(results) => resolve_all(shared, &label, &outputs, results),
+                    Ok(results) => resolve_all(shared, &label, outputs, results),
                     Err(message) => fail_all(shared, &outputs, ExecError::Task { label, message }),
                 }
             }

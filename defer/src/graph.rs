@@ -247,6 +247,8 @@ pub struct Graph<V> {
     /// First-use numbering of the externals read by the pending list (part of the key).
     arg_numbers: HashMap<ExternalId, u32>,
     stats: GraphStats,
+    /// Tells whether a region argument is referenced nowhere else (then its buffer is donated).
+    donation_check: Option<fn(&V) -> bool>,
 }
 
 impl<V: Clone> Default for Graph<V> {
@@ -268,7 +270,14 @@ impl<V: Clone> Graph<V> {
             holders: HashMap::new(),
             arg_numbers: HashMap::new(),
             stats: GraphStats::default(),
+            donation_check: None,
         }
+    }
+
+    /// Enables input donation: after planning a region, every argument for which `check` says
+    /// nothing else refers to it is marked donated (the executable may reuse its buffer).
+    pub fn set_donation_check(&mut self, check: fn(&V) -> bool) {
+        self.donation_check = Some(check);
     }
 
     pub fn stats(&self) -> GraphStats {
@@ -950,7 +959,6 @@ impl<V: Clone> Graph<V> {
             output_types
                 .push(self.pending[position(out.node)].meta.outputs[out.index as usize].clone());
         }
-        let shapeless = key_s.finish();
         let dims = key_d.finish();
 
         // Install the new values.
@@ -1019,6 +1027,22 @@ impl<V: Clone> Graph<V> {
             self.external_of.retain(|_, e| used.contains(e));
             self.rehash_pending();
         }
+
+        // Donation is decided last: only now have the storages and the pending ops let go of
+        // what they no longer need.
+        if let Some(check) = self.donation_check {
+            region.donated = args
+                .iter()
+                .enumerate()
+                .filter(|(_, v)| check(v))
+                .map(|(i, _)| i as u32)
+                .collect();
+        }
+        key_s.u64(region.donated.len() as u64);
+        for &i in &region.donated {
+            key_s.u32(i);
+        }
+        let shapeless = key_s.finish();
 
         let label = region.label();
         self.stats.materializations += 1;

@@ -87,6 +87,9 @@ pub struct Region {
     pub outputs: Vec<Operand>,
     /// One packed scalar buffer per dtype, passed after `args`.
     pub scalar_packs: Vec<(ops::DType, u32)>,
+    /// Indices into `args` whose buffers the executable may reuse for its outputs (nothing
+    /// else refers to them once the region runs).
+    pub donated: Vec<u32>,
 }
 
 impl Region {
@@ -114,7 +117,18 @@ impl Region {
 /// Emits the region as one `func.func public @main` module.
 pub fn build_module(region: &Region) -> Result<String, OpError> {
     let mut e = Emitter::new();
-    let args: Vec<Value> = region.args.iter().map(|t| e.argument(t.clone())).collect();
+    let args: Vec<Value> = region
+        .args
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            if region.donated.contains(&(i as u32)) {
+                e.argument_with_attrs(t.clone(), "jax.buffer_donor = true")
+            } else {
+                e.argument(t.clone())
+            }
+        })
+        .collect();
     let packs: Vec<(ops::DType, Value)> = region
         .scalar_packs
         .iter()

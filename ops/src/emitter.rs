@@ -48,6 +48,8 @@ struct Slot {
 pub struct Emitter {
     slots: Vec<Slot>,
     arguments: Vec<Value>,
+    /// Attribute dictionaries of arguments (e.g. `jax.buffer_donor = true`), by argument index.
+    argument_attrs: Vec<Option<String>>,
     body: String,
     depth: usize,
     next_name: u32,
@@ -189,6 +191,7 @@ impl Emitter {
         Emitter {
             slots: Vec::new(),
             arguments: Vec::new(),
+            argument_attrs: Vec::new(),
             body: String::new(),
             depth: 0,
             next_name: 0,
@@ -200,6 +203,15 @@ impl Emitter {
         let name = format!("%arg{}", self.arguments.len());
         let v = self.new_slot(name, ty);
         self.arguments.push(v);
+        self.argument_attrs.push(None);
+        v
+    }
+
+    /// Declare the next function argument with an attribute dictionary's contents (e.g.
+    /// `jax.buffer_donor = true` for an input whose buffer the executable may reuse).
+    pub fn argument_with_attrs(&mut self, ty: TensorType, attrs: &str) -> Value {
+        let v = self.argument(ty);
+        *self.argument_attrs.last_mut().unwrap() = Some(attrs.to_string());
         v
     }
 
@@ -208,7 +220,15 @@ impl Emitter {
         let args: Vec<String> = self
             .arguments
             .iter()
-            .map(|&a| format!("{}: {}", self.slots[a.0 as usize].name, self.ty(a).mlir()))
+            .zip(&self.argument_attrs)
+            .map(|(&a, attrs)| match attrs {
+                Some(attrs) => format!(
+                    "{}: {} {{{attrs}}}",
+                    self.slots[a.0 as usize].name,
+                    self.ty(a).mlir()
+                ),
+                None => format!("{}: {}", self.slots[a.0 as usize].name, self.ty(a).mlir()),
+            })
             .collect();
         let result_types: Vec<String> = results.iter().map(|&r| self.ty(r).mlir()).collect();
         let result_names: Vec<&str> = results.iter().map(|&r| self.name(r)).collect();

@@ -2,7 +2,10 @@
 //! ordered execution queue (`compile`) and transfers (`pjrt`), under the process-wide eager mode.
 
 use crate::metrics::{Counters, MetricsSnapshot};
-use compile::{CacheKey, CompileConfig, CompileHandle, Compiler, DeviceValue, ExecJob, ExecQueue};
+use compile::{
+    CacheKey, CompileConfig, CompileHandle, Compiler, DeviceValue, ExecJob, ExecQueue,
+    WeakDeviceValue,
+};
 use defer::{
     Captured, EngineError, ErrorKind, Flush, FlushRequest, Graph, Mode, ModeStack, ReadSource,
     StorageId, TensorRef,
@@ -95,7 +98,7 @@ pub struct Engine {
     counters: Counters,
     max_region_ops: usize,
     /// The outputs of the newest launched region, awaited by `sync`.
-    last_outputs: Mutex<Vec<DeviceValue>>,
+    last_outputs: Mutex<Vec<WeakDeviceValue>>,
     /// Verdicts of launched `_assert_async` checks, verified at the next materialization point.
     pending_checks: Mutex<Vec<(DeviceValue, String)>>,
     /// The dimensions digest last compiled for each structure, to name why a recompile happened.
@@ -121,7 +124,11 @@ impl Engine {
             queue: ExecQueue::new()
                 .map_err(|e| runtime_error("cannot start the execution thread", e))?,
             options_key,
-            graph: Mutex::new(Graph::new()),
+            graph: Mutex::new({
+                let mut graph = Graph::new();
+                graph.set_donation_check(DeviceValue::is_unique);
+                graph
+            }),
             modes: ModeStack::new(config.default_mode),
             counters: Counters::default(),
             max_region_ops: config.max_region_ops,
@@ -238,6 +245,8 @@ impl Engine {
             dims: flush.dims,
             options: self.options_key,
         };
+        let donated: Vec<usize> = flush.region.donated.iter().map(|&i| i as usize).collect();
+        Counters::bump(&self.counters.donated_buffers, donated.len() as u64);
         let handle: CompileHandle = match self.compiler.lookup(&key) {
             Some(exe) => CompileHandle::ready(key, exe),
             None => {
@@ -271,13 +280,10 @@ impl Engine {
         if !flush.checks.is_empty() {
             self.pending_checks.lock().extend(flush.checks);
         }
-        self.queue.enqueue(ExecJob::new(
-            flush.label,
-            handle,
-            args,
-            flush.outputs.clone(),
-        ));
-        *self.last_outputs.lock() = flush.outputs.clone();
+        self.queue.enqueue(
+            ExecJob::new(flush.label, handle, args, flush.outputs.clone()).donate(donated),
+        );
+        *self.last_outputs.lock() = flush.outputs.iter().map(|v| v.downgrade()).collect();
         Ok(flush.outputs)
     }
 
@@ -314,8 +320,8 @@ impl Engine {
         }
         self.queue.flush();
         let last = std::mem::take(&mut *self.last_outputs.lock());
-        for value in &last {
-            self.wait_device(value)?;
+        for value in last.iter().filter_map(|v| v.upgrade()) {
+            self.wait_device(&value)?;
         }
         self.verify_checks()
     }
@@ -473,6 +479,7 @@ impl Engine {
             self.recompiles.load(std::sync::atomic::Ordering::Relaxed) as f64,
         );
         v.insert("executions", Counters::get(&c.executions) as f64);
+        v.insert("donated_buffers", Counters::get(&c.donated_buffers) as f64);
         v.insert("ops", Counters::get(&c.ops) as f64);
         v.insert("deferred_ops", graph.deferred_ops as f64);
         v.insert("materializations", graph.materializations as f64);

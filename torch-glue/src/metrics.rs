@@ -14,6 +14,7 @@ pub struct Counters {
     pub host_to_device_bytes: AtomicU64,
     pub device_to_host_bytes: AtomicU64,
     pub execute_errors: AtomicU64,
+    pub donated_buffers: AtomicU64,
     pub fallback_ops: Mutex<BTreeMap<String, u64>>,
 }
 
@@ -35,6 +36,7 @@ impl Counters {
             &self.host_to_device_bytes,
             &self.device_to_host_bytes,
             &self.execute_errors,
+            &self.donated_buffers,
         ] {
             c.store(0, Ordering::Relaxed);
         }

@@ -63,3 +63,37 @@ fn assert_async_is_kept_and_checked_at_materialization() {
         }
     }
 }
+
+#[test]
+fn dead_inputs_of_in_place_updates_are_donated() {
+    use ops::ScalarArg;
+    for mode in [Mode::Strict, Mode::DeferAndFuse] {
+        let e = engine(mode);
+        let w = upload_f32(&e, &[10.; 256], &[256]);
+        let g = upload_f32(&e, &[1.; 256], &[256]);
+        for step in 0..5 {
+            // w.sub_(g, alpha=lr): the old value of w is dead once the update is planned.
+            e.op(
+                OpId::Sub,
+                &[w.clone(), g.clone()],
+                &[ScalarArg::float(0.5)],
+                &[],
+                std::slice::from_ref(&w),
+            )
+            .unwrap();
+            let expected = 10.0 - 0.5 * (step + 1) as f32;
+            assert_eq!(
+                read_f32(&e, &w),
+                vec![expected; 256],
+                "{mode:?} step {step}"
+            );
+        }
+        // g is still held by its storage: never donated; w's old values are.
+        assert!(
+            metric(&e, "donated_buffers") >= 3.0,
+            "{mode:?}: {}",
+            e.metrics().report()
+        );
+        assert_eq!(read_f32(&e, &g), vec![1.; 256]);
+    }
+}

@@ -6,8 +6,9 @@ use fuse::{InputRef, InputView, Operand, Region, RegionNode, RegionOp, StableHas
 use liveness::{ExternalId, NodeId, NodeIdSequence, NodeOutput, PendingNode, Request, ValueRef};
 pub use ops::ErrorKind;
 use ops::{DType, Meta, OpError, OpId, ScalarArg, Shape, TensorType};
+use rustc_hash::FxHashMap as HashMap;
 use smallvec::SmallVec;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 /// An engine error: the Python exception class it maps to, and a PyTorch-style message.
@@ -260,15 +261,15 @@ impl<V: Clone> Default for Graph<V> {
 impl<V: Clone> Graph<V> {
     pub fn new() -> Self {
         Graph {
-            storages: HashMap::new(),
+            storages: HashMap::default(),
             next_storage: 1,
             pending: VecDeque::new(),
             ids: NodeIdSequence::new(),
-            externals: HashMap::new(),
-            external_of: HashMap::new(),
+            externals: HashMap::default(),
+            external_of: HashMap::default(),
             next_external: 0,
-            holders: HashMap::new(),
-            arg_numbers: HashMap::new(),
+            holders: HashMap::default(),
+            arg_numbers: HashMap::default(),
             stats: GraphStats::default(),
             donation_check: None,
         }
@@ -355,7 +356,11 @@ impl<V: Clone> Graph<V> {
     }
 
     /// Where `t` sits in its storage; fixes the storage's native type on first typed use.
-    fn placement(&mut self, what: &str, t: &TensorRef) -> Result<Placement, EngineError> {
+    fn placement(
+        &mut self,
+        what: &dyn std::fmt::Display,
+        t: &TensorRef,
+    ) -> Result<Placement, EngineError> {
         if t.sizes.len() != t.strides.len() {
             return Err(EngineError::runtime(format!(
                 "{what}: sizes {:?} and strides {:?} have different lengths",
@@ -405,7 +410,7 @@ impl<V: Clone> Graph<V> {
     /// Whether `t` is its storage's whole value (contiguous, offset 0, same dtype, every
     /// element), so host transfers can move the storage's buffer directly.
     pub fn is_whole(&mut self, t: &TensorRef) -> Result<bool, EngineError> {
-        Ok(self.placement("a pjrt tensor", t)?.whole)
+        Ok(self.placement(&"a pjrt tensor", t)?.whole)
     }
 
     // ----- capture -----
@@ -423,13 +428,13 @@ impl<V: Clone> Graph<V> {
         let mut types: SmallVec<[TensorType; 3]> = SmallVec::new();
         let mut placements: SmallVec<[Placement; 3]> = SmallVec::new();
         for (i, t) in inputs.iter().enumerate() {
-            placements.push(self.placement(&format!("{} input {i}", op.name()), t)?);
+            placements.push(self.placement(&OperandName(op, "input", i), t)?);
             types.push(t.ty());
         }
         let meta = ops::meta(op, &types, scalars, params)?;
         let mut out_placements: SmallVec<[Placement; 1]> = SmallVec::new();
         for (i, out) in outs.iter().enumerate() {
-            let placement = self.placement(&format!("{} output {i}", op.name()), out)?;
+            let placement = self.placement(&OperandName(op, "output", i), out)?;
             if !placement.whole {
                 let written = out.layout();
                 views::check_no_internal_overlap(&written)?;
@@ -779,7 +784,7 @@ impl<V: Clone> Graph<V> {
     /// Where the bytes of tensor `t` come from; `None` means a flush of its storage is needed
     /// first.
     pub fn read_source(&mut self, t: &TensorRef) -> Result<Option<ReadSource<V>>, EngineError> {
-        if !self.placement("reading a pjrt tensor", t)?.whole {
+        if !self.placement(&"reading a pjrt tensor", t)?.whole {
             return Err(EngineError::runtime(
                 "internal error: a strided tensor was read directly; copy it first",
             ));
@@ -795,7 +800,7 @@ impl<V: Clone> Graph<V> {
 
     /// Gives tensor `t`'s storage a new device value (an upload from the host).
     pub fn write_device(&mut self, t: &TensorRef, value: V) -> Result<(), EngineError> {
-        if !self.placement("writing a pjrt tensor", t)?.whole {
+        if !self.placement(&"writing a pjrt tensor", t)?.whole {
             return Err(EngineError::runtime(
                 "internal error: a strided tensor was written directly; write through a copy",
             ));
@@ -866,8 +871,9 @@ impl<V: Clone> Graph<V> {
         // Region: kept nodes in capture order, externals numbered by first use.
         let mut region = Region::default();
         let mut args: Vec<V> = Vec::new();
-        let mut arg_index: HashMap<ExternalId, u32> = HashMap::new();
-        let mut region_index: HashMap<NodeId, u32> = HashMap::with_capacity(plan.kept.len());
+        let mut arg_index: HashMap<ExternalId, u32> = HashMap::default();
+        let mut region_index: HashMap<NodeId, u32> =
+            HashMap::with_capacity_and_hasher(plan.kept.len(), Default::default());
         let mut scalars: Vec<(ScalarArg, DType)> = Vec::new();
         for &id in &plan.kept {
             let node = &self.pending[position(id)];
@@ -973,7 +979,7 @@ impl<V: Clone> Graph<V> {
                     .map(|(i, (_, label))| (outputs[plan.outputs.len() + i].clone(), label)),
             )
             .collect();
-        let mut replacement: HashMap<NodeOutput, ExternalId> = HashMap::new();
+        let mut replacement: HashMap<NodeOutput, ExternalId> = HashMap::default();
         for ((output, value), ty) in plan.outputs.iter().zip(&outputs).zip(&output_types) {
             if let Some(list) = self.holders.remove(&output.value) {
                 for storage in list {
@@ -1015,7 +1021,7 @@ impl<V: Clone> Graph<V> {
             self.external_of.clear();
             self.arg_numbers.clear();
         } else {
-            let mut used = std::collections::HashSet::new();
+            let mut used = rustc_hash::FxHashSet::default();
             for node in &self.pending {
                 for input in &node.inputs {
                     if let ValueRef::External(e) = input.value {
@@ -1073,6 +1079,15 @@ impl<V: Clone> Graph<V> {
 impl Node {
     fn clone_digests(&self) -> (u64, u64) {
         (self.prefix_shapeless, self.prefix_dims)
+    }
+}
+
+/// Names an op's operand in errors; formatted only when an error is raised.
+struct OperandName(OpId, &'static str, usize);
+
+impl std::fmt::Display for OperandName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {} {}", self.0.name(), self.1, self.2)
     }
 }
 

@@ -87,6 +87,10 @@ impl TensorRef {
     }
 
     fn is_contiguous(&self) -> bool {
+        // PyTorch: an empty tensor is contiguous whatever its strides.
+        if self.sizes.contains(&0) {
+            return true;
+        }
         let mut expected = 1;
         for (&size, &stride) in self.sizes.iter().zip(&self.strides).rev() {
             if size != 1 && stride != expected {
@@ -187,6 +191,8 @@ struct NodeInput {
     value: ValueRef,
     reshape_to: Option<Shape>,
     view: Option<Arc<InputView>>,
+    /// The storage offset of a windowed view, lifted to a runtime scalar.
+    offset: Option<i64>,
 }
 
 impl NodeInput {
@@ -195,8 +201,24 @@ impl NodeInput {
             value,
             reshape_to: None,
             view: None,
+            offset: None,
         }
     }
+}
+
+/// For a view at a non-zero offset in its storage's own dtype: the layout at offset 0 and the
+/// number of base elements it spans. Such views read a window at a runtime offset, so views
+/// that differ only in where they start share one compiled program.
+fn windowed(t: &TensorRef, placement: &Placement) -> Option<(views::Layout, i64)> {
+    if t.dtype != placement.native || t.numel() == 0 {
+        return None;
+    }
+    let mut layout = t.layout();
+    layout.offset = 0;
+    let extent = layout.last_index()? + 1;
+    // A view spanning the whole storage (a transpose, say) has no offset to vary.
+    (extent < placement.base_len && extent + t.offset <= placement.base_len)
+        .then_some((layout, extent))
 }
 
 #[derive(Clone, Debug)]
@@ -526,11 +548,17 @@ impl<V: Clone> Graph<V> {
         placement: &Placement,
         value: NodeOutput,
     ) -> Result<(), EngineError> {
-        let program = views::invert(
-            placement.base_len,
-            placement.native.size_bytes(),
-            &out.layout(),
-        )?;
+        let window = windowed(out, placement);
+        let program = match &window {
+            Some((layout, extent)) => {
+                views::invert(*extent, placement.native.size_bytes(), layout)?
+            }
+            None => views::invert(
+                placement.base_len,
+                placement.native.size_bytes(),
+                &out.layout(),
+            )?,
+        };
         let whole_base =
             TensorRef::contiguous(out.storage, placement.native, &[placement.base_len]);
         let base_input = self.read_for_node(
@@ -541,9 +569,13 @@ impl<V: Clone> Graph<V> {
             },
         )?;
         let ty = TensorType::new(placement.native, &[placement.base_len]);
+        let (scalar_dtypes, scalars) = match window {
+            Some(_) => (vec![DType::I64], vec![ScalarArg::int(out.offset)]),
+            None => (Vec::new(), Vec::new()),
+        };
         let meta = Meta {
             outputs: vec![ty.clone()],
-            scalar_dtypes: Vec::new(),
+            scalar_dtypes,
         };
         let mut inputs: SmallVec<[NodeInput; 3]> = SmallVec::new();
         inputs.push(base_input);
@@ -553,8 +585,9 @@ impl<V: Clone> Graph<V> {
             view_dtype: out.dtype,
             base_dtype: placement.native,
             base_len: placement.base_len,
+            window: window.map(|(_, extent)| extent),
         }));
-        let id = self.push_node(write, &[], &[], meta, inputs);
+        let id = self.push_node(write, &[], &scalars, meta, inputs);
         self.write_pending(out.storage, id.output(0), ty);
         Ok(())
     }
@@ -614,13 +647,25 @@ impl<V: Clone> Graph<V> {
                 value,
                 reshape_to,
                 view: None,
+                offset: None,
             });
         }
-        let chain = views::decompose(
-            placement.base_len,
-            placement.native.size_bytes(),
-            &t.layout(),
-        )?;
+        let (chain, window, offset) = match windowed(t, placement) {
+            Some((layout, extent)) => (
+                views::decompose(extent, placement.native.size_bytes(), &layout)?,
+                Some(extent),
+                Some(t.offset),
+            ),
+            None => (
+                views::decompose(
+                    placement.base_len,
+                    placement.native.size_bytes(),
+                    &t.layout(),
+                )?,
+                None,
+                None,
+            ),
+        };
         Ok(NodeInput {
             value,
             reshape_to: None,
@@ -628,7 +673,9 @@ impl<V: Clone> Graph<V> {
                 chain,
                 view_dtype: t.dtype,
                 base_dtype: placement.native,
+                window,
             })),
+            offset,
         })
     }
 
@@ -718,7 +765,10 @@ impl<V: Clone> Graph<V> {
             }
             match (&input.reshape_to, &input.view) {
                 (_, Some(view)) => {
-                    s.u32(2).dtype(view.view_dtype).dtype(view.base_dtype);
+                    s.u32(2)
+                        .dtype(view.view_dtype)
+                        .dtype(view.base_dtype)
+                        .i64(view.window.unwrap_or(-1));
                     views::hash_chain(&view.chain, &mut s);
                 }
                 (Some(shape), None) => {
@@ -895,10 +945,14 @@ impl<V: Clone> Graph<V> {
                         Operand::Arg(number)
                     }
                 };
+                if let Some(offset) = input.offset {
+                    scalars.push((ScalarArg::int(offset), DType::I64));
+                }
                 inputs.push(InputRef {
                     operand,
                     reshape_to: input.reshape_to.clone(),
                     view: input.view.clone(),
+                    offset: None,
                 });
             }
             for (scalar, dtype) in node.scalars.iter().zip(&node.meta.scalar_dtypes) {
@@ -915,7 +969,14 @@ impl<V: Clone> Graph<V> {
         }
         let (slots, packs) = fuse::pack_scalars(&scalars);
         let mut slot_iter = slots.into_iter();
-        for node in &mut region.nodes {
+        // Slots come back in push order: each node's input offsets, then its op scalars.
+        for (node, &id) in region.nodes.iter_mut().zip(&plan.kept) {
+            let captured = &self.pending[position(id)];
+            for (input, captured_input) in node.inputs.iter_mut().zip(&captured.inputs) {
+                if captured_input.offset.is_some() {
+                    input.offset = slot_iter.next();
+                }
+            }
             let n = node.meta.scalar_dtypes.len();
             node.scalars = slot_iter.by_ref().take(n).collect();
         }

@@ -22,6 +22,10 @@ pub struct InputView {
     pub chain: views::Chain,
     pub view_dtype: DType,
     pub base_dtype: DType,
+    /// When set, the chain reads a window of this many base elements starting at a runtime
+    /// offset (a lifted i64 scalar: `InputRef::offset`), so views that differ only in their
+    /// storage offset — the batches of a training loop — share one program.
+    pub window: Option<i64>,
 }
 
 /// An op input: its source, then either a reshape (a contiguous read with another shape of the
@@ -31,6 +35,8 @@ pub struct InputRef {
     pub operand: Operand,
     pub reshape_to: Option<Shape>,
     pub view: Option<Arc<InputView>>,
+    /// The lifted storage offset of a windowed view.
+    pub offset: Option<crate::ScalarSlot>,
 }
 
 impl InputRef {
@@ -39,6 +45,7 @@ impl InputRef {
             operand,
             reshape_to: None,
             view: None,
+            offset: None,
         }
     }
 }
@@ -51,6 +58,9 @@ pub struct WriteView {
     pub view_dtype: DType,
     pub base_dtype: DType,
     pub base_len: i64,
+    /// When set, the program writes into a window of this many elements at a runtime offset
+    /// (the node's one lifted i64 scalar), then the window goes back into the base.
+    pub window: Option<i64>,
 }
 
 /// What a region node computes.
@@ -114,6 +124,20 @@ impl Region {
     }
 }
 
+/// `len` elements of the flat `base` from the runtime `offset` (always in bounds: the view was
+/// checked against the storage at capture).
+fn dynamic_window(e: &mut Emitter, base: Value, offset: Value, len: i64) -> Value {
+    let n = e.ty(base).numel();
+    let flat = e.reshape(base, &[n]);
+    let ty = e.ty(flat).with_shape(&[len]);
+    e.op(
+        "stablehlo.dynamic_slice",
+        &[flat, offset],
+        &format!("slice_sizes = array<i64: {len}>"),
+        ty,
+    )
+}
+
 /// Emits the region as one `func.func public @main` module.
 pub fn build_module(region: &Region) -> Result<String, OpError> {
     let mut e = Emitter::new();
@@ -153,11 +177,30 @@ pub fn build_module(region: &Region) -> Result<String, OpError> {
             ))
             })
         };
+    let scalar = |e: &mut Emitter, slot: &crate::ScalarSlot| -> Result<Value, OpError> {
+        let pack = packs
+            .iter()
+            .find(|(d, _)| *d == slot.dtype)
+            .map(|(_, v)| *v)
+            .ok_or_else(|| {
+                OpError::runtime(format!(
+                    "internal error: no packed scalar buffer of dtype {}",
+                    slot.dtype.name()
+                ))
+            })?;
+        let i = slot.index as i64;
+        let one = e.slice(pack, &[i], &[i + 1], &[1]);
+        Ok(e.reshape(one, &[]))
+    };
     for node in &region.nodes {
         let mut inputs: SmallVec<[Value; 3]> = SmallVec::new();
         for input in &node.inputs {
             let mut v = resolve(&results, input.operand)?;
             if let Some(view) = &input.view {
+                if let (Some(len), Some(slot)) = (view.window, &input.offset) {
+                    let offset = scalar(&mut e, slot)?;
+                    v = dynamic_window(&mut e, v, offset, len);
+                }
                 v = lower_read(&mut e, v, &view.chain, view.view_dtype, view.base_dtype);
             } else if let Some(shape) = &input.reshape_to {
                 if e.shape(v) != shape.as_slice() {
@@ -168,19 +211,7 @@ pub fn build_module(region: &Region) -> Result<String, OpError> {
         }
         let mut scalars: SmallVec<[Value; 2]> = SmallVec::new();
         for slot in &node.scalars {
-            let pack = packs
-                .iter()
-                .find(|(d, _)| *d == slot.dtype)
-                .map(|(_, v)| *v)
-                .ok_or_else(|| {
-                    OpError::runtime(format!(
-                        "internal error: no packed scalar buffer of dtype {}",
-                        slot.dtype.name()
-                    ))
-                })?;
-            let i = slot.index as i64;
-            let one = e.slice(pack, &[i], &[i + 1], &[1]);
-            scalars.push(e.reshape(one, &[]));
+            scalars.push(scalar(&mut e, slot)?);
         }
         let outs: SmallVec<[Value; 1]> = match &node.op {
             RegionOp::Aten(op) => {
@@ -196,15 +227,38 @@ pub fn build_module(region: &Region) -> Result<String, OpError> {
                     )));
                 }
                 let base = e.reshape(inputs[0], &[w.base_len]);
-                let new_base = lower_write(
-                    &mut e,
-                    base,
-                    inputs[1],
-                    &w.program,
-                    w.view_dtype,
-                    w.base_dtype,
-                );
-                let flat = e.reshape(new_base, &[w.base_len]);
+                let flat = match (w.window, scalars.first()) {
+                    (Some(len), Some(&offset)) => {
+                        let window = dynamic_window(&mut e, base, offset, len);
+                        let written = lower_write(
+                            &mut e,
+                            window,
+                            inputs[1],
+                            &w.program,
+                            w.view_dtype,
+                            w.base_dtype,
+                        );
+                        let written = e.reshape(written, &[len]);
+                        let ty = e.ty(base).clone();
+                        e.op(
+                            "stablehlo.dynamic_update_slice",
+                            &[base, written, offset],
+                            "",
+                            ty,
+                        )
+                    }
+                    _ => {
+                        let new_base = lower_write(
+                            &mut e,
+                            base,
+                            inputs[1],
+                            &w.program,
+                            w.view_dtype,
+                            w.base_dtype,
+                        );
+                        e.reshape(new_base, &[w.base_len])
+                    }
+                };
                 SmallVec::from_elem(flat, 1)
             }
         };

@@ -33,10 +33,10 @@ fn dtype_of_size(size: usize, view: DType, base: DType) -> DType {
 
 /// Constant `tensor<Nx1xi64>` indices.
 fn index_column(e: &mut Emitter, indices: &[i64]) -> Value {
-    e.dense_i64(
-        TensorType::new(DType::I64, &[indices.len() as i64, 1]),
-        indices,
-    )
+    // A dense literal must be nested like its type: emit it 1-D, then reshape.
+    let n = indices.len() as i64;
+    let flat = e.dense_i64(TensorType::new(DType::I64, &[n]), indices);
+    e.reshape(flat, &[n, 1])
 }
 
 /// Applies one chain to `v`. Element types change only at `Bitcast` ops, between the base's

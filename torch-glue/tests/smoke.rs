@@ -68,7 +68,10 @@ fn assert_async_is_kept_and_checked_at_materialization() {
 fn dead_inputs_of_in_place_updates_are_donated() {
     use ops::ScalarArg;
     for mode in [Mode::Strict, Mode::DeferAndFuse] {
-        let e = engine(mode);
+        let mut config = torch_glue::EngineConfig::from_env().unwrap();
+        config.default_mode = mode;
+        config.donate = true;
+        let e = torch_glue::Engine::new(config).unwrap();
         let w = upload_f32(&e, &[10.; 256], &[256]);
         let g = upload_f32(&e, &[1.; 256], &[256]);
         for step in 0..5 {

@@ -5,15 +5,25 @@ use ops::{DType, OpId, ScalarArg};
 use std::time::Instant;
 
 fn main() {
-    let n = 200_000;
+    let n: usize = std::env::var("CAPTURE_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200_000);
     let mut g: Graph<u32> = Graph::new();
     let s = g.new_storage(64);
     let x = TensorRef::contiguous(s, DType::F32, &[16]);
     g.write_device(&x, 0).unwrap();
+    let only_capture = std::env::args().nth(1).as_deref() == Some("capture");
     let start = Instant::now();
-    for _ in 0..n {
+    for _ in 0..if only_capture { 0 } else { n } {
         let c = g
-            .capture(OpId::Add, &[x.clone()], &[ScalarArg::float(1.0)], &[], &[])
+            .capture(
+                OpId::Add,
+                std::slice::from_ref(&x),
+                &[ScalarArg::float(1.0)],
+                &[],
+                &[],
+            )
             .unwrap();
         g.flush(FlushRequest::All, |_| 1).unwrap();
         g.release_storage(c.outputs[0].0).unwrap();

@@ -361,15 +361,53 @@ impl<V: Clone> Graph<V> {
         if storage.nbytes == nbytes {
             return Ok(());
         }
-        if !matches!(storage.value, StorageValue::Uninit) {
+        let (old_bytes, native) = (storage.nbytes, storage.native);
+        let native = match (&storage.value, native) {
+            (StorageValue::Uninit, _) | (_, None) => {
+                storage.nbytes = nbytes;
+                storage.native = None;
+                storage.value = StorageValue::Uninit;
+                return Ok(());
+            }
+            (_, Some(native)) => native,
+        };
+        // A written storage keeps its bytes: the new value is the old one cut or zero-padded.
+        let size = native.size_bytes() as u64;
+        if !nbytes.is_multiple_of(size) {
             return Err(EngineError::not_implemented(format!(
-                "resizing a written pjrt storage from {} to {nbytes} bytes is not supported yet; \
-                 create a new tensor instead",
-                storage.nbytes
+                "resizing a pjrt storage of {} values to {nbytes} bytes (not a whole number of \
+                 {size}-byte elements) is not supported",
+                native.name()
             )));
         }
-        storage.nbytes = nbytes;
-        storage.native = None;
+        let (old_len, new_len) = ((old_bytes / size) as i64, (nbytes / size) as i64);
+        let old = TensorRef::contiguous(id, native, &[old_len]);
+        let placement = Placement {
+            native,
+            base_len: old_len,
+            whole: true,
+        };
+        let input = self.read_for_node(&old, &placement)?;
+        let (op, params): (OpId, SmallVec<[i64; 4]>) = if new_len > old_len {
+            (
+                OpId::ConstantPadNd,
+                SmallVec::from_slice(&[0, new_len - old_len]),
+            )
+        } else {
+            (OpId::Slice, SmallVec::from_slice(&[0, 0, new_len, 1]))
+        };
+        let meta = ops::meta(op, &[TensorType::new(native, &[old_len])], &[], &params)?;
+        let ty = meta.outputs[0].clone();
+        let node = self.push_node(
+            RegionOp::Aten(op),
+            &params,
+            &[],
+            meta,
+            SmallVec::from_elem(input, 1),
+        );
+        self.storages.get_mut(&id).unwrap().nbytes = nbytes;
+        self.write_pending(id, node.output(0), ty);
+        self.stats.captured_ops += 1;
         Ok(())
     }
 
@@ -447,6 +485,33 @@ impl<V: Clone> Graph<V> {
         params: &[i64],
         outs: &[TensorRef],
     ) -> Result<Captured, EngineError> {
+        if op == OpId::Fill && outs.len() == 1 {
+            let out = &outs[0];
+            if views::has_internal_overlap(&out.layout()) == views::MemOverlap::Yes {
+                // Every element of an expanded destination gets the same value, so PyTorch
+                // allows filling it: fill the distinct elements (stride-0 dims of size 1).
+                let collapsed = collapse_expanded(out);
+                let inputs: SmallVec<[TensorRef; 2]> = inputs
+                    .iter()
+                    .map(|t| {
+                        if t == out {
+                            collapsed.clone()
+                        } else {
+                            t.clone()
+                        }
+                    })
+                    .collect();
+                let mut captured = self.capture(
+                    op,
+                    &inputs,
+                    scalars,
+                    params,
+                    std::slice::from_ref(&collapsed),
+                )?;
+                captured.outputs = vec![(out.storage, out.ty())];
+                return Ok(captured);
+            }
+        }
         let mut types: SmallVec<[TensorType; 3]> = SmallVec::new();
         let mut placements: SmallVec<[Placement; 3]> = SmallVec::new();
         for (i, t) in inputs.iter().enumerate() {
@@ -457,12 +522,15 @@ impl<V: Clone> Graph<V> {
         let mut out_placements: SmallVec<[Placement; 1]> = SmallVec::new();
         for (i, out) in outs.iter().enumerate() {
             let placement = self.placement(&OperandName(op, "output", i), out)?;
+            let written = out.layout();
             if !placement.whole {
-                let written = out.layout();
                 views::check_no_internal_overlap(&written)?;
-                for input in inputs.iter().filter(|t| t.storage == out.storage) {
-                    views::check_no_partial_overlap(&written, &input.layout())?;
-                }
+            }
+            for input in inputs
+                .iter()
+                .filter(|t| t.storage == out.storage && *t != out)
+            {
+                views::check_no_partial_overlap(&written, &input.layout())?;
             }
             out_placements.push(placement);
             let produced = meta.outputs.get(i).ok_or_else(|| {
@@ -1141,6 +1209,17 @@ impl Node {
     fn clone_digests(&self) -> (u64, u64) {
         (self.prefix_shapeless, self.prefix_dims)
     }
+}
+
+/// `t` with every stride-0 dim shrunk to one element: the distinct elements of an expanded view.
+fn collapse_expanded(t: &TensorRef) -> TensorRef {
+    let mut collapsed = t.clone();
+    for (size, &stride) in collapsed.sizes.iter_mut().zip(&t.strides) {
+        if stride == 0 && *size > 1 {
+            *size = 1;
+        }
+    }
+    collapsed
 }
 
 /// Names an op's operand in errors; formatted only when an error is raised.

@@ -11,4 +11,4 @@ pub use module::{
     build_module, InputRef, InputView, Operand, Region, RegionNode, RegionOp, WriteView,
 };
 pub use scalars::{pack_scalars, ScalarPack, ScalarSlot};
-pub use view_lowering::{lower_chain, lower_read, lower_write};
+pub use view_lowering::{blend_update_slice, lower_chain, lower_read, lower_write};

@@ -239,13 +239,7 @@ pub fn build_module(region: &Region) -> Result<String, OpError> {
                             w.base_dtype,
                         );
                         let written = e.reshape(written, &[len]);
-                        let ty = e.ty(base).clone();
-                        e.op(
-                            "stablehlo.dynamic_update_slice",
-                            &[base, written, offset],
-                            "",
-                            ty,
-                        )
+                        crate::view_lowering::blend_update_slice(&mut e, base, written, &[offset])
                     }
                     _ => {
                         let new_base = lower_write(

@@ -131,12 +131,11 @@ pub fn lower_write(
         WriteStep::UpdateSlice { start_indices } => {
             let target = lower_chain(e, base_value, &program.base_ops, patch_dtype, base);
             let patch = lower_chain(e, update, &program.update_ops, patch_dtype, base);
-            let mut operands = vec![target, patch];
-            for &s in start_indices.iter() {
-                operands.push(e.scalar_constant(DType::I64, ScalarValue::Int(s)));
-            }
-            let ty = e.ty(target).clone();
-            e.op("stablehlo.dynamic_update_slice", &operands, "", ty)
+            let starts: Vec<Value> = start_indices
+                .iter()
+                .map(|&s| e.scalar_constant(DType::I64, ScalarValue::Int(s)))
+                .collect();
+            blend_update_slice(e, target, patch, &starts)
         }
         WriteStep::Scatter { indices } => {
             let target = lower_chain(e, base_value, &program.base_ops, patch_dtype, base);
@@ -149,17 +148,68 @@ pub fn lower_write(
                 &[TensorType::scalar(dtype), TensorType::scalar(dtype)],
                 |_, args| vec![args[1]],
             );
+            // Scattered into zeros and blended with a scattered mask, never into the target
+            // itself (see `blend_update_slice`).
             let ty = e.ty(target).clone();
-            e.op_with_regions(
-                "stablehlo.scatter",
-                &[target, idx, patch],
-                &[region],
-                "scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = 1>, indices_are_sorted = true, unique_indices = true",
-                vec![ty],
-            )[0]
+            let zeros = e.constant(ty.clone(), ScalarValue::Int(0));
+            let placed = scatter_flat(e, zeros, idx, patch, region);
+            let mask_ty = TensorType::new(DType::Bool, &ty.shape);
+            let falses = e.constant(mask_ty, ScalarValue::Bool(false));
+            let trues = e.constant(TensorType::new(DType::Bool, &[n]), ScalarValue::Bool(true));
+            let mask_region = e.region(
+                &[
+                    TensorType::scalar(DType::Bool),
+                    TensorType::scalar(DType::Bool),
+                ],
+                |_, args| vec![args[1]],
+            );
+            let mask = scatter_flat(e, falses, idx, trues, mask_region);
+            e.select(mask, placed, target)
         }
     };
     lower_chain(e, written, &program.restore_ops, patch_dtype, base)
+}
+
+/// `stablehlo.scatter` of single elements of `patch` into the 1-D `target` at `idx`
+/// (`[N, 1]`), combining with `region`.
+fn scatter_flat(e: &mut Emitter, target: Value, idx: Value, patch: Value, region: String) -> Value {
+    let ty = e.ty(target).clone();
+    e.op_with_regions(
+        "stablehlo.scatter",
+        &[target, idx, patch],
+        &[region],
+        "scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = 1>, indices_are_sorted = false, unique_indices = true",
+        vec![ty],
+    )[0]
+}
+
+/// `target` with `patch` written at `starts`, as a blend: the patch placed into zeros by
+/// `dynamic_update_slice`, a mask placed likewise, then a select. The in-place form
+/// (`dynamic_update_slice` into the target) is avoided on purpose: xla-cpu-pjrt 0.0.1
+/// miscomputes chained in-place updates of a base whose update is computed from that base.
+pub fn blend_update_slice(e: &mut Emitter, target: Value, patch: Value, starts: &[Value]) -> Value {
+    let ty = e.ty(target).clone();
+    let patch = e.convert(patch, ty.dtype);
+    let patch_shape = e.shape(patch).to_vec();
+    let zeros = e.constant(ty.clone(), ScalarValue::Int(0));
+    let mut operands = vec![zeros, patch];
+    operands.extend_from_slice(starts);
+    let placed = e.op("stablehlo.dynamic_update_slice", &operands, "", ty.clone());
+    let mask_ty = TensorType::new(DType::Bool, &ty.shape);
+    let falses = e.constant(mask_ty.clone(), ScalarValue::Bool(false));
+    let trues = e.constant(
+        TensorType::new(DType::Bool, &patch_shape),
+        ScalarValue::Bool(true),
+    );
+    let mut mask_operands = vec![falses, trues];
+    mask_operands.extend_from_slice(starts);
+    let mask = e.op(
+        "stablehlo.dynamic_update_slice",
+        &mask_operands,
+        "",
+        mask_ty,
+    );
+    e.select(mask, placed, target)
 }
 
 /// Reading helper used by callers: a read through a chain, then the same-size reinterpretation

@@ -22,14 +22,22 @@ fn main() {
         let mut cur = x.clone();
         // Warm up (compiles).
         for _ in 0..50 {
-            let c = e.op(OpId::Add, &[cur.clone(), x.clone()], &[], &[], &[]).unwrap();
+            let c = e
+                .op(OpId::Add, &[cur.clone(), x.clone()], &[], &[], &[])
+                .unwrap();
             cur = TensorRef::contiguous(c.outputs[0].0, DType::F32, &[16]);
         }
         e.sync().unwrap();
         let start = Instant::now();
         for i in 0..n {
             let c = e
-                .op(OpId::Add, &[cur.clone()], &[ScalarArg::float(1.0)], &[], &[])
+                .op(
+                    OpId::Add,
+                    &[cur.clone()],
+                    &[ScalarArg::float(1.0)],
+                    &[],
+                    &[],
+                )
                 .unwrap();
             let next = TensorRef::contiguous(c.outputs[0].0, DType::F32, &[16]);
             e.release_storage(cur.storage).ok();

@@ -1,0 +1,105 @@
+//! A small training loop through the engine: a linear layer with bias, relu and a summed loss,
+//! its gradients by hand, and an SGD update of the weights in place with a learning rate that
+//! changes every step (a lifted scalar: it never recompiles).
+
+use super::{download_f32, output, upload_f32, view};
+use defer::TensorRef;
+use ops::{DType, OpId, ScalarArg};
+use torch_glue::Engine;
+
+pub const BATCH: i64 = 8;
+pub const INPUTS: i64 = 16;
+pub const OUTPUTS: i64 = 4;
+
+/// The inputs and the parameters, resident on the device.
+pub struct Model {
+    pub x: TensorRef,
+    pub w: TensorRef,
+    pub b: TensorRef,
+}
+
+/// Deterministic values in [-1, 1).
+fn values(n: i64, seed: u64) -> Vec<f32> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+impl Model {
+    pub fn upload(e: &Engine) -> Model {
+        Model {
+            x: upload_f32(e, &values(BATCH * INPUTS, 1), &[BATCH, INPUTS]),
+            w: upload_f32(e, &values(INPUTS * OUTPUTS, 2), &[INPUTS, OUTPUTS]),
+            b: upload_f32(e, &values(OUTPUTS, 3), &[OUTPUTS]),
+        }
+    }
+
+    /// The learning rate of step `n`.
+    pub fn learning_rate(n: usize) -> f64 {
+        0.05 / (1.0 + n as f64)
+    }
+
+    /// One step: forward, `loss.item()`, backward, SGD update. Returns the loss. With
+    /// `sync`, everything is materialized and waited for before the loss is read and after the
+    /// update (`torch_pjrt.sync()` twice a step), so no execution is in flight when a region is
+    /// planned.
+    pub fn step(&self, e: &Engine, n: usize, sync: bool) -> f32 {
+        let op = |op: OpId, inputs: &[&TensorRef], scalars: &[ScalarArg], params: &[i64]| {
+            let inputs: Vec<TensorRef> = inputs.iter().map(|t| (*t).clone()).collect();
+            output(
+                &e.op(op, &inputs, scalars, params, &[])
+                    .unwrap_or_else(|err| panic!("{}: {}", op.name(), err.message)),
+            )
+        };
+        let h = op(OpId::Mm, &[&self.x, &self.w], &[], &[]);
+        let z = op(OpId::Add, &[&h, &self.b], &[], &[]);
+        let r = op(OpId::Relu, &[&z], &[], &[]);
+        let loss = op(OpId::Sum, &[&r], &[], &[0, -1]);
+        if sync {
+            e.sync().expect("sync");
+        }
+        let loss_value = download_f32(e, &loss)[0];
+        // d loss / d z = 1 where z > 0: relu's backward of a ones gradient.
+        let ones = op(
+            OpId::Ones,
+            &[],
+            &[],
+            &[DType::F32.code() as i64, BATCH, OUTPUTS],
+        );
+        let g = op(
+            OpId::ThresholdBackward,
+            &[&ones, &z],
+            &[ScalarArg::float(0.0)],
+            &[],
+        );
+        // x.t() @ g, reading x through a transposed view.
+        let x_t = view(&self.x, &[INPUTS, BATCH], &[1, INPUTS], 0);
+        let grad_w = op(OpId::Mm, &[&x_t, &g], &[], &[]);
+        let grad_b = op(OpId::Sum, &[&g], &[], &[0, -1, 0]);
+        let lr = Model::learning_rate(n);
+        for (param, grad) in [(&self.w, &grad_w), (&self.b, &grad_b)] {
+            // param.add_(grad, alpha=-lr)
+            e.op(
+                OpId::Add,
+                &[param.clone(), grad.clone()],
+                &[ScalarArg::float(-lr)],
+                &[],
+                std::slice::from_ref(param),
+            )
+            .unwrap_or_else(|err| panic!("sgd update: {}", err.message));
+        }
+        for t in [h, z, r, loss, ones, g, grad_w, grad_b] {
+            e.release_storage(t.storage).expect("release");
+        }
+        if sync {
+            e.sync().expect("sync");
+        }
+        loss_value
+    }
+}

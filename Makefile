@@ -9,12 +9,18 @@ STAMPS := .stamps
 export VIRTUAL_ENV := $(abspath $(VENV))
 CARGO ?= cargo
 
-.PHONY: demo test deps venv system-deps build rust-test python-test lint bench-build bench clean
 
-demo: deps
+.PHONY: demo pjrt-demo test deps venv system-deps build rust-test python-test python-build lint bench-build bench clean
+
+# The main job: an MLP trained on pjrt in all three modes and on the CPU (examples/demo.py).
+demo: deps python-build
+	$(PY) examples/demo.py
+
+# The PJRT layer alone: compile and run a StableHLO module on the plugin.
+pjrt-demo: deps
 	$(CARGO) run --release -q -p pjrt --example stablehlo_demo
 
-test: deps lint rust-test bench-build python-test
+test: deps python-build lint rust-test bench-build python-test
 
 deps: system-deps venv
 
@@ -50,9 +56,34 @@ bench-build: deps
 bench: deps
 	$(CARGO) bench --workspace
 
-python-test: deps
+python-test: deps python-build
 	@if ls tests/python/test_*.py >/dev/null 2>&1; then $(PY) -m pytest -q tests/python; \
 	else echo "no Python tests yet"; fi
+
+# The PyTorch plugin: the engine library (cargo) copied next to the package, the package installed
+# editable into the .venv (metadata only: it carries the torch.backends entry point), and the C++
+# extension torch_pjrt._C built in place with ninja (incremental, in python/build).
+PY_PKG := python/torch_pjrt
+PY_EXT_SOURCES := $(wildcard $(PY_PKG)/csrc/*.cpp $(PY_PKG)/csrc/*.h $(PY_PKG)/csrc/*.py) \
+	torch-glue/include/torch_pjrt_engine.h python/setup.py
+
+python-build: deps
+	$(CARGO) build --release -q -p torch-glue
+	@cmp -s target/release/libtorch_glue.so $(PY_PKG)/libtorch_glue.so || { \
+		cp target/release/libtorch_glue.so $(PY_PKG)/.libtorch_glue.so.tmp && \
+		mv -f $(PY_PKG)/.libtorch_glue.so.tmp $(PY_PKG)/libtorch_glue.so; }
+	@ls $(PY_PKG)/_C*.so >/dev/null 2>&1 || rm -f $(STAMPS)/python-ext
+	@$(MAKE) --no-print-directory $(STAMPS)/python-install $(STAMPS)/python-ext
+
+$(STAMPS)/python-install: python/setup.py python/pyproject.toml $(STAMPS)/venv
+	@mkdir -p $(STAMPS)
+	TORCH_PJRT_METADATA_ONLY=1 $(PY) -m pip install -q --disable-pip-version-check \
+		--no-build-isolation --no-deps -e python
+	@touch $@
+
+$(STAMPS)/python-ext: $(PY_EXT_SOURCES) $(STAMPS)/python-install
+	cd python && PATH="$(abspath $(VENV))/bin:$$PATH" $(abspath $(PY)) setup.py -q build_ext --inplace
+	@touch $@
 
 clean:
 	$(CARGO) clean

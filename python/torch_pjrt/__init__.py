@@ -1,0 +1,44 @@
+"""torch-pjrt: PyTorch run eagerly on PJRT devices, as device ``"pjrt"``.
+
+Installing the package is enough: PyTorch loads it through the ``torch.backends`` entry point at
+``import torch``. The engine and PJRT start at the first use of the device.
+
+    import torch, torch_pjrt
+    x = torch.randn(4, 4).to("pjrt")
+    with torch_pjrt.eager_mode("defer_and_fuse"):
+        y = (x @ x).relu().sum()
+    print(y.item(), torch_pjrt.metrics()["compilations"])
+"""
+
+from ._api import (
+    EAGER_MODES,
+    eager_mode,
+    get_eager_mode,
+    metrics,
+    metrics_report,
+    reset_metrics,
+    set_eager_mode,
+    sync,
+)
+from ._registration import register as _register
+
+__all__ = [
+    "EAGER_MODES",
+    "eager_mode",
+    "get_eager_mode",
+    "metrics",
+    "metrics_report",
+    "reset_metrics",
+    "set_eager_mode",
+    "sync",
+]
+
+__version__ = "0.1.0"
+
+
+def _autoload() -> None:
+    """The ``torch.backends`` entry point: registers the device; never starts PJRT."""
+    _register()
+
+
+_register()

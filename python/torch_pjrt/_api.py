@@ -1,0 +1,107 @@
+"""The user-facing API: eager modes, sync and metrics."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+
+from . import _native
+
+EAGER_MODES = ("strict", "debug", "defer_and_fuse")
+
+
+def _mode_code(mode: str) -> int:
+    if not isinstance(mode, str) or mode not in EAGER_MODES:
+        raise ValueError(
+            f"unknown eager mode {mode!r}: expected one of "
+            + ", ".join(repr(m) for m in EAGER_MODES)
+        )
+    return EAGER_MODES.index(mode)
+
+
+class eager_mode(contextlib.ContextDecorator):
+    """Runs the enclosed code in an eager mode: ``"strict"`` (op by op, asynchronous),
+    ``"debug"`` (op by op, synchronous) or ``"defer_and_fuse"`` (ops deferred and fused at
+    materialization points).
+
+    The mode is process-wide, so it also covers autograd's backward threads; contexts nest, and
+    leaving one restores the mode that was active when it was entered.
+    """
+
+    def __init__(self, mode: str):
+        self._code = _mode_code(mode)
+        self.mode = mode
+
+    def __enter__(self) -> "eager_mode":
+        engine = _native.ensure_started()
+        _native.check(engine.tpjrt_mode_push(self._code))
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        _native.check(_native.lib().tpjrt_mode_pop())
+        return False
+
+
+def set_eager_mode(mode: str) -> None:
+    """Replaces the current (innermost) eager mode."""
+    code = _mode_code(mode)
+    _native.check(_native.ensure_started().tpjrt_mode_set(code))
+
+
+def get_eager_mode() -> str:
+    """The name of the current eager mode."""
+    code = ctypes.c_int32(0)
+    _native.check(_native.ensure_started().tpjrt_mode_get(ctypes.byref(code)))
+    return EAGER_MODES[code.value]
+
+
+def sync() -> None:
+    """Materializes everything pending and waits for the device."""
+    _native.check(_native.ensure_started().tpjrt_sync())
+
+
+def _metrics_json() -> str:
+    engine = _native.ensure_started()
+    length = ctypes.c_uint64(0)
+    capacity = 4096
+    while True:
+        buffer = ctypes.create_string_buffer(capacity)
+        _native.check(engine.tpjrt_metrics_json(buffer, capacity, ctypes.byref(length)))
+        if length.value < capacity:
+            return buffer.value.decode("utf-8", "replace")
+        capacity = int(length.value) + 1
+
+
+def metrics() -> dict:
+    """The engine's counters: ``compilations``, ``cache_hits``, ``executions``, ``deferred_ops``,
+    ``materializations``, ``host_to_device``, ``device_to_host`` and more, plus ``fallback_ops``
+    (ATen op name -> number of CPU fallbacks)."""
+    return json.loads(_metrics_json())
+
+
+def reset_metrics() -> None:
+    """Zeroes every metric."""
+    _native.check(_native.ensure_started().tpjrt_reset_metrics())
+
+
+def metrics_report() -> str:
+    """The metrics as human-readable text."""
+    m = metrics()
+    fallbacks = m.pop("fallback_ops", {}) or {}
+    reason = m.pop("last_recompile_reason", None)
+    lines = ["torch-pjrt metrics"]
+    width = max([len(k) for k in m] + [12])
+    for key in sorted(m):
+        value = m[key]
+        text = f"{value:.6f}" if isinstance(value, float) else str(value)
+        lines.append(f"  {key:<{width}}  {text}")
+    if fallbacks:
+        lines.append("  fallback_ops (ran on the CPU):")
+        for op, count in sorted(fallbacks.items(), key=lambda kv: (-kv[1], kv[0])):
+            lines.append(f"    {op:<{width}}  {count}")
+    else:
+        lines.append(f"  {'fallback_ops':<{width}}  none")
+    if reason:
+        lines.append(f"  last recompile: {reason}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,138 @@
+"""The ``torch.pjrt`` device module (registered with ``torch._register_device_module``)."""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from . import _native
+
+
+def is_available() -> bool:
+    """Whether the pjrt device can be used (starts the engine; never raises)."""
+    try:
+        _native.ensure_started()
+        return True
+    except Exception:
+        return False
+
+
+def is_initialized() -> bool:
+    """Whether the engine (and PJRT) has started."""
+    return _native.started()
+
+
+def device_count() -> int:
+    """The number of devices of the PJRT client (0 when the device cannot start)."""
+    try:
+        engine = _native.ensure_started()
+    except Exception:
+        return 0
+    count = ctypes.c_int32(0)
+    _native.check(engine.tpjrt_device_count(ctypes.byref(count)))
+    return int(count.value)
+
+
+def _index(device) -> int:
+    if isinstance(device, int):
+        return device
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        if device.type != "pjrt":
+            raise ValueError(f"expected a pjrt device, got {device}")
+        return 0 if device.index is None else device.index
+    raise TypeError(f"expected a pjrt device or an index, got {device!r}")
+
+
+def current_device() -> int:
+    native = _native.native()
+    return 0 if native is None else int(native._current_device())
+
+
+def set_device(device) -> None:
+    index = _index(device)
+    count = device_count()
+    if not 0 <= index < max(count, 1):
+        raise IndexError(f"pjrt device index {index} is out of range: there are {count} devices")
+    native = _native.native()
+    if native is not None:
+        native._set_device(index)
+
+
+def synchronize(device=None) -> None:
+    """Flushes everything pending and waits for the device."""
+    if not _native.started():
+        return
+    _native.check(_native.lib().tpjrt_sync())
+
+
+def _is_in_bad_fork() -> bool:
+    return False
+
+
+# Random ops on pjrt run through the CPU fallback, which draws from the default CPU generator; the
+# pjrt default generator is that generator.
+def manual_seed(seed: int) -> None:
+    torch.default_generator.manual_seed(int(seed))
+
+
+def manual_seed_all(seed: int) -> None:
+    manual_seed(seed)
+
+
+def seed() -> None:
+    torch.default_generator.seed()
+
+
+def seed_all() -> None:
+    seed()
+
+
+def initial_seed() -> int:
+    return torch.default_generator.initial_seed()
+
+
+def get_rng_state(device="pjrt") -> torch.Tensor:
+    return torch.default_generator.get_state()
+
+
+def set_rng_state(new_state: torch.Tensor, device="pjrt") -> None:
+    torch.default_generator.set_state(new_state)
+
+
+def get_rng_state_all() -> list:
+    return [get_rng_state()]
+
+
+def set_rng_state_all(new_states) -> None:
+    for state in new_states:
+        set_rng_state(state)
+
+
+def get_amp_supported_dtype() -> list:
+    return [torch.float16, torch.bfloat16]
+
+
+def _lazy_init() -> None:
+    _native.ensure_started()
+
+
+class device:
+    """Context manager that makes ``device`` the current pjrt device (as ``torch.cuda.device``)."""
+
+    def __init__(self, device):
+        self.idx = -1 if device is None else _index(device)
+        self.prev_idx = -1
+
+    def __enter__(self):
+        self.prev_idx = current_device()
+        if self.idx >= 0 and self.idx != self.prev_idx:
+            set_device(self.idx)
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        if self.idx >= 0 and self.idx != self.prev_idx:
+            set_device(self.prev_idx)
+        return False

@@ -1,0 +1,130 @@
+"""Loading of the two native libraries: the engine (`libtorch_glue.so`, through ctypes) and the
+PrivateUse1 backend (`torch_pjrt._C`), which receives the engine's function table.
+
+Loading never starts PJRT: the engine starts at the first device use, where configuration errors
+(a missing plugin, conflicting environment variables) are raised as Python exceptions.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+import warnings
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_ENGINE_FILE = "libtorch_glue.so"
+
+_ERROR_TYPES = {
+    1: RuntimeError,
+    2: ValueError,
+    3: TypeError,
+    4: NotImplementedError,
+    5: IndexError,
+}
+
+_lock = threading.Lock()
+_loaded = False
+_lib: ctypes.CDLL | None = None
+_C = None
+_unavailable: str | None = None
+
+
+def engine_library_path() -> str:
+    """Where the engine library is read from (`TORCH_PJRT_ENGINE_LIBRARY` overrides it)."""
+    return os.environ.get("TORCH_PJRT_ENGINE_LIBRARY") or os.path.join(_PACKAGE_DIR, _ENGINE_FILE)
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    c_int, c_u64, c_char_p = ctypes.c_int32, ctypes.c_uint64, ctypes.c_char_p
+    signatures = {
+        "tpjrt_api": (ctypes.c_void_p, []),
+        "tpjrt_init": (c_int, [c_char_p]),
+        "tpjrt_last_error": (c_char_p, []),
+        "tpjrt_sync": (c_int, []),
+        "tpjrt_mode_push": (c_int, [c_int]),
+        "tpjrt_mode_pop": (c_int, []),
+        "tpjrt_mode_set": (c_int, [c_int]),
+        "tpjrt_mode_get": (c_int, [ctypes.POINTER(c_int)]),
+        "tpjrt_device_count": (c_int, [ctypes.POINTER(c_int)]),
+        "tpjrt_metrics_json": (c_int, [ctypes.c_char_p, c_u64, ctypes.POINTER(c_u64)]),
+        "tpjrt_reset_metrics": (c_int, []),
+    }
+    for name, (restype, argtypes) in signatures.items():
+        fn = getattr(lib, name)
+        fn.restype = restype
+        fn.argtypes = argtypes
+
+
+def load() -> None:
+    """Loads `_C` (which registers the pjrt kernels) and hands it the engine's function table.
+
+    Never raises: a failure is remembered and raised at the first device use, so `import torch`
+    keeps working with a broken installation.
+    """
+    global _loaded, _lib, _C, _unavailable
+    with _lock:
+        if _loaded:
+            return
+        _loaded = True
+        try:
+            from . import _C as native
+        except ImportError as e:
+            _unavailable = (
+                f"the torch_pjrt C++ extension could not be loaded ({e}); rebuild it with "
+                "`make python-build`"
+            )
+            warnings.warn(f"torch_pjrt: {_unavailable}", RuntimeWarning, stacklevel=2)
+            return
+        _C = native
+        path = engine_library_path()
+        try:
+            lib = ctypes.CDLL(path)
+            _declare(lib)
+            table = lib.tpjrt_api()
+            if not table:
+                raise RuntimeError("tpjrt_api() returned no table")
+            native._set_engine_api(table)
+            _lib = lib
+        except (OSError, AttributeError, RuntimeError) as e:
+            _unavailable = (
+                f"the torch-pjrt engine library {path} could not be loaded ({e}); rebuild it "
+                "with `make python-build`"
+            )
+            native._set_engine_unavailable(_unavailable)
+
+
+def native():
+    """The `_C` module (None when it could not be loaded)."""
+    load()
+    return _C
+
+
+def lib() -> ctypes.CDLL:
+    """The engine library; raises RuntimeError when it is unavailable."""
+    load()
+    if _lib is None:
+        raise RuntimeError(f"the pjrt device is not available: {_unavailable}")
+    return _lib
+
+
+def check(status: int) -> None:
+    """Raises the engine's last error (of this thread) as the matching Python exception."""
+    if status == 0:
+        return
+    raw = lib().tpjrt_last_error()
+    message = raw.decode("utf-8", "replace") if raw else f"pjrt engine error (status {status})"
+    raise _ERROR_TYPES.get(status, RuntimeError)(message)
+
+
+def ensure_started() -> ctypes.CDLL:
+    """Starts the engine (and PJRT) if it is not running; configuration errors surface here."""
+    engine = lib()
+    check(engine.tpjrt_init(None))
+    if _C is not None:
+        _C._note_engine_started()
+    return engine
+
+
+def started() -> bool:
+    return _C is not None and _lib is not None and bool(_C._engine_started())

@@ -1,0 +1,518 @@
+"""Generates the pjrt kernel for every ATen overload the engine implements.
+
+The table below maps an ATen overload to an engine op (its name in the engine's op catalogue,
+`ops/src/op_id.rs`) and a recipe: how the overload's arguments become the engine call's tensor
+inputs, value scalars and static params, in the order of the op's layout. From one functional
+entry the generator also emits the in-place (`add_.Tensor`) and `out=` (`add.out`) variants that
+PyTorch defines for it: they are found by matching argument lists, so the table names each op once.
+
+C++ signatures are read from PyTorch's own `ATen/ops/<op>_ops.h` headers (the dispatcher's exact
+types), and the schemas from the running PyTorch (`torch.ops.aten`), so the generated code always
+matches the installed PyTorch. Overloads that are CompositeImplicitAutograd are refused: a kernel
+for them would hide the decomposition autograd relies on.
+
+Recipe statements, separated by `;`:
+    t X      tensor input X (a CPU 0-d tensor is uploaded)
+    t? X     optional tensor input (omitted when None)
+    tl X     a list of tensor inputs
+    ts X     tensor input, or a value scalar when X is a CPU 0-d tensor (Python numbers arrive so)
+    tsk X    as `ts`, and its kind (1 tensor, 2 scalar) is appended to the params
+    tsk? X   as `tsk` for an optional tensor (kind 0 when None)
+    s X      value scalar X
+    s1 X     value scalar X with default 1: dropped when trailing and equal to 1
+    sk X     optional value scalar: appended when present; its kind (0 or 2) goes to the params
+    p EXPR   one static param (a C++ expression; helpers in torch_pjrt::enc)
+    pl EXPR  static params from a C++ int array expression
+
+Usage: gen_kernels.py OUTPUT_DIR [--shards N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+
+UNARY = [
+    "neg", "abs", "exp", "exp2", "log", "log2", "log10", "log1p", "expm1", "sqrt", "rsqrt",
+    "sin", "cos", "tan", "tanh", "sigmoid", "silu", "erf", "floor", "ceil", "trunc", "sign",
+    "reciprocal", "logical_not", "bitwise_not", "relu", "isnan", "isinf",
+]
+BINARY = [
+    "maximum", "minimum", "atan2", "logical_and", "logical_or", "logical_xor",
+]
+BINARY_TENSOR_SCALAR = [
+    "mul", "div", "remainder", "fmod", "eq", "ne", "lt", "le", "gt", "ge",
+    "bitwise_and", "bitwise_or", "bitwise_xor",
+]
+
+# (ATen overload, engine op, recipe)
+TABLE: list[tuple[str, str, str]] = []
+TABLE += [(name, name, "t self") for name in UNARY]
+TABLE += [
+    ("gelu", "gelu", "t self; p enc::gelu_approx(approximate)"),
+    ("round", "round", "t self"),
+    ("round.decimals", "round", "t self; p decimals"),
+    ("nan_to_num", "nan_to_num", "t self; pl enc::nan_to_num(nan, posinf, neginf)"),
+]
+TABLE += [(name, name, "t self; ts other") for name in BINARY]
+for name in BINARY_TENSOR_SCALAR:
+    TABLE += [(f"{name}.Tensor", name, "t self; ts other"), (f"{name}.Scalar", name, "t self; s other")]
+for name in ["add", "sub", "rsub"]:
+    TABLE += [
+        (f"{name}.Tensor", name, "t self; ts other; s1 alpha"),
+        (f"{name}.Scalar", name, "t self; s other; s1 alpha"),
+    ]
+TABLE += [
+    ("div.Tensor_mode", "div", "t self; ts other; p enc::rounding(rounding_mode)"),
+    ("div.Scalar_mode", "div", "t self; s other; p enc::rounding(rounding_mode)"),
+    ("floor_divide", "div", "t self; ts other; p 2"),
+    ("floor_divide.Scalar", "div", "t self; s other; p 2"),
+    ("pow.Tensor_Tensor", "pow", "t self; ts exponent"),
+    ("pow.Tensor_Scalar", "pow", "t self; s exponent"),
+    ("pow.Scalar", "pow.Scalar", "t exponent; s self"),
+    # ternary
+    ("where.self", "where", "t condition; tsk self; tsk other"),
+    ("clamp", "clamp", "t self; sk min; sk max"),
+    ("clamp.Tensor", "clamp", "t self; tsk? min; tsk? max"),
+    ("clamp_min", "clamp", "t self; sk min; p 0"),
+    ("clamp_min.Tensor", "clamp", "t self; tsk min; p 0"),
+    ("clamp_max", "clamp", "t self; p 0; sk max"),
+    ("clamp_max.Tensor", "clamp", "t self; p 0; tsk max"),
+    ("lerp.Scalar", "lerp", "t self; t end; s weight"),
+    ("lerp.Tensor", "lerp", "t self; t end; ts weight"),
+    ("addcmul", "addcmul", "t self; t tensor1; t tensor2; s1 value"),
+    ("addcdiv", "addcdiv", "t self; t tensor1; t tensor2; s1 value"),
+    # copies, fills and creation (the functional factories compose into these)
+    ("clone", "clone", "t self"),
+    ("fill_.Scalar", "full", "s value; p enc::code(self); pl self.sizes()"),
+    ("fill_.Tensor", "fill_", "t self; ts value"),
+    ("zero_", "zeros", "p enc::code(self); pl self.sizes()"),
+    ("arange.start_out", "arange",
+     "p enc::code(out); p enc::f64(start); p enc::f64(end); p enc::f64(step)"),
+    ("linspace.out", "linspace", "s start; s end; p enc::code(out); p steps"),
+    ("eye.out", "eye", "p enc::code(out); p enc::sym1(n); p enc::sym1(n)"),
+    ("eye.m_out", "eye", "p enc::code(out); p enc::sym1(n); p enc::sym1(m)"),
+    # reductions
+    ("sum", "sum", "t self; p 0; p enc::dt(dtype)"),
+    ("sum.dim_IntList", "sum", "t self; p enc::b(keepdim); p enc::dt(dtype); pl enc::dims(dim)"),
+    ("mean", "mean", "t self; p 0; p enc::dt(dtype)"),
+    ("mean.dim", "mean", "t self; p enc::b(keepdim); p enc::dt(dtype); pl enc::dims(dim)"),
+    ("prod", "prod", "t self; p 0; p enc::dt(dtype)"),
+    ("prod.dim_int", "prod", "t self; p enc::b(keepdim); p enc::dt(dtype); p dim"),
+    ("amax", "amax", "t self; p enc::b(keepdim); pl dim"),
+    ("max", "amax", 't self; p enc::full_reduction(self, "max")'),
+    ("min", "amin", 't self; p enc::full_reduction(self, "min")'),
+    ("amin", "amin", "t self; p enc::b(keepdim); pl dim"),
+    ("argmax", "argmax", "t self; p enc::b(keepdim); pl enc::opt1(dim)"),
+    ("argmin", "argmin", "t self; p enc::b(keepdim); pl enc::opt1(dim)"),
+    ("any", "any", "t self; p 0"),
+    ("any.dim", "any", "t self; p enc::b(keepdim); p dim"),
+    ("any.dims", "any", "t self; p enc::b(keepdim); pl enc::dims(dim)"),
+    ("all", "all", "t self; p 0"),
+    ("all.dim", "all", "t self; p enc::b(keepdim); p dim"),
+    ("all.dims", "all", "t self; p enc::b(keepdim); pl enc::dims(dim)"),
+    ("var.correction", "var",
+     "t self; p enc::b(keepdim); p enc::correction(correction); pl enc::dims(dim)"),
+    ("std.correction", "std",
+     "t self; p enc::b(keepdim); p enc::correction(correction); pl enc::dims(dim)"),
+    ("logsumexp", "logsumexp", "t self; p enc::b(keepdim); pl dim"),
+    ("linalg_vector_norm", "linalg_vector_norm",
+     "t self; p enc::b(keepdim); p enc::dt(dtype); p enc::f64(ord); pl enc::dims(dim)"),
+    ("_softmax", "_softmax", "t self; p dim; p enc::b(half_to_float)"),
+    ("_log_softmax", "_log_softmax", "t self; p dim; p enc::b(half_to_float)"),
+    # matrix products
+    ("mm", "mm", "t self; t mat2"),
+    ("bmm", "bmm", "t self; t mat2"),
+    ("addmm", "addmm", "t self; t mat1; t mat2; s1 beta; s1 alpha"),
+    ("baddbmm", "baddbmm", "t self; t batch1; t batch2; s1 beta; s1 alpha"),
+    ("dot", "dot", "t self; t tensor"),
+    # shape and indexing (view ops stay PyTorch's own: they alias storage)
+    ("cat", "cat", "tl tensors; p dim"),
+    ("stack", "stack", "tl tensors; p dim"),
+    ("flip", "flip", "t self; pl dims"),
+    ("roll", "roll",
+     "t self; p static_cast<int64_t>(shifts.size()); pl enc::sym(shifts); pl dims"),
+    ("constant_pad_nd", "constant_pad_nd", "t self; s value; pl enc::sym(pad)"),
+    ("repeat", "repeat", "t self; pl enc::sym(repeats)"),
+    ("tril", "tril", "t self; p diagonal"),
+    ("triu", "triu", "t self; p diagonal"),
+    ("gather", "gather", "t self; t index; p dim"),
+    ("index_select", "index_select", "t self; t index; p dim"),
+    ("scatter.src", "scatter", "t self; t index; t src; p dim"),
+    ("scatter.value", "scatter", "t self; t index; s value; p dim"),
+    ("scatter_add", "scatter_add", "t self; t index; t src; p dim"),
+    ("embedding", "embedding", "t weight; t indices"),
+    # backward ops
+    ("threshold_backward", "threshold_backward", "t grad_output; t self; s threshold"),
+    ("_softmax_backward_data", "_softmax_backward_data",
+     "t grad_output; t output; p dim; p static_cast<int64_t>(input_dtype)"),
+    ("_log_softmax_backward_data", "_log_softmax_backward_data",
+     "t grad_output; t output; p dim; p static_cast<int64_t>(input_dtype)"),
+    ("nll_loss_forward", "nll_loss_forward",
+     "t self; t target; t? weight; p reduction; p enc::sym1(ignore_index)"),
+    ("nll_loss_backward", "nll_loss_backward",
+     "t grad_output; t self; t target; t total_weight; t? weight; p reduction; "
+     "p enc::sym1(ignore_index)"),
+]
+
+
+# ----- schemas -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Overload:
+    qualified: str  # "add.Tensor" or "relu"
+    packet: str
+    overload: str  # "" for the default overload
+    schema: object
+    kind: str = "functional"  # functional | inplace | out
+    outs: list[str] = field(default_factory=list)
+
+
+def _split_name(qualified: str) -> tuple[str, str]:
+    packet, _, overload = qualified.partition(".")
+    return packet, overload
+
+
+def _op_packet(packet: str):
+    import torch
+
+    return getattr(torch.ops.aten, packet, None)
+
+
+def _dispatcher_overloads(packet: str) -> list[tuple[str, object]]:
+    """(overload name, OpOverload) of a packet that the dispatcher knows (TorchScript-only
+    builtins such as aten::add.t are skipped)."""
+    import torch
+
+    pkt = _op_packet(packet)
+    if pkt is None:
+        return []
+    result = []
+    for name in pkt.overloads():
+        op = getattr(pkt, name)
+        qualified = packet if name == "default" else f"{packet}.{name}"
+        try:
+            torch._C._dispatch_has_kernel_for_dispatch_key("aten::" + qualified, "CompositeImplicitAutograd")
+        except RuntimeError:
+            continue
+        result.append(("" if name == "default" else name, op))
+    return result
+
+
+def _is_composite_implicit(qualified: str) -> bool:
+    import torch
+
+    return torch._C._dispatch_has_kernel_for_dispatch_key("aten::" + qualified, "CompositeImplicitAutograd")
+
+
+def _arg_key(schema, drop_outs: bool) -> list[tuple[str, str]]:
+    key = []
+    for a in schema.arguments:
+        if drop_outs and a.kwarg_only and a.alias_info is not None and a.alias_info.is_write:
+            continue
+        key.append((a.name, str(a.type)))
+    return key
+
+
+def _mutable_args(schema) -> list[str]:
+    return [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+
+
+def _classify(qualified: str, schema) -> Overload:
+    packet, overload = _split_name(qualified)
+    writes = _mutable_args(schema)
+    o = Overload(qualified, packet, overload, schema)
+    if not writes:
+        o.kind = "functional"
+    elif all(a.kwarg_only for a in schema.arguments if a.name in writes):
+        o.kind, o.outs = "out", writes
+    else:
+        o.kind, o.outs = "inplace", writes
+    return o
+
+
+def variants_of(qualified: str) -> list[Overload]:
+    """The overload itself plus, for a functional one, its in-place and out= variants."""
+    packet, overload = _split_name(qualified)
+    base = None
+    for name, op in _dispatcher_overloads(packet):
+        if name == overload:
+            base = op
+    if base is None:
+        raise SystemExit(f"gen_kernels: aten::{qualified} does not exist in this PyTorch")
+    first = _classify(qualified, base._schema)
+    found = [first]
+    if first.kind != "functional":
+        return found
+    key = _arg_key(base._schema, drop_outs=False)
+    for name, op in _dispatcher_overloads(packet + "_"):
+        if _arg_key(op._schema, drop_outs=False) == key:
+            q = f"{packet}_" + (f".{name}" if name else "")
+            found.append(_classify(q, op._schema))
+    for name, op in _dispatcher_overloads(packet):
+        s = op._schema
+        if name == overload or not _mutable_args(s):
+            continue
+        if _arg_key(s, drop_outs=True) == key:
+            q = packet + (f".{name}" if name else "")
+            o = _classify(q, s)
+            if o.kind == "out":
+                found.append(o)
+    return found
+
+
+# ----- C++ signatures from PyTorch's headers -----------------------------------------------------
+
+
+@dataclass
+class CppSig:
+    struct: str
+    returns: str
+    args: list[tuple[str, str]]  # (type, name)
+
+
+_STRUCT_RE = re.compile(r"struct TORCH_API (\w+) \{(.*?)\n\};", re.S)
+_NAME_RE = re.compile(r'static constexpr const char\* name = "aten::(\w+)";')
+_OVERLOAD_RE = re.compile(r'static constexpr const char\* overload_name = "(\w*)";')
+_CALL_RE = re.compile(r"\n  static (.+?) call\((.*?)\);")
+
+
+def _split_top(text: str) -> list[str]:
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    if cur.strip():
+        parts.append(cur.strip())
+    return parts
+
+
+class Headers:
+    def __init__(self, include_dir: str):
+        self.include_dir = include_dir
+        self.cache: dict[str, dict[tuple[str, str], CppSig]] = {}
+
+    def _load(self, packet: str) -> dict[tuple[str, str], CppSig]:
+        for stem in (packet, packet.rstrip("_")):
+            path = os.path.join(self.include_dir, "ATen", "ops", f"{stem}_ops.h")
+            if os.path.exists(path):
+                break
+        else:
+            raise SystemExit(f"gen_kernels: no ATen/ops header for aten::{packet}")
+        if path in self.cache:
+            return self.cache[path]
+        table = {}
+        with open(path) as f:
+            text = f.read()
+        for m in _STRUCT_RE.finditer(text):
+            body = m.group(2)
+            name, overload, call = _NAME_RE.search(body), _OVERLOAD_RE.search(body), _CALL_RE.search(body)
+            if not (name and overload and call):
+                continue
+            args = []
+            for part in _split_top(call.group(2)):
+                typ, _, arg = part.rpartition(" ")
+                args.append((typ.strip(), arg.strip()))
+            table[(name.group(1), overload.group(1))] = CppSig(m.group(1), call.group(1).strip(), args)
+        self.cache[path] = table
+        return table
+
+    def signature(self, o: Overload) -> CppSig:
+        sig = self._load(o.packet).get((o.packet, o.overload))
+        if sig is None:
+            raise SystemExit(f"gen_kernels: no C++ signature for aten::{o.qualified}")
+        return sig
+
+
+# ----- code generation ---------------------------------------------------------------------------
+
+
+def recipe_lines(recipe: str, arg_names: set[str], qualified: str) -> list[str]:
+    lines = []
+    for stmt in filter(None, (s.strip() for s in recipe.split(";"))):
+        verb, _, rest = stmt.partition(" ")
+        rest = rest.strip()
+        if verb in ("t", "t?", "tl", "ts", "tsk", "tsk?", "s", "s1", "sk") and rest not in arg_names:
+            raise SystemExit(f"gen_kernels: {qualified}: recipe names '{rest}', not an argument")
+        if verb == "t":
+            lines.append(f"c.input({rest});")
+        elif verb == "t?":
+            lines.append(f"c.opt_input({rest});")
+        elif verb == "tl":
+            lines.append(f"c.inputs({rest});")
+        elif verb == "ts":
+            lines.append(f"c.input_or_scalar({rest});")
+        elif verb == "tsk":
+            lines.append(f"c.param(c.input_or_scalar({rest}));")
+        elif verb == "tsk?":
+            lines.append(f"c.param(c.opt_input_or_scalar({rest}));")
+        elif verb == "s":
+            lines.append(f"c.scalar({rest});")
+        elif verb == "s1":
+            lines.append(f"c.scalar_default1({rest});")
+        elif verb == "sk":
+            lines.append(f"c.param(c.opt_scalar({rest}));")
+        elif verb == "p":
+            lines.append(f"c.param({rest});")
+        elif verb == "pl":
+            lines.append(f"c.params({rest});")
+        else:
+            raise SystemExit(f"gen_kernels: {qualified}: unknown recipe statement '{stmt}'")
+    return lines
+
+
+def kernel_code(o: Overload, sig: CppSig, op_index: int, recipe: str) -> str:
+    names = {n for _, n in sig.args}
+    params = ", ".join(f"{t} {n}" for t, n in sig.args)
+    fn = f"k_{sig.struct}"
+    body = [f'  OpCall c(g_kernel_op_ids[{op_index}], "aten::{o.qualified}");']
+    body += ["  " + line for line in recipe_lines(recipe, names, o.qualified)]
+    n_results = len(o.schema.returns)
+    if o.kind == "functional":
+        if n_results == 1:
+            body.append("  return c.run_functional();")
+        else:
+            body.append(f"  auto r = c.run_functional_n({n_results});")
+            items = ", ".join(f"std::move(r[{i}])" for i in range(n_results))
+            body.append(f"  return {sig.returns}({items});")
+    else:
+        for out in o.outs:
+            body.append(f"  c.out({out});")
+        body.append("  c.run_inplace();" if o.kind == "inplace" else "  c.run_out();")
+        if len(o.outs) == 1:
+            body.append(f"  return {o.outs[0]};")
+        else:
+            body.append(f"  return {sig.returns}({', '.join(o.outs)});")
+    return f"static {sig.returns} {fn}({params}) {{\n" + "\n".join(body) + "\n}\n"
+
+
+HEADER = """// Generated by gen_kernels.py from its op table and the installed PyTorch; do not edit.
+#include "pjrt_backend.h"
+
+namespace torch_pjrt {
+
+// Engine op ids, resolved by name when the engine table is installed (-1: unknown op).
+extern int32_t g_kernel_op_ids[];
+"""
+
+
+def generate(out_dir: str, shards: int) -> list[str]:
+    import torch.utils.cpp_extension as ext
+
+    include_dir = ext.include_paths()[0]
+    headers = Headers(include_dir)
+    engine_ops: list[str] = []
+    kernels: list[tuple[str, str, int, str]] = []  # (qualified, code, op index, fn)
+    seen: set[str] = set()
+    for qualified, engine_op, recipe in TABLE:
+        if engine_op not in engine_ops:
+            engine_ops.append(engine_op)
+        index = engine_ops.index(engine_op)
+        for o in variants_of(qualified):
+            if o.qualified in seen:
+                continue
+            if _is_composite_implicit(o.qualified):
+                if o.qualified == qualified:
+                    raise SystemExit(
+                        f"gen_kernels: aten::{qualified} is CompositeImplicitAutograd; a pjrt "
+                        "kernel would bypass the decomposition autograd differentiates"
+                    )
+                continue
+            seen.add(o.qualified)
+            sig = headers.signature(o)
+            kernels.append((o.qualified, kernel_code(o, sig, index, recipe), index, f"k_{sig.struct}"))
+
+    os.makedirs(out_dir, exist_ok=True)
+    written = []
+    per_shard = (len(kernels) + shards - 1) // shards
+    for s in range(shards):
+        chunk = kernels[s * per_shard:(s + 1) * per_shard]
+        text = HEADER + "\nnamespace {\n\n" + "\n".join(code for _, code, _, _ in chunk) + "\n}  // namespace\n\n"
+        text += f"void register_kernels_shard{s}(torch::Library& lib) {{\n"
+        for qualified, _, index, fn in chunk:
+            text += f"  if (g_kernel_op_ids[{index}] >= 0) lib.impl(\"{qualified}\", TORCH_FN({fn}));\n"
+        text += "}\n\n}  // namespace torch_pjrt\n"
+        written.append(_write(os.path.join(out_dir, f"kernels_{s}.cpp"), text))
+
+    reg = ["// Generated by gen_kernels.py; do not edit.", '#include "pjrt_backend.h"',
+           '#include "module_api.h"', "", "namespace torch_pjrt {", ""]
+    reg.append(f"int32_t g_kernel_op_ids[{len(engine_ops)}];")
+    reg.append("")
+    reg.append("namespace {")
+    reg.append("const char* const kEngineOps[] = {")
+    reg += [f'    "{name}",' for name in engine_ops]
+    reg.append("};")
+    reg.append("const char* const kKernels[] = {")
+    reg += [f'    "aten::{q}",' for q, _, _, _ in kernels]
+    reg.append("};")
+    reg.append("const int kKernelOps[] = {" + ", ".join(str(i) for _, _, i, _ in kernels) + "};")
+    reg.append("}  // namespace")
+    reg.append("")
+    for s in range(shards):
+        reg.append(f"void register_kernels_shard{s}(torch::Library& lib);")
+    reg.append("")
+    reg.append("std::vector<std::string> register_generated_kernels() {")
+    reg.append("  const TpjrtApi& table = api();")
+    reg.append(f"  for (int i = 0; i < {len(engine_ops)}; ++i) {{")
+    reg.append("    int32_t id = -1;")
+    reg.append("    g_kernel_op_ids[i] = table.op_id(kEngineOps[i], &id) == TPJRT_OK ? id : -1;")
+    reg.append("  }")
+    reg.append("  // Registrations live as long as the process.")
+    reg.append("  auto* lib = new torch::Library(torch::Library::IMPL, \"aten\",")
+    reg.append("      c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);")
+    for s in range(shards):
+        reg.append(f"  register_kernels_shard{s}(*lib);")
+    reg.append("  std::vector<std::string> missing;")
+    reg.append(f"  for (int k = 0; k < {len(kernels)}; ++k) {{")
+    reg.append("    if (g_kernel_op_ids[kKernelOps[k]] < 0) missing.emplace_back(kKernels[k]);")
+    reg.append("  }")
+    reg.append("  return missing;")
+    reg.append("}")
+    reg.append("")
+    reg.append("namespace module {")
+    reg.append("std::vector<std::string> kernel_names() {")
+    reg.append("  return std::vector<std::string>(std::begin(kKernels), std::end(kKernels));")
+    reg.append("}")
+    reg.append("}  // namespace module")
+    reg.append("")
+    reg.append("}  // namespace torch_pjrt")
+    written.append(_write(os.path.join(out_dir, "register.cpp"), "\n".join(reg) + "\n"))
+    return written
+
+
+def _write(path: str, text: str) -> str:
+    """Writes only when the content changed, so an unchanged table rebuilds nothing."""
+    try:
+        with open(path) as f:
+            if f.read() == text:
+                return path
+    except OSError:
+        pass
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir")
+    parser.add_argument("--shards", type=int, default=2)
+    args = parser.parse_args(argv)
+    for path in generate(args.out_dir, args.shards):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

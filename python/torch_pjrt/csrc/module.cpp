@@ -1,0 +1,35 @@
+// The `torch_pjrt._C` Python module: only the handful of functions Python needs to install the
+// engine table. Kernels, allocator, device guard and hooks register themselves when this library
+// is loaded (static initializers in the other translation units).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <stdexcept>
+
+#include "module_api.h"
+
+namespace py = pybind11;
+namespace m = torch_pjrt::module;
+
+PYBIND11_MODULE(_C, mod) {
+  mod.doc() = "torch-pjrt PrivateUse1 backend (device 'pjrt')";
+  mod.def(
+      "_set_engine_api",
+      [](std::uintptr_t address) {
+        std::string error = m::set_engine_api(address);
+        if (!error.empty()) {
+          throw std::runtime_error(error);
+        }
+      },
+      py::arg("address"),
+      "Install the engine's TpjrtApi table (an address from tpjrt_api()) and register kernels.");
+  mod.def("_set_engine_unavailable", &m::set_engine_unavailable, py::arg("reason"));
+  mod.def("_engine_loaded", &m::engine_loaded);
+  mod.def("_engine_started", &m::engine_started);
+  mod.def("_note_engine_started", &m::note_engine_started);
+  mod.def("_missing_ops", &m::missing_ops);
+  mod.def("_kernel_names", &m::kernel_names);
+  mod.def("_current_device", &m::current_device);
+  mod.def("_set_device", &m::set_device, py::arg("index"));
+  mod.def("_reset_fallback_warnings", &m::reset_fallback_warnings);
+}

@@ -1,0 +1,184 @@
+// The PyTorch side of torch-pjrt: a thin PrivateUse1 backend ("pjrt") that marshals tensors into
+// the engine's C ABI. Every call into the engine goes through the function table handed over from
+// Python (`_C._set_engine_api`), so the process has exactly one engine whichever library loaded it.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/util/SmallVector.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <string>
+
+#include "torch_pjrt_engine.h"
+
+namespace torch_pjrt {
+
+// ----- the engine table -----------------------------------------------------------------------
+
+// Installs the engine's function table (checked: ABI version and struct size). Returns an empty
+// string on success, else why the table was refused.
+std::string set_api(const TpjrtApi* table);
+// Records why the engine could not be loaded; the first device use raises it.
+void set_unavailable(const std::string& reason);
+// The table, or a RuntimeError naming why there is none.
+const TpjrtApi& api();
+bool api_loaded();
+// Whether any engine call that needs a running engine has succeeded in this process.
+bool engine_started();
+void mark_started();
+
+// Raises the engine's last error as the c10 error matching `code` (RuntimeError, ValueError,
+// TypeError, NotImplementedError, IndexError).
+[[noreturn]] void raise_engine_error(int32_t code, const char* context);
+inline void check(int32_t code, const char* context) {
+  if (code != TPJRT_OK) {
+    raise_engine_error(code, context);
+  }
+}
+
+// ----- storages ---------------------------------------------------------------------------------
+
+at::Allocator* allocator();
+// The engine storage id behind a pjrt storage (a RuntimeError for any other storage).
+uint64_t storage_id(const c10::Storage& storage);
+// A storage for an engine storage the engine created (it takes ownership of the id).
+c10::Storage wrap_storage(uint64_t id, size_t nbytes, c10::Device device);
+// Changes a storage's byte size (PyTorch's `resizePrivateUse1Bytes`).
+void resize_storage_bytes(const c10::Storage& storage, size_t nbytes);
+
+// ----- devices ----------------------------------------------------------------------------------
+
+c10::DeviceIndex current_device_index();
+void set_current_device_index(c10::DeviceIndex index);
+// The engine's device count once it runs; 1 (one nominal device) before, without starting it.
+c10::DeviceIndex device_count_nothrow() noexcept;
+
+// ----- tensors ----------------------------------------------------------------------------------
+
+inline bool is_pjrt(const at::Tensor& t) {
+  return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1;
+}
+inline int32_t dtype_code(at::ScalarType t) {
+  return static_cast<int32_t>(t);
+}
+// `(storage, dtype, sizes, strides, offset)`; the pointers live as long as `t`.
+TpjrtTensor describe(const at::Tensor& t);
+// A contiguous tensor over a storage the engine created for an op result.
+at::Tensor tensor_from_output(const TpjrtOutput& out, c10::Device device);
+
+// Copies between host and device (used by `_copy_from`).
+void copy_host_to_device(const at::Tensor& src_cpu, const at::Tensor& dst);
+void copy_device_to_host(const at::Tensor& src, const at::Tensor& dst_cpu);
+void copy_device_to_device(const at::Tensor& src, const at::Tensor& dst);
+
+// Engine op ids of the ops the backend itself uses (copies), resolved when the table arrives.
+int32_t builtin_op(const char* name);
+
+// ----- one op call ------------------------------------------------------------------------------
+
+// Builds one `TpjrtOpCall` from ATen arguments, following the engine's per-op layout (inputs,
+// value scalars, static params, outs), and runs it. Generated kernels drive it.
+class OpCall {
+ public:
+  OpCall(int32_t op, const char* aten_name) : op_(op), name_(aten_name) {}
+
+  // A tensor input. A CPU 0-d tensor is uploaded; any other CPU tensor is an error.
+  void input(const at::Tensor& t);
+  void opt_input(const std::optional<at::Tensor>& t);
+  void inputs(at::ITensorListRef ts);
+  // A CPU 0-d tensor becomes a value scalar (a Python number if it is a wrapped number),
+  // anything else a tensor input. Returns the operand kind: 1 = tensor, 2 = scalar.
+  int64_t input_or_scalar(const at::Tensor& t);
+  // As above, 0 when absent.
+  int64_t opt_input_or_scalar(const std::optional<at::Tensor>& t);
+  void scalar(const at::Scalar& s);
+  // A trailing scalar whose default is 1 (alpha, beta, value): dropped when it is 1.
+  void scalar_default1(const at::Scalar& s);
+  // An optional scalar: 2 when present, 0 when absent.
+  int64_t opt_scalar(const std::optional<at::Scalar>& s);
+  void param(int64_t p) {
+    params_.push_back(p);
+  }
+  void param(const c10::SymInt& p) {
+    params_.push_back(p.expect_int());
+  }
+  void params(c10::IntArrayRef ps) {
+    params_.append(ps.begin(), ps.end());
+  }
+  void out(const at::Tensor& t);
+
+  // Runs the op; the engine creates the results.
+  at::Tensor run_functional();
+  std::vector<at::Tensor> run_functional_n(size_t n);
+  // Runs the op into `outs` that are also inputs (in-place variants): shapes must match.
+  void run_inplace();
+  // Runs the op into `out=` tensors, resized to the result first.
+  void run_out();
+
+ private:
+  TpjrtOpCall make_call();
+  void trim_default_scalars();
+  void check_outs(bool resize);
+  c10::Device result_device() const;
+
+  int32_t op_;
+  const char* name_;
+  c10::SmallVector<TpjrtTensor, 4> inputs_;
+  c10::SmallVector<TpjrtScalar, 4> scalars_;
+  c10::SmallVector<bool, 4> trimmable_;
+  c10::SmallVector<int64_t, 8> params_;
+  c10::SmallVector<TpjrtTensor, 2> outs_;
+  c10::SmallVector<at::Tensor, 2> out_tensors_;
+  c10::SmallVector<at::Tensor, 2> keep_alive_;
+  std::optional<c10::Device> device_;
+};
+
+// ----- param encoders used by the kernel table --------------------------------------------------
+
+namespace enc {
+inline int64_t b(bool v) {
+  return v ? 1 : 0;
+}
+inline int64_t dt(std::optional<at::ScalarType> t) {
+  return t ? static_cast<int64_t>(*t) : -1;
+}
+inline int64_t code(const at::Tensor& t) {
+  return static_cast<int64_t>(t.scalar_type());
+}
+int64_t f64(double x);
+inline int64_t f64(const at::Scalar& s) {
+  return f64(s.toDouble());
+}
+inline c10::IntArrayRef dims(at::OptionalIntArrayRef d) {
+  return d.has_value() ? *d : c10::IntArrayRef();
+}
+inline c10::IntArrayRef sym(c10::SymIntArrayRef s) {
+  return C10_AS_INTARRAYREF_SLOW(s);
+}
+inline int64_t sym1(const c10::SymInt& s) {
+  return s.expect_int();
+}
+inline c10::SmallVector<int64_t, 1> opt1(std::optional<int64_t> v) {
+  c10::SmallVector<int64_t, 1> r;
+  if (v) {
+    r.push_back(*v);
+  }
+  return r;
+}
+int64_t rounding(std::optional<c10::string_view> mode);
+int64_t gelu_approx(c10::string_view approximate);
+int64_t correction(const std::optional<at::Scalar>& c);
+// `max()`/`min()` over all elements: PyTorch's error for an empty tensor; returns keepdim = 0.
+int64_t full_reduction(const at::Tensor& self, const char* op);
+c10::SmallVector<int64_t, 4> nan_to_num(
+    std::optional<double> nan,
+    std::optional<double> posinf,
+    std::optional<double> neginf);
+}  // namespace enc
+
+// Registers the generated per-op kernels for the ops this engine knows (called once the table is
+// installed); returns the ATen names whose engine op is missing.
+std::vector<std::string> register_generated_kernels();
+
+}  // namespace torch_pjrt

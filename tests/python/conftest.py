@@ -1,0 +1,65 @@
+"""Shared helpers for the torch-pjrt Python tests (run with `make python-test`)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import torch_pjrt
+
+# Variables that change the engine's behaviour; subprocess tests start from a clean slate.
+ENGINE_ENV = (
+    "TORCH_PJRT_DEFER_AND_FUSE",
+    "TORCH_PJRT_LAUNCH_BLOCKING",
+    "TORCH_PJRT_PLUGIN",
+    "TORCH_PJRT_FALLBACK",
+    "TORCH_PJRT_CACHE_DIR",
+    "TORCH_PJRT_SHARED_CACHE",
+    "TORCH_PJRT_DUMP_DIR",
+    "TORCH_PJRT_MAX_REGION_OPS",
+)
+
+
+def run_python(code: str, env: dict | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
+    """Runs `code` in a fresh interpreter (the engine is one per process, its environment is read
+    once); returns the completed process (check returncode/stdout/stderr)."""
+    full_env = {k: v for k, v in os.environ.items() if k not in ENGINE_ENV}
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def assert_ok(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    return proc.stdout
+
+
+@pytest.fixture
+def pjrt():
+    """The pjrt device, in strict mode, with fresh metrics."""
+    before = torch_pjrt.get_eager_mode()
+    with torch_pjrt.eager_mode("strict"):
+        torch_pjrt.sync()
+        torch_pjrt.reset_metrics()
+        yield torch.device("pjrt")
+        assert torch_pjrt.get_eager_mode() == "strict", "a test leaked an eager mode"
+    assert torch_pjrt.get_eager_mode() == before
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+def assert_close(actual, expected, **kw):
+    assert actual.device.type == "pjrt", actual.device
+    kw.setdefault("equal_nan", True)
+    torch.testing.assert_close(actual.cpu(), expected, **kw)

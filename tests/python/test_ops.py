@@ -1,0 +1,265 @@
+"""Ops on pjrt against the same ops on the CPU (contiguous tensors)."""
+
+import pytest
+import torch
+
+import torch_pjrt
+from conftest import assert_close
+
+UNARY = [
+    torch.neg, torch.abs, torch.exp, torch.log1p, torch.sin, torch.cos, torch.tanh,
+    torch.sigmoid, torch.relu, torch.floor, torch.ceil, torch.trunc, torch.sign, torch.erf,
+    torch.nn.functional.silu, torch.nn.functional.gelu,
+    lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+    lambda x: x.abs().sqrt(), lambda x: x.abs().add(0.5).log(), lambda x: x.abs().add(0.5).rsqrt(),
+    lambda x: x.round(), lambda x: x.round(decimals=1), lambda x: x.reciprocal(),
+]
+
+BINARY = [
+    torch.add, torch.sub, torch.mul, torch.div, torch.maximum, torch.minimum, torch.atan2,
+    lambda a, b: torch.add(a, b, alpha=2.5), lambda a, b: torch.sub(a, b, alpha=-1),
+    lambda a, b: torch.div(a, b, rounding_mode="floor"),
+    lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+    lambda a, b: a.abs().add(0.1).pow(b), torch.eq, torch.ne, torch.lt, torch.le, torch.gt,
+    torch.ge, lambda a, b: torch.where(a > b, a, b), lambda a, b: torch.lerp(a, b, 0.3),
+    lambda a, b: torch.addcmul(a, a, b, value=0.5), lambda a, b: a.clamp(min=b),
+]
+
+WITH_SCALARS = [
+    lambda x: x + 2, lambda x: 2 + x, lambda x: x - 0.5, lambda x: 1 - x, lambda x: x * 3,
+    lambda x: x / 4, lambda x: 3 / (x.abs() + 1), lambda x: x ** 2, lambda x: x.abs() ** 0.5,
+    lambda x: 2 ** x, lambda x: x * torch.tensor(2.5), lambda x: torch.tensor(2.5) * x,
+    lambda x: x > 0, lambda x: x == 0.5, lambda x: x.clamp(-0.5, 0.5), lambda x: x.clamp(max=0.1),
+    lambda x: torch.where(x > 0, x, 0.0), lambda x: torch.where(x > 0, 1.0, x),
+    lambda x: x.remainder(0.7), lambda x: x.fmod(0.7),
+]
+
+REDUCTIONS = [
+    torch.sum, torch.mean, torch.prod, torch.amax, torch.amin, torch.argmax, torch.argmin,
+    lambda x: torch.logsumexp(x, dim=1),
+    lambda x: x.sum(0), lambda x: x.sum(dim=(0, 1), keepdim=True), lambda x: x.mean(1, keepdim=True),
+    lambda x: x.amax(1), lambda x: x.argmax(1), lambda x: x.var(1), lambda x: x.std(),
+    lambda x: x.var(0, correction=0), lambda x: x.norm(), lambda x: x.norm(p=1, dim=1),
+    lambda x: (x > 0).any(), lambda x: (x > -10).all(1), lambda x: x.softmax(-1),
+    lambda x: x.log_softmax(0), lambda x: x.sum(dtype=torch.float64), lambda x: x.max(),
+    lambda x: x.min(),
+]
+
+
+def _data(*shape):
+    return torch.randn(*shape)
+
+
+@pytest.mark.parametrize("op", UNARY, ids=range(len(UNARY)))
+def test_unary(pjrt, op):
+    x = _data(4, 5)
+    assert_close(op(x.to(pjrt)), op(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("op", BINARY, ids=range(len(BINARY)))
+def test_binary(pjrt, op):
+    a, b = _data(4, 5), _data(4, 5)
+    assert_close(op(a.to(pjrt), b.to(pjrt)), op(a, b), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("op", WITH_SCALARS, ids=range(len(WITH_SCALARS)))
+def test_with_python_scalars(pjrt, op):
+    x = _data(3, 6)
+    assert_close(op(x.to(pjrt)), op(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("op", REDUCTIONS, ids=range(len(REDUCTIONS)))
+def test_reductions(pjrt, op):
+    x = _data(6, 7)
+    assert_close(op(x.to(pjrt)), op(x), rtol=1e-4, atol=1e-4)
+
+
+def test_broadcasting(pjrt):
+    a, b = _data(4, 1, 3), _data(5, 1)
+    assert_close(a.to(pjrt) * b.to(pjrt) + 1, a * b + 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8, torch.bool])
+def test_integer_and_bool_dtypes(pjrt, dtype):
+    x = torch.arange(12).reshape(3, 4).to(dtype)
+    y = x.to(pjrt)
+    assert_close(y, x)
+    if dtype is not torch.bool:
+        assert_close(y + 1, x + 1)
+        assert_close(y * 2, x * 2)
+        assert_close(y.sum(), x.sum())
+        assert_close(y // 2, x // 2)
+        assert_close(y / 2, x / 2)
+    assert_close(y == x.to(pjrt), x == x)
+
+
+def test_type_promotion(pjrt):
+    i = torch.arange(6)
+    f = torch.randn(6)
+    h = torch.randn(6).half()
+    assert_close(i.to(pjrt) + f.to(pjrt), i + f)
+    assert_close(i.to(pjrt) * 1.5, i * 1.5)
+    assert_close(h.to(pjrt) + 1.5, h + 1.5)
+    assert_close(h.to(pjrt) + torch.tensor(1.5, dtype=torch.float64), h + torch.tensor(1.5, dtype=torch.float64))
+    assert_close(i.to(pjrt) + torch.tensor(2.5), i + torch.tensor(2.5))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_float_dtypes(pjrt, dtype):
+    x = torch.randn(5, 3).to(dtype)
+    tol = {"rtol": 1e-2, "atol": 1e-2} if dtype in (torch.bfloat16, torch.float16) else {}
+    assert_close((x.to(pjrt) * 2).exp(), (x * 2).exp(), **tol)
+    assert_close(x.to(pjrt).to(torch.float32), x.to(torch.float32))
+
+
+def test_matmul_family(pjrt):
+    a, b, c = _data(4, 5), _data(5, 3), _data(4, 3)
+    assert_close(a.to(pjrt) @ b.to(pjrt), a @ b, rtol=1e-5, atol=1e-5)
+    assert_close(torch.mm(a.to(pjrt), b.to(pjrt)), torch.mm(a, b), rtol=1e-5, atol=1e-5)
+    assert_close(
+        torch.addmm(c.to(pjrt), a.to(pjrt), b.to(pjrt), beta=0.5, alpha=2.0),
+        torch.addmm(c, a, b, beta=0.5, alpha=2.0),
+        rtol=1e-5,
+        atol=1e-5,
+    )
+    x, y = _data(2, 4, 5), _data(2, 5, 3)
+    assert_close(torch.bmm(x.to(pjrt), y.to(pjrt)), torch.bmm(x, y), rtol=1e-5, atol=1e-5)
+    assert_close(x.to(pjrt) @ y.to(pjrt), x @ y, rtol=1e-5, atol=1e-5)
+    v, w = _data(7), _data(7)
+    assert_close(torch.dot(v.to(pjrt), w.to(pjrt)), torch.dot(v, w), rtol=1e-5, atol=1e-5)
+    lin = torch.nn.Linear(5, 3)
+    assert_close(lin.to(pjrt)(a.to(pjrt)), lin.cpu()(a), rtol=1e-5, atol=1e-5)
+
+
+def test_shape_and_index_ops(pjrt):
+    a, b = _data(3, 4), _data(3, 4)
+    idx = torch.tensor([[0, 2], [1, 1], [3, 0]])
+    assert_close(torch.cat([a.to(pjrt), b.to(pjrt)], 1), torch.cat([a, b], 1))
+    assert_close(torch.stack([a.to(pjrt), b.to(pjrt)]), torch.stack([a, b]))
+    assert_close(a.to(pjrt).flip(0), a.flip(0))
+    assert_close(a.to(pjrt).roll(1, 1), a.roll(1, 1))
+    assert_close(torch.nn.functional.pad(a.to(pjrt), (1, 2)), torch.nn.functional.pad(a, (1, 2)))
+    assert_close(a.to(pjrt).repeat(2, 1), a.repeat(2, 1))
+    assert_close(a.to(pjrt).tril(), a.tril())
+    assert_close(a.to(pjrt).triu(1), a.triu(1))
+    assert_close(a.to(pjrt).gather(1, idx.to(pjrt)), a.gather(1, idx))
+    assert_close(a.to(pjrt).index_select(1, torch.tensor([3, 0]).to(pjrt)), a.index_select(1, torch.tensor([3, 0])))
+    emb = torch.nn.functional.embedding
+    assert_close(emb(torch.tensor([2, 0]).to(pjrt), a.to(pjrt)), emb(torch.tensor([2, 0]), a))
+    z = torch.zeros(3, 4)
+    assert_close(z.to(pjrt).scatter_add(1, idx.to(pjrt), b[:, :2].contiguous().to(pjrt)), z.scatter_add(1, idx, b[:, :2]))
+
+
+def test_creation(pjrt):
+    assert_close(torch.zeros(2, 3, device=pjrt), torch.zeros(2, 3))
+    assert_close(torch.ones(4, dtype=torch.int32, device=pjrt), torch.ones(4, dtype=torch.int32))
+    assert_close(torch.full((2, 2), 7.5, device=pjrt), torch.full((2, 2), 7.5))
+    assert_close(torch.arange(5, device=pjrt), torch.arange(5))
+    assert_close(torch.arange(0, 1, 0.25, device=pjrt), torch.arange(0, 1, 0.25))
+    assert_close(torch.linspace(0, 1, 5, device=pjrt), torch.linspace(0, 1, 5))
+    assert_close(torch.eye(3, device=pjrt), torch.eye(3))
+    x = torch.randn(2, 3)
+    assert_close(torch.zeros_like(x.to(pjrt)), torch.zeros_like(x))
+    assert_close(torch.ones_like(x.to(pjrt)), torch.ones_like(x))
+    assert torch.empty(2, 3, device=pjrt).shape == (2, 3)
+
+
+def test_in_place_and_out_variants(pjrt):
+    a, b = _data(3, 4), _data(3, 4)
+    pa = a.to(pjrt)
+    pa.add_(b.to(pjrt), alpha=2).mul_(0.5).exp_()
+    assert_close(pa, a.add(b, alpha=2).mul(0.5).exp())
+    out = torch.empty(0, device=pjrt)
+    torch.mul(a.to(pjrt), b.to(pjrt), out=out)
+    assert_close(out, a * b)
+    out64 = torch.empty(3, 4, dtype=torch.float64, device=pjrt)
+    torch.add(a.to(pjrt), b.to(pjrt), out=out64)
+    assert_close(out64, (a + b).double())
+    z = a.to(pjrt)
+    z.zero_()
+    assert_close(z, torch.zeros(3, 4))
+    z.fill_(2.5)
+    assert_close(z, torch.full((3, 4), 2.5))
+
+
+def test_copies_between_devices(pjrt):
+    x = torch.randn(3, 4)
+    p = x.to(pjrt)
+    assert p.device.type == "pjrt" and p.is_pjrt
+    assert_close(p.to(torch.float64), x.double())
+    assert_close(p.clone(), x)
+    d = torch.empty(3, 4, dtype=torch.float64, device=pjrt)
+    d.copy_(p)
+    assert_close(d, x.double())
+    d.copy_(torch.arange(4.0))  # broadcast from the host
+    assert_close(d, torch.arange(4.0, dtype=torch.float64).expand(3, 4))
+    host = torch.empty(3, 4, dtype=torch.float64)
+    host.copy_(p)  # cast on the way to the host
+    torch.testing.assert_close(host, x.double())
+    torch.testing.assert_close(p.cpu(), x)
+    torch.testing.assert_close(p.to("cpu", torch.int64), x.to(torch.int64))
+
+
+def test_scalars_to_python(pjrt):
+    x = torch.tensor([[1.5, -2.0], [3.0, 4.25]])
+    p = x.to(pjrt)
+    assert p.sum().item() == pytest.approx(6.75)
+    assert p.tolist() == x.tolist()
+    assert bool(p.sum() > 0) is True
+    assert bool(p.sum() < 0) is False
+    assert int(p.max()) == 4
+    assert float(p.min()) == -2.0
+    assert torch.tensor(3, device=pjrt).item() == 3
+    with pytest.raises(RuntimeError):
+        bool(p)  # more than one value
+
+
+def test_numpy_is_a_type_error(pjrt):
+    p = torch.ones(3, device=pjrt)
+    with pytest.raises(TypeError):
+        p.numpy()
+    assert p.cpu().numpy().tolist() == [1.0, 1.0, 1.0]
+
+
+def test_errors_are_pytorch_errors(pjrt):
+    a = torch.ones(3, 4, device=pjrt)
+    with pytest.raises(RuntimeError, match="must match"):
+        a + torch.ones(5, device=pjrt)
+    with pytest.raises(RuntimeError, match="same device"):
+        a + torch.ones(3, 4)
+    with pytest.raises(RuntimeError, match="can't be cast"):
+        torch.ones(3, dtype=torch.int64, device=pjrt).add_(1.5)
+    with pytest.raises(IndexError):
+        a.sum(5)
+    with pytest.raises(TypeError, match="not supported on pjrt"):
+        torch.ones(2, dtype=torch.complex64, device=pjrt)
+    with pytest.raises(RuntimeError, match="numel"):
+        torch.ones(0, device=pjrt).max()
+    # the device stays usable
+    assert_close(a + 1, torch.full((3, 4), 2.0))
+
+
+def test_training_step_matches_cpu(pjrt):
+    torch.manual_seed(1)
+    ref = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.ReLU(), torch.nn.Linear(12, 3))
+    model = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.ReLU(), torch.nn.Linear(12, 3))
+    model.load_state_dict(ref.state_dict())
+    model.to(pjrt)
+    x, y = torch.randn(10, 6), torch.randint(0, 3, (10,))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    for mode in ("strict", "defer_and_fuse"):
+        with torch_pjrt.eager_mode(mode):
+            for _ in range(3):
+                opt.zero_grad()
+                loss = torch.nn.functional.cross_entropy(model(x.to(pjrt)), y.to(pjrt))
+                loss.backward()
+                opt.step()
+                ref_opt.zero_grad()
+                ref_loss = torch.nn.functional.cross_entropy(ref(x), y)
+                ref_loss.backward()
+                ref_opt.step()
+                assert loss.item() == pytest.approx(ref_loss.item(), rel=1e-4, abs=1e-5)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert_close(p.detach(), q.detach(), rtol=1e-4, atol=1e-5)
+    assert torch_pjrt.metrics()["fallback_ops"] == {}

@@ -1,0 +1,86 @@
+"""Strided views on pjrt: reads through views, writes through views, storage-level operations."""
+
+import pytest
+import torch
+
+import torch_pjrt
+from conftest import assert_close
+
+A = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+
+READS = {
+    "select": lambda t: t[1],
+    "column": lambda t: t[:, 2],
+    "slice": lambda t: t[:, 2:5] * 1,
+    "step": lambda t: t[::2, ::3] + 1,
+    "transpose": lambda t: t.t() @ t,
+    "expand": lambda t: t[0].expand(3, 6) * 2,
+    "view": lambda t: t.view(6, 4).sum(0),
+    "diagonal": lambda t: t.diagonal() - 1,
+    "unsqueeze": lambda t: t.unsqueeze(1).expand(4, 2, 6).sum(1),
+    "narrow_contiguous": lambda t: t.narrow(1, 1, 3).contiguous(),
+    "chunk": lambda t: torch.cat(t.chunk(3, dim=1), 0),
+    "view_dtype": lambda t: t.view(torch.int32) + 0,
+}
+
+WRITES = {
+    "setitem_row": lambda t: t.__setitem__(1, 5.0),
+    "fill_column": lambda t: t[:, 2].fill_(-1),
+    "mul_through_transpose": lambda t: t.t()[2].mul_(3),
+    "add_strided": lambda t: t[::2, 1:4].add_(1),
+    "copy_into_slice": lambda t: t[1:3, :2].copy_(torch.ones(2, 2)),
+    "zero_row": lambda t: t[3].zero_(),
+}
+
+
+@pytest.mark.parametrize("name", list(READS))
+def test_read_through_view(pjrt, name):
+    op = READS[name]
+    assert_close(op(A.to(pjrt)), op(A))
+
+
+@pytest.mark.parametrize("name", list(WRITES))
+def test_write_through_view(pjrt, name):
+    op = WRITES[name]
+    q, c = A.to(pjrt), A.clone()
+    op(q)
+    op(c)
+    assert_close(q, c)
+
+
+def test_view_to_host_scalar_and_print(pjrt):
+    p = A.to(pjrt)
+    assert p[2, 3].item() == A[2, 3].item()
+    assert p[1].tolist() == A[1].tolist()
+    assert repr(p[1:, ::2]) == repr(A[1:, ::2]).replace("])", "], device='pjrt:0')")
+
+
+def test_views_share_storage_and_see_writes(pjrt):
+    p = A.clone().to(pjrt)
+    row = p[1]
+    assert row.untyped_storage().data_ptr() == p.untyped_storage().data_ptr()
+    assert row.data_ptr() == p.data_ptr() + 6 * 4
+    p.add_(1)
+    assert_close(row, A[1] + 1)
+
+
+def test_views_in_defer_and_fuse(pjrt):
+    p = A.to(pjrt)
+    c = A.clone()
+    with torch_pjrt.eager_mode("defer_and_fuse"):
+        p[:, 0].mul_(2)
+        c[:, 0].mul_(2)
+        y = (p.t() @ p).sum(1)
+        assert_close(y, (c.t() @ c).sum(1))
+
+
+def test_resize_and_set_on_fresh_storage(pjrt):
+    t = torch.empty(0, device=pjrt)
+    t.resize_(2, 3)
+    t.fill_(4.0)
+    assert_close(t, torch.full((2, 3), 4.0))
+    s = torch.empty(0, device=pjrt).untyped_storage()
+    s.resize_(16)
+    assert s.nbytes() == 16
+    u = torch.empty(0, device=pjrt).set_(t.untyped_storage(), 0, (3, 2), (2, 1))
+    assert_close(u, torch.full((3, 2), 4.0))

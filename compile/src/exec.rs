@@ -146,6 +146,20 @@ pub struct ExecJob {
     /// Argument indices the executable may donate (reuse for an output); all others are passed
     /// as non-donatable. A donated argument's buffer must not be read afterwards.
     pub donatable: Vec<usize>,
+    /// Host arrays the worker uploads right before the execution and passes after `arguments`
+    /// (e.g. a region's packed lifted scalars): one queue item per job instead of one more per
+    /// upload.
+    pub uploads: Vec<HostArgument>,
+}
+
+/// A dense row-major host array that becomes an execution argument on the worker thread.
+pub struct HostArgument {
+    pub client: pjrt::Client,
+    pub bytes: Vec<u8>,
+    pub element_type: pjrt::ElementType,
+    pub dims: Vec<i64>,
+    /// Names the upload in errors ("uploading {what}: ...").
+    pub what: &'static str,
 }
 
 impl ExecJob {
@@ -161,7 +175,14 @@ impl ExecJob {
             arguments,
             outputs,
             donatable: Vec::new(),
+            uploads: Vec::new(),
         }
+    }
+
+    /// Appends a host array to upload as the next argument after the existing ones.
+    pub fn upload(mut self, argument: HostArgument) -> ExecJob {
+        self.uploads.push(argument);
+        self
     }
 
     /// Marks argument indices as donatable.
@@ -404,7 +425,7 @@ fn execute(shared: &QueueShared, job: &ExecJob) -> Result<Vec<Arc<Buffer>>, Exec
         label: label.clone(),
         source,
     })?;
-    let mut arguments = Vec::with_capacity(job.arguments.len());
+    let mut arguments = Vec::with_capacity(job.arguments.len() + job.uploads.len());
     for (index, argument) in job.arguments.iter().enumerate() {
         let buffer = argument.wait().map_err(|error| ExecError::Argument {
             label: label.clone(),
@@ -412,6 +433,21 @@ fn execute(shared: &QueueShared, job: &ExecJob) -> Result<Vec<Arc<Buffer>>, Exec
             cause: Arc::new(error.root_cause().clone()),
         })?;
         arguments.push(buffer);
+    }
+    for upload in &job.uploads {
+        // A failed upload reads as a failed argument, as if it had been a queued transfer.
+        let buffer = upload
+            .client
+            .buffer_from_host(&upload.bytes, upload.element_type, &upload.dims)
+            .map_err(|e| ExecError::Argument {
+                label: label.clone(),
+                index: arguments.len(),
+                cause: Arc::new(ExecError::Task {
+                    label: upload.what.into(),
+                    message: format!("uploading {}: {e}", upload.what),
+                }),
+            })?;
+        arguments.push(Arc::new(buffer));
     }
     let borrowed: Vec<&Buffer> = arguments.iter().map(|b| b.as_ref()).collect();
     let options = ExecuteOptions {

@@ -24,7 +24,9 @@ pub use compiler::{CompileHandle, CompileStats, Compiler};
 pub use config::{CompileConfig, DEFAULT_SHARED_DIR, DEFAULT_TIER1_CAPACITY};
 pub use cpu::{cpu_features_hash, host_cpu_features, host_cpu_features_hash};
 pub use error::{CompileError, ExecError};
-pub use exec::{wait_all_ready, DeviceValue, ExecJob, ExecQueue, ExecStats, WeakDeviceValue};
+pub use exec::{
+    wait_all_ready, DeviceValue, ExecJob, ExecQueue, ExecStats, HostArgument, WeakDeviceValue,
+};
 pub use key::{options_fingerprint, CacheKey, FingerprintInputs};
 
 #[cfg(test)]

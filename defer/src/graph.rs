@@ -57,13 +57,26 @@ impl From<views::ViewError> for EngineError {
 }
 
 /// A tensor as PyTorch describes it: a strided window on a storage.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq)]
 pub struct TensorRef {
     pub storage: StorageId,
     pub dtype: DType,
     pub sizes: Shape,
     pub strides: SmallVec<[i64; 6]>,
     pub offset: i64,
+}
+
+impl Clone for TensorRef {
+    /// Copies sizes and strides in one go (the derived clone goes element by element).
+    fn clone(&self) -> Self {
+        TensorRef {
+            storage: self.storage,
+            dtype: self.dtype,
+            sizes: Shape::from_slice(&self.sizes),
+            strides: SmallVec::from_slice(&self.strides),
+            offset: self.offset,
+        }
+    }
 }
 
 impl TensorRef {
@@ -158,7 +171,8 @@ pub struct Flush<V> {
     pub scalar_packs: Vec<fuse::ScalarPack>,
     pub outputs: Vec<V>,
     pub output_types: Vec<TensorType>,
-    pub label: String,
+    /// Shared: a one-op region's label is the op's name, made once per op.
+    pub label: Arc<str>,
     pub dropped_ops: usize,
     /// Verdicts of the region's side-effecting checks (`_assert_async`): 0-d bools that must be
     /// true, each with the op that produced it. They are extra outputs no storage holds.
@@ -272,6 +286,8 @@ pub struct Graph<V> {
     stats: GraphStats,
     /// Tells whether a region argument is referenced nowhere else (then its buffer is donated).
     donation_check: Option<fn(&V) -> bool>,
+    /// Labels of one-op regions by op name, so an op-by-op flush allocates no label.
+    op_labels: HashMap<&'static str, Arc<str>>,
 }
 
 impl<V: Clone> Default for Graph<V> {
@@ -294,6 +310,7 @@ impl<V: Clone> Graph<V> {
             arg_numbers: HashMap::default(),
             stats: GraphStats::default(),
             donation_check: None,
+            op_labels: HashMap::default(),
         }
     }
 
@@ -555,18 +572,14 @@ impl<V: Clone> Graph<V> {
         for (t, placement) in inputs.iter().zip(&placements) {
             node_inputs.push(self.read_for_node(t, placement)?);
         }
-        let id = self.push_node(
-            RegionOp::Aten(op),
-            params,
-            scalars,
-            meta.clone(),
-            node_inputs,
-        );
-        let mut outputs = Vec::with_capacity(meta.outputs.len());
+        // The output types outlive the meta moved into the node (inline: no allocation).
+        let out_types: SmallVec<[TensorType; 2]> = meta.outputs.iter().cloned().collect();
+        let id = self.push_node(RegionOp::Aten(op), params, scalars, meta, node_inputs);
+        let mut outputs = Vec::with_capacity(out_types.len());
         if outs.is_empty() && op.is_side_effecting() {
             // Its results are verdicts for the engine, not tensors for PyTorch.
         } else if outs.is_empty() {
-            for (i, ty) in meta.outputs.iter().enumerate() {
+            for (i, ty) in out_types.iter().enumerate() {
                 let nbytes = ty.numel() as u64 * ty.dtype.size_bytes() as u64;
                 let storage = self.new_storage(nbytes);
                 self.storages.get_mut(&storage).unwrap().native = Some(ty.dtype);
@@ -575,7 +588,7 @@ impl<V: Clone> Graph<V> {
             }
         } else {
             for (i, out) in outs.iter().enumerate() {
-                let produced = &meta.outputs[i];
+                let produced = &out_types[i];
                 let mut value = id.output(i as u32);
                 if produced.dtype != out.dtype {
                     // out= with another dtype: PyTorch casts the result into the output's dtype.
@@ -638,11 +651,14 @@ impl<V: Clone> Graph<V> {
         )?;
         let ty = TensorType::new(placement.native, &[placement.base_len]);
         let (scalar_dtypes, scalars) = match window {
-            Some(_) => (vec![DType::I64], vec![ScalarArg::int(out.offset)]),
-            None => (Vec::new(), Vec::new()),
+            Some(_) => (
+                ops::ScalarDTypes::from_elem(DType::I64, 1),
+                vec![ScalarArg::int(out.offset)],
+            ),
+            None => (ops::ScalarDTypes::new(), Vec::new()),
         };
         let meta = Meta {
-            outputs: vec![ty.clone()],
+            outputs: smallvec::smallvec![ty.clone()],
             scalar_dtypes,
         };
         let mut inputs: SmallVec<[NodeInput; 3]> = SmallVec::new();
@@ -666,10 +682,16 @@ impl<V: Clone> Graph<V> {
         t: &TensorRef,
         placement: &Placement,
     ) -> Result<NodeInput, EngineError> {
-        let storage = self.storage(t.storage)?;
-        let (nbytes, version) = (storage.nbytes, storage.version);
-        let (value, source_shape) = match storage.value.clone() {
-            StorageValue::Pending { out, ty } => (ValueRef::Pending(out), ty.shape.clone()),
+        // Borrowed, not cloned: only the value's id and whether its shape matches are needed.
+        let storage = self
+            .storages
+            .get(&t.storage)
+            .ok_or_else(|| unknown_storage(t.storage))?;
+        let version = storage.version;
+        let found = match &storage.value {
+            StorageValue::Pending { out, ty } => {
+                Some((ValueRef::Pending(*out), ty.shape == t.sizes))
+            }
             StorageValue::Device { value, ty } => {
                 let key = (t.storage, version);
                 let external = match self.external_of.get(&key) {
@@ -680,7 +702,7 @@ impl<V: Clone> Graph<V> {
                         self.externals.insert(
                             e,
                             External {
-                                value,
+                                value: value.clone(),
                                 ty: ty.clone(),
                             },
                         );
@@ -688,11 +710,14 @@ impl<V: Clone> Graph<V> {
                         e
                     }
                 };
-                (ValueRef::External(external), ty.shape)
+                Some((ValueRef::External(external), ty.shape == t.sizes))
             }
-            StorageValue::Uninit => {
+            StorageValue::Uninit => None,
+        };
+        let (value, same_shape) = match found {
+            Some(found) => found,
+            None => {
                 // An unwritten storage reads as zeros: capture the fill.
-                let _ = nbytes;
                 let mut params: SmallVec<[i64; 4]> = SmallVec::new();
                 params.push(placement.native.code() as i64);
                 params.push(placement.base_len);
@@ -705,12 +730,13 @@ impl<V: Clone> Graph<V> {
                     meta,
                     SmallVec::new(),
                 );
-                self.write_pending(t.storage, id.output(0), ty.clone());
-                (ValueRef::Pending(id.output(0)), ty.shape)
+                let same_shape = ty.shape == t.sizes;
+                self.write_pending(t.storage, id.output(0), ty);
+                (ValueRef::Pending(id.output(0)), same_shape)
             }
         };
         if placement.whole {
-            let reshape_to = (source_shape != t.sizes).then(|| t.sizes.clone());
+            let reshape_to = (!same_shape).then(|| t.sizes.clone());
             return Ok(NodeInput {
                 value,
                 reshape_to,
@@ -756,7 +782,7 @@ impl<V: Clone> Graph<V> {
         inputs: SmallVec<[NodeInput; 3]>,
     ) -> NodeId {
         let id = self.ids.next_id();
-        let mut node = Node {
+        let node = Node {
             id,
             op,
             params: SmallVec::from_slice(params),
@@ -773,16 +799,13 @@ impl<V: Clone> Graph<V> {
             .map(|n| (n.prefix_shapeless, n.prefix_dims))
             .unwrap_or((0, 0));
         let base = self.pending.front().map(|n| n.id.seq()).unwrap_or(id.seq());
-        let (s, d) = Self::node_digests(
-            &node,
-            position,
-            base,
-            &mut self.arg_numbers,
-            &self.externals,
-        );
+        // Hashed in place: a node is large, and moving it once more costs a memcpy per op.
+        self.pending.push_back(node);
+        let node = self.pending.back_mut().expect("just pushed");
+        let (s, d) =
+            Self::node_digests(node, position, base, &mut self.arg_numbers, &self.externals);
         node.prefix_shapeless = fuse::combine(prev_s, s);
         node.prefix_dims = fuse::combine(prev_d, d);
-        self.pending.push_back(node);
         id
     }
 
@@ -976,10 +999,25 @@ impl<V: Clone> Graph<V> {
             }
         };
         let holders = &self.holders;
-        let plan = liveness::plan(&self.pending, liveness_request, |out| {
-            holders.contains_key(&out)
-        })
-        .map_err(|e| EngineError::runtime(format!("internal error planning a region: {e}")))?;
+        let plan = match (liveness_request, self.pending.front()) {
+            // One pending op, flushed whole (every op in the op-by-op modes): the plan is that
+            // op and its held outputs, which is what `liveness::plan` would compute for it.
+            (Request::All, Some(node)) if self.pending.len() == 1 => {
+                let plan = single_node_plan(node, |out| holders.contains_key(&out));
+                debug_assert_eq!(
+                    Some(&plan),
+                    liveness::plan(&self.pending, Request::All, |out| holders
+                        .contains_key(&out))
+                    .ok()
+                    .as_ref()
+                );
+                plan
+            }
+            _ => liveness::plan(&self.pending, liveness_request, |out| {
+                holders.contains_key(&out)
+            })
+            .map_err(|e| EngineError::runtime(format!("internal error planning a region: {e}")))?,
+        };
         if plan.region_len() == 0 {
             return Ok(None);
         }
@@ -990,16 +1028,17 @@ impl<V: Clone> Graph<V> {
         let mut region = Region::default();
         let mut args: Vec<V> = Vec::new();
         let mut arg_index: HashMap<ExternalId, u32> = HashMap::default();
-        let mut region_index: HashMap<NodeId, u32> =
-            HashMap::with_capacity_and_hasher(plan.kept.len(), Default::default());
+        // By pending position (the region is a prefix of the pending list, ids contiguous).
+        let mut region_index: SmallVec<[u32; 8]> = SmallVec::from_elem(u32::MAX, plan.region_len());
         let mut scalars: Vec<(ScalarArg, DType)> = Vec::new();
+        region.nodes.reserve_exact(plan.kept.len());
         for &id in &plan.kept {
-            let node = &self.pending[position(id)];
+            let node = &mut self.pending[position(id)];
             let mut inputs: SmallVec<[InputRef; 3]> = SmallVec::new();
             for input in &node.inputs {
                 let operand = match input.value {
                     ValueRef::Pending(out) => Operand::Node {
-                        node: region_index[&out.node],
+                        node: region_index[position(out.node)],
                         output: out.index,
                     },
                     ValueRef::External(e) => {
@@ -1026,13 +1065,15 @@ impl<V: Clone> Graph<V> {
             for (scalar, dtype) in node.scalars.iter().zip(&node.meta.scalar_dtypes) {
                 scalars.push((*scalar, *dtype));
             }
-            region_index.insert(id, region.nodes.len() as u32);
+            region_index[position(id)] = region.nodes.len() as u32;
             region.nodes.push(RegionNode {
                 op: node.op.clone(),
-                params: node.params.clone(),
+                params: std::mem::take(&mut node.params),
                 inputs,
                 scalars: SmallVec::new(),
-                meta: node.meta.clone(),
+                // Moved, not cloned: the region's ops leave the pending list below; from here
+                // on their types are read from the region.
+                meta: std::mem::take(&mut node.meta),
             });
         }
         let (slots, packs) = fuse::pack_scalars(&scalars);
@@ -1061,11 +1102,15 @@ impl<V: Clone> Graph<V> {
             let out = output.value;
             key_s.u64(position(out.node) as u64).u32(out.index);
             region.outputs.push(Operand::Node {
-                node: region_index[&out.node],
+                node: region_index[position(out.node)],
                 output: out.index,
             });
-            output_types
-                .push(self.pending[position(out.node)].meta.outputs[out.index as usize].clone());
+            output_types.push(
+                region.nodes[region_index[position(out.node)] as usize]
+                    .meta
+                    .outputs[out.index as usize]
+                    .clone(),
+            );
         }
         // Side-effecting ops are kept even when nothing reads them; their results (check
         // verdicts) leave the region so the engine can act on them.
@@ -1076,7 +1121,11 @@ impl<V: Clone> Graph<V> {
             if !node.is_side_effecting() {
                 continue;
             }
-            for k in 0..node.meta.outputs.len() as u32 {
+            let num_outputs = region.nodes[region_index[position(id)] as usize]
+                .meta
+                .outputs
+                .len();
+            for k in 0..num_outputs as u32 {
                 let out = id.output(k);
                 match plan.output_position(out) {
                     Some(i) => checks_in_outputs.push((i, node.op.name().to_string())),
@@ -1088,11 +1137,15 @@ impl<V: Clone> Graph<V> {
         for (out, _) in &check_outputs {
             key_s.u64(position(out.node) as u64).u32(out.index);
             region.outputs.push(Operand::Node {
-                node: region_index[&out.node],
+                node: region_index[position(out.node)],
                 output: out.index,
             });
-            output_types
-                .push(self.pending[position(out.node)].meta.outputs[out.index as usize].clone());
+            output_types.push(
+                region.nodes[region_index[position(out.node)] as usize]
+                    .meta
+                    .outputs[out.index as usize]
+                    .clone(),
+            );
         }
         let dims = key_d.finish();
 
@@ -1179,7 +1232,16 @@ impl<V: Clone> Graph<V> {
         }
         let shapeless = key_s.finish();
 
-        let label = region.label();
+        let label = match region.nodes.as_slice() {
+            [node] => {
+                let name = node.op.name();
+                self.op_labels
+                    .entry(name)
+                    .or_insert_with(|| Arc::from(name))
+                    .clone()
+            }
+            _ => Arc::from(region.label()),
+        };
         self.stats.materializations += 1;
         self.stats.regions += 1;
         self.stats.region_ops += plan.kept.len() as u64;
@@ -1208,6 +1270,29 @@ impl<V: Clone> Graph<V> {
 impl Node {
     fn clone_digests(&self) -> (u64, u64) {
         (self.prefix_shapeless, self.prefix_dims)
+    }
+}
+
+/// The plan of flushing a pending list of exactly one node whole: no request, no pending
+/// reader, so its outputs are the held ones and it is kept when one is held or it has side
+/// effects.
+fn single_node_plan(node: &Node, mut is_held: impl FnMut(NodeOutput) -> bool) -> liveness::Plan {
+    let outputs: Vec<liveness::Output> = (0..node.num_outputs())
+        .map(|index| node.id.output(index))
+        .filter(|&value| is_held(value))
+        .map(|value| liveness::Output {
+            value,
+            requested: false,
+            held_by_storage: true,
+            read_by_pending: false,
+        })
+        .collect();
+    let keep = node.is_side_effecting() || !outputs.is_empty();
+    liveness::Plan {
+        kept: if keep { vec![node.id] } else { Vec::new() },
+        outputs,
+        dropped: if keep { Vec::new() } else { vec![node.id] },
+        still_pending: Vec::new(),
     }
 }
 

@@ -2,7 +2,6 @@
 //! may reach disk; `DefaultHasher` may change between Rust releases and must not be used there.
 
 use ops::{DType, ScalarArg, ScalarValue};
-use smallvec::SmallVec;
 
 /// Hashes values in a fixed byte encoding, so a digest is the same across builds and hosts.
 /// The bytes are gathered on the stack and hashed once (xxh3 of the concatenation equals its
@@ -10,7 +9,39 @@ use smallvec::SmallVec;
 /// inputs of per-op digests.
 #[derive(Clone)]
 pub struct StableHasher {
-    bytes: SmallVec<[u8; 256]>,
+    /// The bytes while they fit here (the common case: a bounds check and a copy per write).
+    inline: [u8; INLINE],
+    len: usize,
+    /// All the bytes once they no longer fit inline.
+    spill: Vec<u8>,
+}
+
+const INLINE: usize = 256;
+
+impl StableHasher {
+    #[inline]
+    fn put(&mut self, value: &[u8]) {
+        if self.spill.is_empty() {
+            let end = self.len + value.len();
+            if let Some(dst) = self.inline.get_mut(self.len..end) {
+                dst.copy_from_slice(value);
+                self.len = end;
+                return;
+            }
+            self.spill.reserve(end.max(2 * INLINE));
+            self.spill.extend_from_slice(&self.inline[..self.len]);
+        }
+        self.spill.extend_from_slice(value);
+    }
+
+    #[inline]
+    fn as_bytes(&self) -> &[u8] {
+        if self.spill.is_empty() {
+            &self.inline[..self.len]
+        } else {
+            &self.spill
+        }
+    }
 }
 
 impl Default for StableHasher {
@@ -22,12 +53,15 @@ impl Default for StableHasher {
 impl StableHasher {
     pub fn new() -> Self {
         StableHasher {
-            bytes: SmallVec::new(),
+            inline: [0; INLINE],
+            len: 0,
+            spill: Vec::new(),
         }
     }
 
+    #[inline]
     pub fn u64(&mut self, value: u64) -> &mut Self {
-        self.bytes.extend_from_slice(&value.to_le_bytes());
+        self.put(&value.to_le_bytes());
         self
     }
 
@@ -35,14 +69,15 @@ impl StableHasher {
         self.u64(value as u64)
     }
 
+    #[inline]
     pub fn u32(&mut self, value: u32) -> &mut Self {
-        self.bytes.extend_from_slice(&value.to_le_bytes());
+        self.put(&value.to_le_bytes());
         self
     }
 
     pub fn bytes(&mut self, value: &[u8]) -> &mut Self {
         self.u64(value.len() as u64);
-        self.bytes.extend_from_slice(value);
+        self.put(value);
         self
     }
 
@@ -81,7 +116,7 @@ impl StableHasher {
     }
 
     pub fn finish(&self) -> u64 {
-        xxhash_rust::xxh3::xxh3_64(self.bytes.as_slice())
+        xxhash_rust::xxh3::xxh3_64(self.as_bytes())
     }
 }
 
@@ -89,11 +124,11 @@ impl StableHasher {
 /// integers) hash into the same stream.
 impl std::hash::Hasher for StableHasher {
     fn write(&mut self, bytes: &[u8]) {
-        self.bytes.extend_from_slice(bytes);
+        self.put(bytes);
     }
 
     fn finish(&self) -> u64 {
-        xxhash_rust::xxh3::xxh3_64(self.bytes.as_slice())
+        xxhash_rust::xxh3::xxh3_64(self.as_bytes())
     }
 }
 

@@ -119,11 +119,11 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
                 &[]
             };
             Ok(Meta {
-                outputs: vec![
+                outputs: smallvec::smallvec![
                     TensorType::new(x.dtype, out_shape),
                     TensorType::scalar(x.dtype),
                 ],
-                scalar_dtypes: vec![],
+                scalar_dtypes: crate::ScalarDTypes::new(),
             })
         }
         NllLossBackward => {

@@ -206,10 +206,18 @@ impl fmt::Display for DType {
 }
 
 /// A contiguous tensor's type: dtype and sizes (strides are handled elsewhere).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Debug, PartialEq, Eq, Hash)]
 pub struct TensorType {
     pub dtype: DType,
     pub shape: Shape,
+}
+
+impl Clone for TensorType {
+    /// Copies the sizes in one go; the derived clone extends element by element, and types are
+    /// cloned several times per captured op.
+    fn clone(&self) -> Self {
+        TensorType::new(self.dtype, &self.shape)
+    }
 }
 
 impl TensorType {

@@ -295,15 +295,15 @@ fn binary_meta(a: &MetaArgs) -> Result<Meta, OpError> {
         op => return Err(OpError::runtime(format!("{}: not a binary op", op.name()))),
     };
     // How each scalar operand is lifted: the dtype the kernel converts it to.
-    let scalar_dtypes = match (a.op, &y) {
-        (PowScalarBase, _) => vec![out.compute_dtype()],
+    let scalar_dtypes: crate::ScalarDTypes = match (a.op, &y) {
+        (PowScalarBase, _) => smallvec::smallvec![out.compute_dtype()],
         (_, Operand::Scalar(_)) => {
             let other = match a.op {
                 Add | Sub | Rsub | Mul | Div => out.compute_dtype(),
                 op if is_logical(op) => operand_dtype(&y),
                 _ => common,
             };
-            let mut v = vec![other];
+            let mut v: crate::ScalarDTypes = smallvec::smallvec![other];
             if !rest.is_empty() {
                 v.push(out.compute_dtype());
             }
@@ -374,7 +374,7 @@ fn where_meta(a: &MetaArgs) -> Result<Meta, OpError> {
     let (x, y) = (ops[0].unwrap(), ops[1].unwrap());
     let shape = broadcast_all([&cond.shape[..], operand_shape(&x), operand_shape(&y)])?;
     let out = result_type(&[x, y]);
-    let scalar_dtypes = ops
+    let scalar_dtypes: crate::ScalarDTypes = ops
         .iter()
         .flatten()
         .filter(|o| matches!(o, Operand::Scalar(_)))
@@ -423,7 +423,7 @@ fn clamp_meta(a: &MetaArgs) -> Result<Meta, OpError> {
         "\"clamp_cpu\" not implemented for 'Bool'"
     );
     let shape = broadcast_all(all.iter().map(operand_shape))?;
-    let scalar_dtypes = ops
+    let scalar_dtypes: crate::ScalarDTypes = ops
         .iter()
         .flatten()
         .filter(|o| matches!(o, Operand::Scalar(_)))
@@ -500,7 +500,8 @@ fn addc_meta(a: &MetaArgs) -> Result<Meta, OpError> {
         return Err(not_implemented_for("addcmul_cpu_out", out));
     }
     let shape = broadcast_all([&x.shape[..], &t1.shape[..], &t2.shape[..]])?;
-    let scalar_dtypes = a.scalars.iter().map(|_| out.compute_dtype()).collect();
+    let scalar_dtypes: crate::ScalarDTypes =
+        a.scalars.iter().map(|_| out.compute_dtype()).collect();
     Ok(Meta::single(
         TensorType { dtype: out, shape },
         scalar_dtypes,

@@ -26,18 +26,23 @@ pub use op_id::OpId;
 pub use params::{dtype_param, f64_param, Params};
 
 /// The result of [`meta`]: output types, and the dtype each value scalar is lifted as.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Meta {
-    pub outputs: Vec<TensorType>,
+    pub outputs: MetaOutputs,
     /// The computation dtype of each value scalar, in `scalars` order (e.g. f32 for bf16 math).
-    pub scalar_dtypes: Vec<DType>,
+    pub scalar_dtypes: ScalarDTypes,
 }
 
+/// Inline lists: meta runs for every captured op, and most ops have one output and at most a
+/// couple of scalars, so these never touch the heap on the hot path.
+pub type MetaOutputs = smallvec::SmallVec<[TensorType; 1]>;
+pub type ScalarDTypes = smallvec::SmallVec<[DType; 2]>;
+
 impl Meta {
-    pub fn single(output: TensorType, scalar_dtypes: Vec<DType>) -> Self {
+    pub fn single(output: TensorType, scalar_dtypes: impl Into<ScalarDTypes>) -> Self {
         Meta {
-            outputs: vec![output],
-            scalar_dtypes,
+            outputs: smallvec::smallvec![output],
+            scalar_dtypes: scalar_dtypes.into(),
         }
     }
 }

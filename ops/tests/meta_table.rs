@@ -67,7 +67,7 @@ fn meta_matches_pytorch() {
             }
             (Ok(m), None) => {
                 let want: Vec<TensorType> = expected.split_whitespace().map(parse_tensor).collect();
-                m.outputs == want
+                m.outputs[..] == want[..]
             }
             _ => false,
         };

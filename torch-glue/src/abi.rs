@@ -376,7 +376,14 @@ pub unsafe extern "C" fn tpjrt_op(
             .into_iter()
             .map(|(s, t)| (s.0, t))
             .collect();
-        write_outputs(&results, outputs, max_outputs, num_outputs)
+        let written = write_outputs(&results, outputs, max_outputs, num_outputs);
+        if written.is_err() && c.outs.is_empty() {
+            // The caller cannot know the new storages: release them rather than leak them.
+            for (storage, _) in &results {
+                let _ = engine.release_storage(StorageId(*storage));
+            }
+        }
+        written
     })
 }
 

@@ -4,7 +4,7 @@
 use crate::metrics::{Counters, MetricsSnapshot};
 use compile::{
     CacheKey, CompileConfig, CompileHandle, Compiler, DeviceValue, ExecJob, ExecQueue,
-    WeakDeviceValue,
+    HostArgument, WeakDeviceValue,
 };
 use defer::{
     Captured, EngineError, ErrorKind, Flush, FlushRequest, Graph, Mode, ModeStack, ReadSource,
@@ -206,7 +206,16 @@ impl Engine {
         Counters::bump(&self.counters.ops, 1);
         let mut graph = self.graph.lock();
         let captured = graph.capture(op, inputs, scalars, params, outs)?;
-        self.after_capture(&mut graph)?;
+        if let Err(e) = self.after_capture(&mut graph) {
+            // The caller never learns the ids of storages created for a failed op: release
+            // them, so they don't stay live (and counted) forever.
+            if outs.is_empty() {
+                for (storage, _) in &captured.outputs {
+                    let _ = graph.release_storage(*storage);
+                }
+            }
+            return Err(e);
+        }
         Ok(captured)
     }
 
@@ -247,6 +256,10 @@ impl Engine {
     }
 
     fn launch(&self, flush: Flush<DeviceValue>) -> Result<Vec<DeviceValue>, EngineError> {
+        if flush.region.nodes.is_empty() && flush.outputs.is_empty() && flush.checks.is_empty() {
+            // Every op of the region was dead (dropped): there is nothing to compile or run.
+            return Ok(Vec::new());
+        }
         let key = CacheKey {
             shapeless: flush.shapeless,
             dims: flush.dims,
@@ -264,33 +277,31 @@ impl Engine {
                 })
             }
         };
-        let mut args = flush.args;
+        let mut job =
+            ExecJob::new(flush.label, handle, flush.args, flush.outputs.clone()).donate(donated);
         for pack in flush.scalar_packs {
-            // Uploaded on the execution thread, in order, off the caller's path.
-            let value = DeviceValue::pending();
-            let client = self.client.clone();
-            self.queue
-                .enqueue_fn("lifted scalars", vec![value.clone()], move || {
-                    client
-                        .buffer_from_host(
-                            &pack.bytes,
-                            element_type(pack.dtype),
-                            &[pack.count as i64],
-                        )
-                        .map(|b| vec![Arc::new(b)])
-                        .map_err(|e| format!("uploading lifted scalars: {e}"))
-                });
+            // Uploaded by the execution thread as part of the job: in order, off the caller's
+            // path, and without a queue item of its own.
+            job = job.upload(HostArgument {
+                client: self.client.clone(),
+                bytes: pack.bytes,
+                element_type: element_type(pack.dtype),
+                dims: vec![pack.count as i64],
+                what: "lifted scalars",
+            });
             Counters::bump(&self.counters.host_to_device, 1);
-            args.push(value);
         }
         Counters::bump(&self.counters.executions, 1);
         if !flush.checks.is_empty() {
             self.pending_checks.lock().extend(flush.checks);
         }
-        self.queue.enqueue(
-            ExecJob::new(flush.label, handle, args, flush.outputs.clone()).donate(donated),
-        );
-        *self.last_outputs.lock() = flush.outputs.iter().map(|v| v.downgrade()).collect();
+        self.queue.enqueue(job);
+        {
+            // Refilled in place: no allocation per op.
+            let mut last = self.last_outputs.lock();
+            last.clear();
+            last.extend(flush.outputs.iter().map(|v| v.downgrade()));
+        }
         Ok(flush.outputs)
     }
 
@@ -465,7 +476,10 @@ impl Engine {
     }
 
     pub fn metrics(&self) -> MetricsSnapshot {
-        let graph = self.graph.lock().stats();
+        let (graph, pending_ops) = {
+            let graph = self.graph.lock();
+            (graph.stats(), graph.pending_len())
+        };
         let compile = self.compiler.stats();
         let mut s = MetricsSnapshot::default();
         let c = &self.counters;
@@ -492,6 +506,7 @@ impl Engine {
         v.insert("donated_buffers", Counters::get(&c.donated_buffers) as f64);
         v.insert("ops", Counters::get(&c.ops) as f64);
         v.insert("deferred_ops", graph.deferred_ops as f64);
+        v.insert("pending_ops", pending_ops as f64);
         v.insert("materializations", graph.materializations as f64);
         v.insert("regions", graph.regions as f64);
         v.insert("region_ops", graph.region_ops as f64);

@@ -558,6 +558,13 @@ impl<V: Clone> Graph<V> {
                     meta.outputs.len()
                 ))
             })?;
+            if !can_cast(produced.dtype, out.dtype) {
+                return Err(EngineError::runtime(format!(
+                    "result type {} can't be cast to the desired output type {}",
+                    produced.dtype.scalar_type_name(),
+                    out.dtype.scalar_type_name()
+                )));
+            }
             if produced.shape != out.sizes {
                 return Err(EngineError::runtime(format!(
                     "{}: output {i} has shape {:?} but the result has shape {:?}; resize the \
@@ -1021,6 +1028,13 @@ impl<V: Clone> Graph<V> {
         if plan.region_len() == 0 {
             return Ok(None);
         }
+        if plan.kept.is_empty() {
+            // Every op of the region is dead: drop them; nothing runs.
+            self.pending.drain(..plan.region_len());
+            self.stats.dropped_ops += plan.dropped.len() as u64;
+            self.forget_unread_externals();
+            return Ok(None);
+        }
         let base = self.pending.front().unwrap().id.seq();
         let position = |id: NodeId| (id.seq() - base) as usize;
 
@@ -1197,24 +1211,7 @@ impl<V: Clone> Graph<V> {
                 }
             }
         }
-        // Drop device values no pending op reads any more.
-        if self.pending.is_empty() {
-            self.externals.clear();
-            self.external_of.clear();
-            self.arg_numbers.clear();
-        } else {
-            let mut used = rustc_hash::FxHashSet::default();
-            for node in &self.pending {
-                for input in &node.inputs {
-                    if let ValueRef::External(e) = input.value {
-                        used.insert(e);
-                    }
-                }
-            }
-            self.externals.retain(|e, _| used.contains(e));
-            self.external_of.retain(|_, e| used.contains(e));
-            self.rehash_pending();
-        }
+        self.forget_unread_externals();
 
         // Donation is decided last: only now have the storages and the pending ops let go of
         // what they no longer need.
@@ -1261,6 +1258,28 @@ impl<V: Clone> Graph<V> {
         }))
     }
 
+    /// Drops the device values no pending op reads any more, and re-keys what stays pending
+    /// (its positions moved).
+    fn forget_unread_externals(&mut self) {
+        if self.pending.is_empty() {
+            self.externals.clear();
+            self.external_of.clear();
+            self.arg_numbers.clear();
+            return;
+        }
+        let mut used = rustc_hash::FxHashSet::default();
+        for node in &self.pending {
+            for input in &node.inputs {
+                if let ValueRef::External(e) = input.value {
+                    used.insert(e);
+                }
+            }
+        }
+        self.externals.retain(|e, _| used.contains(e));
+        self.external_of.retain(|_, e| used.contains(e));
+        self.rehash_pending();
+    }
+
     /// Counts a captured op as deferred (DeferAndFuse) rather than run at once.
     pub fn note_deferred(&mut self) {
         self.stats.deferred_ops += 1;
@@ -1294,6 +1313,15 @@ fn single_node_plan(node: &Node, mut is_held: impl FnMut(NodeOutput) -> bool) ->
         dropped: if keep { Vec::new() } else { vec![node.id] },
         still_pending: Vec::new(),
     }
+}
+
+/// PyTorch's `canCast`: a result may be written into an output of a lower category only from
+/// bool, never float into integral or anything but bool into bool.
+fn can_cast(from: DType, to: DType) -> bool {
+    if from.is_float() && !to.is_float() {
+        return false;
+    }
+    !(from != DType::Bool && to == DType::Bool)
 }
 
 /// `t` with every stride-0 dim shrunk to one element: the distinct elements of an expanded view.

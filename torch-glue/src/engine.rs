@@ -104,6 +104,10 @@ pub struct Engine {
     max_region_ops: usize,
     /// The outputs of the newest launched region, awaited by `sync`.
     last_outputs: Mutex<Vec<WeakDeviceValue>>,
+    /// The same outputs held strongly, so `sync` waits for them even when released — unless
+    /// donation is on, where holding them would keep them from being donated.
+    last_outputs_held: Mutex<Vec<DeviceValue>>,
+    donate: bool,
     /// Verdicts of launched `_assert_async` checks, verified at the next materialization point.
     pending_checks: Mutex<Vec<(DeviceValue, String)>>,
     /// The dimensions digest last compiled for each structure, to name why a recompile happened.
@@ -140,6 +144,8 @@ impl Engine {
             counters: Counters::default(),
             max_region_ops: config.max_region_ops,
             last_outputs: Mutex::new(Vec::new()),
+            last_outputs_held: Mutex::new(Vec::new()),
+            donate: config.donate,
             pending_checks: Mutex::new(Vec::new()),
             seen_structures: Mutex::new(HashMap::new()),
             recompiles: Default::default(),
@@ -298,9 +304,15 @@ impl Engine {
         self.queue.enqueue(job);
         {
             // Refilled in place: no allocation per op.
-            let mut last = self.last_outputs.lock();
-            last.clear();
-            last.extend(flush.outputs.iter().map(|v| v.downgrade()));
+            if self.donate {
+                let mut last = self.last_outputs.lock();
+                last.clear();
+                last.extend(flush.outputs.iter().map(|v| v.downgrade()));
+            } else {
+                let mut held = self.last_outputs_held.lock();
+                held.clear();
+                held.extend(flush.outputs.iter().cloned());
+            }
         }
         Ok(flush.outputs)
     }
@@ -338,7 +350,8 @@ impl Engine {
         }
         self.queue.flush();
         let last = std::mem::take(&mut *self.last_outputs.lock());
-        for value in last.iter().filter_map(|v| v.upgrade()) {
+        let held = std::mem::take(&mut *self.last_outputs_held.lock());
+        for value in last.iter().filter_map(|v| v.upgrade()).chain(held) {
             self.wait_device(&value)?;
         }
         self.verify_checks()

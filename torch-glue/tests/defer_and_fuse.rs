@@ -283,7 +283,6 @@ fn writes_and_in_place_ops_keep_capture_semantics() {
 }
 
 #[test]
-#[ignore = "defer/src casts an out= result into any dtype; PyTorch refuses float -> integer"]
 fn out_of_a_lower_category_dtype_is_refused() {
     // torch.add(a_float, b_float, out=long_tensor) raises "result type Float can't be cast to the
     // desired output type Long".

@@ -123,8 +123,6 @@ fn strict_returns_before_the_device_finishes_and_debug_waits() {
 }
 
 #[test]
-#[ignore = "Engine::sync waits only for the newest region's outputs that are still held (weak \
-            last_outputs); released work is not awaited"]
 fn sync_waits_for_work_whose_results_were_released() {
     const N: usize = 768;
     const STEPS: usize = 6;

@@ -152,10 +152,6 @@ fn a_second_process_loads_every_region_from_the_persistent_tier() {
 
 /// The loop only reads the loss (`loss.item()`), as a plain training script does.
 #[test]
-#[ignore = "input donation is decided from DeviceValue strong counts, which include values the \
-            execution thread has not let go of yet, and the donated set is in the key: a \
-            process sometimes plans a region with another donated set than the process that \
-            filled the cache, and compiles it"]
 fn a_second_process_loads_every_region_from_the_persistent_tier_without_syncs() {
     check_second_process(false);
 }
@@ -184,9 +180,6 @@ fn synchronized_training_steps_reach_a_steady_state_of_cached_regions() {
 }
 
 #[test]
-#[ignore = "input donation depends on what the execution thread still holds when a region is \
-            planned, and the donated set is in the key: the steady-state region sometimes \
-            compiles a second variant several steps in"]
 fn training_steps_reach_a_steady_state_of_cached_regions() {
     check_steady_state(false);
 }

@@ -839,7 +839,19 @@ impl<V: Clone> Graph<V> {
                 views::hash_write_program(&w.program, &mut s);
             }
         }
-        s.i64s(&node.params);
+        let sizes_from = match &node.op {
+            RegionOp::Aten(op) => op.first_size_param(),
+            RegionOp::WriteView(_) => None,
+        };
+        match sizes_from {
+            Some(k) if k <= node.params.len() => {
+                s.i64s(&node.params[..k]).u64(node.params.len() as u64);
+                d.i64s(&node.params[k..]);
+            }
+            _ => {
+                s.i64s(&node.params);
+            }
+        }
         s.u64(node.scalars.len() as u64);
         for scalar in &node.scalars {
             s.scalar_kind(scalar);

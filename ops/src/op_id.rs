@@ -200,6 +200,16 @@ impl OpId {
         OpId::ALL.get(id as usize).copied()
     }
 
+    /// Where the op's size params begin (sizes, repeat counts, `eye`'s n and m, `linspace`'s
+    /// steps): those belong with the dimensions of a cache key, not with its structure.
+    pub fn first_size_param(self) -> Option<usize> {
+        match self {
+            OpId::Full | OpId::Zeros | OpId::Ones | OpId::Eye | OpId::Linspace => Some(1),
+            OpId::Expand | OpId::SumToSize | OpId::Reshape | OpId::Repeat => Some(0),
+            _ => None,
+        }
+    }
+
     /// Whether the op must run even when nothing reads its outputs (it checks or changes
     /// state beyond its results).
     pub fn is_side_effecting(self) -> bool {

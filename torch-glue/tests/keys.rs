@@ -349,7 +349,6 @@ fn lookup_key_does_not_depend_on_values_of_externals() {
 }
 
 #[test]
-#[ignore = "defer/src hashes size params (full, zeros, reshape, expand) into the shapeless part"]
 fn size_params_belong_to_the_dims_part() {
     // `torch.full((n,), v) * x` for two n: the same structure with other dimensions.
     let full = |n: i64| {

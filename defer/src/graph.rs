@@ -1124,19 +1124,21 @@ impl<V: Clone> Graph<V> {
         key_s.u64(last.0).u64(plan.outputs.len() as u64);
         key_d.u64(last.1);
         let mut output_types = Vec::with_capacity(plan.outputs.len());
-        for output in &plan.outputs {
-            let out = output.value;
+        // Makes `out` a region output: keyed by its position, typed by its producer's meta.
+        let add_output = |out: NodeOutput,
+                          region: &mut Region,
+                          output_types: &mut Vec<TensorType>,
+                          key_s: &mut StableHasher| {
+            let node = region_index[position(out.node)];
             key_s.u64(position(out.node) as u64).u32(out.index);
             region.outputs.push(Operand::Node {
-                node: region_index[position(out.node)],
+                node,
                 output: out.index,
             });
-            output_types.push(
-                region.nodes[region_index[position(out.node)] as usize]
-                    .meta
-                    .outputs[out.index as usize]
-                    .clone(),
-            );
+            output_types.push(region.nodes[node as usize].meta.outputs[out.index as usize].clone());
+        };
+        for output in &plan.outputs {
+            add_output(output.value, &mut region, &mut output_types, &mut key_s);
         }
         // Side-effecting ops are kept even when nothing reads them; their results (check
         // verdicts) leave the region so the engine can act on them.
@@ -1161,17 +1163,7 @@ impl<V: Clone> Graph<V> {
         }
         key_s.u64(check_outputs.len() as u64);
         for (out, _) in &check_outputs {
-            key_s.u64(position(out.node) as u64).u32(out.index);
-            region.outputs.push(Operand::Node {
-                node: region_index[position(out.node)],
-                output: out.index,
-            });
-            output_types.push(
-                region.nodes[region_index[position(out.node)] as usize]
-                    .meta
-                    .outputs[out.index as usize]
-                    .clone(),
-            );
+            add_output(*out, &mut region, &mut output_types, &mut key_s);
         }
         let dims = key_d.finish();
 

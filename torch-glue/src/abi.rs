@@ -400,12 +400,7 @@ pub unsafe extern "C" fn tpjrt_op_meta(
 ) -> i32 {
     guarded(|| {
         let c = decode(call)?;
-        let types: Vec<ops::TensorType> = c
-            .inputs
-            .iter()
-            .map(|t| ops::TensorType::new(t.dtype, &t.sizes))
-            .collect();
-        let meta = ops::meta(c.op, &types, &c.scalars, &c.params)?;
+        let meta = crate::engine::op_meta(c.op, &c.inputs, &c.scalars, &c.params)?;
         let results: Vec<(u64, ops::TensorType)> =
             meta.outputs.into_iter().map(|t| (0, t)).collect();
         write_outputs(&results, outputs, max_outputs, num_outputs)

@@ -14,7 +14,6 @@ use ops::{DType, OpId, ScalarArg};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
 
 /// The engine version: part of every cache key and cache directory name.
 pub const ENGINE_VERSION: &str = concat!("torch-pjrt-", env!("CARGO_PKG_VERSION"));
@@ -86,6 +85,21 @@ pub fn element_type(dtype: DType) -> pjrt::ElementType {
         DType::F32 => E::F32,
         DType::F64 => E::F64,
     }
+}
+
+/// Output types of an op without capturing it (PyTorch's `out=` resizes with this); needs no
+/// running engine.
+pub fn op_meta(
+    op: OpId,
+    inputs: &[TensorRef],
+    scalars: &[ScalarArg],
+    params: &[i64],
+) -> Result<ops::Meta, EngineError> {
+    let types: Vec<ops::TensorType> = inputs
+        .iter()
+        .map(|t| ops::TensorType::new(t.dtype, &t.sizes))
+        .collect();
+    Ok(ops::meta(op, &types, scalars, params)?)
 }
 
 fn runtime_error(context: &str, e: impl std::fmt::Display) -> EngineError {
@@ -184,21 +198,6 @@ impl Engine {
     }
 
     // ----- ops -----
-
-    /// Output types of an op without capturing it (PyTorch's `out=` resizes with this).
-    pub fn op_meta(
-        &self,
-        op: OpId,
-        inputs: &[TensorRef],
-        scalars: &[ScalarArg],
-        params: &[i64],
-    ) -> Result<ops::Meta, EngineError> {
-        let types: Vec<ops::TensorType> = inputs
-            .iter()
-            .map(|t| ops::TensorType::new(t.dtype, &t.sizes))
-            .collect();
-        Ok(ops::meta(op, &types, scalars, params)?)
-    }
 
     /// Runs (Strict, Debug) or defers (DeferAndFuse) one op.
     pub fn op(
@@ -552,12 +551,5 @@ impl Engine {
         self.recompiles
             .store(0, std::sync::atomic::Ordering::Relaxed);
         *self.last_recompile_reason.lock() = None;
-    }
-
-    /// Times a closure (for benchmarks and the demo).
-    pub fn timed<T>(f: impl FnOnce() -> T) -> (T, std::time::Duration) {
-        let start = Instant::now();
-        let out = f();
-        (out, start.elapsed())
     }
 }

@@ -2,9 +2,9 @@
 
 use crate::error::ViewError;
 use crate::layout::{check_validated_in_bounds, push_all, Dims, Layout};
-use crate::ops::{Chain, ChainBuilder};
+use crate::ops::{Chain, ChainBuilder, ViewOp};
 use crate::plan::{
-    merge_extents, plan_read_box, strided_indices, Analysis, Extent, Extents, ReadBox,
+    gcd, merge_extents, plan_read_box, strided_indices, Analysis, Extent, Extents, ReadBox,
 };
 
 /// The chain that turns a base value (shape `[base_len]`, `base_elem_size`-byte elements) into
@@ -21,15 +21,57 @@ pub fn decompose(base_len: i64, base_elem_size: usize, view: &Layout) -> Result<
     if base_elem_size > view.elem_size {
         base_len.checked_mul(ratio).ok_or(ViewError::Overflow)?;
     }
-    let mut chain = Chain::identity(&[base_len]);
+    // Built inside the returned value: a chain is large and inline, and moving it costs.
+    let mut result = Ok(Chain::identity(&[base_len]));
+    let Ok(chain) = &mut result else {
+        unreachable!()
+    };
+    let numel = view.numel();
+    if base_elem_size == view.elem_size && numel > 0 && view.is_contiguous() {
+        // The commonest view: a run of the flat array, reshaped.
+        if view.offset != 0 || numel != base_len {
+            chain.ops.push(ViewOp::Slice {
+                start_indices: Dims::from_slice(&[view.offset]),
+                limit_indices: Dims::from_slice(&[view.offset + numel]),
+                strides: Dims::from_slice(&[1]),
+            });
+        }
+        if view.sizes.as_slice() != [numel] {
+            chain.ops.push(ViewOp::Reshape {
+                shape: view.sizes.clone(),
+            });
+        }
+        #[cfg(debug_assertions)]
+        {
+            let mut general = Chain::identity(&[base_len]);
+            build_read(&mut ChainBuilder::new(&mut general), base_len, 1, 1, view);
+            debug_assert_eq!(
+                *chain, general,
+                "fast and general reads differ for {view:?}"
+            );
+        }
+        return result;
+    }
+    if base_elem_size == view.elem_size && numel > 0 && read_whole_box(chain, base_len, view) {
+        #[cfg(debug_assertions)]
+        {
+            let mut general = Chain::identity(&[base_len]);
+            build_general_read(&mut ChainBuilder::new(&mut general), base_len, view);
+            debug_assert_eq!(
+                *chain, general,
+                "fast and general reads differ for {view:?}"
+            );
+        }
+        return result;
+    }
     build_read(
-        &mut ChainBuilder::new(&mut chain),
+        &mut ChainBuilder::new(chain),
         base_len,
         base_elem_size,
         ratio,
         view,
     );
-    Ok(chain)
+    result
 }
 
 fn build_read(
@@ -52,7 +94,10 @@ fn build_read(
         builder.reshape(&view.sizes);
         return;
     }
+    build_general_read(builder, len, view);
+}
 
+fn build_general_read(builder: &mut ChainBuilder, len: i64, view: &Layout) {
     let analysis = Analysis::new(view);
     let sorted = analysis.sorted_extents();
     let mut plain = ReadBox::default();
@@ -177,4 +222,146 @@ fn add_unmoving_dims(builder: &mut ChainBuilder, view: &Layout, analysis: &Analy
     } else {
         builder.reshape(&view.sizes);
     }
+}
+
+/// Most views read as one box of the whole flat array: reshape, slice, transpose, then a reshape
+/// or broadcast to the view's shape. This plans and emits that form directly, without the
+/// general planner's scratch vectors and the builder's rewriting; it returns false (with
+/// `chain` untouched) for every other layout, which the general path handles. It emits exactly
+/// what the general path would (checked in debug builds).
+fn read_whole_box(chain: &mut Chain, base_len: i64, view: &Layout) -> bool {
+    const MAX_RANK: usize = 8;
+    let rank = view.rank();
+    if rank > MAX_RANK {
+        return false;
+    }
+    // Moving dims (size ≥ 2, stride > 0) in view order, then their order by descending stride.
+    let mut sizes = [0i64; MAX_RANK];
+    let mut strides = [0i64; MAX_RANK];
+    let mut view_dims = [0i64; MAX_RANK];
+    let mut k = 0;
+    let mut broadcasts = false;
+    for d in 0..rank {
+        let (size, stride) = (view.sizes[d], view.strides[d]);
+        if size >= 2 {
+            if stride == 0 {
+                broadcasts = true;
+            } else {
+                sizes[k] = size;
+                strides[k] = stride;
+                view_dims[k] = d as i64;
+                k += 1;
+            }
+        }
+    }
+    if k == 0 {
+        return false;
+    }
+    let mut order = [0usize; MAX_RANK];
+    for (i, slot) in order.iter_mut().enumerate().take(k) {
+        *slot = i;
+    }
+    for i in 1..k {
+        let mut j = i;
+        while j > 0 && strides[order[j - 1]] < strides[order[j]] {
+            order.swap(j - 1, j);
+            j -= 1;
+        }
+    }
+
+    // The box: dim i has row-major stride t_i (gcd of the outer strides, 1 innermost), the view
+    // steps s_i / t_i along it, and each inner dim must fit within one step of the outer one.
+    let mut box_stride = [0i64; MAX_RANK];
+    let mut step = [0i64; MAX_RANK];
+    let mut box_size = [0i64; MAX_RANK];
+    let mut g = 0;
+    for i in 0..k {
+        let (n, s) = (sizes[order[i]], strides[order[i]]);
+        g = gcd(g, s);
+        box_stride[i] = if i + 1 == k { 1 } else { g };
+        step[i] = s / box_stride[i];
+        if i > 0 {
+            box_size[i] = box_stride[i - 1] / box_stride[i];
+            if box_size[i] - 1 - (n - 1) * step[i] < 0 {
+                return false;
+            }
+        }
+    }
+    let t0 = box_stride[0];
+    if base_len % t0 != 0 {
+        return false;
+    }
+    box_size[0] = base_len / t0;
+    let mut start = [0i64; MAX_RANK];
+    let mut limit = [0i64; MAX_RANK];
+    let within_row = view.offset % t0;
+    start[0] = view.offset / t0;
+    let mut whole = true;
+    for i in 0..k {
+        let n = sizes[order[i]];
+        if i > 0 {
+            start[i] = within_row / box_stride[i] % box_size[i];
+            if start[i] > box_size[i] - 1 - (n - 1) * step[i] {
+                return false;
+            }
+        }
+        limit[i] = start[i] + (n - 1) * step[i] + 1;
+        whole &= start[i] == 0 && limit[i] == box_size[i] && step[i] == 1;
+    }
+    if limit[0] > box_size[0] {
+        return false;
+    }
+
+    let ops = &mut chain.ops;
+    if k > 1 || t0 != 1 {
+        ops.push(ViewOp::Reshape {
+            shape: Dims::from_slice(&box_size[..k]),
+        });
+    }
+    if !whole {
+        ops.push(ViewOp::Slice {
+            start_indices: Dims::from_slice(&start[..k]),
+            limit_indices: Dims::from_slice(&limit[..k]),
+            strides: Dims::from_slice(&step[..k]),
+        });
+    }
+    let transposed = order[..k].windows(2).any(|pair| pair[0] > pair[1]);
+    if transposed {
+        let mut to_view_order = Dims::from_elem(0, k);
+        for (sorted_position, &moving_index) in order[..k].iter().enumerate() {
+            to_view_order[moving_index] = sorted_position as i64;
+        }
+        ops.push(ViewOp::Transpose {
+            permutation: to_view_order,
+        });
+    }
+    if broadcasts {
+        ops.push(ViewOp::BroadcastInDim {
+            shape: view.sizes.clone(),
+            broadcast_dimensions: Dims::from_slice(&view_dims[..k]),
+        });
+        return true;
+    }
+    // The shape so far: the moving dims in view order once sliced or transposed, else the box.
+    let current: &[i64] = if transposed || !whole {
+        &sizes[..k]
+    } else if k > 1 {
+        &box_size[..k]
+    } else {
+        std::slice::from_ref(&base_len)
+    };
+    if current == view.sizes.as_slice() {
+        return true;
+    }
+    match ops.last_mut() {
+        // A reshape of a reshape is one reshape, or none when it gives back the flat base.
+        Some(ViewOp::Reshape { .. }) if view.sizes.as_slice() == [base_len] => {
+            ops.pop();
+        }
+        Some(ViewOp::Reshape { shape }) => shape.clone_from(&view.sizes),
+        _ => ops.push(ViewOp::Reshape {
+            shape: view.sizes.clone(),
+        }),
+    }
+    true
 }

@@ -273,6 +273,7 @@ pub struct Chain {
 
 impl Chain {
     /// The identity chain on a value of shape `input`.
+    #[inline]
     pub fn identity(input: &[i64]) -> Self {
         Chain {
             input: Dims::from_slice(input),

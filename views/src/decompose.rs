@@ -44,7 +44,13 @@ pub fn decompose(base_len: i64, base_elem_size: usize, view: &Layout) -> Result<
         #[cfg(debug_assertions)]
         {
             let mut general = Chain::identity(&[base_len]);
-            build_read(&mut ChainBuilder::new(&mut general), base_len, 1, 1, view);
+            build_read(
+                &mut ChainBuilder::new(&mut general),
+                base_len,
+                view.elem_size,
+                1,
+                view,
+            );
             debug_assert_eq!(
                 *chain, general,
                 "fast and general reads differ for {view:?}"

@@ -99,19 +99,17 @@ impl TensorRef {
         self.sizes.iter().product()
     }
 
-    fn is_contiguous(&self) -> bool {
-        // PyTorch: an empty tensor is contiguous whatever its strides.
-        if self.sizes.contains(&0) {
-            return true;
-        }
+    /// The element count of a contiguous tensor, `None` for any other: one pass for the check
+    /// every captured input goes through.
+    fn contiguous_numel(&self) -> Option<i64> {
         let mut expected = 1;
+        let mut contiguous = true;
         for (&size, &stride) in self.sizes.iter().zip(&self.strides).rev() {
-            if size != 1 && stride != expected {
-                return false;
-            }
+            contiguous &= size == 1 || stride == expected;
             expected *= size;
         }
-        true
+        // PyTorch: an empty tensor is contiguous whatever its strides.
+        (contiguous || expected == 0).then_some(expected)
     }
 
     fn ty(&self) -> TensorType {
@@ -140,8 +138,11 @@ struct Placement {
 /// The outputs of a captured op: the storages written and their types.
 #[derive(Clone, Debug)]
 pub struct Captured {
-    pub outputs: Vec<(StorageId, TensorType)>,
+    pub outputs: CapturedOutputs,
 }
+
+/// Inline: nearly every op has one output, and a capture should not allocate for it.
+pub type CapturedOutputs = SmallVec<[(StorageId, TensorType); 1]>;
 
 /// What a flush is asked to materialize.
 #[derive(Copy, Clone, Debug)]
@@ -203,7 +204,8 @@ pub struct GraphStats {
 #[derive(Clone, Debug)]
 struct NodeInput {
     value: ValueRef,
-    reshape_to: Option<Shape>,
+    /// Boxed: most inputs read their value as it is, and a node is moved on every capture.
+    reshape_to: Option<Box<Shape>>,
     view: Option<Arc<InputView>>,
     /// The storage offset of a windowed view, lifted to a runtime scalar.
     offset: Option<i64>,
@@ -339,13 +341,18 @@ impl<V: Clone> Graph<V> {
 
     /// A new, unwritten storage of `nbytes` bytes.
     pub fn new_storage(&mut self, nbytes: u64) -> StorageId {
+        self.new_storage_of(nbytes, None)
+    }
+
+    /// A new storage whose native dtype is already known (an op's output).
+    fn new_storage_of(&mut self, nbytes: u64, native: Option<DType>) -> StorageId {
         let id = StorageId(self.next_storage);
         self.next_storage += 1;
         self.storages.insert(
             id,
             Storage {
                 nbytes,
-                native: None,
+                native,
                 value: StorageValue::Uninit,
                 version: 0,
             },
@@ -472,8 +479,7 @@ impl<V: Clone> Graph<V> {
             }
         };
         let base_len = (storage.nbytes / native.size_bytes() as u64) as i64;
-        let whole =
-            t.offset == 0 && t.dtype == native && t.is_contiguous() && t.numel() == base_len;
+        let whole = t.offset == 0 && t.dtype == native && t.contiguous_numel() == Some(base_len);
         if !whole {
             views::check_in_bounds(base_len, native.size_bytes(), &t.layout())?;
         }
@@ -525,7 +531,7 @@ impl<V: Clone> Graph<V> {
                     params,
                     std::slice::from_ref(&collapsed),
                 )?;
-                captured.outputs = vec![(out.storage, out.ty())];
+                captured.outputs = smallvec::smallvec![(out.storage, out.ty())];
                 return Ok(captured);
             }
         }
@@ -580,18 +586,17 @@ impl<V: Clone> Graph<V> {
             node_inputs.push(self.read_for_node(t, placement)?);
         }
         // The output types outlive the meta moved into the node (inline: no allocation).
-        let out_types: SmallVec<[TensorType; 2]> = meta.outputs.iter().cloned().collect();
+        let out_types: ops::MetaOutputs = meta.outputs.clone();
         let id = self.push_node(RegionOp::Aten(op), params, scalars, meta, node_inputs);
-        let mut outputs = Vec::with_capacity(out_types.len());
+        let mut outputs = CapturedOutputs::new();
         if outs.is_empty() && op.is_side_effecting() {
             // Its results are verdicts for the engine, not tensors for PyTorch.
         } else if outs.is_empty() {
-            for (i, ty) in out_types.iter().enumerate() {
+            for (i, ty) in out_types.into_iter().enumerate() {
                 let nbytes = ty.numel() as u64 * ty.dtype.size_bytes() as u64;
-                let storage = self.new_storage(nbytes);
-                self.storages.get_mut(&storage).unwrap().native = Some(ty.dtype);
+                let storage = self.new_storage_of(nbytes, Some(ty.dtype));
                 self.write_pending(storage, id.output(i as u32), ty.clone());
-                outputs.push((storage, ty.clone()));
+                outputs.push((storage, ty));
             }
         } else {
             for (i, out) in outs.iter().enumerate() {
@@ -743,7 +748,7 @@ impl<V: Clone> Graph<V> {
             }
         };
         if placement.whole {
-            let reshape_to = (!same_shape).then(|| t.sizes.clone());
+            let reshape_to = (!same_shape).then(|| Box::new(t.sizes.clone()));
             return Ok(NodeInput {
                 value,
                 reshape_to,
@@ -780,6 +785,7 @@ impl<V: Clone> Graph<V> {
         })
     }
 
+    #[inline]
     fn push_node(
         &mut self,
         op: RegionOp,
@@ -789,7 +795,15 @@ impl<V: Clone> Graph<V> {
         inputs: SmallVec<[NodeInput; 3]>,
     ) -> NodeId {
         let id = self.ids.next_id();
-        let node = Node {
+        let position = self.pending.len();
+        let (prev_s, prev_d) = self
+            .pending
+            .back()
+            .map(|n| (n.prefix_shapeless, n.prefix_dims))
+            .unwrap_or((0, 0));
+        let base = self.pending.front().map(|n| n.id.seq()).unwrap_or(id.seq());
+        // Built in the call: a node is large, and a local would be one more copy of it.
+        self.pending.push_back(Node {
             id,
             op,
             params: SmallVec::from_slice(params),
@@ -798,16 +812,8 @@ impl<V: Clone> Graph<V> {
             inputs,
             prefix_shapeless: 0,
             prefix_dims: 0,
-        };
-        let position = self.pending.len();
-        let (prev_s, prev_d) = self
-            .pending
-            .back()
-            .map(|n| (n.prefix_shapeless, n.prefix_dims))
-            .unwrap_or((0, 0));
-        let base = self.pending.front().map(|n| n.id.seq()).unwrap_or(id.seq());
-        // Hashed in place: a node is large, and moving it once more costs a memcpy per op.
-        self.pending.push_back(node);
+        });
+        // Hashed in place, for the same reason.
         let node = self.pending.back_mut().expect("just pushed");
         let (s, d) =
             Self::node_digests(node, position, base, &mut self.arg_numbers, &self.externals);
@@ -1083,7 +1089,7 @@ impl<V: Clone> Graph<V> {
                 }
                 inputs.push(InputRef {
                     operand,
-                    reshape_to: input.reshape_to.clone(),
+                    reshape_to: input.reshape_to.as_deref().cloned(),
                     view: input.view.clone(),
                     offset: None,
                 });

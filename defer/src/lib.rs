@@ -9,7 +9,7 @@ mod mode;
 mod storage;
 
 pub use graph::{
-    Captured, EngineError, ErrorKind, ExternalValue, Flush, FlushRequest, Graph, GraphStats,
+    Captured, CapturedOutputs, EngineError, ErrorKind, ExternalValue, Flush, FlushRequest, Graph, GraphStats,
     ReadSource, TensorRef,
 };
 pub use mode::{Mode, ModeStack};

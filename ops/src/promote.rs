@@ -165,7 +165,15 @@ pub fn broadcast_shapes(a: &[i64], b: &[i64]) -> Result<Shape, OpError> {
 pub fn broadcast_all<'a>(shapes: impl IntoIterator<Item = &'a [i64]>) -> Result<Shape, OpError> {
     let mut out = Shape::new();
     for s in shapes {
-        out = broadcast_shapes(&out, s)?;
+        // Same shapes and 0-d operands, the common cases, need no new shape.
+        if s.is_empty() || s == out.as_slice() {
+            continue;
+        }
+        out = if out.is_empty() {
+            Shape::from_slice(s)
+        } else {
+            broadcast_shapes(&out, s)?
+        };
     }
     Ok(out)
 }

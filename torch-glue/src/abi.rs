@@ -240,7 +240,7 @@ unsafe fn decode(call: *const TpjrtOpCall) -> Result<DecodedCall, EngineError> {
 }
 
 fn write_outputs(
-    results: &[(u64, ops::TensorType)],
+    results: &[(StorageId, ops::TensorType)],
     outputs: *mut TpjrtOutput,
     max_outputs: u64,
     num_outputs: *mut u64,
@@ -273,7 +273,7 @@ fn write_outputs(
         // SAFETY: the caller passed room for `max_outputs` outputs.
         unsafe {
             *outputs.add(i) = TpjrtOutput {
-                storage: *storage,
+                storage: storage.0,
                 dtype: ty.dtype.code(),
                 ndim: ty.shape.len() as i32,
                 sizes,
@@ -371,16 +371,12 @@ pub unsafe extern "C" fn tpjrt_op(
         let engine = global::engine()?;
         let c = decode(call)?;
         let captured = engine.op(c.op, &c.inputs, &c.scalars, &c.params, &c.outs)?;
-        let results: Vec<(u64, ops::TensorType)> = captured
-            .outputs
-            .into_iter()
-            .map(|(s, t)| (s.0, t))
-            .collect();
+        let results = captured.outputs;
         let written = write_outputs(&results, outputs, max_outputs, num_outputs);
         if written.is_err() && c.outs.is_empty() {
             // The caller cannot know the new storages: release them rather than leak them.
             for (storage, _) in &results {
-                let _ = engine.release_storage(StorageId(*storage));
+                let _ = engine.release_storage(*storage);
             }
         }
         written
@@ -401,8 +397,11 @@ pub unsafe extern "C" fn tpjrt_op_meta(
     guarded(|| {
         let c = decode(call)?;
         let meta = crate::engine::op_meta(c.op, &c.inputs, &c.scalars, &c.params)?;
-        let results: Vec<(u64, ops::TensorType)> =
-            meta.outputs.into_iter().map(|t| (0, t)).collect();
+        let results: Vec<(StorageId, ops::TensorType)> = meta
+            .outputs
+            .into_iter()
+            .map(|t| (StorageId(0), t))
+            .collect();
         write_outputs(&results, outputs, max_outputs, num_outputs)
     })
 }

@@ -167,7 +167,8 @@ pub struct Flush<V> {
     /// Key parts: op structure, and all dimensions (the engine adds the options part).
     pub shapeless: u64,
     pub dims: u64,
-    pub region: Region,
+    /// What the module is built from, on a cache miss only ([`RegionSource::build`]).
+    pub region: RegionSource,
     pub args: Vec<V>,
     pub scalar_packs: Vec<fuse::ScalarPack>,
     pub outputs: Vec<V>,
@@ -178,6 +179,90 @@ pub struct Flush<V> {
     /// Verdicts of the region's side-effecting checks (`_assert_async`): 0-d bools that must be
     /// true, each with the op that produced it. They are extra outputs no storage holds.
     pub checks: Vec<(V, String)>,
+}
+
+/// A region's ops as captured, with their operands resolved: building the [`Region`] (and then
+/// the module text) is left to a cache miss, so a warm flush never builds either.
+#[derive(Debug)]
+pub struct RegionSource {
+    /// The kept nodes, in capture order.
+    nodes: Vec<Node>,
+    /// Every kept node's input operands, flattened in node and input order.
+    operands: Vec<Operand>,
+    arg_types: Vec<TensorType>,
+    /// Lifted scalars' slots in push order: per node, its inputs' offsets, then its op scalars.
+    slots: Vec<fuse::ScalarSlot>,
+    scalar_packs: Vec<(DType, u32)>,
+    outputs: Vec<Operand>,
+    donated: Vec<u32>,
+}
+
+impl RegionSource {
+    /// Number of ops that run.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Argument indices the executable may donate.
+    pub fn donated(&self) -> &[u32] {
+        &self.donated
+    }
+
+    /// The region to emit.
+    pub fn build(&self) -> Region {
+        let mut operands = self.operands.iter();
+        let mut slots = self.slots.iter().copied();
+        let nodes = self
+            .nodes
+            .iter()
+            .map(|node| {
+                let inputs = node
+                    .inputs
+                    .iter()
+                    .map(|input| InputRef {
+                        operand: *operands.next().expect("one operand per input"),
+                        reshape_to: input.reshape_to.as_deref().cloned(),
+                        view: input.view.clone(),
+                        offset: input.offset.and_then(|_| slots.next()),
+                    })
+                    .collect();
+                let scalars = slots.by_ref().take(node.meta.scalar_dtypes.len()).collect();
+                RegionNode {
+                    op: node.op.clone(),
+                    params: node.params.clone(),
+                    inputs,
+                    scalars,
+                    meta: node.meta.clone(),
+                }
+            })
+            .collect();
+        Region {
+            args: self.arg_types.clone(),
+            nodes,
+            outputs: self.outputs.clone(),
+            scalar_packs: self.scalar_packs.clone(),
+            donated: self.donated.clone(),
+        }
+    }
+
+    /// "add", or "region of 12 ops: add, mul, ...".
+    fn label(&self) -> String {
+        match self.nodes.as_slice() {
+            [] => "empty region".to_string(),
+            [node] => node.op.name().to_string(),
+            nodes => {
+                let mut names: Vec<&str> = nodes.iter().take(6).map(|n| n.op.name()).collect();
+                if nodes.len() > 6 {
+                    names.push("...");
+                }
+                format!("region of {} ops: {}", nodes.len(), names.join(", "))
+            }
+        }
+    }
 }
 
 /// Where a host read gets its bytes.
@@ -1056,72 +1141,39 @@ impl<V: Clone> Graph<V> {
         let base = self.pending.front().unwrap().id.seq();
         let position = |id: NodeId| (id.seq() - base) as usize;
 
-        // Region: kept nodes in capture order, externals numbered by first use.
-        let mut region = Region::default();
+        // Externals numbered by first use, operands resolved, scalars gathered; the nodes
+        // themselves become the region source below, untouched.
+        let mut arg_types: Vec<TensorType> = Vec::new();
         let mut args: Vec<V> = Vec::new();
-        let mut arg_index: HashMap<ExternalId, u32> = HashMap::default();
+        let mut arg_index = SmallMap::default();
         // By pending position (the region is a prefix of the pending list, ids contiguous).
         let mut region_index: SmallVec<[u32; 8]> = SmallVec::from_elem(u32::MAX, plan.region_len());
+        let mut operands: Vec<Operand> = Vec::new();
         let mut scalars: Vec<(ScalarArg, DType)> = Vec::new();
-        region.nodes.reserve_exact(plan.kept.len());
-        for &id in &plan.kept {
-            let node = &mut self.pending[position(id)];
-            let mut inputs: SmallVec<[InputRef; 3]> = SmallVec::new();
+        for (k, &id) in plan.kept.iter().enumerate() {
+            let node = &self.pending[position(id)];
             for input in &node.inputs {
-                let operand = match input.value {
+                operands.push(match input.value {
                     ValueRef::Pending(out) => Operand::Node {
                         node: region_index[position(out.node)],
                         output: out.index,
                     },
-                    ValueRef::External(e) => {
-                        let next = arg_index.len() as u32;
-                        let number = *arg_index.entry(e).or_insert_with(|| {
-                            let ext = &self.externals[&e];
-                            region.args.push(ext.ty.clone());
-                            args.push(ext.value.clone());
-                            next
-                        });
-                        Operand::Arg(number)
-                    }
-                };
+                    ValueRef::External(e) => Operand::Arg(arg_index.number(e, || {
+                        let ext = &self.externals[&e];
+                        arg_types.push(ext.ty.clone());
+                        args.push(ext.value.clone());
+                    })),
+                });
                 if let Some(offset) = input.offset {
                     scalars.push((ScalarArg::int(offset), DType::I64));
                 }
-                inputs.push(InputRef {
-                    operand,
-                    reshape_to: input.reshape_to.as_deref().cloned(),
-                    view: input.view.clone(),
-                    offset: None,
-                });
             }
             for (scalar, dtype) in node.scalars.iter().zip(&node.meta.scalar_dtypes) {
                 scalars.push((*scalar, *dtype));
             }
-            region_index[position(id)] = region.nodes.len() as u32;
-            region.nodes.push(RegionNode {
-                op: node.op.clone(),
-                params: std::mem::take(&mut node.params),
-                inputs,
-                scalars: SmallVec::new(),
-                // Moved, not cloned: the region's ops leave the pending list below; from here
-                // on their types are read from the region.
-                meta: std::mem::take(&mut node.meta),
-            });
+            region_index[position(id)] = k as u32;
         }
         let (slots, packs) = fuse::pack_scalars(&scalars);
-        let mut slot_iter = slots.into_iter();
-        // Slots come back in push order: each node's input offsets, then its op scalars.
-        for (node, &id) in region.nodes.iter_mut().zip(&plan.kept) {
-            let captured = &self.pending[position(id)];
-            for (input, captured_input) in node.inputs.iter_mut().zip(&captured.inputs) {
-                if captured_input.offset.is_some() {
-                    input.offset = slot_iter.next();
-                }
-            }
-            let n = node.meta.scalar_dtypes.len();
-            node.scalars = slot_iter.by_ref().take(n).collect();
-        }
-        region.set_scalar_packs(&packs);
 
         // Outputs and the key (prefix digest of the region, then the outputs).
         let last = self.pending[plan.region_len() - 1].clone_digests();
@@ -1129,37 +1181,32 @@ impl<V: Clone> Graph<V> {
         let mut key_d = StableHasher::new();
         key_s.u64(last.0).u64(plan.outputs.len() as u64);
         key_d.u64(last.1);
+        let mut region_outputs: Vec<Operand> = Vec::with_capacity(plan.outputs.len());
         let mut output_types = Vec::with_capacity(plan.outputs.len());
+        let pending = &self.pending;
         // Makes `out` a region output: keyed by its position, typed by its producer's meta.
-        let add_output = |out: NodeOutput,
-                          region: &mut Region,
-                          output_types: &mut Vec<TensorType>,
-                          key_s: &mut StableHasher| {
-            let node = region_index[position(out.node)];
-            key_s.u64(position(out.node) as u64).u32(out.index);
-            region.outputs.push(Operand::Node {
-                node,
+        let mut add_output = |out: NodeOutput, key_s: &mut StableHasher| {
+            let at = position(out.node);
+            key_s.u64(at as u64).u32(out.index);
+            region_outputs.push(Operand::Node {
+                node: region_index[at],
                 output: out.index,
             });
-            output_types.push(region.nodes[node as usize].meta.outputs[out.index as usize].clone());
+            output_types.push(pending[at].meta.outputs[out.index as usize].clone());
         };
         for output in &plan.outputs {
-            add_output(output.value, &mut region, &mut output_types, &mut key_s);
+            add_output(output.value, &mut key_s);
         }
         // Side-effecting ops are kept even when nothing reads them; their results (check
         // verdicts) leave the region so the engine can act on them.
         let mut check_outputs: Vec<(NodeOutput, String)> = Vec::new();
         let mut checks_in_outputs: Vec<(usize, String)> = Vec::new();
         for &id in &plan.kept {
-            let node = &self.pending[position(id)];
+            let node = &pending[position(id)];
             if !node.is_side_effecting() {
                 continue;
             }
-            let num_outputs = region.nodes[region_index[position(id)] as usize]
-                .meta
-                .outputs
-                .len();
-            for k in 0..num_outputs as u32 {
+            for k in 0..node.meta.outputs.len() as u32 {
                 let out = id.output(k);
                 match plan.output_position(out) {
                     Some(i) => checks_in_outputs.push((i, node.op.name().to_string())),
@@ -1169,7 +1216,7 @@ impl<V: Clone> Graph<V> {
         }
         key_s.u64(check_outputs.len() as u64);
         for (out, _) in &check_outputs {
-            add_output(*out, &mut region, &mut output_types, &mut key_s);
+            add_output(*out, &mut key_s);
         }
         let dims = key_d.finish();
 
@@ -1211,7 +1258,12 @@ impl<V: Clone> Graph<V> {
             }
         }
         let region_len = plan.region_len();
-        self.pending.drain(..region_len);
+        let mut kept = plan.kept.iter().peekable();
+        let nodes: Vec<Node> = self
+            .pending
+            .drain(..region_len)
+            .filter(|node| kept.next_if(|&&id| id == node.id).is_some())
+            .collect();
         for node in self.pending.iter_mut() {
             for input in node.inputs.iter_mut() {
                 if let ValueRef::Pending(out) = input.value {
@@ -1225,20 +1277,30 @@ impl<V: Clone> Graph<V> {
 
         // Donation is decided last: only now have the storages and the pending ops let go of
         // what they no longer need.
+        let mut donated = Vec::new();
         if let Some(check) = self.donation_check {
-            region.donated = args
+            donated = args
                 .iter()
                 .enumerate()
                 .filter(|(_, v)| check(v))
                 .map(|(i, _)| i as u32)
                 .collect();
         }
-        key_s.u64(region.donated.len() as u64);
-        for &i in &region.donated {
+        key_s.u64(donated.len() as u64);
+        for &i in &donated {
             key_s.u32(i);
         }
         let shapeless = key_s.finish();
 
+        let region = RegionSource {
+            nodes,
+            operands,
+            arg_types,
+            slots,
+            scalar_packs: packs.iter().map(|p| (p.dtype, p.count)).collect(),
+            outputs: region_outputs,
+            donated,
+        };
         let label = match region.nodes.as_slice() {
             [node] => {
                 let name = node.op.name();
@@ -1299,6 +1361,40 @@ impl<V: Clone> Graph<V> {
 impl Node {
     fn clone_digests(&self) -> (u64, u64) {
         (self.prefix_shapeless, self.prefix_dims)
+    }
+}
+
+/// Numbers externals by first use. Regions read few of them, and most flushes run one op: a
+/// short list searched in order beats hashing, and spills to a map for large regions.
+#[derive(Default)]
+struct SmallMap {
+    list: SmallVec<[(ExternalId, u32); 8]>,
+    map: HashMap<ExternalId, u32>,
+}
+
+impl SmallMap {
+    /// `e`'s number, assigning the next one (and calling `on_new`) the first time.
+    fn number(&mut self, e: ExternalId, on_new: impl FnOnce()) -> u32 {
+        let next = (self.list.len() + self.map.len()) as u32;
+        if self.map.is_empty() {
+            if let Some(&(_, n)) = self.list.iter().find(|(x, _)| *x == e) {
+                return n;
+            }
+            if self.list.len() < 8 {
+                self.list.push((e, next));
+                on_new();
+                return next;
+            }
+            self.map.extend(self.list.drain(..));
+        }
+        match self.map.entry(e) {
+            std::collections::hash_map::Entry::Occupied(o) => *o.get(),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(next);
+                on_new();
+                next
+            }
+        }
     }
 }
 

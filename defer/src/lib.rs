@@ -9,8 +9,8 @@ mod mode;
 mod storage;
 
 pub use graph::{
-    Captured, CapturedOutputs, EngineError, ErrorKind, ExternalValue, Flush, FlushRequest, Graph, GraphStats,
-    ReadSource, TensorRef,
+    Captured, CapturedOutputs, EngineError, ErrorKind, ExternalValue, Flush, FlushRequest, Graph,
+    GraphStats, ReadSource, RegionSource, TensorRef,
 };
 pub use mode::{Mode, ModeStack};
 pub use storage::StorageId;

@@ -261,7 +261,7 @@ impl Engine {
     }
 
     fn launch(&self, flush: Flush<DeviceValue>) -> Result<Vec<DeviceValue>, EngineError> {
-        if flush.region.nodes.is_empty() && flush.outputs.is_empty() && flush.checks.is_empty() {
+        if flush.region.is_empty() && flush.outputs.is_empty() && flush.checks.is_empty() {
             // Every op of the region was dead (dropped): there is nothing to compile or run.
             return Ok(Vec::new());
         }
@@ -270,15 +270,16 @@ impl Engine {
             dims: flush.dims,
             options: self.options_key,
         };
-        let donated: Vec<usize> = flush.region.donated.iter().map(|&i| i as usize).collect();
+        let donated: Vec<usize> = flush.region.donated().iter().map(|&i| i as usize).collect();
         Counters::bump(&self.counters.donated_buffers, donated.len() as u64);
         let handle: CompileHandle = match self.compiler.lookup(&key) {
             Some(exe) => CompileHandle::ready(key, exe),
             None => {
                 self.note_miss(&key, &flush.label);
-                let region = flush.region;
+                // The region is built on the compile thread, from the captured ops.
+                let source = flush.region;
                 self.compiler.request(key, move || {
-                    fuse::build_module(&region).map_err(|e| e.message)
+                    fuse::build_module(&source.build()).map_err(|e| e.message)
                 })
             }
         };

@@ -118,6 +118,10 @@ fn family(op: OpId) -> Family {
             Family::Backward
         }
         AssertAsync => Family::Check,
+        // random numbers
+        // convolution and pooling
+        // normalization
+        // attention, sorting, indexing and optimizer ops
         _ => Family::Elementwise,
     }
 }

@@ -189,6 +189,14 @@ op_catalogue! {
     /// running: PyTorch's op has no result, so nothing reads the flag, and it is kept only
     /// because it is side-effecting.
     AssertAsync = "_assert_async", inputs: "self", scalars: "", params: "";
+
+    // ---- random numbers ----------------------------------------------------------------
+
+    // ---- convolution and pooling -------------------------------------------------------
+
+    // ---- normalization -----------------------------------------------------------------
+
+    // ---- attention, sorting, indexing and optimizer ops --------------------------------
 }
 
 impl OpId {

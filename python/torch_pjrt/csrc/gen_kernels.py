@@ -157,6 +157,14 @@ TABLE += [
      "t grad_output; t self; t target; t total_weight; t? weight; p reduction; "
      "p enc::sym1(ignore_index)"),
 ]
+# random numbers
+TABLE += []
+# convolution and pooling
+TABLE += []
+# normalization
+TABLE += []
+# attention, sorting, indexing and optimizer ops
+TABLE += []
 
 
 # ----- schemas -----------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ METADATA_ONLY = os.environ.get("TORCH_PJRT_METADATA_ONLY") == "1"
 sources = [
     os.path.join(CSRC, "module.cpp"),
     os.path.join(CSRC, "backend.cpp"),
+    os.path.join(CSRC, "random.cpp"),
 ]
 if not METADATA_ONLY:
     sources += generated_sources()

@@ -340,6 +340,45 @@ impl Emitter {
             .collect()
     }
 
+    /// Random words from `rng_bit_generator` (Threefry), as signed integers of `shape`: `i64`
+    /// when `wide`, else `i32`. `key` is a 0-d `i64` value; the generator state is `[key, 0]`.
+    /// The op's state and output types are unsigned, which [`DType`] cannot name, so its lines
+    /// are written here and only the signed view of the bits becomes a value.
+    pub fn random_words(&mut self, key: Value, shape: &[i64], wide: bool) -> Value {
+        let key = self.reshape(key, &[1]);
+        let zero = self.constant(TensorType::new(DType::I64, &[1]), ScalarValue::Int(0));
+        let state = self.concatenate(&[key, zero], 0);
+        let (signed, unsigned) = if wide {
+            ("i64", "ui64")
+        } else {
+            ("i32", "ui32")
+        };
+        let dims: String = shape.iter().map(|d| format!("{d}x")).collect();
+        let state_name = self.name(state).to_string();
+        let unsigned_state = self.fresh_name();
+        let generated = self.fresh_name();
+        let words = self.fresh_name();
+        let indent = self.indent();
+        let _ = writeln!(
+            self.body,
+            "{indent}{unsigned_state} = \"stablehlo.bitcast_convert\"({state_name}) : \
+             (tensor<2xi64>) -> tensor<2xui64>"
+        );
+        let _ = writeln!(
+            self.body,
+            "{indent}{generated}:2 = \"stablehlo.rng_bit_generator\"({unsigned_state}) \
+             {{rng_algorithm = #stablehlo<rng_algorithm THREE_FRY>}} : (tensor<2xui64>) -> \
+             (tensor<2xui64>, tensor<{dims}{unsigned}>)"
+        );
+        let _ = writeln!(
+            self.body,
+            "{indent}{words} = \"stablehlo.bitcast_convert\"({generated}#1) : \
+             (tensor<{dims}{unsigned}>) -> tensor<{dims}{signed}>"
+        );
+        let dtype = if wide { DType::I64 } else { DType::I32 };
+        self.new_slot(words, TensorType::new(dtype, shape))
+    }
+
     /// Build a region with one block whose arguments have `arg_types`; `body` returns the values
     /// the block yields through `stablehlo.return`.
     pub fn region(
@@ -400,6 +439,13 @@ impl Emitter {
 
     pub fn f64_constant(&mut self, dtype: DType, value: f64) -> Value {
         self.scalar_constant(dtype, ScalarValue::Float(value))
+    }
+
+    /// `v`, hidden from XLA's algebraic simplifier: a division by a constant hidden this way
+    /// stays a true division instead of becoming a multiplication by the rounded reciprocal.
+    pub fn opaque(&mut self, v: Value) -> Value {
+        let ty = self.ty(v).clone();
+        self.op("stablehlo.optimization_barrier", &[v], "", ty)
     }
 
     /// A constant of `v`'s type filled with `value`.

@@ -16,6 +16,7 @@ mod linalg;
 pub mod op_id;
 pub mod params;
 pub mod promote;
+mod random;
 mod reduce;
 mod shape;
 
@@ -100,6 +101,7 @@ enum Family {
     Shape,
     Backward,
     Check,
+    Random,
 }
 
 fn family(op: OpId) -> Family {
@@ -119,6 +121,9 @@ fn family(op: OpId) -> Family {
         }
         AssertAsync => Family::Check,
         // random numbers
+        Uniform | Normal | RandomInt | Bernoulli | NativeDropout | NativeDropoutBackward => {
+            Family::Random
+        }
         // convolution and pooling
         // normalization
         // attention, sorting, indexing and optimizer ops
@@ -148,6 +153,7 @@ pub fn meta(
         Family::Shape => shape::meta(&args),
         Family::Backward => backward::meta(&args),
         Family::Check => checks::meta(&args),
+        Family::Random => random::meta(&args),
     }
 }
 
@@ -176,6 +182,7 @@ pub fn lower(
         Family::Shape => shape::lower(e, &args),
         Family::Backward => backward::lower(e, &args),
         Family::Check => checks::lower(e, &args),
+        Family::Random => random::lower(e, &args),
     }?;
     debug_assert_eq!(outs.len(), meta.outputs.len());
     for (v, ty) in outs.iter().zip(&meta.outputs) {

@@ -191,6 +191,20 @@ op_catalogue! {
     AssertAsync = "_assert_async", inputs: "self", scalars: "", params: "";
 
     // ---- random numbers ----------------------------------------------------------------
+    // Each draw takes a 64-bit key from the device's generator as a lifted scalar (a new draw
+    // never recompiles); the bits come from StableHLO's `rng_bit_generator` (Threefry).
+    /// Values in `[from, to)`.
+    Uniform = "uniform", inputs: "", scalars: "from, to, key", params: "[dtype, sizes...]";
+    /// Normal values (Box-Muller over two uniform draws).
+    Normal = "normal", inputs: "", scalars: "mean, std, key", params: "[dtype, sizes...]";
+    /// Integers in `[from, to)`; with `full_range`, the 63-bit range `[0, 2^63)` (`to` unused).
+    RandomInt = "random_", inputs: "", scalars: "from, to, key", params: "[dtype, full_range, sizes...]";
+    /// 1 with probability `p` (a tensor broadcast to `sizes`, or a scalar), else 0.
+    Bernoulli = "bernoulli", inputs: "p?", scalars: "p (when not an input), key", params: "[dtype, sizes...]";
+    /// Outputs `(input * mask / (1 - p), mask)`, the mask keeping each element with probability
+    /// `1 - p`; with `train` 0, `(input, all true)`.
+    NativeDropout = "native_dropout", inputs: "input", scalars: "p, key", params: "[train]";
+    NativeDropoutBackward = "native_dropout_backward", inputs: "grad_output, mask", scalars: "scale", params: "";
 
     // ---- convolution and pooling -------------------------------------------------------
 
@@ -213,6 +227,8 @@ impl OpId {
     pub fn first_size_param(self) -> Option<usize> {
         match self {
             OpId::Full | OpId::Zeros | OpId::Ones | OpId::Eye | OpId::Linspace => Some(1),
+            OpId::Uniform | OpId::Normal | OpId::Bernoulli => Some(1),
+            OpId::RandomInt => Some(2),
             OpId::Expand | OpId::SumToSize | OpId::Reshape | OpId::Repeat => Some(0),
             _ => None,
         }

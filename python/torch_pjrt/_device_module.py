@@ -72,43 +72,75 @@ def _is_in_bad_fork() -> bool:
     return False
 
 
-# Random ops on pjrt run through the CPU fallback, which draws from the default CPU generator; the
-# pjrt default generator is that generator.
+# Random numbers: each pjrt device has its own generator (a seed and a count of draws), kept on
+# the host; random ops draw their bits on the device from it (see csrc/random.cpp).
+
+
+def _generator_module():
+    native = _native.native()
+    if native is None:
+        raise RuntimeError("the pjrt device is not available: torch_pjrt._C could not be loaded")
+    return native
+
+
+def _device_index(device) -> int:
+    return current_device() if device is None else _index(device)
+
+
 def manual_seed(seed: int) -> None:
-    torch.default_generator.manual_seed(int(seed))
+    """Seeds the current device's generator."""
+    _generator_module()._manual_seed(current_device(), int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
 
 
 def manual_seed_all(seed: int) -> None:
-    manual_seed(seed)
+    """Seeds every device's generator (``torch.manual_seed`` calls this)."""
+    native = _generator_module()
+    for index in range(max(device_count_without_start(), 1)):
+        native._manual_seed(index, int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
 
 
 def seed() -> None:
-    torch.default_generator.seed()
+    """Seeds the current device's generator with a nondeterministic number."""
+    _generator_module()._seed(current_device())
 
 
 def seed_all() -> None:
-    seed()
+    native = _generator_module()
+    for index in range(max(device_count_without_start(), 1)):
+        native._seed(index)
 
 
 def initial_seed() -> int:
-    return torch.default_generator.initial_seed()
+    return int(_generator_module()._initial_seed(current_device()))
 
 
 def get_rng_state(device="pjrt") -> torch.Tensor:
-    return torch.default_generator.get_state()
+    """The generator state of ``device``: a 16-byte ``torch.ByteTensor`` (seed, draws)."""
+    state = _generator_module()._get_rng_state(_device_index(device))
+    return torch.frombuffer(bytearray(state), dtype=torch.uint8).clone()
 
 
 def set_rng_state(new_state: torch.Tensor, device="pjrt") -> None:
-    torch.default_generator.set_state(new_state)
+    if not isinstance(new_state, torch.Tensor) or new_state.dtype != torch.uint8:
+        raise TypeError(
+            f"expected a torch.ByteTensor from torch.pjrt.get_rng_state(), got {new_state!r}"
+        )
+    data = bytes(new_state.detach().cpu().contiguous().numpy().tobytes())
+    _generator_module()._set_rng_state(_device_index(device), data)
 
 
 def get_rng_state_all() -> list:
-    return [get_rng_state()]
+    return [get_rng_state(i) for i in range(max(device_count_without_start(), 1))]
 
 
 def set_rng_state_all(new_states) -> None:
-    for state in new_states:
-        set_rng_state(state)
+    for index, state in enumerate(new_states):
+        set_rng_state(state, index)
+
+
+def device_count_without_start() -> int:
+    """The device count if the engine runs, else 1 (seeding must not start the engine)."""
+    return device_count() if _native.started() else 1
 
 
 def get_amp_supported_dtype() -> list:

@@ -378,13 +378,12 @@ struct PjrtHooks final : public at::PrivateUse1HooksInterface {
   bool isAvailable() const override {
     return api_loaded();
   }
-  // Random ops run through the CPU fallback, which draws from the CPU generator: the pjrt
-  // default generator is that generator, so torch.pjrt.manual_seed makes them reproducible.
-  const at::Generator& getDefaultGenerator(c10::DeviceIndex /*device*/) const override {
-    return at::detail::getDefaultCPUGenerator();
+  // The device's own generators (random.cpp): random ops draw their keys from them.
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex device) const override {
+    return default_generator(device);
   }
-  at::Generator getNewGenerator(c10::DeviceIndex /*device*/) const override {
-    return at::detail::createCPUGenerator();
+  at::Generator getNewGenerator(c10::DeviceIndex device) const override {
+    return new_generator(device);
   }
   at::Device getDeviceFromPtr(void* /*data*/) const override {
     return at::Device(kPjrt, t_device);

@@ -26,4 +26,13 @@ void set_device(int index);
 // Ops that fell back to the CPU and have already warned.
 void reset_fallback_warnings();
 
+// The default generator of device `index` (random.cpp).
+void manual_seed(int index, uint64_t seed);
+// Seeds nondeterministically; returns the seed.
+uint64_t seed(int index);
+uint64_t initial_seed(int index);
+// The generator state: 16 bytes (the seed, then the number of draws since seeding).
+std::string get_rng_state(int index);
+void set_rng_state(int index, const std::string& bytes);
+
 }  // namespace torch_pjrt::module

@@ -75,6 +75,13 @@ void copy_device_to_device(const at::Tensor& src, const at::Tensor& dst);
 // Engine op ids of the ops the backend itself uses (copies), resolved when the table arrives.
 int32_t builtin_op(const char* name);
 
+// ----- random numbers (random.cpp) ---------------------------------------------------------------
+
+// The device's default generator (index -1: the current device), created on first use.
+const at::Generator& default_generator(c10::DeviceIndex index);
+// A new generator for the device (`torch.Generator(device="pjrt")`).
+at::Generator new_generator(c10::DeviceIndex index);
+
 // ----- one op call ------------------------------------------------------------------------------
 
 // Builds one `TpjrtOpCall` from ATen arguments, following the engine's per-op layout (inputs,

@@ -1,0 +1,320 @@
+//! Random numbers: uniform, normal, integer and Bernoulli draws, and dropout.
+//!
+//! Every draw takes its generator key as the last value scalar: a lifted 0-d `i64`, so the same
+//! draw with a new key (every call advances the generator) reuses the compiled program. The bits
+//! come from StableHLO's `rng_bit_generator` with the Threefry algorithm, which every PJRT
+//! backend implements the same way, so a seed gives the same numbers on CPU, GPU and TPU.
+
+use crate::dtype::{DType, ScalarValue, TensorType};
+use crate::elementwise::not_implemented_for;
+use crate::emitter::{Cmp, Emitter, Value};
+use crate::error::{ensure, OpError};
+use crate::promote::broadcast_shapes;
+use crate::{LowerArgs, Meta, MetaArgs, OpId};
+
+/// The dtype uniform values are drawn in for results of `dtype`: f64 keeps 53 random bits,
+/// everything else 24 (f32's mantissa; f16 and bf16 results are rounded from it).
+fn draw_dtype(dtype: DType) -> DType {
+    if dtype == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    }
+}
+
+fn check_sizes(sizes: &[i64]) -> Result<(), OpError> {
+    if let Some(&bad) = sizes.iter().find(|&&s| s < 0) {
+        return Err(OpError::runtime(format!(
+            "Trying to create tensor with negative dimension {bad}: {sizes:?}"
+        )));
+    }
+    Ok(())
+}
+
+pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
+    use OpId::*;
+    let p = &a.params;
+    let scalar = |i: usize| a.scalars[i].value;
+    match a.op {
+        Uniform | Normal => {
+            a.expect_counts(0..=0, 3..=3)?;
+            let dtype = p.dtype(0)?;
+            let sizes = p.rest(1);
+            check_sizes(sizes)?;
+            if a.op == Uniform {
+                if !dtype.is_float() {
+                    return Err(not_implemented_for("check_uniform_bounds", dtype));
+                }
+                let (from, to) = (scalar(0).as_f64(), scalar(1).as_f64());
+                ensure!(
+                    from <= to,
+                    "uniform_ expects to return a [from, to) range, but found from={from} > to={to}"
+                );
+            } else {
+                if !dtype.is_float() {
+                    return Err(not_implemented_for("normal_kernel_cpu", dtype));
+                }
+                let std = scalar(1).as_f64();
+                ensure!(std >= 0.0, "normal expects std >= 0.0, but found std {std}");
+            }
+            let compute = dtype.compute_dtype();
+            Ok(Meta::single(
+                TensorType::new(dtype, sizes),
+                vec![compute, compute, DType::I64],
+            ))
+        }
+        RandomInt => {
+            a.expect_counts(0..=0, 3..=3)?;
+            let dtype = p.dtype(0)?;
+            let full_range = p.flag(1)?;
+            let sizes = p.rest(2);
+            check_sizes(sizes)?;
+            if !full_range {
+                let (from, to) = (scalar(0).as_i64(), scalar(1).as_i64());
+                ensure!(
+                    from < to,
+                    "random_ expects 'from' to be less than 'to', but got from={from} >= to={to}"
+                );
+            }
+            Ok(Meta::single(
+                TensorType::new(dtype, sizes),
+                vec![DType::I64, DType::I64, DType::I64],
+            ))
+        }
+        Bernoulli => {
+            a.expect_counts(0..=1, 1..=2)?;
+            let dtype = p.dtype(0)?;
+            let sizes = p.rest(1);
+            check_sizes(sizes)?;
+            let out = TensorType::new(dtype, sizes);
+            match a.inputs.first() {
+                Some(probs) => {
+                    a.expect_counts(1..=1, 1..=1)?;
+                    if !probs.dtype.is_float() {
+                        return Err(not_implemented_for("bernoulli_tensor_cpu_p_", probs.dtype));
+                    }
+                    let b = broadcast_shapes(sizes, &probs.shape)?;
+                    ensure!(
+                        b.as_slice() == sizes,
+                        "bernoulli_: the probabilities of shape {:?} can't be broadcast to the \
+                         result's shape {sizes:?}",
+                        probs.shape.as_slice()
+                    );
+                    Ok(Meta::single(out, vec![DType::I64]))
+                }
+                None => {
+                    a.expect_counts(0..=0, 2..=2)?;
+                    let prob = scalar(0).as_f64();
+                    ensure!(
+                        (0.0..=1.0).contains(&prob),
+                        "bernoulli_ expects p to be in [0, 1], but got p={prob}"
+                    );
+                    Ok(Meta::single(out, vec![draw_dtype(dtype), DType::I64]))
+                }
+            }
+        }
+        NativeDropout => {
+            a.expect_counts(1..=1, 2..=2)?;
+            let input = &a.inputs[0];
+            ensure!(
+                input.dtype.is_float(),
+                "native_dropout: expected a floating-point input, got {}",
+                input.dtype.scalar_type_name()
+            );
+            let prob = scalar(0).as_f64();
+            ensure!(
+                (0.0..=1.0).contains(&prob),
+                "dropout probability has to be between 0 and 1, but got {prob}"
+            );
+            p.flag(0)?;
+            Ok(Meta {
+                outputs: smallvec::smallvec![input.clone(), input.with_dtype(DType::Bool)],
+                scalar_dtypes: smallvec::smallvec![input.dtype.compute_dtype(), DType::I64],
+            })
+        }
+        NativeDropoutBackward => {
+            a.expect_counts(2..=2, 1..=1)?;
+            let (grad, mask) = (&a.inputs[0], &a.inputs[1]);
+            ensure!(
+                mask.dtype == DType::Bool,
+                "Mask should be Bool Scalar Type{}",
+                mask.dtype.scalar_type_name()
+            );
+            ensure!(
+                grad.dtype.is_float(),
+                "native_dropout_backward: expected a floating-point gradient, got {}",
+                grad.dtype.scalar_type_name()
+            );
+            let b = broadcast_shapes(&grad.shape, &mask.shape)?;
+            ensure!(
+                b == grad.shape,
+                "native_dropout_backward: mask of shape {:?} doesn't match the gradient's {:?}",
+                mask.shape.as_slice(),
+                grad.shape.as_slice()
+            );
+            Ok(Meta::single(grad.clone(), vec![grad.dtype.compute_dtype()]))
+        }
+        op => Err(OpError::runtime(format!(
+            "{}: not a random-number op",
+            op.name()
+        ))),
+    }
+}
+
+/// Uniform values in `[0, 1)` of `shape`, in `dtype` (f32 or f64): the top 24 (53) bits of each
+/// random word scaled by 2^-24 (2^-53), so every value is exact and below 1.
+fn uniform01(e: &mut Emitter, key: Value, shape: &[i64], dtype: DType) -> Value {
+    let (wide, keep_bits) = if dtype == DType::F64 {
+        (true, 53)
+    } else {
+        (false, 24)
+    };
+    let words = e.random_words(key, shape, wide);
+    let word_bits = if wide { 64 } else { 32 };
+    let shift = e.full_like(words, (word_bits - keep_bits) as f64);
+    let top = e.binary("stablehlo.shift_right_logical", words, shift);
+    let as_float = e.convert(top, dtype);
+    e.binary_const("stablehlo.multiply", as_float, (-(keep_bits as f64)).exp2())
+}
+
+fn zeros(e: &mut Emitter, ty: &TensorType) -> Value {
+    e.constant(ty.clone(), ScalarValue::Int(0))
+}
+
+pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+    use OpId::*;
+    let out = a.out(0).clone();
+    let key = *a
+        .scalars
+        .last()
+        .ok_or_else(|| OpError::runtime("random op without a generator key"))?;
+    let empty = out.numel() == 0;
+    let value = match a.op {
+        Uniform | Normal | RandomInt | Bernoulli if empty => zeros(e, &out),
+        Uniform => {
+            let draw = draw_dtype(out.dtype);
+            let u = uniform01(e, key, &out.shape, draw);
+            let from = e.convert(a.scalars[0], draw);
+            let to = e.convert(a.scalars[1], draw);
+            let range = e.sub(to, from);
+            let range = e.broadcast_to(range, &out.shape);
+            let from = e.broadcast_to(from, &out.shape);
+            let scaled = e.mul(u, range);
+            let v = e.add(scaled, from);
+            e.convert(v, out.dtype)
+        }
+        Normal => {
+            // Box-Muller: two uniform draws per value; 1 - u keeps the logarithm finite.
+            let draw = draw_dtype(out.dtype);
+            let mut pair_shape = vec![2];
+            pair_shape.extend_from_slice(&out.shape);
+            let u = uniform01(e, key, &pair_shape, draw);
+            let rest = out.rank();
+            let first = e.slice_dim(u, 0, 0, 1, 1);
+            let first = e.reshape(first, &out.shape);
+            let second = e.slice_dim(u, 0, 1, 2, 1);
+            let second = e.reshape(second, &out.shape);
+            let one = e.full_like(first, 1.0);
+            let u1 = e.sub(one, first);
+            let log = e.log(u1);
+            let minus_two_log = e.binary_const("stablehlo.multiply", log, -2.0);
+            let radius = e.sqrt(minus_two_log);
+            let angle = e.binary_const("stablehlo.multiply", second, std::f64::consts::TAU);
+            let cos = e.unary("stablehlo.cosine", angle);
+            let z = e.mul(radius, cos);
+            debug_assert_eq!(e.rank(z), rest);
+            let mean = e.convert(a.scalars[0], draw);
+            let std = e.convert(a.scalars[1], draw);
+            let std = e.broadcast_to(std, &out.shape);
+            let mean = e.broadcast_to(mean, &out.shape);
+            let scaled = e.mul(z, std);
+            let v = e.add(scaled, mean);
+            e.convert(v, out.dtype)
+        }
+        RandomInt => {
+            let words = e.random_words(key, &out.shape, true);
+            let mask = e.constant(
+                TensorType::new(DType::I64, &out.shape),
+                ScalarValue::Int(i64::MAX),
+            );
+            let bits = e.and(words, mask);
+            let v = if a.params.flag(1)? {
+                bits
+            } else {
+                // PyTorch's own reduction: the word modulo the range, plus `from`.
+                let range = e.sub(a.scalars[1], a.scalars[0]);
+                let range = e.broadcast_to(range, &out.shape);
+                let from = e.broadcast_to(a.scalars[0], &out.shape);
+                let offset = e.rem(bits, range);
+                e.add(offset, from)
+            };
+            e.cast(v, out.dtype)
+        }
+        Bernoulli => {
+            let (probs, draw) = match a.inputs.first() {
+                Some(&probs) => {
+                    let draw = if e.dtype(probs) == DType::F64 || out.dtype == DType::F64 {
+                        DType::F64
+                    } else {
+                        DType::F32
+                    };
+                    let probs = e.convert(probs, draw);
+                    (e.broadcast_to(probs, &out.shape), draw)
+                }
+                None => {
+                    let draw = e.dtype(a.scalars[0]);
+                    (e.broadcast_to(a.scalars[0], &out.shape), draw)
+                }
+            };
+            let u = uniform01(e, key, &out.shape, draw);
+            let hit = e.compare(Cmp::Lt, u, probs);
+            e.convert(hit, out.dtype)
+        }
+        NativeDropout => {
+            let input = a.inputs[0];
+            let mask_ty = out.with_dtype(DType::Bool);
+            if !a.params.flag(0)? {
+                let all = e.constant(mask_ty, ScalarValue::Bool(true));
+                return Ok(vec![input, all]);
+            }
+            if empty {
+                let none = e.constant(mask_ty, ScalarValue::Bool(false));
+                return Ok(vec![input, none]);
+            }
+            let compute = out.dtype.compute_dtype();
+            let u = uniform01(e, key, &out.shape, draw_dtype(compute));
+            let p = a.scalars[0];
+            let one = e.full_like(p, 1.0);
+            let keep_prob = e.sub(one, p);
+            let keep_prob_draw = e.convert(keep_prob, draw_dtype(compute));
+            let keep_prob_b = e.broadcast_to(keep_prob_draw, &out.shape);
+            let keep = e.compare(Cmp::Lt, u, keep_prob_b);
+            // A select, not a multiply by the mask: with p = 1 the scale is infinite.
+            let scale = e.div(one, keep_prob);
+            let scale = e.broadcast_to(scale, &out.shape);
+            let x = e.convert(input, compute);
+            let scaled = e.mul(x, scale);
+            let zero = e.full_like(scaled, 0.0);
+            let kept = e.select(keep, scaled, zero);
+            let output = e.convert(kept, out.dtype);
+            return Ok(vec![output, keep]);
+        }
+        NativeDropoutBackward => {
+            let compute = out.dtype.compute_dtype();
+            let grad = e.convert(a.inputs[0], compute);
+            let mask = e.broadcast_to(a.inputs[1], &out.shape);
+            let mask = e.convert(mask, compute);
+            let scale = e.broadcast_to(a.scalars[0], &out.shape);
+            let masked = e.mul(grad, mask);
+            let v = e.mul(masked, scale);
+            e.convert(v, out.dtype)
+        }
+        op => {
+            return Err(OpError::runtime(format!(
+                "{}: not a random-number op",
+                op.name()
+            )))
+        }
+    };
+    Ok(vec![value])
+}

@@ -1,0 +1,355 @@
+// Random numbers on pjrt: the device's generator and the kernels that draw from it.
+//
+// A generator is a seed and a count of draws made since it was seeded. Every random op takes
+// the next draw's 64-bit key (a mix of the two) as a lifted scalar and generates its bits on the
+// device with StableHLO's Threefry `rng_bit_generator`: a new draw never recompiles, ops stay
+// independent (no chain through a device-side state, so regions fuse freely), and the state
+// `torch.pjrt.get_rng_state()` returns is 16 host bytes that `set_rng_state` restores exactly.
+#include <ATen/ATen.h>
+#include <ATen/core/Generator.h>
+#include <c10/core/GeneratorImpl.h>
+#include <c10/util/irange.h>
+#include <torch/library.h>
+
+#include <cstring>
+#include <deque>
+#include <limits>
+#include <mutex>
+
+#include "module_api.h"
+#include "pjrt_backend.h"
+
+namespace torch_pjrt {
+namespace {
+
+// PyTorch's default seed, so an unseeded pjrt generator starts where CPU's does.
+constexpr uint64_t kDefaultSeed = 67280421310721ULL;
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+struct PjrtGeneratorImpl final : public c10::GeneratorImpl {
+  explicit PjrtGeneratorImpl(c10::DeviceIndex index, uint64_t seed = kDefaultSeed)
+      : c10::GeneratorImpl(
+            c10::Device(c10::DeviceType::PrivateUse1, index),
+            c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)),
+        seed_(seed) {}
+
+  void set_current_seed(uint64_t seed) override {
+    seed_ = seed;
+    draws_ = 0;
+  }
+  uint64_t current_seed() const override {
+    return seed_;
+  }
+  uint64_t seed() override {
+    uint64_t s = c10::detail::getNonDeterministicRandom();
+    set_current_seed(s);
+    return s;
+  }
+  void set_offset(uint64_t offset) override {
+    draws_ = offset;
+  }
+  uint64_t get_offset() const override {
+    return draws_;
+  }
+  // 16 bytes: the seed, then the number of draws, little-endian.
+  c10::intrusive_ptr<c10::TensorImpl> get_state() const override {
+    at::Tensor state = at::empty({16}, at::TensorOptions().dtype(at::kByte));
+    uint8_t* bytes = state.data_ptr<uint8_t>();
+    std::memcpy(bytes, &seed_, 8);
+    std::memcpy(bytes + 8, &draws_, 8);
+    return state.getIntrusivePtr();
+  }
+  void set_state(const c10::TensorImpl& new_state) override {
+    TORCH_CHECK_TYPE(
+        new_state.dtype() == caffe2::TypeMeta::Make<uint8_t>(),
+        "expected a torch.ByteTensor as the pjrt generator state, but got ",
+        new_state.dtype().name());
+    TORCH_CHECK(
+        new_state.numel() == 16 && new_state.is_contiguous(),
+        "a pjrt generator state is 16 contiguous bytes (the seed and the number of draws), but "
+        "got ",
+        new_state.numel(),
+        " bytes; pass a state from torch.pjrt.get_rng_state()");
+    const auto* bytes = static_cast<const uint8_t*>(new_state.data());
+    std::memcpy(&seed_, bytes, 8);
+    std::memcpy(&draws_, bytes + 8, 8);
+  }
+  // The key of the next draw; each draw gets its own.
+  int64_t next_key() {
+    uint64_t key = splitmix64(seed_ ^ splitmix64(draws_));
+    ++draws_;
+    return static_cast<int64_t>(key);
+  }
+  static c10::DeviceType device_type() {
+    return c10::DeviceType::PrivateUse1;
+  }
+
+ private:
+  PjrtGeneratorImpl* clone_impl() const override {
+    auto* copy = new PjrtGeneratorImpl(device().index(), seed_);
+    copy->draws_ = draws_;
+    return copy;
+  }
+
+  uint64_t seed_;
+  uint64_t draws_ = 0;
+};
+
+// One default generator per device, created on first use and kept for the process.
+std::mutex g_defaults_mutex;
+std::deque<at::Generator> g_defaults;
+
+c10::DeviceIndex checked_index(c10::DeviceIndex index) {
+  if (index < 0) {
+    index = current_device_index();
+  }
+  TORCH_CHECK_INDEX(index >= 0 && index < 64, "pjrt device index ", index, " is out of range");
+  return index;
+}
+
+// A draw's key from `gen` (or the device's default generator), under the generator's lock.
+int64_t next_key(const std::optional<at::Generator>& gen, const at::Tensor& like) {
+  at::Generator g = gen.has_value() && gen->defined()
+      ? *gen
+      : default_generator(like.defined() ? like.device().index() : -1);
+  TORCH_CHECK(
+      g.device().type() == c10::DeviceType::PrivateUse1,
+      "expected a pjrt generator for a pjrt tensor, but got a generator of device ",
+      g.device().str());
+  std::lock_guard<std::mutex> lock(g.mutex());
+  return g.get<PjrtGeneratorImpl>()->next_key();
+}
+
+int32_t engine_op(const char* name) {
+  int32_t id = -1;
+  check(api().op_id(name, &id), name);
+  return id;
+}
+
+// The op ids, resolved once (the engine table is installed before any kernel runs).
+#define PJRT_RANDOM_OP(var, name) static const int32_t var = engine_op(name)
+
+// The engine op `op` drawn into `self` (any strides: the engine writes through views).
+at::Tensor& draw_into(at::Tensor& self, OpCall& c) {
+  c.param(enc::code(self));
+  c.params(self.sizes());
+  c.out(self);
+  c.run_inplace();
+  return self;
+}
+
+at::Tensor& pjrt_uniform_(
+    at::Tensor& self, double from, double to, std::optional<at::Generator> gen) {
+  PJRT_RANDOM_OP(op, "uniform");
+  OpCall c(op, "aten::uniform_");
+  c.scalar(from);
+  c.scalar(to);
+  c.scalar(next_key(gen, self));
+  return draw_into(self, c);
+}
+
+at::Tensor& pjrt_normal_(
+    at::Tensor& self, double mean, double std, std::optional<at::Generator> gen) {
+  PJRT_RANDOM_OP(op, "normal");
+  OpCall c(op, "aten::normal_");
+  c.scalar(mean);
+  c.scalar(std);
+  c.scalar(next_key(gen, self));
+  return draw_into(self, c);
+}
+
+// `random_` with an exclusive upper bound `to` (none: the dtype's own range, as PyTorch).
+at::Tensor& random_between(
+    at::Tensor& self, int64_t from, std::optional<int64_t> to, std::optional<at::Generator> gen) {
+  PJRT_RANDOM_OP(op, "random_");
+  bool full_range = false;
+  int64_t upper = 0;
+  if (to.has_value()) {
+    upper = *to;
+  } else {
+    const at::ScalarType t = self.scalar_type();
+    if (at::isFloatingType(t)) {
+      // Integers up to 2^digits: every one is exact in the dtype.
+      int digits = t == at::kDouble ? 53 : t == at::kFloat ? 24 : t == at::kHalf ? 11 : 8;
+      upper = (int64_t{1} << digits) + 1;
+    } else if (t == at::kBool) {
+      upper = 2;
+    } else if (t == at::kLong) {
+      // [from, 2^63 - 1]: from 0 the whole 63-bit range; otherwise the top value is left out.
+      full_range = from == 0;
+      upper = std::numeric_limits<int64_t>::max();
+    } else {
+      int64_t max = 0;
+      AT_DISPATCH_INTEGRAL_TYPES(t, "random_", [&] {
+        max = static_cast<int64_t>(std::numeric_limits<scalar_t>::max());
+      });
+      upper = max + 1;
+    }
+  }
+  OpCall c(op, "aten::random_");
+  c.scalar(from);
+  c.scalar(full_range ? from + 1 : upper);
+  c.scalar(next_key(gen, self));
+  c.param(enc::code(self));
+  c.param(full_range ? 1 : 0);
+  c.params(self.sizes());
+  c.out(self);
+  c.run_inplace();
+  return self;
+}
+
+at::Tensor& pjrt_random_(at::Tensor& self, std::optional<at::Generator> gen) {
+  return random_between(self, 0, std::nullopt, gen);
+}
+
+at::Tensor& pjrt_random_to(at::Tensor& self, int64_t to, std::optional<at::Generator> gen) {
+  return random_between(self, 0, to, gen);
+}
+
+at::Tensor& pjrt_random_from(
+    at::Tensor& self, int64_t from, std::optional<int64_t> to, std::optional<at::Generator> gen) {
+  return random_between(self, from, to, gen);
+}
+
+at::Tensor& pjrt_bernoulli_float(at::Tensor& self, double p, std::optional<at::Generator> gen) {
+  PJRT_RANDOM_OP(op, "bernoulli");
+  OpCall c(op, "aten::bernoulli_");
+  c.scalar(p);
+  c.scalar(next_key(gen, self));
+  return draw_into(self, c);
+}
+
+at::Tensor& pjrt_bernoulli_tensor(
+    at::Tensor& self, const at::Tensor& p, std::optional<at::Generator> gen) {
+  PJRT_RANDOM_OP(op, "bernoulli");
+  OpCall c(op, "aten::bernoulli_");
+  c.input(p);
+  c.scalar(next_key(gen, self));
+  return draw_into(self, c);
+}
+
+// `bernoulli(self)`: `self` holds the probabilities; the result has its dtype and shape.
+at::Tensor pjrt_bernoulli(const at::Tensor& self, std::optional<at::Generator> gen) {
+  PJRT_RANDOM_OP(op, "bernoulli");
+  OpCall c(op, "aten::bernoulli");
+  c.input(self);
+  c.scalar(next_key(gen, self));
+  c.param(enc::code(self));
+  c.params(self.sizes());
+  return c.run_functional();
+}
+
+at::Tensor pjrt_bernoulli_p(const at::Tensor& self, double p, std::optional<at::Generator> gen) {
+  PJRT_RANDOM_OP(op, "bernoulli");
+  OpCall c(op, "aten::bernoulli.p");
+  c.scalar(p);
+  c.scalar(next_key(gen, self));
+  c.param(enc::code(self));
+  c.params(self.sizes());
+  return c.run_functional();
+}
+
+std::tuple<at::Tensor, at::Tensor> pjrt_native_dropout(
+    const at::Tensor& input, double p, std::optional<bool> train) {
+  PJRT_RANDOM_OP(op, "native_dropout");
+  OpCall c(op, "aten::native_dropout");
+  c.input(input);
+  c.scalar(p);
+  // Eval mode draws nothing: the generator does not advance, as on CPU.
+  const bool training = train.value_or(true);
+  c.scalar(training ? next_key(std::nullopt, input) : int64_t{0});
+  c.param(training ? 1 : 0);
+  auto r = c.run_functional_n(2);
+  return std::make_tuple(std::move(r[0]), std::move(r[1]));
+}
+
+at::Tensor pjrt_native_dropout_backward(
+    const at::Tensor& grad_output, const at::Tensor& mask, double scale) {
+  PJRT_RANDOM_OP(op, "native_dropout_backward");
+  OpCall c(op, "aten::native_dropout_backward");
+  c.input(grad_output);
+  c.input(mask);
+  c.scalar(scale);
+  return c.run_functional();
+}
+
+// The generator a Python `torch.Generator(device="pjrt")` gets.
+at::Generator make_pjrt_generator(c10::DeviceIndex index) {
+  return at::make_generator<PjrtGeneratorImpl>(checked_index(index));
+}
+
+}  // namespace
+
+const at::Generator& default_generator(c10::DeviceIndex index) {
+  index = checked_index(index);
+  std::lock_guard<std::mutex> lock(g_defaults_mutex);
+  while (static_cast<c10::DeviceIndex>(g_defaults.size()) <= index) {
+    g_defaults.push_back(at::make_generator<PjrtGeneratorImpl>(
+        static_cast<c10::DeviceIndex>(g_defaults.size())));
+  }
+  // A deque never moves its elements: the reference stays valid as devices are added.
+  return g_defaults[index];
+}
+
+at::Generator new_generator(c10::DeviceIndex index) {
+  return make_pjrt_generator(index);
+}
+
+namespace module {
+
+void manual_seed(int index, uint64_t seed) {
+  at::Generator g = default_generator(static_cast<c10::DeviceIndex>(index));
+  std::lock_guard<std::mutex> lock(g.mutex());
+  g.set_current_seed(seed);
+}
+
+uint64_t seed(int index) {
+  at::Generator g = default_generator(static_cast<c10::DeviceIndex>(index));
+  std::lock_guard<std::mutex> lock(g.mutex());
+  return g.seed();
+}
+
+uint64_t initial_seed(int index) {
+  at::Generator g = default_generator(static_cast<c10::DeviceIndex>(index));
+  std::lock_guard<std::mutex> lock(g.mutex());
+  return g.current_seed();
+}
+
+std::string get_rng_state(int index) {
+  at::Generator g = default_generator(static_cast<c10::DeviceIndex>(index));
+  std::lock_guard<std::mutex> lock(g.mutex());
+  at::Tensor state = g.get_state();
+  return std::string(reinterpret_cast<const char*>(state.data_ptr<uint8_t>()), state.numel());
+}
+
+void set_rng_state(int index, const std::string& bytes) {
+  at::Generator g = default_generator(static_cast<c10::DeviceIndex>(index));
+  at::Tensor state = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
+  std::memcpy(state.data_ptr<uint8_t>(), bytes.data(), bytes.size());
+  std::lock_guard<std::mutex> lock(g.mutex());
+  g.set_state(state);
+}
+
+}  // namespace module
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("uniform_", TORCH_FN(pjrt_uniform_));
+  m.impl("normal_", TORCH_FN(pjrt_normal_));
+  m.impl("random_", TORCH_FN(pjrt_random_));
+  m.impl("random_.to", TORCH_FN(pjrt_random_to));
+  m.impl("random_.from", TORCH_FN(pjrt_random_from));
+  m.impl("bernoulli_.float", TORCH_FN(pjrt_bernoulli_float));
+  m.impl("bernoulli_.Tensor", TORCH_FN(pjrt_bernoulli_tensor));
+  m.impl("bernoulli", TORCH_FN(pjrt_bernoulli));
+  m.impl("bernoulli.p", TORCH_FN(pjrt_bernoulli_p));
+  m.impl("native_dropout", TORCH_FN(pjrt_native_dropout));
+  m.impl("native_dropout_backward", TORCH_FN(pjrt_native_dropout_backward));
+}
+
+}  // namespace torch_pjrt

@@ -46,16 +46,23 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
                     return Err(not_implemented_for("check_uniform_bounds", dtype));
                 }
                 let (from, to) = (scalar(0).as_f64(), scalar(1).as_f64());
-                ensure!(
-                    from <= to,
-                    "uniform_ expects to return a [from, to) range, but found from={from} > to={to}"
-                );
+                // As PyTorch's check: NaN bounds fail it too.
+                if from.is_nan() || to.is_nan() || from > to {
+                    return Err(OpError::runtime(format!(
+                        "uniform_ expects to return a [from, to) range, but found from={from} > \
+                         to={to}"
+                    )));
+                }
             } else {
                 if !dtype.is_float() {
                     return Err(not_implemented_for("normal_kernel_cpu", dtype));
                 }
                 let std = scalar(1).as_f64();
-                ensure!(std >= 0.0, "normal expects std >= 0.0, but found std {std}");
+                if std.is_nan() || std < 0.0 {
+                    return Err(OpError::runtime(format!(
+                        "normal expects std >= 0.0, but found std {std}"
+                    )));
+                }
             }
             let compute = dtype.compute_dtype();
             Ok(Meta::single(

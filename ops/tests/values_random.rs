@@ -216,9 +216,9 @@ fn dropout_masks_scales_and_backward() {
         vec![ScalarArg::float(1.0 / 0.75)],
         vec![],
     )]);
-    for i in 0..N as usize {
-        let want = grad.data[i] * mask[i] / 0.75;
-        assert!((back[0][0].data[i] - want).abs() <= 1e-6 * want.abs().max(1e-30));
+    for ((got, g), m) in back[0][0].data.iter().zip(&grad.data).zip(mask) {
+        let want = g * m / 0.75;
+        assert!((got - want).abs() <= 1e-6 * want.abs().max(1e-30));
     }
 }
 

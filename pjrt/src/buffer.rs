@@ -6,12 +6,16 @@ use crate::element_type::ElementType;
 use crate::error::{Error, Result};
 use crate::event::Event;
 use pjrt_sys as sys;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// An owned device buffer; freed on drop. Keeps its client alive.
 pub struct Buffer {
     client: Arc<ClientInner>,
     raw: *mut sys::PJRT_Buffer,
+    /// On-device bytes, counted in the client's ledger while the buffer lives (zeroed once an
+    /// execution consumed it by donation: its memory became that execution's result).
+    bytes: AtomicU64,
 }
 
 // SAFETY: PJRT buffers are immutable device arrays whose methods are thread-safe; destruction is
@@ -32,7 +36,31 @@ impl Buffer {
     /// # Safety
     /// `raw` must be an owned buffer of `client`.
     pub(crate) unsafe fn from_raw(client: Arc<ClientInner>, raw: *mut sys::PJRT_Buffer) -> Buffer {
-        Buffer { client, raw }
+        let buffer = Buffer {
+            client,
+            raw,
+            bytes: AtomicU64::new(0),
+        };
+        // A plugin that cannot tell the size leaves the buffer uncounted rather than failing.
+        let bytes = buffer.on_device_size().unwrap_or(0) as u64;
+        buffer.bytes.store(bytes, Ordering::Relaxed);
+        buffer.client.memory.allocate(bytes);
+        buffer
+    }
+
+    /// Whether the buffer was deleted (an execution took it by donation).
+    pub fn is_deleted(&self) -> Result<bool> {
+        let mut args = args!(PJRT_Buffer_IsDeleted_Args { buffer: self.raw });
+        api_call!(self.client.api(), PJRT_Buffer_IsDeleted, &mut args)?;
+        Ok(args.is_deleted)
+    }
+
+    /// Takes the buffer out of the ledger if an execution consumed it (donation).
+    pub(crate) fn settle_if_donated(&self) {
+        if self.is_deleted().unwrap_or(false) {
+            let bytes = self.bytes.swap(0, Ordering::Relaxed);
+            self.client.memory.release(bytes);
+        }
     }
 
     pub(crate) fn raw(&self) -> *mut sys::PJRT_Buffer {
@@ -118,6 +146,7 @@ impl Buffer {
 
 impl Drop for Buffer {
     fn drop(&mut self) {
+        self.client.memory.release(*self.bytes.get_mut());
         let mut args = args!(PJRT_Buffer_Destroy_Args { buffer: self.raw });
         let _: Result<()> = api_call!(self.client.api(), PJRT_Buffer_Destroy, &mut args);
     }

@@ -8,6 +8,7 @@ use crate::element_type::ElementType;
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::executable::LoadedExecutable;
+use crate::ledger::{MemoryLedger, MemoryUsage};
 use crate::named_value::{NamedValue, RawNamedValues};
 use crate::plugin::Plugin;
 use pjrt_sys as sys;
@@ -42,6 +43,7 @@ pub(crate) struct ClientInner {
     pub(crate) devices: Vec<Device>,
     platform_name: String,
     platform_version: String,
+    pub(crate) memory: MemoryLedger,
 }
 
 // SAFETY: PJRT clients are thread-safe; every method may be called concurrently.
@@ -78,6 +80,16 @@ impl std::fmt::Debug for Client {
 }
 
 impl Client {
+    /// Bytes of this client's live buffers and their peak (with executables' temporaries).
+    pub fn memory_usage(&self) -> MemoryUsage {
+        self.inner.memory.usage()
+    }
+
+    /// Starts a new peak from the bytes live now.
+    pub fn reset_peak_memory(&self) {
+        self.inner.memory.reset_peak()
+    }
+
     /// Creates a client with the plugin's default options.
     pub fn new(plugin: &Plugin) -> Result<Client> {
         Client::with_options(plugin, &[])
@@ -101,6 +113,7 @@ impl Client {
             devices: Vec::new(),
             platform_name: String::new(),
             platform_version: String::new(),
+            memory: MemoryLedger::default(),
         };
         inner.platform_name = platform_string(api, raw, true)?;
         inner.platform_version = platform_string(api, raw, false)?;

@@ -14,6 +14,9 @@ pub struct LoadedExecutable {
     client: Arc<ClientInner>,
     raw: *mut sys::PJRT_LoadedExecutable,
     num_outputs: usize,
+    /// Scratch bytes one execution needs besides its arguments and results (0 when the plugin
+    /// does not say).
+    temp_bytes: u64,
 }
 
 // SAFETY: PJRT loaded executables may be executed concurrently from several threads.
@@ -72,6 +75,7 @@ impl LoadedExecutable {
             client,
             raw,
             num_outputs: 0,
+            temp_bytes: 0,
         };
         let view = exe.view()?;
         let mut args = args!(PJRT_Executable_NumOutputs_Args {
@@ -80,6 +84,9 @@ impl LoadedExecutable {
         api_call!(exe.client.api(), PJRT_Executable_NumOutputs, &mut args)?;
         drop(view);
         exe.num_outputs = args.num_outputs;
+        exe.temp_bytes = exe
+            .compiled_memory_stats()
+            .map_or(0, |stats| stats.temp_bytes.max(0) as u64);
         Ok(exe)
     }
 
@@ -100,6 +107,11 @@ impl LoadedExecutable {
 
     pub fn num_outputs(&self) -> usize {
         self.num_outputs
+    }
+
+    /// Scratch bytes one execution needs besides its arguments and results.
+    pub fn temp_bytes(&self) -> u64 {
+        self.temp_bytes
     }
 
     /// Runs the executable; the results may still be computing when this returns (each result
@@ -133,11 +145,19 @@ impl LoadedExecutable {
             device_complete_events: complete_events.as_mut_ptr(),
         });
         api_call!(self.client.api(), PJRT_LoadedExecutable_Execute, &mut args)?;
+        // Donated arguments became results: they leave the ledger before the results join it.
+        for (index, argument) in arguments.iter().enumerate() {
+            if !options.non_donatable.contains(&(index as i64)) {
+                argument.settle_if_donated();
+            }
+        }
         let results = outputs
             .into_iter()
             // SAFETY: each is a fresh, owned buffer of this client.
             .map(|raw| unsafe { Buffer::from_raw(self.client.clone(), raw) })
             .collect();
+        // Arguments and results are live now; the scratch joins them while the program runs.
+        self.client.memory.note_execution(self.temp_bytes);
         let event = (!complete_events[0].is_null())
             // SAFETY: an owned event of this plugin.
             .then(|| unsafe { Event::from_raw(*self.client.api(), complete_events[0]) });

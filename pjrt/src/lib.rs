@@ -12,6 +12,7 @@ mod element_type;
 mod error;
 mod event;
 mod executable;
+mod ledger;
 mod named_value;
 mod plugin;
 
@@ -22,6 +23,7 @@ pub use element_type::ElementType;
 pub use error::{Error, ErrorCode, Result};
 pub use event::Event;
 pub use executable::{CompiledMemoryStats, ExecuteOptions, LoadedExecutable};
+pub use ledger::MemoryUsage;
 pub use named_value::NamedValue;
 pub use plugin::{resolve_plugin_path, site_package_dirs, Plugin};
 

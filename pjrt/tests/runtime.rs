@@ -328,3 +328,60 @@ fn host_slice_length_is_checked_before_pjrt() {
         .unwrap_err();
     assert!(err.to_string().contains("non-negative"));
 }
+
+/// A client of its own: the shared one's ledger moves with the tests running beside this one.
+fn private_client() -> Client {
+    let plugin = Plugin::load("cpu").expect("the CPU plugin is installed by `make venv`");
+    Client::new(&plugin).expect("a client")
+}
+
+#[test]
+fn memory_ledger_counts_live_buffers_and_donations() {
+    let c = private_client();
+    assert_eq!(c.memory_usage().live_bytes, 0);
+    let x = c
+        .buffer_from_host(&f32_bytes(&[1.0; 1024]), ElementType::F32, &[1024])
+        .unwrap();
+    assert_eq!(c.memory_usage().live_bytes, 4096);
+    let module = r#"
+module {
+  func.func public @main(%arg0: tensor<1024xf32> {jax.buffer_donor = true}) -> (tensor<1024xf32>) {
+    %0 = "stablehlo.add"(%arg0, %arg0) : (tensor<1024xf32>, tensor<1024xf32>) -> tensor<1024xf32>
+    "func.return"(%0) : (tensor<1024xf32>) -> ()
+  }
+}
+"#;
+    let exe = c.compile(module).unwrap();
+    let kept = exe
+        .execute_with(
+            &[&x],
+            &pjrt::ExecuteOptions {
+                non_donatable: vec![0],
+            },
+        )
+        .unwrap()
+        .0;
+    assert_eq!(c.memory_usage().live_bytes, 8192, "input kept, result new");
+    assert!(!x.is_deleted().unwrap());
+    drop(kept);
+    let donated = exe.execute(&[&x]).unwrap();
+    assert!(x.is_deleted().unwrap(), "the argument was donated");
+    assert_eq!(
+        c.memory_usage().live_bytes,
+        4096,
+        "the result took the argument's memory"
+    );
+    assert_eq!(f32_values(&donated[0].to_host().unwrap())[0], 2.0);
+    drop(x);
+    assert_eq!(
+        c.memory_usage().live_bytes,
+        4096,
+        "a donated buffer is not released twice"
+    );
+    drop(donated);
+    let usage = c.memory_usage();
+    assert_eq!(usage.live_bytes, 0);
+    assert!(usage.peak_bytes >= 8192);
+    c.reset_peak_memory();
+    assert_eq!(c.memory_usage().peak_bytes, 0);
+}

@@ -143,6 +143,26 @@ def device_count_without_start() -> int:
     return device_count() if _native.started() else 1
 
 
+def memory_allocated(device=None) -> int:
+    """Bytes of the engine's live device buffers (its own accounting: plugins' allocator
+    statistics are optional)."""
+    if not _native.started():
+        return 0
+    from . import _api
+
+    return int(_api.metrics()["live_device_bytes"])
+
+
+def max_memory_allocated(device=None) -> int:
+    """The peak of :func:`memory_allocated`, counting each execution's scratch, since the engine
+    started or ``torch_pjrt.reset_metrics()``."""
+    if not _native.started():
+        return 0
+    from . import _api
+
+    return int(_api.metrics()["peak_device_bytes"])
+
+
 def get_amp_supported_dtype() -> list:
     return [torch.float16, torch.bfloat16]
 

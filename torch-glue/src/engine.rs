@@ -536,6 +536,11 @@ impl Engine {
             "device_to_host_bytes",
             Counters::get(&c.device_to_host_bytes) as f64,
         );
+        // The engine's own accounting (plugins' allocator statistics are optional): bytes of
+        // live device buffers, and their peak counting each execution's scratch.
+        let memory = self.client.memory_usage();
+        v.insert("live_device_bytes", memory.live_bytes as f64);
+        v.insert("peak_device_bytes", memory.peak_bytes as f64);
         s.fallback_ops = c
             .fallback_ops
             .lock()
@@ -552,5 +557,6 @@ impl Engine {
         self.recompiles
             .store(0, std::sync::atomic::Ordering::Relaxed);
         *self.last_recompile_reason.lock() = None;
+        self.client.reset_peak_memory();
     }
 }

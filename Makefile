@@ -10,10 +10,15 @@ export VIRTUAL_ENV := $(abspath $(VENV))
 CARGO ?= cargo
 
 
-.PHONY: demo pjrt-demo test deps venv system-deps build rust-test python-test python-build lint bench-build bench clean
+.PHONY: demo mlp-demo pjrt-demo test deps venv venv-peer system-deps build rust-test python-test python-build lint bench-build bench bench-python bench-criterion clean
 
-# The main job: an MLP trained on pjrt in all three modes and on the CPU (examples/demo.py).
+# The main job: a small GPT-style language model trained on the CPU and on pjrt in Strict and
+# DeferAndFuse, with the loss curves, step times and a PNG (examples/gpt_demo.py).
 demo: deps python-build
+	$(PY) examples/gpt_demo.py
+
+# A small MLP trained in every mode, Debug included (examples/demo.py).
+mlp-demo: deps python-build
 	$(PY) examples/demo.py
 
 # The PJRT layer alone: compile and run a StableHLO module on the plugin.
@@ -53,8 +58,53 @@ rust-test: deps
 bench-build: deps
 	$(CARGO) bench -q --workspace --no-run
 
-bench: deps
-	$(CARGO) bench --workspace
+# The benchmark suite (benches/python/suite.py): CPU eager, inductor, torch_xla (from .venv-peer)
+# and pjrt in each mode, written to benches/results/latest.md and latest.png; then the criterion
+# benches of the engine stages, whose HTML reports land in benches/results/criterion/.
+# BENCH_CRITERION=0 skips criterion, BENCH_CRITERION_ARGS passes options to it (e.g.
+# "--warm-up-time 1 --measurement-time 2"); BENCH_QUICK=1 and BENCH_REPS=<n> size the Python suite;
+# BENCH_PEER=0 skips building .venv-peer (torch_xla is then reported unavailable).
+BENCH_CRITERION ?= 1
+BENCH_PEER ?= 1
+bench: deps python-build
+	@if [ "$(BENCH_PEER)" != 0 ]; then $(MAKE) --no-print-directory venv-peer || \
+		echo "warning: .venv-peer could not be built; torch_xla will be reported unavailable"; fi
+	@$(MAKE) --no-print-directory bench-python
+	@if [ "$(BENCH_CRITERION)" != 0 ]; then $(MAKE) --no-print-directory bench-criterion; fi
+
+bench-python: deps python-build
+	$(PY) benches/python/suite.py --peer-python $(PEER_PY)
+
+# criterion writes its HTML reports only when it has a plotting backend: gnuplot (Debian).
+bench-criterion: deps $(STAMPS)/gnuplot
+	@if [ -n "$(BENCH_CRITERION_ARGS)" ]; then \
+		$(CARGO) bench --workspace --bench '*' -- $(BENCH_CRITERION_ARGS); \
+	else $(CARGO) bench --workspace; fi
+	@rm -rf benches/results/criterion
+	@mkdir -p benches/results
+	@if [ -d target/criterion ]; then cp -r target/criterion benches/results/criterion; \
+		echo "criterion reports: benches/results/criterion/report/index.html"; fi
+
+$(STAMPS)/gnuplot:
+	@mkdir -p $(STAMPS)
+	@if ! command -v gnuplot >/dev/null; then \
+		echo "installing Debian package: gnuplot-nox (criterion's HTML reports)"; \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq gnuplot-nox >/dev/null; \
+	fi
+	@touch $@
+
+# torch_xla pins its own torch version, so the peer gets a venv of its own, built only for
+# `make bench`.
+PEER_VENV := .venv-peer
+PEER_PY := $(PEER_VENV)/bin/python
+venv-peer: $(STAMPS)/venv-peer
+$(STAMPS)/venv-peer: requirements-peer.txt
+	@mkdir -p $(STAMPS)
+	@test -x $(PEER_PY) || python3 -m venv $(PEER_VENV)
+	$(PEER_PY) -m pip install -q --disable-pip-version-check -r requirements-peer.txt
+	@touch $@
 
 python-test: deps python-build
 	@if ls tests/python/test_*.py >/dev/null 2>&1; then $(PY) -m pytest -q tests/python; \

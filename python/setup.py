@@ -35,6 +35,8 @@ sources = [
     os.path.join(CSRC, "module.cpp"),
     os.path.join(CSRC, "backend.cpp"),
     os.path.join(CSRC, "random.cpp"),
+    os.path.join(CSRC, "indexing.cpp"),
+    os.path.join(CSRC, "optim.cpp"),
 ]
 if not METADATA_ONLY:
     sources += generated_sources()

@@ -256,7 +256,9 @@ fn lower_linspace(e: &mut Emitter, a: &LowerArgs, out: &TensorType) -> Value {
         return cast_like_pytorch(e, v, dtype);
     }
     let span = e.sub(end, start);
+    // PyTorch divides; a reciprocal multiply is an ulp off, which integer outputs truncate.
     let denom = e.f64_constant(step_t, (steps - 1) as f64);
+    let denom = e.opaque(denom);
     let step = e.div(span, denom);
     let idx_i = e.iota(TensorType::new(DType::I64, &[steps]), 0);
     let idx = e.convert(idx_i, step_t);

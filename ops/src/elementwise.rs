@@ -418,10 +418,9 @@ fn clamp_meta(a: &MetaArgs) -> Result<Meta, OpError> {
         });
     }
     let out = result_type(&all);
-    ensure!(
-        out != DType::Bool,
-        "\"clamp_cpu\" not implemented for 'Bool'"
-    );
+    if out == DType::Bool {
+        clamp_bool_check(&ops)?;
+    }
     let shape = broadcast_all(all.iter().map(operand_shape))?;
     let scalar_dtypes: crate::ScalarDTypes = ops
         .iter()
@@ -433,6 +432,23 @@ fn clamp_meta(a: &MetaArgs) -> Result<Meta, OpError> {
         TensorType { dtype: out, shape },
         scalar_dtypes,
     ))
+}
+
+/// PyTorch computes a bool clamp only for a single tensor bound (as `maximum`/`minimum`); every
+/// other bool clamp reaches a kernel without bool support, named in the error.
+fn clamp_bool_check(bounds: &[Option<Operand>]) -> Result<(), OpError> {
+    let from_tensor = |o: &Operand| match o {
+        Operand::Tensor(_) => true,
+        Operand::Scalar(s) => s.tensor_dtype.is_some(),
+    };
+    let kernel = match bounds {
+        [Some(b), None] | [None, Some(b)] if from_tensor(b) => return Ok(()),
+        [Some(_), None] => "clamp_min_scalar_cpu",
+        [None, Some(_)] => "clamp_max_scalar_cpu",
+        _ if bounds.iter().flatten().any(from_tensor) => "clamp_cpu",
+        _ => "clamp_scalar_cpu",
+    };
+    Err(not_implemented_for(kernel, DType::Bool))
 }
 
 fn lerp_meta(a: &MetaArgs) -> Result<Meta, OpError> {
@@ -812,15 +828,23 @@ fn lower_binary(e: &mut Emitter, a: &LowerArgs) -> Result<Value, OpError> {
         Minimum if cd == DType::Bool => e.and(xc, yc),
         Maximum => e.max(xc, yc),
         Minimum => e.min(xc, yc),
-        Div => match a.params.rounding_mode(0)? {
-            RoundingMode::True => e.div(xc, yc),
-            RoundingMode::Trunc if cd.is_float() => {
-                let q = e.div(xc, yc);
-                trunc(e, q)
+        Div => {
+            // PyTorch's CPU kernels compute a rounded bf16/f16 division in the reduced dtype,
+            // rounding after every step, unless the divisor is a single value (then in f32).
+            let divisor_numel = (a.inputs.len() == 2).then(|| e.ty(a.inputs[1]).numel());
+            let stepwise = (out.dtype.is_reduced_float() && divisor_numel.is_some_and(|n| n > 1))
+                .then_some(out.dtype);
+            match a.params.rounding_mode(0)? {
+                RoundingMode::True => e.div(xc, yc),
+                RoundingMode::Trunc if cd.is_float() => {
+                    let q = e.div(xc, yc);
+                    let q = round_through(e, q, stepwise);
+                    trunc(e, q)
+                }
+                RoundingMode::Trunc => e.div(xc, yc),
+                RoundingMode::Floor => floor_divide(e, xc, yc, stepwise),
             }
-            RoundingMode::Trunc => e.div(xc, yc),
-            RoundingMode::Floor => floor_divide(e, xc, yc),
-        },
+        }
         Remainder => remainder(e, xc, yc),
         Fmod => e.rem(xc, yc),
         Pow if cd == DType::Bool => {
@@ -848,8 +872,23 @@ fn lower_binary(e: &mut Emitter, a: &LowerArgs) -> Result<Value, OpError> {
     Ok(e.convert(r, out.dtype))
 }
 
+/// `v` rounded to `dtype` and back, when given: one step of arithmetic carried out in a reduced
+/// float dtype.
+fn round_through(e: &mut Emitter, v: Value, dtype: Option<DType>) -> Value {
+    match dtype {
+        Some(d) => {
+            let compute = e.dtype(v);
+            let r = e.convert(v, d);
+            e.convert(r, compute)
+        }
+        None => v,
+    }
+}
+
 /// Python's floor division (`torch.div(..., rounding_mode="floor")`), as PyTorch computes it.
-pub(crate) fn floor_divide(e: &mut Emitter, a: Value, b: Value) -> Value {
+/// With `stepwise`, every intermediate is rounded to that reduced float dtype, as PyTorch's CPU
+/// kernel does for bf16/f16 tensors.
+pub(crate) fn floor_divide(e: &mut Emitter, a: Value, b: Value, stepwise: Option<DType>) -> Value {
     let dtype = e.dtype(a);
     if dtype.is_float() {
         // mod = fmod(a, b); div = (a - mod) / b; if mod != 0 and sign(b) != sign(mod): div -= 1;
@@ -857,7 +896,9 @@ pub(crate) fn floor_divide(e: &mut Emitter, a: Value, b: Value) -> Value {
         // b == 0 -> a / b.
         let md = e.rem(a, b);
         let a_m = e.sub(a, md);
+        let a_m = round_through(e, a_m, stepwise);
         let div = e.div(a_m, b);
+        let div = round_through(e, div, stepwise);
         let mod_nz = e.compare_const(Cmp::Ne, md, 0.0);
         let b_neg = e.compare_const(Cmp::Lt, b, 0.0);
         let m_neg = e.compare_const(Cmp::Lt, md, 0.0);
@@ -865,13 +906,17 @@ pub(crate) fn floor_divide(e: &mut Emitter, a: Value, b: Value) -> Value {
         let adjust = e.and(mod_nz, signs_differ);
         let one = k(e, a, 1.0);
         let div_m1 = e.sub(div, one);
+        let div_m1 = round_through(e, div_m1, stepwise);
         let div = e.select(adjust, div_m1, div);
         let fl = e.floor(div);
         let frac = e.sub(div, fl);
+        let frac = round_through(e, frac, stepwise);
         let big = e.compare_const(Cmp::Gt, frac, 0.5);
         let fl_p1 = e.add(fl, one);
+        let fl_p1 = round_through(e, fl_p1, stepwise);
         let floordiv = e.select(big, fl_p1, fl);
         let q = e.div(a, b);
+        let q = round_through(e, q, stepwise);
         let zero = k(e, a, 0.0);
         let signed_zero = copysign(e, zero, q);
         let div_zero = e.compare_const(Cmp::Eq, div, 0.0);
@@ -1020,14 +1065,22 @@ fn lower_clamp(e: &mut Emitter, a: &LowerArgs) -> Result<Value, OpError> {
         });
     }
     let mut x = prep(e, a.inputs[0], cd, &out.shape);
-    // min(max(x, lo), hi), NaN-propagating as PyTorch's clamp.
+    // min(max(x, lo), hi), NaN-propagating as PyTorch's clamp; on bool, max is `or`, min `and`.
     if let Some(lo) = bounds[0] {
         let lo = prep(e, lo, cd, &out.shape);
-        x = e.max(x, lo);
+        x = if cd == DType::Bool {
+            e.or(x, lo)
+        } else {
+            e.max(x, lo)
+        };
     }
     if let Some(hi) = bounds[1] {
         let hi = prep(e, hi, cd, &out.shape);
-        x = e.min(x, hi);
+        x = if cd == DType::Bool {
+            e.and(x, hi)
+        } else {
+            e.min(x, hi)
+        };
     }
     Ok(e.convert(x, out.dtype))
 }

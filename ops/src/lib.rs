@@ -5,15 +5,21 @@
 //! compile cache key; see [`OpId::params_layout`]). [`meta`] computes output types and raises
 //! PyTorch's errors; [`lower`] emits StableHLO through an [`Emitter`].
 
+mod activation;
 mod backward;
 mod checks;
+mod conv;
 mod creation;
 pub mod dtype;
 mod elementwise;
 pub mod emitter;
 pub mod error;
+mod indexing;
 mod linalg;
+mod loss;
+mod norm;
 pub mod op_id;
+mod optim;
 pub mod params;
 pub mod promote;
 mod random;
@@ -102,6 +108,12 @@ enum Family {
     Backward,
     Check,
     Random,
+    Normalization,
+    Conv,
+    Indexing,
+    Activation,
+    Loss,
+    Optim,
 }
 
 fn family(op: OpId) -> Family {
@@ -125,8 +137,40 @@ fn family(op: OpId) -> Family {
             Family::Random
         }
         // convolution and pooling
+        Convolution
+        | ConvolutionBackward
+        | MaxPool2dWithIndices
+        | MaxPool2dWithIndicesBackward
+        | AvgPool2d
+        | AvgPool2dBackward
+        | AdaptiveAvgPool2d
+        | AdaptiveAvgPool2dBackward => Family::Conv,
         // normalization
+        NativeBatchNorm
+        | BatchNormRunningStats
+        | NativeBatchNormBackward
+        | NativeLayerNorm
+        | NativeLayerNormBackward
+        | NativeGroupNorm
+        | NativeGroupNormBackward
+        | EmbeddingDenseBackward
+        | Cumsum
+        | MaskedFill => Family::Normalization,
         // attention, sorting, indexing and optimizer ops
+        Sort | TopK | Nonzero | MaskedSelect | MaskedScatter | Index | IndexPut => Family::Indexing,
+        SafeSoftmax | GeluBackward | TanhBackward | SigmoidBackward | LogSigmoidForward
+        | LogSigmoidBackward => Family::Activation,
+        MseLoss
+        | MseLossBackward
+        | SmoothL1Loss
+        | SmoothL1LossBackward
+        | HuberLoss
+        | HuberLossBackward
+        | BinaryCrossEntropy
+        | BinaryCrossEntropyBackward
+        | NllLoss2d
+        | NllLoss2dBackward => Family::Loss,
+        FusedAdam | FusedSgd => Family::Optim,
         _ => Family::Elementwise,
     }
 }
@@ -154,6 +198,12 @@ pub fn meta(
         Family::Backward => backward::meta(&args),
         Family::Check => checks::meta(&args),
         Family::Random => random::meta(&args),
+        Family::Normalization => norm::meta(&args),
+        Family::Conv => conv::meta(&args),
+        Family::Indexing => indexing::meta(&args),
+        Family::Activation => activation::meta(&args),
+        Family::Loss => loss::meta(&args),
+        Family::Optim => optim::meta(&args),
     }
 }
 
@@ -183,6 +233,12 @@ pub fn lower(
         Family::Backward => backward::lower(e, &args),
         Family::Check => checks::lower(e, &args),
         Family::Random => random::lower(e, &args),
+        Family::Normalization => norm::lower(e, &args),
+        Family::Conv => conv::lower(e, &args),
+        Family::Indexing => indexing::lower(e, &args),
+        Family::Activation => activation::lower(e, &args),
+        Family::Loss => loss::lower(e, &args),
+        Family::Optim => optim::lower(e, &args),
     }?;
     debug_assert_eq!(outs.len(), meta.outputs.len());
     for (v, ty) in outs.iter().zip(&meta.outputs) {

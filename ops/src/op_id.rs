@@ -207,10 +207,126 @@ op_catalogue! {
     NativeDropoutBackward = "native_dropout_backward", inputs: "grad_output, mask", scalars: "scale", params: "";
 
     // ---- convolution and pooling -------------------------------------------------------
+    // Lists in these params are counted: `n, v1 .. vn`.
+    /// An N-d convolution, or with `transposed` its adjoint (PyTorch's conv_transpose); PyTorch
+    /// has expanded every list to one value per spatial dim.
+    Convolution = "convolution_overrideable", inputs: "input, weight, bias?", scalars: "",
+        params: "[transposed, groups, stride list, padding list, dilation list, output_padding list]";
+    /// Outputs `(grad_input, grad_weight, grad_bias)`; one `output_mask` leaves out is an empty
+    /// placeholder.
+    ConvolutionBackward = "convolution_backward_overrideable", inputs: "grad_output, input, weight", scalars: "",
+        params: "[output_mask: bitmask 1 = input, 2 = weight, 4 = bias, transposed, groups, stride list, padding list, dilation list, output_padding list]";
+    /// Outputs `(output, indices)`; an index is the flat position `h * W + w` in its plane.
+    MaxPool2dWithIndices = "max_pool2d_with_indices", inputs: "self", scalars: "",
+        params: "[ceil_mode, kernel_size list, stride list (empty = kernel_size), padding list, dilation list] (lists of 1 or 2)";
+    MaxPool2dWithIndicesBackward = "max_pool2d_with_indices_backward", inputs: "grad_output, self, indices", scalars: "",
+        params: "[ceil_mode, kernel_size list, stride list (empty = kernel_size), padding list, dilation list] (lists of 1 or 2)";
+    AvgPool2d = "avg_pool2d", inputs: "self", scalars: "",
+        params: "[ceil_mode, count_include_pad, kernel_size list, stride list (empty = kernel_size), padding list, divisor_override?] (lists of 1 or 2)";
+    AvgPool2dBackward = "avg_pool2d_backward", inputs: "grad_output, self", scalars: "",
+        params: "[ceil_mode, count_include_pad, kernel_size list, stride list (empty = kernel_size), padding list, divisor_override?] (lists of 1 or 2)";
+    AdaptiveAvgPool2d = "_adaptive_avg_pool2d", inputs: "self", scalars: "", params: "[output_size x 2]";
+    AdaptiveAvgPool2dBackward = "_adaptive_avg_pool2d_backward", inputs: "grad_output, self", scalars: "", params: "";
 
     // ---- normalization -----------------------------------------------------------------
+    // Optional inputs are placed by `has_*` presence flags (0 or 1) at the front of the params;
+    // a backward op's `output_mask` has bits 1 = input, 2 = weight, 4 = bias (an output off in
+    // the mask is zeros).
+    /// Outputs `(output, save_mean, save_invstd)`; in evaluation the saved statistics are empty,
+    /// as on PyTorch's CPU. The running statistics are updated by `_batch_norm_running_stats`.
+    NativeBatchNorm = "native_batch_norm",
+        inputs: "input, weight?, bias?, running_mean?, running_var?", scalars: "",
+        params: "[has_weight, has_bias, has_running_mean, has_running_var, training, eps: f64 bits]";
+    /// The new `(running_mean, running_var)` after a training step of batch norm on `input`
+    /// (the running variance takes the unbiased batch variance). PyTorch updates them in place
+    /// inside `native_batch_norm`; the kernel writes these outputs into them.
+    BatchNormRunningStats = "_batch_norm_running_stats",
+        inputs: "input, running_mean, running_var", scalars: "momentum", params: "";
+    /// Outputs `(grad_input, grad_weight, grad_bias)`.
+    NativeBatchNormBackward = "native_batch_norm_backward",
+        inputs: "grad_out, input, weight?, running_mean?, running_var?, save_mean?, save_invstd?", scalars: "",
+        params: "[has_weight, has_running_mean, has_running_var, has_save_mean, has_save_invstd, train, eps: f64 bits, output_mask]";
+    /// Outputs `(output, mean, rstd)`.
+    NativeLayerNorm = "native_layer_norm", inputs: "input, weight?, bias?", scalars: "",
+        params: "[has_weight, has_bias, eps: f64 bits, normalized_shape...]";
+    NativeLayerNormBackward = "native_layer_norm_backward",
+        inputs: "grad_out, input, mean, rstd, weight?, bias?", scalars: "",
+        params: "[has_weight, has_bias, output_mask, normalized_shape...]";
+    /// Outputs `(output, mean, rstd)`, the statistics shaped `[N, group]`.
+    NativeGroupNorm = "native_group_norm", inputs: "input, weight?, bias?", scalars: "",
+        params: "[has_weight, has_bias, N, C, HxW, group, eps: f64 bits]";
+    NativeGroupNormBackward = "native_group_norm_backward",
+        inputs: "grad_out, input, mean, rstd, weight?", scalars: "",
+        params: "[has_weight, N, C, HxW, group, output_mask]";
+    EmbeddingDenseBackward = "embedding_dense_backward", inputs: "grad_output, indices", scalars: "",
+        params: "[num_weights, padding_idx, scale_grad_by_freq]";
+    Cumsum = "cumsum", inputs: "self", scalars: "", params: "[dim, dtype (-1 = none)]";
+    MaskedFill = "masked_fill", inputs: "self, mask, value? (0-d tensor)",
+        scalars: "value (when not an input)", params: "";
 
     // ---- attention, sorting, indexing and optimizer ops --------------------------------
+    // Sorting and advanced indexing. A result size that depends on the data (`count`) is read
+    // to the host by the caller first, so each op has a static shape.
+    /// Outputs `(values, indices)` sorted along `dim`. Always stable: equal values keep their
+    /// order, which is PyTorch's for `stable=True` (and what its CPU kernel gives short rows).
+    Sort = "sort", inputs: "self", scalars: "", params: "[dim, descending]";
+    /// Outputs `(values, indices)` of the `k` largest (or smallest) along `dim`, in sorted order.
+    TopK = "topk", inputs: "self", scalars: "", params: "[k, dim, largest, sorted]";
+    /// `[rank, count]` int64 coordinates of the nonzero elements in row-major order: the
+    /// transpose of PyTorch's result, which is column-major.
+    Nonzero = "nonzero", inputs: "self", scalars: "", params: "[count]";
+    /// The `count` elements of `self` where the (broadcast) bool `mask` holds, row-major.
+    MaskedSelect = "masked_select", inputs: "self, mask", scalars: "", params: "[count]";
+    /// The new `self` after `self.masked_scatter_(mask, source)`.
+    MaskedScatter = "masked_scatter_", inputs: "self, mask, source", scalars: "", params: "";
+    /// `self[indices]` with integer index tensors selecting along the given dims (the caller
+    /// turns bool masks into nonzero coordinates; unindexed dims are taken whole).
+    Index = "index", inputs: "self, indices...", scalars: "", params: "[dim of each index...]";
+    /// The new `self` after `self[indices] = values` (`+=` with `accumulate`).
+    IndexPut = "index_put", inputs: "self, values, indices...", scalars: "",
+        params: "[accumulate, dim of each index...]";
+    // Attention and training: activation gradients, losses and fused optimizer steps.
+    /// Softmax whose rows of all `-inf` (fully masked attention rows) give zeros.
+    SafeSoftmax = "_safe_softmax", inputs: "self", scalars: "", params: "[dim, dtype (-1 = none)]";
+    GeluBackward = "gelu_backward", inputs: "grad_output, self", scalars: "",
+        params: "[approximate?: 0 = none (default), 1 = tanh]";
+    TanhBackward = "tanh_backward", inputs: "grad_output, output", scalars: "", params: "";
+    SigmoidBackward = "sigmoid_backward", inputs: "grad_output, output", scalars: "", params: "";
+    /// Outputs `(output, buffer)`, the buffer `exp(-|self|)` as on PyTorch's CPU.
+    LogSigmoidForward = "log_sigmoid_forward", inputs: "self", scalars: "", params: "";
+    /// Recomputes what it needs from `self`; `buffer` is accepted and unused.
+    LogSigmoidBackward = "log_sigmoid_backward", inputs: "grad_output, self, buffer", scalars: "", params: "";
+    // Losses: `reduction` is 0 = none, 1 = mean, 2 = sum.
+    MseLoss = "mse_loss", inputs: "self, target", scalars: "", params: "[reduction]";
+    MseLossBackward = "mse_loss_backward", inputs: "grad_output, self, target", scalars: "", params: "[reduction]";
+    SmoothL1Loss = "smooth_l1_loss", inputs: "self, target", scalars: "beta", params: "[reduction]";
+    SmoothL1LossBackward = "smooth_l1_loss_backward", inputs: "grad_output, self, target", scalars: "beta",
+        params: "[reduction]";
+    HuberLoss = "huber_loss", inputs: "self, target", scalars: "delta", params: "[reduction]";
+    HuberLossBackward = "huber_loss_backward", inputs: "grad_output, self, target", scalars: "delta",
+        params: "[reduction]";
+    BinaryCrossEntropy = "binary_cross_entropy", inputs: "self, target, weight?", scalars: "",
+        params: "[reduction]";
+    BinaryCrossEntropyBackward = "binary_cross_entropy_backward", inputs: "grad_output, self, target, weight?",
+        scalars: "", params: "[reduction]";
+    /// `nll_loss` over `[N, C, H, W]` with targets `[N, H, W]`; outputs `(output, total_weight)`.
+    NllLoss2d = "nll_loss2d_forward", inputs: "self, target, weight?", scalars: "",
+        params: "[reduction, ignore_index]";
+    NllLoss2dBackward = "nll_loss2d_backward", inputs: "grad_output, self, target, total_weight, weight?",
+        scalars: "", params: "[reduction, ignore_index]";
+    // Fused optimizer steps, one parameter per call; outputs the new parameter and state.
+    /// Adam (AdamW with `adamw`); outputs `(param, exp_avg, exp_avg_sq, max_exp_avg_sq if
+    /// amsgrad)`. `state_step` is the already incremented step count; where `found_inf` is 1
+    /// nothing changes.
+    FusedAdam = "_fused_adam_",
+        inputs: "param, grad, exp_avg, exp_avg_sq, state_step, max_exp_avg_sq? (amsgrad), lr? (lr_is_tensor), found_inf? (has_found_inf)",
+        scalars: "lr (when not an input), beta1, beta2, weight_decay, eps",
+        params: "[amsgrad, maximize, adamw, lr_is_tensor, has_found_inf, weight_decay != 0, |1 - beta1| < 0.5]";
+    /// SGD; outputs `(param, momentum_buffer if given)`.
+    FusedSgd = "_fused_sgd_",
+        inputs: "param, grad, momentum_buffer? (has_momentum_buffer), lr? (lr_is_tensor), found_inf? (has_found_inf)",
+        scalars: "lr (when not an input), weight_decay, momentum, dampening",
+        params: "[nesterov, maximize, is_first_step, has_momentum_buffer, lr_is_tensor, has_found_inf, weight_decay != 0]";
 }
 
 impl OpId {

@@ -147,11 +147,6 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
                 "Mask should be Bool Scalar Type{}",
                 mask.dtype.scalar_type_name()
             );
-            ensure!(
-                grad.dtype.is_float(),
-                "native_dropout_backward: expected a floating-point gradient, got {}",
-                grad.dtype.scalar_type_name()
-            );
             let b = broadcast_shapes(&grad.shape, &mask.shape)?;
             ensure!(
                 b == grad.shape,
@@ -159,7 +154,17 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
                 mask.shape.as_slice(),
                 grad.shape.as_slice()
             );
-            Ok(Meta::single(grad.clone(), vec![grad.dtype.compute_dtype()]))
+            // PyTorch computes `grad * mask * scale`: the float scale promotes an integer or
+            // bool gradient to the default float dtype.
+            let dtype = if grad.dtype.is_float() {
+                grad.dtype
+            } else {
+                DType::DEFAULT_FLOAT
+            };
+            Ok(Meta::single(
+                grad.with_dtype(dtype),
+                vec![dtype.compute_dtype()],
+            ))
         }
         op => Err(OpError::runtime(format!(
             "{}: not a random-number op",

@@ -34,9 +34,10 @@ pub(crate) fn check_expand(from: &[i64], to: &[i64]) -> Result<(), OpError> {
     Ok(())
 }
 
+/// PyTorch checks the index dtype of gather/scatter only when the index has elements.
 fn index_dtype_check(op: &str, index: &TensorType) -> Result<(), OpError> {
     ensure!(
-        matches!(index.dtype, DType::I64 | DType::I32),
+        index.numel() == 0 || matches!(index.dtype, DType::I64 | DType::I32),
         "{op}(): Expected dtype int32/int64 for index"
     );
     Ok(())
@@ -170,17 +171,20 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
             let (x, index) = (&i[0], &i[1]);
             let dim = wrap_dim(p.get(0)?, x.rank())?;
             index_dtype_check("gather", index)?;
-            ensure!(
-                index.rank() == x.rank() || index.numel() == 0,
-                "Index tensor must have the same number of dimensions as input tensor"
-            );
-            for d in 0..index.rank() {
+            // PyTorch checks shapes only for a non-empty index, counting a 0-d tensor as 1-d.
+            if index.numel() != 0 {
                 ensure!(
-                    d == dim || index.shape[d] <= x.shape.get(d).copied().unwrap_or(1),
-                    "Size does not match at dimension {d} expected index {} to be no larger than self {} apart from dimension {dim}",
-                    fmt_shape(&index.shape),
-                    fmt_shape(&x.shape)
+                    index.rank().max(1) == x.rank().max(1),
+                    "Index tensor must have the same number of dimensions as input tensor"
                 );
+                for d in 0..index.rank() {
+                    ensure!(
+                        d == dim || index.shape[d] <= x.shape.get(d).copied().unwrap_or(1),
+                        "Size does not match at dimension {d} expected index {} to be no larger than self {} apart from dimension {dim}",
+                        fmt_shape(&index.shape),
+                        fmt_shape(&x.shape)
+                    );
+                }
             }
             single(TensorType {
                 dtype: x.dtype,
@@ -226,12 +230,23 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
                     "scatter(): Expected self.dtype to be equal to src.dtype"
                 );
             }
+            if index.numel() == 0 {
+                return Ok(Meta::single(x.clone(), vec![x.dtype; a.scalars.len()]));
+            }
+            // A 0-d tensor counts as 1-d, as PyTorch's ensure_nonempty_dim has it.
             ensure!(
-                index.rank() == x.rank() || index.numel() == 0,
+                index.rank().max(1) == x.rank().max(1),
                 "Index tensor must have the same number of dimensions as self tensor"
             );
+            if has_src {
+                ensure!(
+                    index.rank().max(1) == i[2].rank().max(1),
+                    "Index tensor must have the same number of dimensions as src tensor"
+                );
+            }
             for d in 0..index.rank() {
-                let too_big_self = d != dim && index.shape[d] > x.shape[d];
+                let too_big_self =
+                    d != dim && index.shape[d] > x.shape.get(d).copied().unwrap_or(1);
                 let too_big_src =
                     has_src && index.shape[d] > i[2].shape.get(d).copied().unwrap_or(1);
                 if too_big_self || too_big_src {
@@ -537,6 +552,8 @@ pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpErro
                 .collect();
             e.concatenate(&parts, dim)
         }
+        // No dims flips nothing (wrap_dims reads an empty list as every dim, as reductions do).
+        Flip if p.rest(0).is_empty() => a.inputs[0],
         Flip => {
             let dims = wrap_dims(p.rest(0), out.rank())?;
             e.reverse(a.inputs[0], &dims)
@@ -616,11 +633,21 @@ pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpErro
         }
         Scatter | ScatterAdd => {
             let x = a.inputs[0];
-            let index = a.inputs[1];
+            let mut index = a.inputs[1];
+            if e.ty(index).numel() == 0 {
+                return Ok(vec![x]);
+            }
             let dim = wrap_dim(p.get(0)?, e.rank(x))?;
+            // A 0-d index or src stands for a 1-d one (PyTorch's ensure_nonempty_dim).
+            if e.rank(index) == 0 {
+                index = e.reshape(index, &[1]);
+            }
             let index_shape = e.shape(index).to_vec();
             let updates = if a.inputs.len() == 3 {
-                let src = a.inputs[2];
+                let mut src = a.inputs[2];
+                if e.rank(src) == 0 {
+                    src = e.reshape(src, &vec![1; index_shape.len()]);
+                }
                 let zeros = vec![0; index_shape.len()];
                 let ones = vec![1; index_shape.len()];
                 if e.shape(src) == index_shape.as_slice() {
@@ -742,14 +769,13 @@ fn full_indices(e: &mut Emitter, index: Value, dim: usize) -> Value {
 fn gather_along(e: &mut Emitter, x: Value, index: Value, dim: usize) -> Value {
     let r = e.rank(x);
     let out_shape = e.shape(index).to_vec();
-    if r == 0 || out_shape.iter().product::<i64>() == 0 {
+    if out_shape.iter().product::<i64>() == 0 {
+        let ty = e.ty(x).with_shape(&out_shape);
+        return e.constant(ty, crate::ScalarValue::Int(0));
+    }
+    if r == 0 {
         let v = e.reshape(x, &vec![1; out_shape.len()]);
-        return if out_shape.iter().product::<i64>() == 0 {
-            let ty = e.ty(x).with_shape(&out_shape);
-            e.constant(ty, crate::ScalarValue::Int(0))
-        } else {
-            e.broadcast_to(v, &out_shape)
-        };
+        return e.broadcast_to(v, &out_shape);
     }
     let indices = full_indices(e, index, dim);
     let all: Vec<i64> = (0..r as i64).collect();
@@ -803,8 +829,17 @@ fn scatter_along(
         return x;
     }
     if r == 0 {
-        let u = e.reshape(updates, &[]);
-        return if add { e.add(x, u) } else { u };
+        // Every index is 0: scatter_add sums all updates in, scatter keeps the last one (the
+        // CPU kernel writes in order).
+        let n = e.ty(updates).numel();
+        let flat = e.reshape(updates, &[n]);
+        return if add {
+            let total = e.reduce_sum(flat, &[0]);
+            e.add(x, total)
+        } else {
+            let last = e.slice(flat, &[n - 1], &[n], &[1]);
+            e.reshape(last, &[])
+        };
     }
     let indices = full_indices(e, index, dim);
     let all: Vec<i64> = (0..r as i64).collect();

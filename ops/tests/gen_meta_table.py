@@ -184,6 +184,14 @@ for d in ALL:
          lambda x, lo, hi: torch.clamp(x, lo, hi))
     case("clamp", [T(d, [3])], [S(1)], [0, 2], lambda x, hi: torch.clamp(x, max=hi))
 case("clamp", [T("float32", [3])], [], [0, 0], lambda x: torch.clamp(x))
+# On bool, only a single tensor bound has a kernel (maximum / minimum).
+case("clamp", [T("bool", [3]), T("bool", [3])], [], [1, 0], lambda x, lo: torch.clamp(x, lo))
+case("clamp", [T("bool", [3]), T("bool", [3])], [], [0, 1], lambda x, hi: torch.clamp(x, None, hi))
+case("clamp", [T("bool", [3])], [S(True, "bool")], [2, 0], lambda x, lo: torch.clamp(x, lo))
+case("clamp", [T("bool", [3]), T("bool", [3]), T("bool", [3])], [], [1, 1], torch.clamp)
+case("clamp", [T("bool", [3])], [S(False), S(True)], [2, 2], torch.clamp)
+case("clamp", [T("bool", [3])], [S(False)], [2, 0], lambda x, lo: torch.clamp_min(x, lo))
+case("clamp", [T("bool", [3])], [S(True)], [0, 2], lambda x, hi: torch.clamp_max(x, hi))
 
 for a in ALL:
     for b in ["float32", "float64", a]:
@@ -333,6 +341,21 @@ for xs, ishape, dim in [([2, 3], [2, 4], 0), ([2, 3], [2], 0), ([2, 3], [3, 3], 
          lambda x, i, s, dim=dim: torch.scatter(x, dim, i, s))
 case("scatter", [T("float32", [2, 3]), T("int64", [2, 3], fill=0), T("float64", [2, 3])], [], [0],
      lambda x, i, s: torch.scatter(x, 0, i, s))
+# The index dtype is checked only when the index has elements.
+case("gather", [T("float32", [5]), T("uint8", [0])], [], [0], lambda x, i: torch.gather(x, 0, i))
+case("gather", [T("float32", [5]), T("uint8", [2], fill=0)], [], [0], lambda x, i: torch.gather(x, 0, i))
+case("scatter", [T("float32", [5]), T("uint8", [0]), T("float32", [5])], [], [0],
+     lambda x, i, s: torch.scatter(x, 0, i, s))
+case("scatter", [T("float32", [5]), T("int64", [2, 0]), T("float32", [5])], [], [0],
+     lambda x, i, s: torch.scatter(x, 0, i, s))
+# A 0-d tensor counts as 1-d in the shape checks.
+case("gather", [T("float32", []), T("int64", [1], fill=0)], [], [0], lambda x, i: torch.gather(x, 0, i))
+case("gather", [T("float32", []), T("int64", [2], fill=0)], [], [0], lambda x, i: torch.gather(x, 0, i))
+case("gather", [T("float32", [3]), T("int64", [], fill=0)], [], [0], lambda x, i: torch.gather(x, 0, i))
+case("scatter", [T("float32", []), T("int64", [1], fill=0), T("float32", [])], [], [0],
+     lambda x, i, s: torch.scatter(x, 0, i, s))
+case("scatter_add", [T("float32", []), T("int64", [], fill=0), T("float32", [1])], [], [0],
+     lambda x, i, s: torch.scatter_add(x, 0, i, s))
 case("index_select", [T("float32", [2, 3]), T("int64", [2, 2], fill=0)], [], [0], lambda x, i: torch.index_select(x, 0, i))
 case("index_select", [T("float32", [2, 3]), T("int64", [], fill=0)], [], [0], lambda x, i: torch.index_select(x, 0, i))
 case("embedding", [T("float32", [4]), T("int64", [2], fill=0)], [], [], torch.embedding)

@@ -839,6 +839,14 @@ fn creation_ops() {
             vec![i64c, 4],
         ),
         Case::new(Eye, vec![], vec![], vec![f32c, 2, 3]),
+        // The step is exactly -1: a reciprocal multiply would put some values an ulp below an
+        // integer, and the cast to int64 would truncate them.
+        Case::new(
+            Linspace,
+            vec![],
+            vec![ScalarArg::int(50), ScalarArg::int(1)],
+            vec![i64c, 50],
+        ),
     ];
     let wants: Vec<Vec<f64>> = vec![
         x.data.clone(),
@@ -852,6 +860,7 @@ fn creation_ops() {
         vec![-1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0],
         vec![0.0, 3.0, 6.0, 10.0],
         vec![1.0, 0.0, 0.0, 0.0, 1.0, 0.0],
+        (0..50).map(|i| (50 - i) as f64).collect(),
     ];
     let mut failures = Vec::new();
     for (i, (out, want)) in run_batch(&cases).into_iter().zip(wants).enumerate() {
@@ -859,6 +868,112 @@ fn creation_ops() {
             &format!("creation case {i} {:?}", cases[i].op),
             &out[0],
             &out[0].ty.clone(),
+            &want,
+            1.0,
+        ) {
+            failures.push(e);
+        }
+    }
+    report(failures);
+}
+
+/// bf16 `x` after one f32 operation, as PyTorch's reduced-float CPU kernels store each step.
+fn bf16_step(x: f32) -> f32 {
+    round_to(DType::BF16, x as f64) as f32
+}
+
+/// `c10::div_floor_floating` evaluated in bf16: every intermediate is rounded.
+fn bf16_floor_div(a: f32, b: f32) -> f32 {
+    if b == 0.0 {
+        return bf16_step(a / b);
+    }
+    let md = a % b;
+    let mut div = bf16_step(bf16_step(a - md) / b);
+    if md != 0.0 && (b < 0.0) != (md < 0.0) {
+        div = bf16_step(div - 1.0);
+    }
+    if div == 0.0 {
+        return 0f32.copysign(a / b);
+    }
+    let mut fl = div.floor();
+    if bf16_step(div - fl) > 0.5 {
+        fl = bf16_step(fl + 1.0);
+    }
+    fl
+}
+
+/// bf16 `div(..., rounding_mode=trunc|floor)` by a tensor rounds each step to bf16 as PyTorch's
+/// CPU kernel does; by a single value it computes in f32 and rounds once.
+#[test]
+fn reduced_float_rounded_division() {
+    use OpId::*;
+    let a = Host::random(DType::BF16, &[4, 64], -60.0, 60.0, 41);
+    let b = Host::random(DType::BF16, &[64], -6.0, 6.0, 42);
+    let one = Host::new(DType::BF16, &[1], &[b.data[3]]);
+    let cases = vec![
+        Case::new(Div, vec![a.clone(), b.clone()], vec![], vec![1]),
+        Case::new(Div, vec![a.clone(), b.clone()], vec![], vec![2]),
+        Case::new(Div, vec![a.clone(), one.clone()], vec![], vec![1]),
+        Case::new(Div, vec![a.clone(), one.clone()], vec![], vec![2]),
+    ];
+    let n = a.data.len();
+    let (av, bv) = (&a.data, &b.data);
+    let bf = |x: f64| round_to(DType::BF16, x);
+    let stepwise_trunc: Vec<f64> = (0..n)
+        .map(|i| bf16_step(av[i] as f32 / bv[i % 64] as f32).trunc() as f64)
+        .collect();
+    let once_trunc: Vec<f64> = (0..n)
+        .map(|i| bf((av[i] as f32 / bv[i % 64] as f32).trunc() as f64))
+        .collect();
+    assert_ne!(
+        stepwise_trunc, once_trunc,
+        "the data should tell the two roundings apart"
+    );
+    let wants: Vec<Vec<f64>> = vec![
+        stepwise_trunc,
+        (0..n)
+            .map(|i| bf16_floor_div(av[i] as f32, bv[i % 64] as f32) as f64)
+            .collect(),
+        (0..n)
+            .map(|i| bf((av[i] as f32 / one.data[0] as f32).trunc() as f64))
+            .collect(),
+        (0..n).map(|i| bf(floor_div(av[i], one.data[0]))).collect(),
+    ];
+    let mut failures = Vec::new();
+    for (i, (out, want)) in run_batch(&cases).into_iter().zip(wants).enumerate() {
+        let got = &out[0];
+        let exact: Vec<String> = got
+            .data
+            .iter()
+            .zip(&want)
+            .enumerate()
+            .filter(|(_, (g, w))| g != w)
+            .take(5)
+            .map(|(j, (g, w))| format!("[{j}] got {g} want {w}"))
+            .collect();
+        if !exact.is_empty() {
+            failures.push(format!("rounded division case {i}: {}", exact.join(", ")));
+        }
+    }
+    report(failures);
+}
+
+/// A bool clamp by one tensor bound is `maximum` / `minimum` on bool (PyTorch's only bool clamp).
+#[test]
+fn clamp_on_bool() {
+    let x = Host::new(DType::Bool, &[4], &[1.0, 0.0, 1.0, 0.0]);
+    let b = Host::new(DType::Bool, &[4], &[1.0, 1.0, 0.0, 0.0]);
+    let cases = vec![
+        Case::new(OpId::Clamp, vec![x.clone(), b.clone()], vec![], vec![1, 0]),
+        Case::new(OpId::Clamp, vec![x.clone(), b.clone()], vec![], vec![0, 1]),
+    ];
+    let wants = [vec![1.0, 1.0, 1.0, 0.0], vec![1.0, 0.0, 0.0, 0.0]];
+    let mut failures = Vec::new();
+    for (i, (out, want)) in run_batch(&cases).into_iter().zip(wants).enumerate() {
+        if let Err(e) = compare(
+            &format!("bool clamp case {i}"),
+            &out[0],
+            &TensorType::new(DType::Bool, &[4]),
             &want,
             1.0,
         ) {

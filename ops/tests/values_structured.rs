@@ -388,6 +388,7 @@ fn shape_and_indexing_ops() {
         Case::new(Cat, vec![x.clone(), y.clone()], vec![], vec![1]),
         Case::new(Stack, vec![x.clone(), x.clone()], vec![], vec![2]),
         Case::new(Flip, vec![x.clone()], vec![], vec![0, 1]),
+        Case::new(Flip, vec![x.clone()], vec![], vec![]),
         Case::new(Roll, vec![x.clone()], vec![], vec![1, 1, 1]),
         Case::new(Roll, vec![x.clone()], vec![], vec![1, -2]),
         Case::new(
@@ -444,6 +445,7 @@ fn shape_and_indexing_ops() {
         vec![1.0, 2.0, 3.0, 7.0, 4.0, 5.0, 6.0, 8.0],
         vec![1.0, 1.0, 2.0, 2.0, 3.0, 3.0, 4.0, 4.0, 5.0, 5.0, 6.0, 6.0],
         vec![6.0, 5.0, 4.0, 3.0, 2.0, 1.0],
+        x.data.clone(),
         vec![3.0, 1.0, 2.0, 6.0, 4.0, 5.0],
         vec![3.0, 4.0, 5.0, 6.0, 1.0, 2.0],
         vec![-1.0, 1.0, 2.0, -1.0, 4.0, 5.0, -1.0, -1.0, -1.0],
@@ -622,6 +624,76 @@ fn backward_ops() {
             ) {
                 failures.push(e);
             }
+        }
+    }
+    report(failures);
+}
+
+/// gather/scatter on the shapes PyTorch admits at the edges: a 0-d self (counted as 1-d), an
+/// empty index of any dtype and rank.
+#[test]
+fn gather_and_scatter_edge_shapes() {
+    use OpId::*;
+    let x0 = Host::new(DType::F32, &[], &[2.5]);
+    let x = Host::new(DType::F32, &[5], &[1.0, 2.0, 3.0, 4.0, 5.0]);
+    let i1 = Host::new(DType::I64, &[2], &[0.0, 0.0]);
+    let empty_u8 = Host::new(DType::U8, &[0], &[]);
+    let empty_2d = Host::new(DType::I64, &[2, 0], &[]);
+    let src = Host::new(DType::F32, &[5], &[10.0, 20.0, 30.0, 40.0, 50.0]);
+    let cases = vec![
+        Case::new(Gather, vec![x0.clone(), i1.clone()], vec![], vec![0]),
+        Case::new(Gather, vec![x.clone(), empty_u8.clone()], vec![], vec![0]),
+        Case::new(
+            ScatterAdd,
+            vec![x.clone(), empty_2d.clone(), src.clone()],
+            vec![],
+            vec![0],
+        ),
+        Case::new(
+            Scatter,
+            vec![x0.clone(), Host::new(DType::I64, &[1], &[0.0]), x0.clone()],
+            vec![],
+            vec![0],
+        ),
+        Case::new(
+            ScatterAdd,
+            vec![
+                x0.clone(),
+                i1.clone(),
+                Host::new(DType::F32, &[2], &[1.0, 3.0]),
+            ],
+            vec![],
+            vec![0],
+        ),
+        Case::new(
+            ScatterAdd,
+            vec![
+                x.clone(),
+                Host::new(DType::I64, &[], &[3.0]),
+                Host::new(DType::F32, &[1], &[7.0]),
+            ],
+            vec![],
+            vec![0],
+        ),
+    ];
+    let wants: Vec<(Vec<i64>, Vec<f64>)> = vec![
+        (vec![2], vec![2.5, 2.5]),
+        (vec![0], vec![]),
+        (vec![5], x.data.clone()),
+        (vec![], vec![2.5]),
+        (vec![], vec![6.5]),
+        (vec![5], vec![1.0, 2.0, 3.0, 11.0, 5.0]),
+    ];
+    let mut failures = Vec::new();
+    for (i, (out, (shape, want))) in run_batch(&cases).into_iter().zip(wants).enumerate() {
+        if let Err(e) = compare(
+            &format!("edge case {i} {:?}", cases[i].op),
+            &out[0],
+            &ops::TensorType::new(DType::F32, &shape),
+            &want,
+            1.0,
+        ) {
+            failures.push(e);
         }
     }
     report(failures);

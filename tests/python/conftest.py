@@ -63,3 +63,17 @@ def assert_close(actual, expected, **kw):
     assert actual.device.type == "pjrt", actual.device
     kw.setdefault("equal_nan", True)
     torch.testing.assert_close(actual.cpu(), expected, **kw)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The OpInfo parity summary, when test_opinfo.py ran: printed, and written in full to
+    tests/python/.opinfo_summary.md."""
+    harness = sys.modules.get("opinfo_harness")
+    if harness is None or not harness.REPORT.has_results():
+        return
+    terminalreporter.write_line("")
+    terminalreporter.write(harness.REPORT.summary(full_lists=False))
+    path = os.path.join(os.path.dirname(__file__), ".opinfo_summary.md")
+    with open(path, "w") as f:
+        f.write(harness.REPORT.summary(full_lists=True))
+    terminalreporter.write_line(f"OpInfo summary written to {path}")

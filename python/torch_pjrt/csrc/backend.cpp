@@ -517,6 +517,24 @@ void copy_device_to_device(const at::Tensor& src, const at::Tensor& dst) {
   call.run_inplace();
 }
 
+at::Tensor in_format_of(at::Tensor t, std::initializer_list<at::Tensor> like) {
+  if (!t.defined() || t.dim() != 4) {
+    return t;
+  }
+  constexpr auto kChannelsLast = at::MemoryFormat::ChannelsLast;
+  bool channels_last = false;
+  for (const at::Tensor& l : like) {
+    channels_last = channels_last || (l.defined() && l.dim() == 4 &&
+                                      l.suggest_memory_format() == kChannelsLast);
+  }
+  if (!channels_last || t.is_contiguous(kChannelsLast)) {
+    return t;
+  }
+  at::Tensor r = at::empty(t.sizes(), t.options().memory_format(kChannelsLast));
+  copy_device_to_device(t, r);
+  return r;
+}
+
 // ===== one op call ==================================================================================
 
 namespace {
@@ -1130,61 +1148,6 @@ void pjrt_cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
   at::native::cpu_fallback(op, stack);
 }
 
-// Convolutions reach a non-CPU/CUDA device as `convolution_overrideable`, whose default kernel only
-// raises; they run as PyTorch's CPU convolution, through the same fallback accounting.
-at::Tensor to_host(const at::Tensor& t) {
-  return t.defined() ? t.to(c10::kCPU) : t;
-}
-
-at::Tensor to_pjrt(const at::Tensor& t, c10::Device device) {
-  return t.defined() ? t.to(device) : t;
-}
-
-at::Tensor pjrt_convolution_overrideable(
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    const std::optional<at::Tensor>& bias,
-    c10::SymIntArrayRef stride,
-    c10::SymIntArrayRef padding,
-    c10::SymIntArrayRef dilation,
-    bool transposed,
-    c10::SymIntArrayRef output_padding,
-    c10::SymInt groups) {
-  note_cpu_fallback("aten::convolution_overrideable");
-  std::optional<at::Tensor> host_bias;
-  if (bias.has_value() && bias->defined()) {
-    host_bias = to_host(*bias);
-  }
-  at::Tensor out = at::convolution_symint(
-      to_host(input), to_host(weight), host_bias, stride, padding, dilation, transposed,
-      output_padding, std::move(groups));
-  return to_pjrt(out, input.device());
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> pjrt_convolution_backward_overrideable(
-    const at::Tensor& grad_output,
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    c10::SymIntArrayRef stride,
-    c10::SymIntArrayRef padding,
-    c10::SymIntArrayRef dilation,
-    bool transposed,
-    c10::SymIntArrayRef output_padding,
-    c10::SymInt groups,
-    std::array<bool, 3> output_mask) {
-  note_cpu_fallback("aten::convolution_backward_overrideable");
-  at::OptionalSymIntArrayRef bias_sizes = std::nullopt;
-  c10::SymInt channels = transposed ? weight.sym_size(1) * groups : weight.sym_size(0);
-  if (output_mask[2]) {
-    bias_sizes = c10::SymIntArrayRef(&channels, 1);
-  }
-  auto [gi, gw, gb] = at::convolution_backward_symint(
-      to_host(grad_output), to_host(input), to_host(weight), bias_sizes, stride, padding,
-      dilation, transposed, output_padding, std::move(groups), output_mask);
-  const c10::Device device = input.device();
-  return std::make_tuple(to_pjrt(gi, device), to_pjrt(gw, device), to_pjrt(gb, device));
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
@@ -1201,12 +1164,109 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Storage_storage_offset", TORCH_FN(pjrt_set_storage_offset));
   m.impl("set_.source_Tensor", TORCH_FN(pjrt_set_tensor));
   m.impl("set_", TORCH_FN(pjrt_set_empty));
-  m.impl("convolution_overrideable", TORCH_FN(pjrt_convolution_overrideable));
-  m.impl("convolution_backward_overrideable", TORCH_FN(pjrt_convolution_backward_overrideable));
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&pjrt_cpu_fallback>());
+}
+
+// ===== batch norm ===================================================================================
+
+// native_batch_norm returns its results and, in training, also writes the new running statistics
+// into running_mean/running_var (the schema does not mark them as written). That is two engine
+// ops: the normalization, then the running statistics as outputs written into those tensors.
+namespace {
+
+int32_t engine_op_named(const char* name) {
+  int32_t id = -1;
+  return api().op_id(name, &id) == TPJRT_OK ? id : -1;
+}
+
+bool present(const std::optional<at::Tensor>& t) {
+  return t.has_value() && t->defined();
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_impl(
+    const char* aten_name,
+    const at::Tensor& input,
+    const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias,
+    const std::optional<at::Tensor>& running_mean,
+    const std::optional<at::Tensor>& running_var,
+    bool training,
+    double momentum,
+    double eps) {
+  // Kernels run only once the engine table is installed; a failed lookup is retried next call.
+  static const int32_t norm_op = engine_op_named("native_batch_norm");
+  static const int32_t stats_op = engine_op_named("_batch_norm_running_stats");
+  OpCall c(norm_op, aten_name);
+  c.input(input);
+  for (const std::optional<at::Tensor>* t : {&weight, &bias, &running_mean, &running_var}) {
+    c.opt_input(*t);
+    c.param(static_cast<int64_t>(present(*t)));
+  }
+  c.param(static_cast<int64_t>(training));
+  c.param(enc::f64(eps));
+  std::vector<at::Tensor> r = c.run_functional_n(3);
+  if (training && present(running_mean) && present(running_var)) {
+    OpCall update(stats_op, aten_name);
+    update.input(input);
+    update.input(*running_mean);
+    update.input(*running_var);
+    update.scalar(momentum);
+    update.out(*running_mean);
+    update.out(*running_var);
+    update.run_inplace();
+  }
+  return std::make_tuple(std::move(r[0]), std::move(r[1]), std::move(r[2]));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> pjrt_native_batch_norm(
+    const at::Tensor& input,
+    const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias,
+    const std::optional<at::Tensor>& running_mean,
+    const std::optional<at::Tensor>& running_var,
+    bool training,
+    double momentum,
+    double eps) {
+  return batch_norm_impl(
+      "aten::native_batch_norm", input, weight, bias, running_mean, running_var, training,
+      momentum, eps);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> pjrt_batch_norm_legit(
+    const at::Tensor& input,
+    const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias,
+    at::Tensor& running_mean,
+    at::Tensor& running_var,
+    bool training,
+    double momentum,
+    double eps) {
+  return batch_norm_impl(
+      "aten::_native_batch_norm_legit", input, weight, bias, running_mean, running_var, training,
+      momentum, eps);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> pjrt_batch_norm_legit_no_stats(
+    const at::Tensor& input,
+    const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias,
+    bool training,
+    double momentum,
+    double eps) {
+  return batch_norm_impl(
+      "aten::_native_batch_norm_legit", input, weight, bias, std::nullopt, std::nullopt,
+      training, momentum, eps);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("native_batch_norm", TORCH_FN(pjrt_native_batch_norm));
+  m.impl("_native_batch_norm_legit", TORCH_FN(pjrt_batch_norm_legit));
+  m.impl("_native_batch_norm_legit.no_stats", TORCH_FN(pjrt_batch_norm_legit_no_stats));
 }
 
 // ===== what the Python module calls =================================================================

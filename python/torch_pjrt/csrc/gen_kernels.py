@@ -18,11 +18,16 @@ Recipe statements, separated by `;`:
     ts X     tensor input, or a value scalar when X is a CPU 0-d tensor (Python numbers arrive so)
     tsk X    as `ts`, and its kind (1 tensor, 2 scalar) is appended to the params
     tsk? X   as `tsk` for an optional tensor (kind 0 when None)
+    t?k X    optional tensor input, and whether it is present (0 or 1) appended to the params
     s X      value scalar X
     s1 X     value scalar X with default 1: dropped when trailing and equal to 1
     sk X     optional value scalar: appended when present; its kind (0 or 2) goes to the params
     p EXPR   one static param (a C++ expression; helpers in torch_pjrt::enc)
     pl EXPR  static params from a C++ int array expression
+    mask X   a bool[N] output mask: its bits (1 << i for result i) appended to the params, and
+             results whose bit is off are returned undefined, as PyTorch's kernels do
+    fmt X..  4-d results are made channels-last when one of the tensors X.. is, as PyTorch's CPU
+             kernels return them (the engine's results are contiguous); functional overloads only
 
 Usage: gen_kernels.py OUTPUT_DIR [--shards N]
 """
@@ -159,12 +164,93 @@ TABLE += [
 ]
 # random numbers
 TABLE += []
-# convolution and pooling
-TABLE += []
-# normalization
-TABLE += []
+# convolution and pooling (PyTorch routes every convolution of this device, conv1d and the
+# transposed ones included, through the `_overrideable` pair)
+TABLE += [
+    ("convolution_overrideable", "convolution_overrideable",
+     "t input; t weight; t? bias; p enc::b(transposed); p enc::sym1(groups); "
+     "pl enc::counted(stride); pl enc::counted(padding); pl enc::counted(dilation); "
+     "pl enc::counted(output_padding); fmt input weight"),
+    ("convolution_backward_overrideable", "convolution_backward_overrideable",
+     "t grad_output; t input; t weight; mask output_mask; p enc::b(transposed); "
+     "p enc::sym1(groups); pl enc::counted(stride); pl enc::counted(padding); "
+     "pl enc::counted(dilation); pl enc::counted(output_padding); fmt input weight"),
+    ("max_pool2d_with_indices", "max_pool2d_with_indices",
+     "t self; p enc::b(ceil_mode); pl enc::counted(kernel_size); pl enc::counted(stride); "
+     "pl enc::counted(padding); pl enc::counted(dilation); fmt self"),
+    ("max_pool2d_with_indices_backward", "max_pool2d_with_indices_backward",
+     "t grad_output; t self; t indices; p enc::b(ceil_mode); pl enc::counted(kernel_size); "
+     "pl enc::counted(stride); pl enc::counted(padding); pl enc::counted(dilation); fmt self"),
+    ("avg_pool2d", "avg_pool2d",
+     "t self; p enc::b(ceil_mode); p enc::b(count_include_pad); pl enc::counted(kernel_size); "
+     "pl enc::counted(stride); pl enc::counted(padding); pl enc::opt1(divisor_override); "
+     "fmt self"),
+    ("avg_pool2d_backward", "avg_pool2d_backward",
+     "t grad_output; t self; p enc::b(ceil_mode); p enc::b(count_include_pad); "
+     "pl enc::counted(kernel_size); pl enc::counted(stride); pl enc::counted(padding); "
+     "pl enc::opt1(divisor_override); fmt self"),
+    ("_adaptive_avg_pool2d", "_adaptive_avg_pool2d", "t self; pl enc::sym(output_size); fmt self"),
+    ("_adaptive_avg_pool2d_backward", "_adaptive_avg_pool2d_backward",
+     "t grad_output; t self; fmt self"),
+]
+# normalization (`native_batch_norm` is hand-written in backend.cpp: it updates the running
+# statistics in place)
+TABLE += [
+    ("native_batch_norm_backward", "native_batch_norm_backward",
+     "t grad_out; t input; t?k weight; t?k running_mean; t?k running_var; t?k save_mean; "
+     "t?k save_invstd; p enc::b(train); p enc::f64(eps); mask output_mask"),
+    ("native_layer_norm", "native_layer_norm",
+     "t input; t?k weight; t?k bias; p enc::f64(eps); pl enc::sym(normalized_shape)"),
+    ("native_layer_norm_backward", "native_layer_norm_backward",
+     "t grad_out; t input; t mean; t rstd; t?k weight; t?k bias; mask output_mask; "
+     "pl enc::sym(normalized_shape)"),
+    ("native_group_norm", "native_group_norm",
+     "t input; t?k weight; t?k bias; p enc::sym1(N); p enc::sym1(C); p enc::sym1(HxW); p group; "
+     "p enc::f64(eps)"),
+    ("native_group_norm_backward", "native_group_norm_backward",
+     "t grad_out; t input; t mean; t rstd; t?k weight; p enc::sym1(N); p enc::sym1(C); "
+     "p enc::sym1(HxW); p group; mask output_mask"),
+    ("embedding_dense_backward", "embedding_dense_backward",
+     "t grad_output; t indices; p enc::sym1(num_weights); p enc::sym1(padding_idx); "
+     "p enc::b(scale_grad_by_freq)"),
+    ("cumsum", "cumsum", "t self; p dim; p enc::dt(dtype)"),
+    ("masked_fill.Scalar", "masked_fill", "t self; t mask; s value"),
+    ("masked_fill.Tensor", "masked_fill", "t self; t mask; ts value"),
+]
 # attention, sorting, indexing and optimizer ops
-TABLE += []
+TABLE += [
+    # Always a stable sort (`stable` needs no param); argsort and msort compose into it.
+    ("sort.stable", "sort", "t self; p dim; p enc::b(descending)"),
+    ("topk", "topk", "t self; p enc::sym1(k); p dim; p enc::b(largest); p enc::b(sorted)"),
+]
+# The softmax of the attention decomposition, activation gradients and losses (the fused
+# optimizer steps are hand-written in optim.cpp: they take lists of tensors).
+TABLE += [
+    ("_safe_softmax", "_safe_softmax", "t self; p dim; p enc::dt(dtype)"),
+    ("gelu_backward", "gelu_backward", "t grad_output; t self; p enc::gelu_approx(approximate)"),
+    ("tanh_backward", "tanh_backward", "t grad_output; t output"),
+    ("sigmoid_backward", "sigmoid_backward", "t grad_output; t output"),
+    ("log_sigmoid_forward", "log_sigmoid_forward", "t self"),
+    ("log_sigmoid_backward", "log_sigmoid_backward", "t grad_output; t self; t buffer"),
+    # l1_loss's gradient: `sgn` of a real tensor is its sign.
+    ("sgn", "sign", "t self"),
+    ("mse_loss", "mse_loss", "t self; t target; p reduction"),
+    ("mse_loss_backward", "mse_loss_backward", "t grad_output; t self; t target; p reduction"),
+    ("smooth_l1_loss", "smooth_l1_loss", "t self; t target; s beta; p reduction"),
+    ("smooth_l1_loss_backward", "smooth_l1_loss_backward",
+     "t grad_output; t self; t target; s beta; p reduction"),
+    ("huber_loss", "huber_loss", "t self; t target; s delta; p reduction"),
+    ("huber_loss_backward", "huber_loss_backward",
+     "t grad_output; t self; t target; s delta; p reduction"),
+    ("binary_cross_entropy", "binary_cross_entropy", "t self; t target; t? weight; p reduction"),
+    ("binary_cross_entropy_backward", "binary_cross_entropy_backward",
+     "t grad_output; t self; t target; t? weight; p reduction"),
+    ("nll_loss2d_forward", "nll_loss2d_forward",
+     "t self; t target; t? weight; p reduction; p enc::sym1(ignore_index)"),
+    ("nll_loss2d_backward", "nll_loss2d_backward",
+     "t grad_output; t self; t target; t total_weight; t? weight; p reduction; "
+     "p enc::sym1(ignore_index)"),
+]
 
 
 # ----- schemas -----------------------------------------------------------------------------------
@@ -351,12 +437,17 @@ def recipe_lines(recipe: str, arg_names: set[str], qualified: str) -> list[str]:
     for stmt in filter(None, (s.strip() for s in recipe.split(";"))):
         verb, _, rest = stmt.partition(" ")
         rest = rest.strip()
-        if verb in ("t", "t?", "tl", "ts", "tsk", "tsk?", "s", "s1", "sk") and rest not in arg_names:
+        if verb in ("t", "t?", "t?k", "tl", "ts", "tsk", "tsk?", "s", "s1", "sk", "mask") and (
+            rest not in arg_names
+        ):
             raise SystemExit(f"gen_kernels: {qualified}: recipe names '{rest}', not an argument")
         if verb == "t":
             lines.append(f"c.input({rest});")
         elif verb == "t?":
             lines.append(f"c.opt_input({rest});")
+        elif verb == "t?k":
+            lines.append(f"c.opt_input({rest});")
+            lines.append(f"c.param(static_cast<int64_t>({rest}.has_value() && {rest}->defined()));")
         elif verb == "tl":
             lines.append(f"c.inputs({rest});")
         elif verb == "ts":
@@ -375,6 +466,14 @@ def recipe_lines(recipe: str, arg_names: set[str], qualified: str) -> list[str]:
             lines.append(f"c.param({rest});")
         elif verb == "pl":
             lines.append(f"c.params({rest});")
+        elif verb == "mask":
+            lines.append(f"int64_t {rest}_bits = 0;")
+            lines.append(f"for (size_t i = 0; i < {rest}.size(); ++i) {rest}_bits |= int64_t({rest}[i]) << i;")
+            lines.append(f"c.param({rest}_bits);")
+        elif verb == "fmt":
+            for name in rest.split():
+                if name not in arg_names:
+                    raise SystemExit(f"gen_kernels: {qualified}: recipe names '{name}', not an argument")
         else:
             raise SystemExit(f"gen_kernels: {qualified}: unknown recipe statement '{stmt}'")
     return lines
@@ -387,12 +486,25 @@ def kernel_code(o: Overload, sig: CppSig, op_index: int, recipe: str) -> str:
     body = [f'  OpCall c(g_kernel_op_ids[{op_index}], "aten::{o.qualified}");']
     body += ["  " + line for line in recipe_lines(recipe, names, o.qualified)]
     n_results = len(o.schema.returns)
+    fmts = [s.split()[1:] for s in recipe.split(";") if s.split()[:1] == ["fmt"]]
+
+    def result(expr: str) -> str:
+        if not fmts:
+            return expr
+        return f"in_format_of({expr}, {{{', '.join(fmts[0])}}})"
+
     if o.kind == "functional":
         if n_results == 1:
-            body.append("  return c.run_functional();")
+            body.append(f"  return {result('c.run_functional()')};")
         else:
             body.append(f"  auto r = c.run_functional_n({n_results});")
-            items = ", ".join(f"std::move(r[{i}])" for i in range(n_results))
+            items = ", ".join(result(f"std::move(r[{i}])") for i in range(n_results))
+            masks = [s.split()[1] for s in recipe.split(";") if s.split()[:1] == ["mask"]]
+            if masks:
+                items = ", ".join(
+                    f"{masks[0]}[{i}] ? {result(f'std::move(r[{i}])')} : at::Tensor()"
+                    for i in range(n_results)
+                )
             body.append(f"  return {sig.returns}({items});")
     else:
         for out in o.outs:

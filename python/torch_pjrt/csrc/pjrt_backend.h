@@ -72,6 +72,11 @@ void copy_host_to_device(const at::Tensor& src_cpu, const at::Tensor& dst);
 void copy_device_to_host(const at::Tensor& src, const at::Tensor& dst_cpu);
 void copy_device_to_device(const at::Tensor& src, const at::Tensor& dst);
 
+// `t` itself, or when it is 4-d and one of `like` is channels-last, a channels-last copy of it on
+// the device: the engine's results are contiguous, and PyTorch's CPU kernels (pooling,
+// convolution) give such results in channels-last layout.
+at::Tensor in_format_of(at::Tensor t, std::initializer_list<at::Tensor> like);
+
 // Engine op ids of the ops the backend itself uses (copies), resolved when the table arrives.
 int32_t builtin_op(const char* name);
 
@@ -182,6 +187,16 @@ c10::SmallVector<int64_t, 4> nan_to_num(
     std::optional<double> nan,
     std::optional<double> posinf,
     std::optional<double> neginf);
+// A list as its length followed by its values, for params that hold several lists.
+inline c10::SmallVector<int64_t, 4> counted(c10::IntArrayRef v) {
+  c10::SmallVector<int64_t, 4> r;
+  r.push_back(static_cast<int64_t>(v.size()));
+  r.append(v.begin(), v.end());
+  return r;
+}
+inline c10::SmallVector<int64_t, 4> counted(c10::SymIntArrayRef v) {
+  return counted(C10_AS_INTARRAYREF_SLOW(v));
+}
 }  // namespace enc
 
 // Registers the generated per-op kernels for the ops this engine knows (called once the table is

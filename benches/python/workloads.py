@@ -1,0 +1,621 @@
+"""The workloads of the benchmark suite, run for one backend in one process.
+
+    python workloads.py --backend pjrt-defer_and_fuse --workload chains --json-out out.json
+
+Backends: cpu (eager), inductor (torch.compile), torch_xla (its CPU PJRT client; needs the peer
+venv's python), pjrt-strict, pjrt-debug, pjrt-defer_and_fuse. Each workload is a list of cases;
+each case is timed as a median over repetitions, after warm-up repetitions, with the device synced
+before the clock stops. The result (JSON) goes to --json-out, or stdout without it.
+
+Only torch is imported at module level: the peer venv has torch_xla but not torch_pjrt, and the
+project's venv the reverse.
+
+Sizes: BENCH_QUICK=1 shrinks them (and the repetitions) for a smoke run; BENCH_REPS, BENCH_WARMUP
+and BENCH_BUDGET_S (seconds one case may spend before it stops repeating) override the defaults;
+BENCH_THREADS sets torch's intra-op threads (left at torch's default otherwise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import math
+import os
+import platform
+import resource
+import statistics
+import sys
+import time
+import traceback
+
+QUICK = os.environ.get("BENCH_QUICK", "0") not in ("", "0")
+REPS = max(1, int(os.environ.get("BENCH_REPS", "2" if QUICK else "5")))
+WARMUP = max(1, int(os.environ.get("BENCH_WARMUP", "1" if QUICK else "2")))
+BUDGET_S = float(os.environ.get("BENCH_BUDGET_S", "30" if QUICK else "150"))
+
+BACKENDS = ("cpu", "inductor", "torch_xla", "pjrt-strict", "pjrt-debug", "pjrt-defer_and_fuse")
+
+if __name__ == "__main__" and "torch_xla" in sys.argv:
+    # torch_xla reads PJRT_DEVICE when it is imported: choose its CPU client before anything
+    # imports it.
+    os.environ.setdefault("PJRT_DEVICE", "CPU")
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+
+def _maxrss_mb() -> float:
+    # ru_maxrss is in KiB on Linux.
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+class Backend:
+    """One backend: its device, how to sync it, how to compile a function for it and how to count
+    its compilations."""
+
+    def __init__(self, name: str):
+        if name not in BACKENDS:
+            raise ValueError(f"unknown backend {name!r}: expected one of {', '.join(BACKENDS)}")
+        self.name = name
+        self.mode = None
+        self._xm = self._met = None
+        if name == "torch_xla":
+            os.environ.setdefault("PJRT_DEVICE", "CPU")
+            import torch_xla
+            import torch_xla.core.xla_model as xm
+            import torch_xla.debug.metrics as met
+
+            self._torch_xla, self._xm, self._met = torch_xla, xm, met
+            cache_dir = os.environ.get("BENCH_XLA_CACHE_DIR")
+            if cache_dir:
+                # torch_xla's persistent compilation cache must be set before any computation.
+                import torch_xla.runtime as xr
+
+                xr.initialize_cache(cache_dir, readonly=False)
+            self.device = torch_xla.device()
+        elif name.startswith("pjrt-"):
+            import torch_pjrt
+
+            self._tp = torch_pjrt
+            self.mode = name[len("pjrt-") :]
+            self.device = torch.device("pjrt")
+        else:
+            self.device = torch.device("cpu")
+
+    def start(self) -> None:
+        """Starts the runtime with a transfer each way (no compilation), so that memory baselines
+        and first-step timings leave the runtime's start-up out."""
+        t = torch.ones(4).to(self.device)
+        t.cpu()
+        self.sync()
+
+    def sync(self) -> None:
+        if self.name.startswith("pjrt-"):
+            self._tp.sync()
+        elif self.name == "torch_xla":
+            self._torch_xla.sync()
+            self._xm.wait_device_ops()
+
+    def context(self):
+        if self.mode is not None:
+            return self._tp.eager_mode(self.mode)
+        return contextlib.nullcontext()
+
+    def compile(self, fn):
+        if self.name == "inductor":
+            return torch.compile(fn, dynamic=False)
+        return fn
+
+    def compile_count(self):
+        """Compilations so far: pjrt executables built, torch_xla graphs compiled, dynamo graphs
+        made for inductor; None for CPU eager."""
+        if self.name.startswith("pjrt-"):
+            return int(self._tp.metrics()["compilations"])
+        if self.name == "torch_xla":
+            data = self._met.metric_data("CompileTime")
+            return int(data[0]) if data else 0
+        if self.name == "inductor":
+            from torch._dynamo.utils import counters
+
+            return int(counters["stats"]["unique_graphs"])
+        return None
+
+    def metrics(self) -> dict:
+        """Runtime counters for per-repetition profiles: the pjrt engine's, or torch_xla's
+        compile and cache counters; empty for the others."""
+        if self.name == "torch_xla":
+            out = {n: self._met.counter_value(n) or 0 for n in _XLA_COUNTERS}
+            data = self._met.metric_data("CompileTime")
+            out["compilations"] = int(data[0]) if data else 0
+            return out
+        if not self.name.startswith("pjrt-"):
+            return {}
+        m = self._tp.metrics()
+        out = {k: v for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        out["fallback_ops"] = dict(m.get("fallback_ops") or {})
+        return out
+
+    def device_peak(self):
+        """Peak device memory in MiB and where it came from, or None and why not."""
+        if self.name.startswith("pjrt-"):
+            m = self._tp.metrics()
+            keys = [k for k in m if "peak" in k and "byte" in k]
+            if keys:
+                return m[keys[0]] / 2**20, keys[0]
+            return None, "torch_pjrt.metrics() has no peak-bytes counter"
+        if self.name == "torch_xla":
+            try:
+                info = self._xm.get_memory_info(self.device)
+                peak = info.get("peak_bytes_used") or info.get("peak_bytes")
+                if peak:
+                    return peak / 2**20, "xm.get_memory_info"
+            except Exception as e:  # the CPU client has no allocator statistics
+                return None, f"xm.get_memory_info: {type(e).__name__}"
+            return None, "xm.get_memory_info has no peak"
+        return None, "host memory: see peak RSS"
+
+
+_XLA_COUNTERS = (
+    "UncachedCompile",
+    "CachedCompile",
+    "PersistentCacheHit",
+    "PersistentCacheDeserializeFailure",
+    "ExecuteComputation",
+    "MarkStep",
+)
+
+
+def _profile_delta(before: dict, after: dict, reps: int) -> dict:
+    """Per-repetition change of each pjrt counter over the timed repetitions."""
+    out = {}
+    for k, v in after.items():
+        if k == "fallback_ops":
+            b = before.get(k, {})
+            fb = {op: (n - b.get(op, 0)) / reps for op, n in v.items() if n - b.get(op, 0)}
+            if fb:
+                out[k] = fb
+            continue
+        if k in ("largest_region", "live_storages", "pending_ops"):
+            out[k] = v  # levels, not counters
+            continue
+        d = v - before.get(k, 0)
+        if d:
+            out[k] = d / reps
+    return out
+
+
+class Runner:
+    """Runs the cases of one workload on one backend and collects their results."""
+
+    def __init__(self, backend: Backend):
+        self.b = backend
+        self.cases = []
+
+    def case(self, name: str, params: dict, per: int, unit: str, make):
+        """Times one case. `make()` builds the inputs and returns `run_once`, one repetition that
+        returns whatever must stay alive until the sync (results left pending on the device would
+        otherwise be dead and dropped); `per` divides a repetition's time (ops or steps in it)."""
+        b = self.b
+        entry = {"case": name, "params": params, "per": unit, "count": per}
+        try:
+            run_once = make()
+            started = time.perf_counter()
+            first = None
+            for i in range(WARMUP):
+                t0 = time.perf_counter()
+                out = run_once()
+                b.sync()
+                del out
+                if i == 0:
+                    first = time.perf_counter() - t0
+                if time.perf_counter() - started > BUDGET_S:
+                    entry["budget_hit"] = True  # a workload that keeps compiling: cut warm-up short
+                    break
+            c0, m0 = b.compile_count(), b.metrics()
+            samples = []
+            for _ in range(REPS):
+                gc.collect()
+                t0 = time.perf_counter()
+                out = run_once()
+                b.sync()
+                samples.append((time.perf_counter() - t0) / per)
+                del out
+                if time.perf_counter() - started > BUDGET_S:
+                    entry["budget_hit"] = True  # fewer repetitions than asked
+                    break
+            c1, m1 = b.compile_count(), b.metrics()
+            entry.update(
+                median_s=statistics.median(samples),
+                samples_s=samples,
+                first_s=first / per,
+                reps=len(samples),
+                compiles=None if c0 is None else c1 - c0,
+            )
+            if m1:
+                entry["profile"] = _profile_delta(m0, m1, len(samples))
+        except Exception as e:
+            entry["error"] = f"{type(e).__name__}: {e}".strip()[:500]
+            entry["traceback"] = traceback.format_exc()[-2000:]
+        self.cases.append(entry)
+        return entry
+
+
+# --- workloads -------------------------------------------------------------------------------
+
+
+def wl_tiny_ops(r: Runner):
+    """10,000 `x = x + 1.0` on 16 floats, then `.item()`: per-op host overhead."""
+    b, n = r.b, (1000 if QUICK else 10_000)
+    x0 = torch.zeros(16).to(b.device)
+
+    def make():
+        if b.name == "inductor":
+            # A compiled function runs many ops per call: compile a block of adds and call it
+            # n / block times (tracing the whole 10,000-op loop would unroll it into one graph).
+            block = 100
+
+            def add_block(y):
+                for _ in range(block):
+                    y = y + 1.0
+                return y
+
+            fn = torch.compile(add_block, dynamic=False)
+
+            def run_once():
+                y = x0
+                for _ in range(n // block):
+                    y = fn(y)
+                return y.sum().item()
+
+            return run_once
+
+        def run_once():
+            y = x0
+            for _ in range(n):
+                y = y + 1.0
+            return y.sum().item()
+
+        return run_once
+
+    e = r.case(f"{n} adds, 16 floats", {"ops": n}, n, "op", make)
+    if "error" not in e and b.name == "inductor":
+        e["note"] = "compiled blocks of 100 adds"
+
+
+_CHAIN_OPS = (
+    lambda t: t * 0.999,
+    lambda t: t + 0.01,
+    torch.relu,
+    lambda t: t - 0.005,
+)
+
+
+def _chain(t, k):
+    for i in range(k):
+        t = _CHAIN_OPS[i % len(_CHAIN_OPS)](t)
+    return t
+
+
+def _mfloats(n: int) -> str:
+    return f"{n // 2**20}M" if n >= 2**20 else f"{n // 2**10}K"
+
+
+def wl_chains(r: Runner):
+    """Elementwise chains of k ops over 4M and 16M floats, then `.sum().item()`."""
+    b = r.b
+    sizes = (2**16, 2**18) if QUICK else (4 * 2**20, 16 * 2**20)
+    ks = (4, 8) if QUICK else (4, 8, 16, 24)
+    for n in sizes:
+        x = torch.rand(n, generator=torch.Generator().manual_seed(0)).to(b.device)
+        for k in ks:
+
+            def make(k=k, x=x):
+                fn = b.compile(lambda t: _chain(t, k).sum())
+                return lambda: fn(x).item()
+
+            r.case(f"k={k} n={_mfloats(n)}", {"k": k, "n": n}, 1, "call", make)
+        del x
+
+
+def wl_norms(r: Runner):
+    """LayerNorm, softmax and GELU forward on 4096x1024."""
+    b = r.b
+    rows = 256 if QUICK else 4096
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, 1024, generator=g).to(b.device)
+    w = torch.randn(1024, generator=g).to(b.device)
+    bias = torch.randn(1024, generator=g).to(b.device)
+    fns = {
+        "layer_norm": lambda t: F.layer_norm(t, (1024,), w, bias),
+        "softmax": lambda t: torch.softmax(t, dim=-1),
+        "gelu": lambda t: F.gelu(t),
+    }
+    for name, f in fns.items():
+
+        def make(f=f):
+            fn = b.compile(f)
+            return lambda: fn(x)
+
+        r.case(f"{name} {rows}x1024", {"op": name, "rows": rows}, 1, "call", make)
+
+
+def _mlp(b: Backend, batches: int = 8):
+    """The MLP 784-256-256-10, SGD with momentum, and a few batches of 64 on the device."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10)
+    ).to(b.device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    g = torch.Generator().manual_seed(1)
+    data = [
+        (torch.randn(64, 784, generator=g).to(b.device), torch.randint(0, 10, (64,), generator=g).to(b.device))
+        for _ in range(batches)
+    ]
+
+    def step(xb, yb):
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(xb), yb)
+        loss.backward()
+        opt.step()
+        return loss
+
+    return model, b.compile(step), data
+
+
+def wl_mlp(r: Runner):
+    """An MLP 784-256-256-10 training step (batch 64), with and without a sync per step."""
+    b = r.b
+    steps = 3 if QUICK else 20
+    for sync_each in (True, False):
+
+        def make(sync_each=sync_each):
+            model, step, data = _mlp(b)
+
+            def run_once():
+                loss = None
+                for i in range(steps):
+                    loss = step(*data[i % len(data)])
+                    if sync_each:
+                        b.sync()
+                return loss, model
+
+            return run_once
+
+        name = "sync every step" if sync_each else "no sync (one at the end)"
+        r.case(name, {"steps": steps, "sync_each_step": sync_each}, steps, "step", make)
+
+
+def wl_item_loop(r: Runner):
+    """The MLP step with `loss.item()` every step, as a training loop that logs its loss does."""
+    b = r.b
+    steps = 3 if QUICK else 20
+
+    def make():
+        model, step, data = _mlp(b)
+
+        def run_once():
+            total = 0.0
+            for i in range(steps):
+                total += step(*data[i % len(data)]).item()
+            return total, model
+
+        return run_once
+
+    r.case("loss.item() every step", {"steps": steps}, steps, "step", make)
+
+
+def wl_adam(r: Runner):
+    """Adam over 200 parameters of 4K-64K floats, with an LR schedule that changes the learning
+    rate every step; counts the compilations after warm-up."""
+    b = r.b
+    count = 20 if QUICK else 200
+    steps = 2 if QUICK else 5
+    lo, hi = 4096, 65536
+    sizes = [int(round((lo + (hi - lo) * i / (count - 1)) / 256)) * 256 for i in range(count)]
+
+    def make():
+        g = torch.Generator().manual_seed(0)
+        params = []
+        for s in sizes:
+            p = torch.randn(s, generator=g).to(b.device).requires_grad_()
+            p.grad = (torch.randn(s, generator=g) * 1e-3).to(b.device)
+            params.append(p)
+        # A compiled optimizer recompiles on every new float learning rate; a tensor one is how
+        # torch.compile takes a schedule.
+        lr = torch.tensor(1e-3) if b.name == "inductor" else 1e-3
+        opt = torch.optim.Adam(params, lr=lr)
+        # Compiled before the scheduler wraps opt.step: dynamo skips the wrapper, and the graph
+        # break there leaves a step ~100x slower than the compiled one.
+        opt_step = b.compile(opt.step)
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: min(1.0, (s + 1) / 10) * 0.5 * (1 + math.cos(math.pi * s / 1000))
+        )
+
+        def run_once():
+            for _ in range(steps):
+                opt_step()
+                sched.step()
+                b.sync()
+            return params
+
+        return run_once
+
+    r.case(
+        f"{count} params, {sum(sizes) / 1e6:.1f}M floats",
+        {"params": count, "floats": sum(sizes), "steps": steps},
+        steps,
+        "step",
+        make,
+    )
+
+
+class _AttentionBlock(nn.Module):
+    def __init__(self, width: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.ln = nn.LayerNorm(width)
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+
+    def forward(self, x):
+        bsz, seq, width = x.shape
+        qkv = self.qkv(self.ln(x)).view(bsz, seq, 3, self.heads, width // self.heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return x + self.proj(a.transpose(1, 2).reshape(bsz, seq, width))
+
+
+def wl_attention(r: Runner):
+    """A pre-LN causal self-attention block forward + backward: seq 256, width 256, 4 heads,
+    batch 8."""
+    b = r.b
+    batch, seq, width, heads = (2, 64, 64, 4) if QUICK else (8, 256, 256, 4)
+
+    def make():
+        torch.manual_seed(0)
+        block = _AttentionBlock(width, heads).to(b.device)
+        x = torch.randn(batch, seq, width, generator=torch.Generator().manual_seed(1)).to(b.device)
+
+        def fwd_bwd(t):
+            loss = block(t).pow(2).mean()
+            loss.backward()
+            return loss
+
+        fn = b.compile(fwd_bwd)
+
+        def run_once():
+            for p in block.parameters():
+                p.grad = None
+            return fn(x), [p.grad for p in block.parameters()]
+
+        return run_once
+
+    r.case(
+        f"batch {batch}, seq {seq}, width {width}, {heads} heads",
+        {"batch": batch, "seq": seq, "width": width, "heads": heads},
+        1,
+        "call",
+        make,
+    )
+
+
+def wl_first_step(r: Runner):
+    """First-step latency of the MLP training step in a fresh process: the caches are whatever the
+    driver set up (empty for a cold start, filled by a previous process for a warm one)."""
+    b = r.b
+    model, step, data = _mlp(b)
+    b.sync()
+    entry = {"case": "first MLP step", "params": {}, "per": "step", "count": 1}
+    c0, m0 = b.compile_count(), b.metrics()
+    # The step ends in loss.item() and then a sync: DeferAndFuse materializes only the loss's
+    # region at .item() and would leave the backward and the update for later otherwise.
+    t0 = time.perf_counter()
+    step(*data[0]).item()
+    b.sync()
+    first = time.perf_counter() - t0
+    c1, m1 = b.compile_count(), b.metrics()
+    t0 = time.perf_counter()
+    step(*data[1]).item()
+    b.sync()
+    second = time.perf_counter() - t0
+    entry.update(
+        median_s=first,
+        samples_s=[first],
+        first_s=first,
+        second_s=second,
+        reps=1,
+        compiles=None if c0 is None else c1 - c0,
+    )
+    if m1:
+        entry["profile"] = _profile_delta(m0, m1, 1)
+    r.cases.append(entry)
+
+
+WORKLOADS = {
+    "tiny_ops": wl_tiny_ops,
+    "chains": wl_chains,
+    "norms": wl_norms,
+    "mlp": wl_mlp,
+    "adam": wl_adam,
+    "attention": wl_attention,
+    "item_loop": wl_item_loop,
+    "first_step": wl_first_step,
+}
+
+
+def versions(backend: Backend) -> dict:
+    out = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "cpus": os.cpu_count(),
+    }
+    if backend.name == "torch_xla":
+        out["torch_xla"] = backend._torch_xla.__version__
+    if backend.mode is not None:
+        out["torch_pjrt"] = backend._tp.__version__
+        # Build times of the engine and the plugin, so a report can tell when they changed
+        # between the processes of one run.
+        pkg = os.path.dirname(backend._tp.__file__)
+        stamps = [
+            os.path.getmtime(os.path.join(pkg, f))
+            for f in sorted(os.listdir(pkg))
+            if f.endswith(".so")
+        ]
+        out["engine_build"] = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(max(stamps))) if stamps else None
+    return out
+
+
+def run(backend_name: str, workload: str) -> dict:
+    result = {"backend": backend_name, "workload": workload, "quick": QUICK, "reps": REPS, "warmup": WARMUP}
+    result["loadavg_start"] = os.getloadavg()[0]
+    rss0 = _maxrss_mb()
+    threads = os.environ.get("BENCH_THREADS")
+    if threads:
+        torch.set_num_threads(int(threads))
+    try:
+        b = Backend(backend_name)
+        result["versions"] = versions(b)
+        with b.context():
+            b.start()
+            rss0 = _maxrss_mb()
+            runner = Runner(b)
+            WORKLOADS[workload](runner)
+            b.sync()
+        result["cases"] = runner.cases
+        peak, source = b.device_peak()
+        result["device_peak_mb"] = peak
+        result["device_peak_source"] = source
+        result["ok"] = True
+    except Exception as e:
+        result["ok"] = False
+        result["error"] = f"{type(e).__name__}: {e}".strip()[:500]
+        result["traceback"] = traceback.format_exc()[-2000:]
+    # Peak RSS growth over the workload, inputs included; on the XLA CPU client device buffers
+    # are host memory, so this covers them too.
+    result["peak_rss_mb"] = _maxrss_mb() - rss0
+    result["loadavg_end"] = os.getloadavg()[0]
+    return result
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--backend", required=True, choices=BACKENDS)
+    ap.add_argument("--workload", required=True, choices=sorted(WORKLOADS))
+    ap.add_argument("--json-out", help="write the result here instead of stdout")
+    args = ap.parse_args(argv)
+    result = run(args.backend, args.workload)
+    text = json.dumps(result)
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            f.write(text)
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

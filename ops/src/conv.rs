@@ -1,0 +1,1317 @@
+//! Convolution and pooling: N-d (transposed) convolutions and their gradients as
+//! `stablehlo.convolution`, and 2-d max, average and adaptive average pooling with their gradients.
+
+use crate::dtype::{DType, ScalarValue, Shape, TensorType};
+use crate::elementwise::not_implemented_for;
+use crate::emitter::{bracket_list, i64_array, Cmp, Emitter, Value};
+use crate::error::{ensure, OpError};
+use crate::params::Params;
+use crate::{LowerArgs, Meta, MetaArgs, MetaOutputs, OpId, ScalarDTypes};
+
+fn fmt_shape(s: &[i64]) -> String {
+    bracket_list(s)
+}
+
+/// `count` counted lists (`n, v1 .. vn`) starting at param `at`, and where the next param is.
+fn counted<'a>(
+    p: &Params<'a>,
+    at: usize,
+    count: usize,
+) -> Result<(Vec<&'a [i64]>, usize), OpError> {
+    let mut lists = Vec::with_capacity(count);
+    let mut i = at;
+    for _ in 0..count {
+        let n = p.get(i)?;
+        let rest = p.rest(i + 1);
+        if n < 0 || n as usize > rest.len() {
+            return Err(p.invalid("a counted list runs past the end"));
+        }
+        lists.push(&rest[..n as usize]);
+        i += 1 + n as usize;
+    }
+    Ok((lists, i))
+}
+
+/// The dtype a convolution or pooling op accumulates in: f32 for bf16/f16, as PyTorch's CPU
+/// kernels; integers stay as they are.
+fn acc_dtype(d: DType) -> DType {
+    d.compute_dtype()
+}
+
+fn zeros(e: &mut Emitter, ty: &TensorType) -> Value {
+    e.constant(ty.clone(), ScalarValue::Int(0))
+}
+
+// ===== convolution ================================================================================
+
+struct Conv {
+    transposed: bool,
+    groups: i64,
+    stride: Vec<i64>,
+    padding: Vec<i64>,
+    dilation: Vec<i64>,
+    output_padding: Vec<i64>,
+}
+
+impl Conv {
+    fn parse(p: &Params, at: usize) -> Result<Conv, OpError> {
+        let transposed = p.flag(at)?;
+        let groups = p.get(at + 1)?;
+        let (lists, end) = counted(p, at + 2, 4)?;
+        if end != p.len() {
+            return Err(p.invalid("params left after output_padding"));
+        }
+        let n = lists[0].len();
+        if lists.iter().any(|l| l.len() != n) {
+            return Err(p.invalid(
+                "stride, padding, dilation and output_padding need one value per spatial dim",
+            ));
+        }
+        Ok(Conv {
+            transposed,
+            groups,
+            stride: lists[0].to_vec(),
+            padding: lists[1].to_vec(),
+            dilation: lists[2].to_vec(),
+            output_padding: lists[3].to_vec(),
+        })
+    }
+
+    /// The output shape of the convolution of `x` by `w`, with PyTorch's checks.
+    fn output_shape(
+        &self,
+        x: &TensorType,
+        w: &TensorType,
+        bias: Option<&TensorType>,
+    ) -> Result<Shape, OpError> {
+        let n = self.stride.len();
+        ensure!(
+            self.padding.iter().all(|&v| v >= 0),
+            "negative padding is not supported"
+        );
+        ensure!(
+            self.output_padding.iter().all(|&v| v >= 0),
+            "negative output_padding is not supported"
+        );
+        ensure!(
+            self.stride.iter().all(|&v| v > 0),
+            "non-positive stride is not supported"
+        );
+        ensure!(
+            self.dilation.iter().all(|&v| v > 0),
+            "non-positive dilation is not supported"
+        );
+        ensure!(self.groups > 0, "non-positive groups is not supported");
+        let k = w.rank();
+        ensure!(
+            x.rank() == k,
+            "Expected {k}-dimensional input for {k}-dimensional weight {}, but got {}-dimensional input of size {} instead",
+            fmt_shape(&w.shape),
+            x.rank(),
+            fmt_shape(&x.shape)
+        );
+        ensure!(
+            k >= 3 && n == k - 2,
+            "expected stride to be a single integer value or a list of {} values to match the convolution dimensions, but got stride={}",
+            k.saturating_sub(2),
+            fmt_shape(&self.stride)
+        );
+        ensure!(
+            x.dtype == w.dtype,
+            "Input type ({}) and weight type ({}) should be the same",
+            x.dtype.scalar_type_name(),
+            w.dtype.scalar_type_name()
+        );
+        if let Some(b) = bias {
+            ensure!(
+                x.dtype == b.dtype,
+                "Input type ({}) and bias type ({}) should be the same",
+                x.dtype.scalar_type_name(),
+                b.dtype.scalar_type_name()
+            );
+        }
+        if x.dtype == DType::Bool {
+            let kernel = if n == 3 {
+                "slow_conv3d_cpu"
+            } else {
+                "slow_conv2d_cpu"
+            };
+            return Err(not_implemented_for(kernel, x.dtype));
+        }
+        let g = self.groups;
+        ensure!(
+            w.shape[0] % g == 0,
+            "Given groups={g}, expected weight to be divisible by {g} at dimension 0, but got weight of size [{}] instead",
+            fmt_shape(&w.shape)
+        );
+        let spatial = &x.shape[2..];
+        let kernel = &w.shape[2..];
+        let out_channels;
+        let mut out: Shape = Shape::from_slice(&[x.shape[0]]);
+        if !self.transposed {
+            out_channels = w.shape[0];
+            ensure!(
+                x.shape[1] == w.shape[1] * g,
+                "Given groups={g}, weight of size {}, expected input{} to have {} channels, but got {} channels instead",
+                fmt_shape(&w.shape),
+                fmt_shape(&x.shape),
+                w.shape[1] * g,
+                x.shape[1]
+            );
+            if let Some(b) = bias {
+                ensure!(
+                    b.rank() == 1 && b.shape[0] == out_channels,
+                    "Given weight of size {}, expected bias to be 1-dimensional with {out_channels} elements, but got bias of size {} instead",
+                    fmt_shape(&w.shape),
+                    fmt_shape(&b.shape)
+                );
+            }
+            let padded: Vec<i64> = (0..n).map(|i| spatial[i] + 2 * self.padding[i]).collect();
+            let dilated: Vec<i64> = (0..n)
+                .map(|i| self.dilation[i] * (kernel[i] - 1) + 1)
+                .collect();
+            if (0..n).any(|i| padded[i] < dilated[i]) {
+                let join = |v: &[i64]| {
+                    v.iter()
+                        .map(|d| d.to_string())
+                        .collect::<Vec<_>>()
+                        .join(" x ")
+                };
+                return Err(OpError::runtime(format!(
+                    "Calculated padded input size per channel: ({}). Kernel size: ({}). Kernel size can't be greater than actual input size",
+                    join(&padded),
+                    join(&dilated)
+                )));
+            }
+            out.push(out_channels);
+            for i in 0..n {
+                out.push((padded[i] - dilated[i]) / self.stride[i] + 1);
+            }
+        } else {
+            out_channels = w.shape[1] * g;
+            ensure!(
+                x.shape[1] == w.shape[0],
+                "Given transposed=1, weight of size {}, expected input{} to have {} channels, but got {} channels instead",
+                fmt_shape(&w.shape),
+                fmt_shape(&x.shape),
+                w.shape[0],
+                x.shape[1]
+            );
+            if let Some(b) = bias {
+                ensure!(
+                    b.rank() == 1 && b.shape[0] == out_channels,
+                    "Given transposed=1, weight of size {}, expected bias to be 1-dimensional with {out_channels} elements, but got bias of size {} instead",
+                    fmt_shape(&w.shape),
+                    fmt_shape(&b.shape)
+                );
+            }
+            let op = &self.output_padding;
+            if (0..n).any(|i| op[i] >= self.stride[i] && op[i] >= self.dilation[i]) {
+                let names: &[&str] = match n {
+                    1 => &["width"],
+                    2 => &["height", "width"],
+                    _ => &["depth", "height", "width"],
+                };
+                let part = |what: &str, v: &[i64]| {
+                    names
+                        .iter()
+                        .zip(v)
+                        .map(|(d, x)| format!("{what}_{d}: {x}"))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                };
+                return Err(OpError::runtime(format!(
+                    "output padding must be smaller than either stride or dilation, but got {} {} {}",
+                    part("output_padding", op),
+                    part("stride", &self.stride),
+                    part("dilation", &self.dilation)
+                )));
+            }
+            out.push(out_channels);
+            for i in 0..n {
+                out.push(
+                    (spatial[i] - 1) * self.stride[i] - 2 * self.padding[i]
+                        + self.dilation[i] * (kernel[i] - 1)
+                        + op[i]
+                        + 1,
+                );
+            }
+            if out[2..].iter().any(|&o| o <= 0) {
+                return Err(OpError::runtime(format!(
+                    "Given input size per channel: ({}). Calculated output size per channel: ({}). Output size is too small",
+                    fmt_list(spatial),
+                    fmt_list(&out[2..])
+                )));
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn fmt_list(v: &[i64]) -> String {
+    v.iter()
+        .map(|d| d.to_string())
+        .collect::<Vec<_>>()
+        .join(" x ")
+}
+
+/// The window of one `stablehlo.convolution`, per spatial dim.
+struct Window {
+    strides: Vec<i64>,
+    lo: Vec<i64>,
+    hi: Vec<i64>,
+    lhs_dilation: Vec<i64>,
+    rhs_dilation: Vec<i64>,
+}
+
+/// `stablehlo.convolution` of `lhs` by `rhs`. Unswapped, the operands are `[batch, feature,
+/// spatial...]` and `[out feature, in feature, spatial...]` and so is the result; swapped (the
+/// weight gradient), their first two dims trade roles, and the result is `[feature, batch, ...]`.
+fn convolution(
+    e: &mut Emitter,
+    lhs: Value,
+    rhs: Value,
+    swapped: bool,
+    mut win: Window,
+    feature_groups: i64,
+    batch_groups: i64,
+) -> Value {
+    let n = win.strides.len();
+    let mut lhs = lhs;
+    if win.lo.iter().chain(&win.hi).any(|&p| p < 0) {
+        // A negative padding crops; stablehlo.pad does that (and the lhs dilation) explicitly.
+        let zero = e.scalar_constant(e.dtype(lhs), ScalarValue::Int(0));
+        let mut low = vec![0; n + 2];
+        let mut high = vec![0; n + 2];
+        let mut interior = vec![0; n + 2];
+        for i in 0..n {
+            low[2 + i] = win.lo[i];
+            high[2 + i] = win.hi[i];
+            interior[2 + i] = win.lhs_dilation[i] - 1;
+        }
+        lhs = e.pad(lhs, zero, &low, &high, &interior);
+        win.lo = vec![0; n];
+        win.hi = vec![0; n];
+        win.lhs_dilation = vec![1; n];
+    }
+    let ls = e.shape(lhs).to_vec();
+    let rs = e.shape(rhs).to_vec();
+    let (batch_dim, out_feature_dim) = if swapped { (1, 1) } else { (0, 0) };
+    let batch = ls[batch_dim] / batch_groups;
+    let features = rs[out_feature_dim];
+    let mut shape: Shape = if swapped {
+        Shape::from_slice(&[features, batch])
+    } else {
+        Shape::from_slice(&[batch, features])
+    };
+    for i in 0..n {
+        let dilated = (ls[2 + i] - 1) * win.lhs_dilation[i] + 1 + win.lo[i] + win.hi[i];
+        let window = (rs[2 + i] - 1) * win.rhs_dilation[i] + 1;
+        shape.push((dilated - window) / win.strides[i] + 1);
+    }
+    let dims: Vec<String> = (0..n).map(|i| i.to_string()).collect();
+    let spec = |a: &str, b: &str| format!("[{a}, {b}, {}]", dims.join(", "));
+    let (lhs_spec, rhs_spec, out_spec) = if swapped {
+        (spec("f", "b"), spec("i", "o"), spec("f", "b"))
+    } else {
+        (spec("b", "f"), spec("o", "i"), spec("b", "f"))
+    };
+    let padding: Vec<String> = (0..n)
+        .map(|i| format!("[{}, {}]", win.lo[i], win.hi[i]))
+        .collect();
+    let attrs = format!(
+        "batch_group_count = {batch_groups} : i64, dimension_numbers = #stablehlo.conv<{lhs_spec}x{rhs_spec}->{out_spec}>, feature_group_count = {feature_groups} : i64, lhs_dilation = {}, padding = dense<[{}]> : tensor<{n}x2xi64>, rhs_dilation = {}, window_strides = {}",
+        i64_array(&win.lhs_dilation),
+        padding.join(", "),
+        i64_array(&win.rhs_dilation),
+        i64_array(&win.strides)
+    );
+    let ty = e.ty(lhs).with_shape(&shape);
+    e.op("stablehlo.convolution", &[lhs, rhs], &attrs, ty)
+}
+
+/// `x` `[N, C, S...]` correlated with `w` `[O, C/g, K...]`, padded by `lo`/`hi`.
+fn conv_forward(e: &mut Emitter, x: Value, w: Value, c: &Conv, lo: &[i64], hi: &[i64]) -> Value {
+    let n = c.stride.len();
+    let win = Window {
+        strides: c.stride.clone(),
+        lo: lo.to_vec(),
+        hi: hi.to_vec(),
+        lhs_dilation: vec![1; n],
+        rhs_dilation: c.dilation.clone(),
+    };
+    convolution(e, x, w, false, win, c.groups, 1)
+}
+
+/// The gradient, of spatial size `size`, of `conv_forward(x, w)` (padding `c.padding` both
+/// sides) with respect to `x`, given `gy` `[N, O, Y...]`: the output gradient dilated by the
+/// stride and correlated with the spatially reversed weight, its feature dims swapped per group.
+fn conv_input_grad(e: &mut Emitter, gy: Value, w: Value, c: &Conv, size: &[i64]) -> Value {
+    let n = c.stride.len();
+    let ws = e.shape(w).to_vec();
+    let g = c.groups;
+    let (o, cg) = (ws[0], ws[1]);
+    let mut grouped = vec![g, o / g, cg];
+    grouped.extend_from_slice(&ws[2..]);
+    let wg = e.reshape(w, &grouped);
+    let mut perm = vec![0, 2, 1];
+    perm.extend(3..n + 3);
+    let wt = e.transpose(wg, &perm);
+    let mut swapped_shape = vec![g * cg, o / g];
+    swapped_shape.extend_from_slice(&ws[2..]);
+    let wt = e.reshape(wt, &swapped_shape);
+    let spatial: Vec<usize> = (2..n + 2).collect();
+    let wr = e.reverse(wt, &spatial);
+    let ys = e.shape(gy).to_vec();
+    let mut lo = Vec::with_capacity(n);
+    let mut hi = Vec::with_capacity(n);
+    for i in 0..n {
+        let span = c.dilation[i] * (ws[2 + i] - 1);
+        lo.push(span - c.padding[i]);
+        hi.push(size[i] + c.padding[i] - (ys[2 + i] - 1) * c.stride[i] - 1);
+    }
+    let win = Window {
+        strides: vec![1; n],
+        lo,
+        hi,
+        lhs_dilation: c.stride.clone(),
+        rhs_dilation: c.dilation.clone(),
+    };
+    convolution(e, gy, wr, false, win, g, 1)
+}
+
+/// The gradient of `conv_forward(x, w)` with respect to `w` (spatial size `kernel`), given `gy`:
+/// `x` correlated with `gy` over the batch, the groups split along x's channels.
+fn conv_weight_grad(e: &mut Emitter, x: Value, gy: Value, c: &Conv, kernel: &[i64]) -> Value {
+    let n = c.stride.len();
+    let xs = e.shape(x).to_vec();
+    let ys = e.shape(gy).to_vec();
+    let mut hi = Vec::with_capacity(n);
+    for i in 0..n {
+        hi.push(
+            (ys[2 + i] - 1) * c.stride[i] + c.dilation[i] * (kernel[i] - 1) + 1
+                - xs[2 + i]
+                - c.padding[i],
+        );
+    }
+    let win = Window {
+        strides: c.dilation.clone(),
+        lo: c.padding.clone(),
+        hi,
+        lhs_dilation: vec![1; n],
+        rhs_dilation: c.stride.clone(),
+    };
+    convolution(e, x, gy, true, win, 1, c.groups)
+}
+
+fn conv_meta(a: &MetaArgs) -> Result<Meta, OpError> {
+    let i = a.inputs;
+    let p = &a.params;
+    match a.op {
+        OpId::Convolution => {
+            a.expect_counts(2..=3, 0..=0)?;
+            let c = Conv::parse(p, 0)?;
+            let shape = c.output_shape(&i[0], &i[1], i.get(2))?;
+            Ok(Meta::single(
+                TensorType {
+                    dtype: i[0].dtype,
+                    shape,
+                },
+                vec![],
+            ))
+        }
+        _ => {
+            a.expect_counts(3..=3, 0..=0)?;
+            let mask = p.get(0)?;
+            if !(0..8).contains(&mask) {
+                return Err(p.invalid("output_mask must be a 3-bit mask"));
+            }
+            let c = Conv::parse(p, 1)?;
+            let (gy, x, w) = (&i[0], &i[1], &i[2]);
+            let expected = c.output_shape(x, w, None)?;
+            ensure!(
+                gy.shape == expected,
+                "convolution_backward: expected grad_output of shape {}, but got {}",
+                fmt_shape(&expected),
+                fmt_shape(&gy.shape)
+            );
+            ensure!(
+                gy.dtype == x.dtype,
+                "expected scalar type {} but found {}",
+                x.dtype.scalar_type_name(),
+                gy.dtype.scalar_type_name()
+            );
+            if !x.dtype.is_float() {
+                return Err(not_implemented_for("slow_conv2d_cpu_grad_input", x.dtype));
+            }
+            // A gradient the mask leaves out is an empty placeholder, dropped by the kernel.
+            let pick = |bit: i64, ty: TensorType| {
+                if mask & bit != 0 {
+                    ty
+                } else {
+                    TensorType::new(ty.dtype, &[0])
+                }
+            };
+            let mut outputs = MetaOutputs::new();
+            outputs.push(pick(1, x.clone()));
+            outputs.push(pick(2, w.clone()));
+            outputs.push(pick(4, TensorType::new(gy.dtype, &gy.shape[1..2])));
+            Ok(Meta {
+                outputs,
+                scalar_dtypes: ScalarDTypes::new(),
+            })
+        }
+    }
+}
+
+fn conv_lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+    let p = &a.params;
+    if a.op == OpId::Convolution {
+        let c = Conv::parse(p, 0)?;
+        let out = a.out(0).clone();
+        if out.numel() == 0 {
+            return Ok(vec![zeros(e, &out)]);
+        }
+        let cd = acc_dtype(out.dtype);
+        let x = e.convert(a.inputs[0], cd);
+        let w = e.convert(a.inputs[1], cd);
+        let y = if c.transposed {
+            conv_input_grad(e, x, w, &c, &out.shape[2..])
+        } else {
+            conv_forward(e, x, w, &c, &c.padding, &c.padding)
+        };
+        let y = match a.inputs.get(2) {
+            Some(&b) => {
+                let b = e.convert(b, cd);
+                let b = e.broadcast_in_dim(b, &out.shape, &[1]);
+                e.add(y, b)
+            }
+            None => y,
+        };
+        return Ok(vec![e.convert(y, out.dtype)]);
+    }
+    let mask = p.get(0)?;
+    let c = Conv::parse(p, 1)?;
+    let (gy, x, w) = (a.inputs[0], a.inputs[1], a.inputs[2]);
+    let (xt, wt, gt) = (e.ty(x).clone(), e.ty(w).clone(), e.ty(gy).clone());
+    let cd = acc_dtype(xt.dtype);
+    let empty = gt.numel() == 0 || xt.numel() == 0 || wt.numel() == 0;
+    let gyc = e.convert(gy, cd);
+    let xc = e.convert(x, cd);
+    let wc = e.convert(w, cd);
+    let mut outs = Vec::new();
+    if mask & 1 == 0 {
+        outs.push(zeros(e, a.out(0)));
+    } else {
+        let gx = if empty {
+            zeros(e, &xt.with_dtype(cd))
+        } else if c.transposed {
+            let n = c.stride.len();
+            let (xs, ys, ks) = (&xt.shape[2..], &gt.shape[2..], &wt.shape[2..]);
+            let hi: Vec<i64> = (0..n)
+                .map(|i| {
+                    (xs[i] - 1) * c.stride[i] + c.dilation[i] * (ks[i] - 1) + 1
+                        - ys[i]
+                        - c.padding[i]
+                })
+                .collect();
+            conv_forward(e, gyc, wc, &c, &c.padding, &hi)
+        } else {
+            conv_input_grad(e, gyc, wc, &c, &xt.shape[2..])
+        };
+        outs.push(e.convert(gx, xt.dtype));
+    }
+    if mask & 2 == 0 {
+        outs.push(zeros(e, a.out(1)));
+    } else {
+        let gw = if empty {
+            zeros(e, &wt.with_dtype(cd))
+        } else if c.transposed {
+            conv_weight_grad(e, gyc, xc, &c, &wt.shape[2..])
+        } else {
+            conv_weight_grad(e, xc, gyc, &c, &wt.shape[2..])
+        };
+        outs.push(e.convert(gw, wt.dtype));
+    }
+    if mask & 4 == 0 {
+        outs.push(zeros(e, a.out(2)));
+    } else {
+        let dims: Vec<usize> = (0..gt.rank()).filter(|&d| d != 1).collect();
+        let gb = e.reduce_sum(gyc, &dims);
+        outs.push(e.convert(gb, gt.dtype));
+    }
+    Ok(outs)
+}
+
+// ===== pooling =====================================================================================
+
+/// The 2-d pooling window of max_pool2d / avg_pool2d, per spatial dim (height, width).
+struct Pool {
+    kernel: [i64; 2],
+    stride: [i64; 2],
+    padding: [i64; 2],
+    dilation: [i64; 2],
+    ceil_mode: bool,
+    count_include_pad: bool,
+    divisor: Option<i64>,
+}
+
+/// A list of one or two ints as `[height, width]` (None when empty and that is allowed).
+fn pair(
+    l: &[i64],
+    message: impl FnOnce() -> String,
+    allow_empty: bool,
+) -> Result<Option<[i64; 2]>, OpError> {
+    match l.len() {
+        0 if allow_empty => Ok(None),
+        1 => Ok(Some([l[0], l[0]])),
+        2 => Ok(Some([l[0], l[1]])),
+        _ => Err(OpError::runtime(message())),
+    }
+}
+
+impl Pool {
+    fn parse(op: OpId, p: &Params) -> Result<Pool, OpError> {
+        let max = matches!(
+            op,
+            OpId::MaxPool2dWithIndices | OpId::MaxPool2dWithIndicesBackward
+        );
+        let name = if max { "max_pool2d" } else { "avg_pool2d" };
+        let ceil_mode = p.flag(0)?;
+        let (count_include_pad, at) = if max { (false, 1) } else { (p.flag(1)?, 2) };
+        let (lists, end) = counted(p, at, if max { 4 } else { 3 })?;
+        let kernel = pair(
+            lists[0],
+            || format!("{name}: kernel_size must either be a single int, or a tuple of two ints"),
+            false,
+        )?
+        .expect("non-empty");
+        let stride = pair(
+            lists[1],
+            || {
+                format!(
+                    "{name}: stride must either be omitted, a single int, or a tuple of two ints"
+                )
+            },
+            true,
+        )?
+        .unwrap_or(kernel);
+        let padding = pair(
+            lists[2],
+            || format!("{name}: padding must either be a single int, or a tuple of two ints"),
+            false,
+        )?
+        .expect("non-empty");
+        let dilation = if max {
+            pair(
+                lists[3],
+                || format!("{name}: dilation must be either a single int, or a tuple of two ints"),
+                false,
+            )?
+            .expect("non-empty")
+        } else {
+            [1, 1]
+        };
+        let divisor = match p.rest(end) {
+            [] => None,
+            [d] if !max => Some(*d),
+            _ => return Err(p.invalid("params left after the lists")),
+        };
+        if let Some(d) = divisor {
+            ensure!(d != 0, "divisor must be not zero");
+        }
+        Ok(Pool {
+            kernel,
+            stride,
+            padding,
+            dilation,
+            ceil_mode,
+            count_include_pad,
+            divisor,
+        })
+    }
+
+    /// PyTorch's pooling output size along one spatial dim, with its checks.
+    fn out_size(&self, size: i64, d: usize) -> Result<i64, OpError> {
+        let (k, s, p, dil) = (
+            self.kernel[d],
+            self.stride[d],
+            self.padding[d],
+            self.dilation[d],
+        );
+        ensure!(s != 0, "stride should not be zero");
+        ensure!(p >= 0, "pad must be non-negative, but got pad: {p}");
+        ensure!(
+            p <= ((k - 1) * dil + 1) / 2,
+            "pad should be at most half of effective kernel size, but got pad={p}, kernel_size={k} and dilation={dil}"
+        );
+        let extra = if self.ceil_mode { s - 1 } else { 0 };
+        let mut out = (size + 2 * p - dil * (k - 1) - 1 + extra).div_euclid(s) + 1;
+        if self.ceil_mode && (out - 1) * s >= size + p {
+            out -= 1;
+        }
+        Ok(out)
+    }
+
+    /// The output shape for input `x` (3-d or 4-d), with PyTorch's checks.
+    fn output_shape(&self, op: OpId, x: &TensorType) -> Result<Shape, OpError> {
+        let r = x.rank();
+        let max = op == OpId::MaxPool2dWithIndices || op == OpId::MaxPool2dWithIndicesBackward;
+        if max {
+            ensure!(
+                r == 3 || r == 4,
+                "non-empty 3D or 4D (batch mode) tensor expected for input"
+            );
+        } else if r < 3 {
+            return Err(OpError::index(format!(
+                "Dimension out of range (expected to be in range of [-{r}, {}], but got -3)",
+                r as i64 - 1
+            )));
+        }
+        let oh = self.out_size(x.shape[r - 2], 0)?;
+        let ow = self.out_size(x.shape[r - 1], 1)?;
+        let [kh, kw] = self.kernel;
+        let [sh, sw] = self.stride;
+        let [dh, dw] = self.dilation;
+        ensure!(
+            kw > 0 && kh > 0,
+            "kernel size should be greater than zero, but got kH: {kh} kW: {kw}"
+        );
+        ensure!(
+            sw > 0 && sh > 0,
+            "stride should be greater than zero, but got dH: {sh} dW: {sw}"
+        );
+        ensure!(
+            dh > 0 && dw > 0,
+            "dilation should be greater than zero, but got dilationH: {dh} dilationW: {dw}"
+        );
+        let valid = r >= 3
+            && x.shape[r - 2] != 0
+            && x.shape[r - 1] != 0
+            && x.shape[r - 3] != 0
+            && (r == 3 || r == 4);
+        ensure!(
+            valid,
+            "Expected 3D or 4D (batch mode) tensor with optional 0 dim batch size for input, but got:{}",
+            fmt_shape(&x.shape)
+        );
+        let [ph, pw] = self.padding;
+        ensure!(
+            kw / 2 >= pw && kh / 2 >= ph,
+            "pad should be smaller than or equal to half of kernel size, but got padW = {pw}, padH = {ph}, kW = {kw}, kH = {kh}"
+        );
+        let c = x.shape[r - 3];
+        ensure!(
+            oh >= 1 && ow >= 1,
+            "Given input size: ({c}x{}x{}). Calculated output size: ({c}x{oh}x{ow}). Output size is too small",
+            x.shape[r - 2],
+            x.shape[r - 1]
+        );
+        let mut s = Shape::from_slice(&x.shape[..r - 2]);
+        s.push(oh);
+        s.push(ow);
+        Ok(s)
+    }
+
+    /// The high-side padding along spatial dim `d` that makes the last window fit exactly
+    /// (negative: the input's tail is never read).
+    fn high_pad(&self, size: i64, out: i64, d: usize) -> i64 {
+        (out - 1) * self.stride[d] + self.dilation[d] * (self.kernel[d] - 1) + 1
+            - size
+            - self.padding[d]
+    }
+
+    /// The divisor of each output position along spatial dim `d`, as PyTorch's avg_pool2d
+    /// (1 where a window holds no input element: its sum is 0 and so is PyTorch's result).
+    fn divisors(&self, size: i64, out: i64, d: usize) -> Vec<i64> {
+        let (k, s, p) = (self.kernel[d], self.stride[d], self.padding[d]);
+        (0..out)
+            .map(|o| {
+                let start = o * s - p;
+                let end = (start + k).min(size + p);
+                let valid = end.min(size) - start.max(0);
+                if valid <= 0 {
+                    1
+                } else if self.count_include_pad {
+                    end - start
+                } else {
+                    valid
+                }
+            })
+            .collect()
+    }
+}
+
+/// Checks that `g` has the shape `expected` (the forward output), in PyTorch's words.
+fn check_grad_shape(g: &TensorType, expected: &[i64]) -> Result<(), OpError> {
+    let r = expected.len();
+    for d in [r - 3, r - 2, r - 1] {
+        ensure!(
+            g.rank() == r && g.shape[d] == expected[d],
+            "Expected a tensor of dimension {r} and tensor.size[{d}] == {} but got: dimension {} and tensor.size[{d}] = {}",
+            expected[d],
+            g.rank(),
+            g.shape.get(d).copied().unwrap_or(0)
+        );
+    }
+    Ok(())
+}
+
+/// `stablehlo.reduce_window` over `inputs` with `window`, `strides` and `dilations` per dim and
+/// no padding; `body` combines `(accumulators..., elements...)`.
+fn reduce_window(
+    e: &mut Emitter,
+    inputs: &[Value],
+    inits: &[Value],
+    window: &[i64],
+    strides: &[i64],
+    dilations: &[i64],
+    body: impl FnOnce(&mut Emitter, &[Value]) -> Vec<Value>,
+) -> Vec<Value> {
+    let scalar_types: Vec<TensorType> = inits
+        .iter()
+        .map(|&v| TensorType::scalar(e.dtype(v)))
+        .collect();
+    let mut arg_types = scalar_types.clone();
+    arg_types.extend(scalar_types);
+    let region = e.region(&arg_types, body);
+    let shape: Shape = e
+        .shape(inputs[0])
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| (n - ((window[i] - 1) * dilations[i] + 1)) / strides[i] + 1)
+        .collect();
+    let results: Vec<TensorType> = inputs.iter().map(|&v| e.ty(v).with_shape(&shape)).collect();
+    let mut operands = inputs.to_vec();
+    operands.extend_from_slice(inits);
+    let attrs = format!(
+        "window_dilations = {}, window_dimensions = {}, window_strides = {}",
+        i64_array(dilations),
+        i64_array(window),
+        i64_array(strides)
+    );
+    e.op_with_regions(
+        "stablehlo.reduce_window",
+        &operands,
+        &[region],
+        &attrs,
+        results,
+    )
+}
+
+/// Window sizes, strides and dilations over all dims of a rank-`r` tensor (1 outside the
+/// last two).
+fn full_window(r: usize, hw: [i64; 2]) -> Vec<i64> {
+    let mut v = vec![1; r];
+    v[r - 2] = hw[0];
+    v[r - 1] = hw[1];
+    v
+}
+
+/// Pad the last two dims of `x` with `value`: `lo` before, `hi` after, `interior` between.
+fn pad_hw(
+    e: &mut Emitter,
+    x: Value,
+    value: Value,
+    lo: [i64; 2],
+    hi: [i64; 2],
+    interior: [i64; 2],
+) -> Value {
+    if lo == [0, 0] && hi == [0, 0] && interior == [0, 0] {
+        return x;
+    }
+    let r = e.rank(x);
+    let spread = |v: [i64; 2]| {
+        let mut s = vec![0; r];
+        s[r - 2] = v[0];
+        s[r - 1] = v[1];
+        s
+    };
+    e.pad(x, value, &spread(lo), &spread(hi), &spread(interior))
+}
+
+/// The smallest value of `dtype` (the identity of max).
+fn lowest(dtype: DType) -> ScalarValue {
+    if dtype.is_float() {
+        ScalarValue::Float(f64::NEG_INFINITY)
+    } else {
+        ScalarValue::Int(dtype.min_value() as i64)
+    }
+}
+
+fn max_pool(e: &mut Emitter, x: Value, pool: &Pool, out: &TensorType) -> (Value, Value) {
+    let xt = e.ty(x).clone();
+    let r = xt.rank();
+    let (h, w) = (xt.shape[r - 2], xt.shape[r - 1]);
+    let idx_ty = TensorType::new(DType::I64, &xt.shape);
+    let rows = e.iota(idx_ty.clone(), r - 2);
+    let width = e.full_like(rows, w as f64);
+    let rows = e.mul(rows, width);
+    let cols = e.iota(idx_ty, r - 1);
+    let idx = e.add(rows, cols);
+    let lo = pool.padding;
+    let hi = [
+        pool.high_pad(h, out.shape[r - 2], 0),
+        pool.high_pad(w, out.shape[r - 1], 1),
+    ];
+    let low_value = e.scalar_constant(xt.dtype, lowest(xt.dtype));
+    // Padding carries the largest index, so it loses every tie to a real element.
+    let pad_index = e.scalar_constant(DType::I64, ScalarValue::Int(i64::MAX));
+    let xp = pad_hw(e, x, low_value, lo, hi, [0, 0]);
+    let ip = pad_hw(e, idx, pad_index, lo, hi, [0, 0]);
+    let float = xt.dtype.is_float();
+    // PyTorch scans each window in index order and keeps an element that is greater than the
+    // best so far, or NaN: the first of equal maxima wins, and the last NaN. As a commutative
+    // choice: NaN beats numbers, a larger index wins between NaNs, a smaller one between equals.
+    let outs = reduce_window(
+        e,
+        &[xp, ip],
+        &[low_value, pad_index],
+        &full_window(r, pool.kernel),
+        &full_window(r, pool.stride),
+        &full_window(r, pool.dilation),
+        |e, args| {
+            let (av, ai, bv, bi) = (args[0], args[1], args[2], args[3]);
+            let gt = e.compare(Cmp::Gt, av, bv);
+            let eq = e.compare(Cmp::Eq, av, bv);
+            let first = e.compare(Cmp::Lt, ai, bi);
+            let tie = e.and(eq, first);
+            let mut pick_a = e.or(gt, tie);
+            if float {
+                let a_nan = e.compare(Cmp::Ne, av, av);
+                let b_nan = e.compare(Cmp::Ne, bv, bv);
+                let later = e.compare(Cmp::Gt, ai, bi);
+                let nan_pick = e.and(a_nan, later);
+                let num_pick = e.or(a_nan, pick_a);
+                pick_a = e.select(b_nan, nan_pick, num_pick);
+            }
+            let v = e.select(pick_a, av, bv);
+            let i = e.select(pick_a, ai, bi);
+            vec![v, i]
+        },
+    );
+    (outs[0], outs[1])
+}
+
+/// `grad` (shaped like the pooled output) added at the flat per-plane `indices` of a zero
+/// tensor shaped like `x`.
+fn max_pool_backward(e: &mut Emitter, grad: Value, x: &TensorType, indices: Value) -> Value {
+    let r = x.rank();
+    let planes: i64 = x.shape[..r - 2].iter().product();
+    let cells = x.shape[r - 2] * x.shape[r - 1];
+    let gt = e.ty(grad).clone();
+    let per_plane = gt.shape[r - 2] * gt.shape[r - 1];
+    let cd = acc_dtype(x.dtype);
+    if planes * per_plane == 0 {
+        return zeros(e, x);
+    }
+    let g = e.convert(grad, cd);
+    let g = e.reshape(g, &[planes, per_plane]);
+    let idx = e.convert(indices, DType::I64);
+    let idx = e.reshape(idx, &[planes, per_plane, 1]);
+    let plane = e.iota(TensorType::new(DType::I64, &[planes, per_plane, 1]), 0);
+    let at = e.concatenate(&[plane, idx], 2);
+    let base = zeros(e, &TensorType::new(cd, &[planes, cells]));
+    let region = e.region(&[TensorType::scalar(cd), TensorType::scalar(cd)], |e, a| {
+        vec![e.add(a[0], a[1])]
+    });
+    let attrs = "scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = [0, 1], scatter_dims_to_operand_dims = [0, 1], index_vector_dim = 2>, indices_are_sorted = false, unique_indices = false";
+    let ty = TensorType::new(cd, &[planes, cells]);
+    let s = e.op_with_regions(
+        "stablehlo.scatter",
+        &[base, at, g],
+        &[region],
+        attrs,
+        vec![ty],
+    )[0];
+    let s = e.reshape(s, &x.shape);
+    e.convert(s, x.dtype)
+}
+
+/// The per-position divisors of avg_pool2d for output shape `out` (in `dtype`), or the
+/// override as a scalar broadcast.
+fn avg_divisor(e: &mut Emitter, pool: &Pool, x: &TensorType, out: &[i64], dtype: DType) -> Value {
+    let r = x.rank();
+    if let Some(d) = pool.divisor {
+        let c = e.scalar_constant(dtype, ScalarValue::Int(d));
+        return e.broadcast_to(c, out);
+    }
+    let (oh, ow) = (out[r - 2], out[r - 1]);
+    let hv = pool.divisors(x.shape[r - 2], oh, 0);
+    let wv = pool.divisors(x.shape[r - 1], ow, 1);
+    let hc = e.dense_i64(TensorType::new(DType::I64, &[oh]), &hv);
+    let wc = e.dense_i64(TensorType::new(DType::I64, &[ow]), &wv);
+    let hb = e.broadcast_in_dim(hc, &[oh, ow], &[0]);
+    let wb = e.broadcast_in_dim(wc, &[oh, ow], &[1]);
+    let m = e.mul(hb, wb);
+    let m = e.convert(m, dtype);
+    e.broadcast_in_dim(m, out, &[r - 2, r - 1])
+}
+
+/// `v / divisor` with PyTorch's arithmetic: integers divide as int64 (truncating).
+fn divide(e: &mut Emitter, v: Value, pool: &Pool, x: &TensorType, out: &[i64]) -> Value {
+    let dtype = e.dtype(v);
+    if dtype.is_float() {
+        let d = avg_divisor(e, pool, x, out, dtype);
+        e.div(v, d)
+    } else {
+        let d = avg_divisor(e, pool, x, out, DType::I64);
+        let wide = e.convert(v, DType::I64);
+        let q = e.div(wide, d);
+        e.convert(q, dtype)
+    }
+}
+
+fn avg_pool(e: &mut Emitter, x: Value, pool: &Pool, out: &TensorType) -> Value {
+    let xt = e.ty(x).clone();
+    let r = xt.rank();
+    let cd = acc_dtype(xt.dtype);
+    let xc = e.convert(x, cd);
+    let hi = [
+        pool.high_pad(xt.shape[r - 2], out.shape[r - 2], 0),
+        pool.high_pad(xt.shape[r - 1], out.shape[r - 1], 1),
+    ];
+    let zero = e.scalar_constant(cd, ScalarValue::Int(0));
+    let xp = pad_hw(e, xc, zero, pool.padding, hi, [0, 0]);
+    let ones = vec![1; r];
+    let sum = reduce_window(
+        e,
+        &[xp],
+        &[zero],
+        &full_window(r, pool.kernel),
+        &full_window(r, pool.stride),
+        &ones,
+        |e, a| vec![e.add(a[0], a[1])],
+    )[0];
+    let q = divide(e, sum, pool, &xt, &out.shape);
+    e.convert(q, out.dtype)
+}
+
+/// Each input element receives `grad / divisor` of every window that holds it: the scaled
+/// gradient dilated by the stride, padded so each input position sees the windows that cover
+/// it, and summed over a kernel-sized window.
+fn avg_pool_backward(e: &mut Emitter, grad: Value, x: &TensorType, pool: &Pool) -> Value {
+    let r = x.rank();
+    if x.numel() == 0 {
+        return zeros(e, x);
+    }
+    let gt = e.ty(grad).clone();
+    let cd = acc_dtype(x.dtype);
+    let g = e.convert(grad, cd);
+    let g = divide(e, g, pool, x, &gt.shape);
+    let mut lo = [0; 2];
+    let mut hi = [0; 2];
+    let mut interior = [0; 2];
+    for d in 0..2 {
+        let (size, out) = (x.shape[r - 2 + d], gt.shape[r - 2 + d]);
+        lo[d] = pool.kernel[d] - 1 - pool.padding[d];
+        hi[d] = size + pool.padding[d] - (out - 1) * pool.stride[d] - 1;
+        interior[d] = pool.stride[d] - 1;
+    }
+    let zero = e.scalar_constant(cd, ScalarValue::Int(0));
+    let gp = pad_hw(e, g, zero, lo, hi, interior);
+    let ones = vec![1; r];
+    let s = reduce_window(
+        e,
+        &[gp],
+        &[zero],
+        &full_window(r, pool.kernel),
+        &ones,
+        &ones,
+        |e, a| vec![e.add(a[0], a[1])],
+    )[0];
+    e.convert(s, x.dtype)
+}
+
+/// The 0/1 matrix `[out, size]` of adaptive pooling's windows along one dim (window `o` spans
+/// `[floor(o * size / out), ceil((o + 1) * size / out))`) and each window's length.
+fn adaptive_windows(e: &mut Emitter, size: i64, out: i64, dtype: DType) -> (Value, Vec<i64>) {
+    let starts: Vec<i64> = (0..out).map(|o| o * size / out).collect();
+    let ends: Vec<i64> = (0..out).map(|o| ((o + 1) * size + out - 1) / out).collect();
+    let lens = starts.iter().zip(&ends).map(|(s, t)| t - s).collect();
+    let ty = TensorType::new(DType::I64, &[out, size]);
+    let s = e.dense_i64(TensorType::new(DType::I64, &[out]), &starts);
+    let t = e.dense_i64(TensorType::new(DType::I64, &[out]), &ends);
+    let s = e.broadcast_in_dim(s, &[out, size], &[0]);
+    let t = e.broadcast_in_dim(t, &[out, size], &[0]);
+    let pos = e.iota(ty, 1);
+    let after = e.compare(Cmp::Ge, pos, s);
+    let before = e.compare(Cmp::Lt, pos, t);
+    let inside = e.and(after, before);
+    (e.convert(inside, dtype), lens)
+}
+
+/// The window sizes `[oh, ow]` of adaptive pooling broadcast to `shape` (its last two dims).
+fn adaptive_counts(e: &mut Emitter, hl: &[i64], wl: &[i64], shape: &[i64], dtype: DType) -> Value {
+    let r = shape.len();
+    let (oh, ow) = (hl.len() as i64, wl.len() as i64);
+    let hc = e.dense_i64(TensorType::new(DType::I64, &[oh]), hl);
+    let wc = e.dense_i64(TensorType::new(DType::I64, &[ow]), wl);
+    let hb = e.broadcast_in_dim(hc, &[oh, ow], &[0]);
+    let wb = e.broadcast_in_dim(wc, &[oh, ow], &[1]);
+    let m = e.mul(hb, wb);
+    let m = e.convert(m, dtype);
+    e.broadcast_in_dim(m, shape, &[r - 2, r - 1])
+}
+
+/// Adaptive average pooling as two contractions with the window matrices (summing each window
+/// exactly), then a division by the window sizes.
+fn adaptive_pool(e: &mut Emitter, x: Value, out: &TensorType) -> Value {
+    if out.numel() == 0 {
+        return zeros(e, out);
+    }
+    let xt = e.ty(x).clone();
+    let r = xt.rank();
+    let cd = acc_dtype(xt.dtype);
+    let (mh, hl) = adaptive_windows(e, xt.shape[r - 2], out.shape[r - 2], cd);
+    let (mw, wl) = adaptive_windows(e, xt.shape[r - 1], out.shape[r - 1], cd);
+    let xc = e.convert(x, cd);
+    // [.., H, W] x [OH, H] -> [.., W, OH]; x [OW, W] -> [.., OH, OW].
+    let t = e.dot_general(xc, mh, &[], &[], &[r - 2], &[1], cd);
+    let s = e.dot_general(t, mw, &[], &[], &[r - 2], &[1], cd);
+    let counts = adaptive_counts(e, &hl, &wl, &out.shape, cd);
+    let y = e.div(s, counts);
+    e.convert(y, out.dtype)
+}
+
+fn adaptive_pool_backward(e: &mut Emitter, grad: Value, x: &TensorType) -> Value {
+    let gt = e.ty(grad).clone();
+    if x.numel() == 0 || gt.numel() == 0 {
+        return zeros(e, x);
+    }
+    let r = x.rank();
+    let cd = acc_dtype(x.dtype);
+    let (mh, hl) = adaptive_windows(e, x.shape[r - 2], gt.shape[r - 2], cd);
+    let (mw, wl) = adaptive_windows(e, x.shape[r - 1], gt.shape[r - 1], cd);
+    let g = e.convert(grad, cd);
+    let counts = adaptive_counts(e, &hl, &wl, &gt.shape, cd);
+    let g = e.div(g, counts);
+    // [.., OH, OW] x [OH, H] -> [.., OW, H]; x [OW, W] -> [.., H, W].
+    let t = e.dot_general(g, mh, &[], &[], &[r - 2], &[0], cd);
+    let s = e.dot_general(t, mw, &[], &[], &[r - 2], &[0], cd);
+    e.convert(s, x.dtype)
+}
+
+fn adaptive_output_shape(x: &TensorType, size: &[i64]) -> Result<Shape, OpError> {
+    let r = x.rank();
+    ensure!(
+        r == 3 || r == 4,
+        "adaptive_avg_pool2d(): Expected 3D or 4D tensor, but got {}",
+        fmt_shape(&x.shape)
+    );
+    for d in r - 3..r {
+        ensure!(
+            x.shape[d] != 0,
+            "adaptive_avg_pool2d(): Expected input to have non-zero size for non-batch dimensions, but input has sizes {} with dimension {d} being empty",
+            fmt_shape(&x.shape)
+        );
+    }
+    ensure!(
+        size.len() == 2,
+        "adaptive_avg_pool2d: output_size must be 2"
+    );
+    ensure!(
+        size.iter().all(|&s| s >= 0),
+        "adaptive_avg_pool2d: elements of output_size must be greater than or equal to 0 but received {{{}, {}}}",
+        size[0],
+        size[1]
+    );
+    if !x.dtype.is_float() {
+        return Err(not_implemented_for("adaptive_avg_pool2d", x.dtype));
+    }
+    let mut s = Shape::from_slice(&x.shape[..r - 2]);
+    s.extend_from_slice(size);
+    Ok(s)
+}
+
+fn pool_meta(a: &MetaArgs) -> Result<Meta, OpError> {
+    use OpId::*;
+    let i = a.inputs;
+    let p = &a.params;
+    let none = ScalarDTypes::new();
+    match a.op {
+        MaxPool2dWithIndices | AvgPool2d => {
+            a.expect_counts(1..=1, 0..=0)?;
+            let pool = Pool::parse(a.op, p)?;
+            let x = &i[0];
+            let shape = pool.output_shape(a.op, x)?;
+            if x.dtype == DType::Bool {
+                let name = if a.op == AvgPool2d {
+                    "avg_pool2d"
+                } else {
+                    "max_pool2d"
+                };
+                return Err(not_implemented_for(name, x.dtype));
+            }
+            let mut outputs = MetaOutputs::new();
+            outputs.push(TensorType {
+                dtype: x.dtype,
+                shape: shape.clone(),
+            });
+            if a.op == MaxPool2dWithIndices {
+                outputs.push(TensorType {
+                    dtype: DType::I64,
+                    shape,
+                });
+            }
+            Ok(Meta {
+                outputs,
+                scalar_dtypes: none,
+            })
+        }
+        MaxPool2dWithIndicesBackward | AvgPool2dBackward => {
+            let max = a.op == MaxPool2dWithIndicesBackward;
+            if max {
+                a.expect_counts(3..=3, 0..=0)?;
+            } else {
+                a.expect_counts(2..=2, 0..=0)?;
+            }
+            let pool = Pool::parse(a.op, p)?;
+            let (g, x) = (&i[0], &i[1]);
+            let shape = pool.output_shape(a.op, x)?;
+            if max {
+                ensure!(
+                    i[2].dtype == DType::I64,
+                    "expected scalar type Long but found {}",
+                    i[2].dtype.scalar_type_name()
+                );
+                ensure!(
+                    g.dtype == x.dtype,
+                    "expected dtype {} for `gradOutput` but got dtype {}",
+                    x.dtype.typemeta_name(),
+                    g.dtype.typemeta_name()
+                );
+                if !x.dtype.is_float() {
+                    return Err(not_implemented_for("max_pool2d_backward", x.dtype));
+                }
+                check_grad_shape(g, &shape)?;
+                check_grad_shape(&i[2], &shape)?;
+            } else {
+                ensure!(
+                    g.dtype == x.dtype,
+                    "expected dtype {} for `gradOutput` but got dtype {}",
+                    x.dtype.typemeta_name(),
+                    g.dtype.typemeta_name()
+                );
+                if x.dtype == DType::Bool {
+                    return Err(not_implemented_for(
+                        "avg_pool2d_backward_out_frame",
+                        x.dtype,
+                    ));
+                }
+                check_grad_shape(g, &shape)?;
+            }
+            Ok(Meta::single(x.clone(), none))
+        }
+        AdaptiveAvgPool2d => {
+            a.expect_counts(1..=1, 0..=0)?;
+            let shape = adaptive_output_shape(&i[0], p.rest(0))?;
+            Ok(Meta::single(
+                TensorType {
+                    dtype: i[0].dtype,
+                    shape,
+                },
+                none,
+            ))
+        }
+        _ => {
+            a.expect_counts(2..=2, 0..=0)?;
+            let (g, x) = (&i[0], &i[1]);
+            let r = x.rank();
+            ensure!(
+                g.rank() == r,
+                "adaptive_avg_pool2d_backward_out_cpu_template: Expected dimensions {r} for `grad_output` but got dimensions {}",
+                g.rank()
+            );
+            ensure!(
+                g.dtype == x.dtype,
+                "adaptive_avg_pool2d_backward_out_cpu_template: Expected dtype {} for `grad_output` but got dtype {}",
+                x.dtype.typemeta_name(),
+                g.dtype.typemeta_name()
+            );
+            let size = if r >= 2 {
+                &g.shape[r - 2..]
+            } else {
+                &g.shape[..]
+            };
+            adaptive_output_shape(x, size).map_err(|err| {
+                if err.kind == crate::ErrorKind::NotImplemented {
+                    not_implemented_for("adaptive_avg_pool2d_backward", x.dtype)
+                } else {
+                    err
+                }
+            })?;
+            ensure!(
+                g.shape[..r - 2] == x.shape[..r - 2],
+                "adaptive_avg_pool2d_backward: expected grad_output of shape {} to match the leading dims of self {}",
+                fmt_shape(&g.shape),
+                fmt_shape(&x.shape)
+            );
+            Ok(Meta::single(x.clone(), none))
+        }
+    }
+}
+
+fn pool_lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+    use OpId::*;
+    let p = &a.params;
+    match a.op {
+        MaxPool2dWithIndices => {
+            let pool = Pool::parse(a.op, p)?;
+            let out = a.out(0).clone();
+            if out.numel() == 0 {
+                return Ok(vec![zeros(e, &out), zeros(e, a.out(1))]);
+            }
+            let (v, i) = max_pool(e, a.inputs[0], &pool, &out);
+            Ok(vec![v, i])
+        }
+        MaxPool2dWithIndicesBackward => {
+            let x = e.ty(a.inputs[1]).clone();
+            Ok(vec![max_pool_backward(e, a.inputs[0], &x, a.inputs[2])])
+        }
+        AvgPool2d => {
+            let pool = Pool::parse(a.op, p)?;
+            let out = a.out(0).clone();
+            if out.numel() == 0 {
+                return Ok(vec![zeros(e, &out)]);
+            }
+            Ok(vec![avg_pool(e, a.inputs[0], &pool, &out)])
+        }
+        AvgPool2dBackward => {
+            let pool = Pool::parse(a.op, p)?;
+            let x = e.ty(a.inputs[1]).clone();
+            Ok(vec![avg_pool_backward(e, a.inputs[0], &x, &pool)])
+        }
+        AdaptiveAvgPool2d => {
+            let out = a.out(0).clone();
+            Ok(vec![adaptive_pool(e, a.inputs[0], &out)])
+        }
+        _ => {
+            let x = e.ty(a.inputs[1]).clone();
+            Ok(vec![adaptive_pool_backward(e, a.inputs[0], &x)])
+        }
+    }
+}
+
+pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
+    match a.op {
+        OpId::Convolution | OpId::ConvolutionBackward => conv_meta(a),
+        OpId::MaxPool2dWithIndices
+        | OpId::MaxPool2dWithIndicesBackward
+        | OpId::AvgPool2d
+        | OpId::AvgPool2dBackward
+        | OpId::AdaptiveAvgPool2d
+        | OpId::AdaptiveAvgPool2dBackward => pool_meta(a),
+        op => Err(OpError::runtime(format!(
+            "{}: not a convolution or pooling op",
+            op.name()
+        ))),
+    }
+}
+
+pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+    match a.op {
+        OpId::Convolution | OpId::ConvolutionBackward => conv_lower(e, a),
+        _ => pool_lower(e, a),
+    }
+}

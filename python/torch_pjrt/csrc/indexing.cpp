@@ -1,0 +1,462 @@
+// Advanced indexing on pjrt: `index`, `_index_put_impl_`, `index_add`, `nonzero`,
+// `masked_select` and `masked_scatter_`, whose arguments (lists of optional index tensors),
+// checks or data-dependent result sizes the kernel table cannot describe.
+//
+// A result size that depends on the data (how many elements nonzero or masked_select return) is
+// counted on the device and read to the host: the one sync these ops need. The op itself then
+// has a static shape and stays deferred like any other. A bool mask inside an index list becomes
+// the columns of its nonzero coordinates, as in PyTorch.
+#include <ATen/ATen.h>
+#include <ATen/ExpandUtils.h>
+#include <ATen/native/Resize.h>
+#include <c10/util/irange.h>
+#include <torch/library.h>
+
+#include "pjrt_backend.h"
+
+namespace torch_pjrt {
+namespace {
+
+int32_t engine_op(const char* name) {
+  int32_t id = -1;
+  check(api().op_id(name, &id), name);
+  return id;
+}
+
+// The op ids, resolved once (the engine table is installed before any kernel runs).
+#define PJRT_INDEXING_OP(var, name) static const int32_t var = engine_op(name)
+
+bool is_mask(const at::Tensor& t) {
+  return t.scalar_type() == at::kBool || t.scalar_type() == at::kByte;
+}
+
+// How many elements of `t` are nonzero: a reduction on the device, read to the host.
+int64_t count_true(const at::Tensor& t) {
+  if (t.numel() == 0) {
+    return 0;
+  }
+  const at::Tensor flags = t.scalar_type() == at::kBool ? t : t.ne(0);
+  return flags.sum().item<int64_t>();
+}
+
+// The engine's nonzero for a known count of nonzero elements: `[count, dim]`, column-major as
+// PyTorch's (the engine computes the transpose).
+at::Tensor nonzero_counted(const at::Tensor& self, int64_t count) {
+  PJRT_INDEXING_OP(op, "nonzero");
+  OpCall c(op, "aten::nonzero");
+  c.input(self);
+  c.param(count);
+  return c.run_functional().t();
+}
+
+at::Tensor pjrt_nonzero(const at::Tensor& self) {
+  return nonzero_counted(self, count_true(self));
+}
+
+at::Tensor& pjrt_nonzero_out(const at::Tensor& self, at::Tensor& out) {
+  const at::Tensor result = pjrt_nonzero(self);
+  // As PyTorch's kernel: an output it has to resize gets the column-major layout.
+  if (at::native::resize_output(out, result.sizes())) {
+    out.as_strided_(result.sizes(), result.strides());
+  }
+  out.copy_(result);
+  return out;
+}
+
+// How many elements `mask` selects once broadcast to `shape`: every element of the mask is
+// repeated the same number of times, so the count of the mask itself is enough.
+int64_t count_broadcast(const at::Tensor& mask, c10::IntArrayRef shape) {
+  const int64_t total = c10::multiply_integers(shape);
+  if (total == 0) {
+    return 0;
+  }
+  return count_true(mask) * (total / mask.numel());
+}
+
+void masked_select_call(OpCall& c, const at::Tensor& self, const at::Tensor& mask) {
+  TORCH_CHECK(mask.scalar_type() == at::kBool, "masked_select: expected BoolTensor for mask");
+  const std::vector<int64_t> shape = at::infer_size(self.sizes(), mask.sizes());
+  const int64_t count = count_broadcast(mask, shape);
+  c.input(self);
+  c.input(mask);
+  c.param(count);
+}
+
+at::Tensor pjrt_masked_select(const at::Tensor& self, const at::Tensor& mask) {
+  PJRT_INDEXING_OP(op, "masked_select");
+  OpCall c(op, "aten::masked_select");
+  masked_select_call(c, self, mask);
+  return c.run_functional();
+}
+
+at::Tensor& pjrt_masked_select_out(const at::Tensor& self, const at::Tensor& mask, at::Tensor& out) {
+  PJRT_INDEXING_OP(op, "masked_select");
+  OpCall c(op, "aten::masked_select.out");
+  masked_select_call(c, self, mask);
+  c.out(out);
+  c.run_out();
+  return out;
+}
+
+at::Tensor& pjrt_masked_scatter_(at::Tensor& self, const at::Tensor& mask, const at::Tensor& source) {
+  PJRT_INDEXING_OP(op, "masked_scatter_");
+  OpCall c(op, "aten::masked_scatter_");
+  c.input(self);
+  c.input(mask);
+  c.input(source);
+  c.out(self);
+  c.run_inplace();
+  return self;
+}
+
+// ----- index lists -----
+
+using IndexList = c10::List<std::optional<at::Tensor>>;
+
+// An index list as integer index tensors on self's device and the dims they select along.
+struct Indices {
+  std::vector<at::Tensor> tensors;
+  std::vector<int64_t> dims;
+};
+
+void check_mask_shape(const at::Tensor& self, const at::Tensor& mask, int64_t dim) {
+  TORCH_CHECK_INDEX(
+      dim + mask.dim() <= self.dim(),
+      "too many indices for tensor of dimension ",
+      self.dim(),
+      " (got ",
+      dim + mask.dim(),
+      ")");
+  for (const auto j : c10::irange(mask.dim())) {
+    TORCH_CHECK_INDEX(
+        mask.size(j) == self.size(dim + j),
+        "The shape of the mask ",
+        mask.sizes(),
+        " at index ",
+        j,
+        " does not match the shape of the indexed tensor ",
+        self.sizes(),
+        " at index ",
+        dim + j);
+  }
+}
+
+// PyTorch's index list (None takes a dim whole; a bool or uint8 mask covers as many dims as it
+// has) as integer tensors. `mask_count`, when known, is how many elements the list's one mask
+// selects, so it needn't be read from the device.
+Indices expand_indices(
+    const at::Tensor& self, const IndexList& indices, std::optional<int64_t> mask_count) {
+  Indices r;
+  int64_t dim = 0;
+  for (const auto i : c10::irange(indices.size())) {
+    const std::optional<at::Tensor> entry = indices.get(i);
+    if (!entry.has_value() || !entry->defined()) {
+      ++dim;
+      continue;
+    }
+    const at::Tensor& index = *entry;
+    if (is_mask(index)) {
+      check_mask_shape(self, index, dim);
+      at::Tensor coords;
+      if (!is_pjrt(index)) {
+        // A host mask is counted on the host: no device read.
+        coords = at::nonzero(index).to(self.device());
+      } else if (mask_count.has_value()) {
+        coords = nonzero_counted(index, *mask_count);
+      } else {
+        coords = at::nonzero(index);
+      }
+      for (const auto j : c10::irange(index.dim())) {
+        r.tensors.push_back(coords.select(1, j));
+        r.dims.push_back(dim + j);
+      }
+      dim += index.dim();
+      continue;
+    }
+    TORCH_CHECK_INDEX(
+        index.scalar_type() == at::kLong || index.scalar_type() == at::kInt,
+        "tensors used as indices must be long, int, byte or bool tensors");
+    r.tensors.push_back(is_pjrt(index) ? index : index.to(self.device()));
+    r.dims.push_back(dim);
+    ++dim;
+  }
+  TORCH_CHECK_INDEX(
+      dim <= self.dim(),
+      "too many indices for tensor of dimension ",
+      self.dim(),
+      " (got ",
+      dim,
+      ")");
+  return r;
+}
+
+// `ix` must outlive the call: its tensors may be temporaries (nonzero columns, uploads).
+void index_call(OpCall& c, const at::Tensor& self, const Indices& ix) {
+  c.input(self);
+  for (const at::Tensor& t : ix.tensors) {
+    c.input(t);
+  }
+  c.params(ix.dims);
+}
+
+at::Tensor pjrt_index(const at::Tensor& self, const IndexList& indices) {
+  PJRT_INDEXING_OP(op, "index");
+  const Indices ix = expand_indices(self, indices, std::nullopt);
+  OpCall c(op, "aten::index.Tensor");
+  index_call(c, self, ix);
+  return c.run_functional();
+}
+
+at::Tensor& pjrt_index_out(const at::Tensor& self, const IndexList& indices, at::Tensor& out) {
+  PJRT_INDEXING_OP(op, "index");
+  const Indices ix = expand_indices(self, indices, std::nullopt);
+  OpCall c(op, "aten::index.Tensor_out");
+  index_call(c, self, ix);
+  c.out(out);
+  c.run_out();
+  return out;
+}
+
+// The list's only tensor, when it is a mask on self's device, and the dims before it.
+std::optional<std::pair<at::Tensor, int64_t>> single_mask(
+    const at::Tensor& self, const IndexList& indices) {
+  std::optional<std::pair<at::Tensor, int64_t>> found;
+  int64_t dim = 0;
+  for (const auto i : c10::irange(indices.size())) {
+    const std::optional<at::Tensor> entry = indices.get(i);
+    if (!entry.has_value() || !entry->defined()) {
+      ++dim;
+      continue;
+    }
+    if (found.has_value() || !is_mask(*entry) || !is_pjrt(*entry)) {
+      return std::nullopt;
+    }
+    check_mask_shape(self, *entry, dim);
+    found.emplace(*entry, dim);
+    dim += entry->dim();
+  }
+  return found;
+}
+
+// `self[mask] = value` with one element: a select against the mask broadcast over the trailing
+// dims (PyTorch dispatches this case to masked_fill_ too), so no count is read.
+bool try_masked_fill(at::Tensor& self, const IndexList& indices, const at::Tensor& values) {
+  if (values.numel() != 1) {
+    return false;
+  }
+  auto found = single_mask(self, indices);
+  if (!found.has_value()) {
+    return false;
+  }
+  auto [mask, lead] = *found;
+  std::vector<int64_t> shape(mask.sizes().begin(), mask.sizes().end());
+  shape.resize(self.dim() - lead, 1);
+  at::Tensor condition = mask.reshape(shape);
+  if (condition.scalar_type() != at::kBool) {
+    condition = condition.to(at::kBool);
+  }
+  at::Tensor value = values.reshape({});
+  if (value.scalar_type() != self.scalar_type()) {
+    value = value.to(self.scalar_type());
+  }
+  PJRT_INDEXING_OP(op, "where");
+  OpCall c(op, "aten::_index_put_impl_");
+  c.input(condition);
+  c.param(c.input_or_scalar(value));
+  c.input(self);
+  c.param(1);
+  c.out(self);
+  c.run_inplace();
+  return true;
+}
+
+// How many elements the list's one mask selects, read from the shape of `values` where that
+// shape says it (autograd's backward of `x[mask]` passes a gradient of exactly that shape).
+std::optional<int64_t> implied_mask_count(
+    const at::Tensor& self, const IndexList& indices, const at::Tensor& values) {
+  auto found = single_mask(self, indices);
+  if (!found.has_value() || found->first.dim() == 0) {
+    return std::nullopt;
+  }
+  const auto& [mask, lead] = *found;
+  // The result's dims: self's before the mask, the count, self's after it.
+  const int64_t result_dim = self.dim() - mask.dim() + 1;
+  const int64_t at = values.dim() - (result_dim - lead);
+  if (at < 0 || values.size(at) == 1) {
+    return std::nullopt;
+  }
+  return values.size(at);
+}
+
+at::Tensor& pjrt_index_put_impl_(
+    at::Tensor& self,
+    const IndexList& indices,
+    const at::Tensor& values,
+    bool accumulate,
+    bool unsafe) {
+  TORCH_CHECK_INDEX(
+      static_cast<int64_t>(indices.size()) <= self.dim(),
+      "too many indices for tensor of dimension ",
+      self.dim(),
+      " (got ",
+      indices.size(),
+      ")");
+  if (!accumulate && try_masked_fill(self, indices, values)) {
+    return self;
+  }
+  // `unsafe` callers (autograd) pass values of the indexed shape; others get the count read, so
+  // a values tensor of the wrong size is PyTorch's shape error.
+  const std::optional<int64_t> count =
+      unsafe ? implied_mask_count(self, indices, values) : std::nullopt;
+  Indices ix = expand_indices(self, indices, count);
+  PJRT_INDEXING_OP(op, "index_put");
+  OpCall c(op, "aten::_index_put_impl_");
+  c.input(self);
+  c.input(values);
+  for (const at::Tensor& t : ix.tensors) {
+    c.input(t);
+  }
+  c.param(accumulate ? 1 : 0);
+  c.params(ix.dims);
+  c.out(self);
+  c.run_inplace();
+  return self;
+}
+
+// ----- index_add -----
+
+enum class Into { Functional, Inplace, Out };
+
+// `self` with `alpha * source` added at `index` along `dim`: an accumulating index_put with the
+// index in that dim (autograd's backward of index_select).
+at::Tensor index_add_impl(
+    const at::Tensor& self,
+    int64_t dim,
+    const at::Tensor& index,
+    const at::Tensor& source,
+    const at::Scalar& alpha,
+    Into into,
+    at::Tensor* out) {
+  dim = c10::maybe_wrap_dim(dim, self.dim());
+  TORCH_CHECK_INDEX(index.dim() <= 1, "index_add_(): Index is supposed to be a vector");
+  TORCH_CHECK(
+      index.scalar_type() == at::kLong || index.scalar_type() == at::kInt,
+      "index_add_(): Expected dtype int32/int64 for index");
+  TORCH_CHECK(
+      self.scalar_type() == source.scalar_type(),
+      "index_add_(): self (",
+      self.scalar_type(),
+      ") and source (",
+      source.scalar_type(),
+      ") must have the same scalar type");
+  const int64_t selected = source.dim() > 0 ? source.size(dim) : 1;
+  TORCH_CHECK_INDEX(
+      index.numel() == selected,
+      "index_add_(): Number of indices (",
+      index.numel(),
+      ") should be equal to source.size(dim) (",
+      selected,
+      ")");
+  if (self.dim() > 0 && source.dim() > 0) {
+    TORCH_CHECK_INDEX(
+        self.dim() == source.dim(),
+        "index_add_(): self and source must have the same number of dimensions, got ",
+        self.dim(),
+        " and ",
+        source.dim());
+    for (const auto d : c10::irange(self.dim())) {
+      TORCH_CHECK(
+          d == dim || self.size(d) == source.size(d),
+          "index_add_(): self and source must have same size at dimension ",
+          d,
+          "; self has size ",
+          self.size(d),
+          ", source has size ",
+          source.size(d));
+    }
+  }
+  const bool unit = alpha.isIntegral(true) ? alpha.toLong() == 1 : alpha.toDouble() == 1.0;
+  const at::Tensor values = unit ? source : source.mul(alpha);
+  if (self.dim() == 0) {
+    // One element, selected once.
+    const at::Tensor v = values.reshape({});
+    switch (into) {
+      case Into::Functional:
+        return self.add(v);
+      case Into::Inplace:
+        return self.add_(v);
+      case Into::Out:
+        return at::add_out(*out, self, v);
+    }
+  }
+  const at::Tensor flat_index = is_pjrt(index) ? index.reshape({-1})
+                                               : index.reshape({-1}).to(self.device());
+  PJRT_INDEXING_OP(op, "index_put");
+  OpCall c(op, "aten::index_add");
+  c.input(self);
+  c.input(values);
+  c.input(flat_index);
+  c.param(1);
+  c.param(dim);
+  switch (into) {
+    case Into::Functional:
+      return c.run_functional();
+    case Into::Inplace:
+      c.out(self);
+      c.run_inplace();
+      return self;
+    case Into::Out:
+      c.out(*out);
+      c.run_out();
+      return *out;
+  }
+  return self;
+}
+
+at::Tensor pjrt_index_add(
+    const at::Tensor& self,
+    int64_t dim,
+    const at::Tensor& index,
+    const at::Tensor& source,
+    const at::Scalar& alpha) {
+  return index_add_impl(self, dim, index, source, alpha, Into::Functional, nullptr);
+}
+
+at::Tensor& pjrt_index_add_(
+    at::Tensor& self,
+    int64_t dim,
+    const at::Tensor& index,
+    const at::Tensor& source,
+    const at::Scalar& alpha) {
+  index_add_impl(self, dim, index, source, alpha, Into::Inplace, &self);
+  return self;
+}
+
+at::Tensor& pjrt_index_add_out(
+    const at::Tensor& self,
+    int64_t dim,
+    const at::Tensor& index,
+    const at::Tensor& source,
+    const at::Scalar& alpha,
+    at::Tensor& out) {
+  index_add_impl(self, dim, index, source, alpha, Into::Out, &out);
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("index.Tensor", TORCH_FN(pjrt_index));
+  m.impl("index.Tensor_out", TORCH_FN(pjrt_index_out));
+  m.impl("_index_put_impl_", TORCH_FN(pjrt_index_put_impl_));
+  m.impl("nonzero", TORCH_FN(pjrt_nonzero));
+  m.impl("nonzero.out", TORCH_FN(pjrt_nonzero_out));
+  m.impl("masked_select", TORCH_FN(pjrt_masked_select));
+  m.impl("masked_select.out", TORCH_FN(pjrt_masked_select_out));
+  m.impl("masked_scatter_", TORCH_FN(pjrt_masked_scatter_));
+  m.impl("index_add", TORCH_FN(pjrt_index_add));
+  m.impl("index_add_", TORCH_FN(pjrt_index_add_));
+  m.impl("index_add.out", TORCH_FN(pjrt_index_add_out));
+}
+
+}  // namespace torch_pjrt

@@ -1,0 +1,779 @@
+"""The machinery of the OpInfo parity test (`test_opinfo.py`): running PyTorch's OpInfo samples on
+pjrt and on the CPU, comparing what comes back, and keeping the tally that the summary prints.
+
+An op is checked sample by sample. Each sample is copied (storage and layout included) to the CPU
+and to pjrt, run on both, and compared: structure, dtypes, shapes, strides (by PyTorch's layout
+rules) and values; then, where the OpInfo supports autograd for the dtype, the gradients of the
+sample's inputs. A sample is skipped, with its reason, when it cannot run natively on pjrt:
+`TORCH_PJRT_FALLBACK=error` turns a CPU fallback into a `NotImplementedError` naming the ATen op,
+and an unsupported feature is a `NotImplementedError` (or a `TypeError` for a dtype) from the
+engine. Anything else that differs is a mismatch.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import os
+import re
+import time
+import warnings
+import zlib
+
+import torch
+from torch._prims_common import check_significant_strides
+from torch.testing._internal.common_methods_invocations import op_db
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import torch_pjrt
+
+FULL = os.environ.get("TORCH_PJRT_OPINFO_FULL", "") == "1"
+
+# The modes in report order. Each op runs defer_and_fuse first: there a CPU fallback raises before
+# anything is compiled, so the samples that fall back are known before the op-by-op modes run.
+MODES = ("strict", "debug", "defer_and_fuse") if FULL else ("strict", "defer_and_fuse")
+RUN_ORDER = ("defer_and_fuse",) + tuple(m for m in MODES if m != "defer_and_fuse")
+
+CI_DTYPES = (torch.float32, torch.int64, torch.bool, torch.bfloat16)
+
+# The element types the engine stores; any other is a TypeError at the first pjrt tensor.
+PJRT_DTYPES = frozenset(
+    {
+        torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+        torch.int16, torch.int8, torch.uint8, torch.bool,
+    }
+)
+
+# Every distinct shape compiles an executable (~10-50 ms on the CPU plugin), so the CI run takes at
+# most this many samples per (op, dtype), spread over the OpInfo's list; the full sweep takes all.
+CI_SAMPLE_CAP = 4
+
+# (rtol, atol) for values. The engine computes bf16/f16 in f32 and rounds once, as PyTorch does;
+# XLA's transcendental approximations and fusion's FMA contraction cost a few f32 ulps.
+VALUE_TOL = {
+    torch.float64: (1e-7, 1e-7),
+    torch.float32: (1e-5, 1e-5),
+    torch.float16: (1e-3, 1e-3),
+    torch.bfloat16: (1.6e-2, 1e-2),
+}
+# Gradients chain several ops, each rounding on its own.
+GRAD_TOL = {
+    torch.float64: (1e-6, 1e-7),
+    torch.float32: (1e-4, 1e-5),
+    torch.float16: (1e-2, 1e-2),
+    torch.bfloat16: (5e-2, 5e-2),
+}
+
+# Looser tolerances where the reference itself is computed differently, with the reason:
+# op -> (reason, {dtype: (rtol, atol)}).
+TOL_OVERRIDES: dict[str, tuple[str, dict]] = {
+    "nn.functional.conv_transpose2d": (
+        "the CPU kernel adds overlapping bf16 partial sums (col2im) with a rounding each, pjrt "
+        "accumulates in f32 and rounds once (closer to an f64 reference); where the sum cancels "
+        "to ~0 they differ by an ulp of the terms (~0.2)",
+        {torch.bfloat16: (1.6e-2, 0.25)},
+    ),
+    "nn.functional.conv_transpose3d": (
+        "sums of a few hundred f32 products, accumulated in another order than the CPU kernel's; "
+        "where they cancel, both are a few 1e-5 off an f64 reference",
+        {torch.float32: (1e-4, 5e-5)},
+    ),
+    "addr": (
+        "pjrt runs PyTorch's decomposition beta*self + alpha*outer(vec1, vec2), the CPU kernel "
+        "beta*self + (alpha*vec1)*vec2; each rounds every step to bf16/f16, so results differ by "
+        "an ulp of the (up to ~100) intermediate products",
+        {torch.bfloat16: (1.6e-2, 0.5), torch.float16: (1e-3, 0.1)},
+    ),
+    "native_layer_norm": (
+        "over a one-element row x - mean is 0: pjrt's weight gradient sum(dy * (x - mean) * rstd) "
+        "is exactly 0, the CPU kernel's sum(dy * (rstd * x - rstd * mean)) keeps a rounding "
+        "residue scaled by rstd = 1/sqrt(eps) ~ 316 (~1e-4)",
+        {torch.float32: (1e-4, 2e-4)},
+    ),
+}
+
+
+def tolerances(name: str, table: dict) -> dict:
+    """(rtol, atol) per result dtype for op `name`; exact for integers and bool."""
+    if name in TOL_OVERRIDES:
+        return {**table, **TOL_OVERRIDES[name][1]}
+    return table
+
+# Ops whose outputs are uninitialized memory: their values are not compared, only the metadata.
+UNINITIALIZED = frozenset(
+    {"empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided",
+     "resize_", "resize_as_"}
+)
+
+# Positional arguments PyTorch requires on the CPU whatever the device of the op, by op.
+KEEP_ON_CPU = {"tensor_split": (0,)}
+
+# Known layout gaps: outputs whose strides differ from PyTorch's, with the reason. Their values
+# are still compared; a stride mismatch of an op listed here is counted as an expected failure.
+KNOWN_LAYOUT_GAPS: dict[str, str] = {
+    "cat": "the engine returns contiguous results; PyTorch's cat keeps the memory format "
+    "(e.g. channels_last) that all its inputs share",
+}
+
+
+def op_id(op) -> str:
+    return f"{op.name}.{op.variant_test_name}" if op.variant_test_name else op.name
+
+
+OPS = sorted(op_db, key=op_id)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+# ----- the tally ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Counts:
+    run: int = 0
+    passed: int = 0
+    grad_run: int = 0
+    grad_passed: int = 0
+    xfail: int = 0
+
+
+class Report:
+    """What the harness saw, for the summary at the end of the session."""
+
+    def __init__(self):
+        self.counts: dict[tuple[str, str], Counts] = collections.defaultdict(Counts)
+        self.ops_run: set[str] = set()
+        self.ops_checked: set[str] = set()
+        # reason -> op -> number of samples (per dtype and mode)
+        self.skips: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+        self.grad_skips: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+        # reason -> ops that have no sample running natively
+        self.unsupported: dict[str, list[str]] = collections.defaultdict(list)
+        self.metadata_only: dict[str, set[str]] = collections.defaultdict(set)
+        self.mismatches: list[str] = []
+        self.xfails: list[str] = []
+        self.op_seconds: dict[str, float] = {}
+        self.op_compilations: dict[str, int] = {}
+        self.started = time.monotonic()
+
+    def has_results(self) -> bool:
+        return bool(self.ops_checked)
+
+    def summary(self, full_lists: bool) -> str:
+        dtypes = sorted({d for d, _ in self.counts}, key=lambda d: (d not in _CI_NAMES, d))
+        lines = [
+            f"## OpInfo parity ({'full sweep' if FULL else 'CI subset'})",
+            "",
+            f"OpInfos checked: {len(self.ops_checked)}; with at least one sample run natively on "
+            f"pjrt: {len(self.ops_run)}; wall time {time.monotonic() - self.started:.0f} s.",
+            "",
+            "Samples passed/run (gradients passed/run) per dtype and mode:",
+            "",
+            "| dtype | " + " | ".join(MODES) + " |",
+            "| --- | " + " | ".join("---" for _ in MODES) + " |",
+        ]
+        total = {m: Counts() for m in MODES}
+        for d in dtypes:
+            cells = []
+            for m in MODES:
+                c = self.counts.get((d, m), Counts())
+                t = total[m]
+                t.run, t.passed = t.run + c.run, t.passed + c.passed
+                t.grad_run, t.grad_passed = t.grad_run + c.grad_run, t.grad_passed + c.grad_passed
+                t.xfail += c.xfail
+                cells.append(_cell(c))
+            lines.append(f"| {d} | " + " | ".join(cells) + " |")
+        lines.append("| all | " + " | ".join(_cell(total[m]) for m in MODES) + " |")
+        lines.append("")
+        if self.mismatches:
+            lines += [f"### Mismatches ({len(self.mismatches)})", ""]
+            lines += [f"- {m}" for m in (self.mismatches if full_lists else self.mismatches[:40])]
+            if not full_lists and len(self.mismatches) > 40:
+                lines.append(f"- ... {len(self.mismatches) - 40} more in the summary file")
+            lines.append("")
+        if self.xfails:
+            lines += [f"### Known layout gaps (expected failures: {len(self.xfails)})", ""]
+            lines += [f"- {x}" for x in (self.xfails if full_lists else self.xfails[:20])]
+            lines.append("")
+        lines += _reason_section("Skipped samples of supported ops, by reason", self.skips, full_lists)
+        lines += _reason_section("Skipped gradients, by reason", self.grad_skips, full_lists)
+        if self.metadata_only:
+            lines += ["### Compared without values (metadata only)", ""]
+            for reason, ops in sorted(self.metadata_only.items()):
+                lines.append(f"- {reason}: {', '.join(sorted(ops))}")
+            lines.append("")
+        n_unsupported = sum(len(v) for v in self.unsupported.values())
+        lines += [f"### OpInfos with no sample running natively ({n_unsupported}), by reason", ""]
+        for reason, ops in sorted(self.unsupported.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+            listed = ", ".join(sorted(ops)) if full_lists else ", ".join(sorted(ops)[:6]) + (
+                ", ..." if len(ops) > 6 else "")
+            lines.append(f"- {reason} ({len(ops)}): {listed}")
+        lines.append("")
+        if full_lists and self.op_seconds:
+            lines += ["### Slowest ops", ""]
+            slow = sorted(self.op_seconds.items(), key=lambda kv: -kv[1])[:25]
+            lines += [f"- {name}: {secs:.1f} s, {self.op_compilations.get(name, 0)} compilations"
+                      for name, secs in slow]
+            unsupported = {op for ops in self.unsupported.values() for op in ops}
+            spent = sum(t for op, t in self.op_seconds.items() if op in unsupported)
+            lines += [f"- (all {len(unsupported)} unsupported OpInfos together: {spent:.1f} s)"]
+            lines.append("")
+        return "\n".join(lines) + "\n"
+
+
+_CI_NAMES = {dtype_name(d) for d in CI_DTYPES}
+
+
+def _cell(c: Counts) -> str:
+    text = f"{c.passed}/{c.run}"
+    if c.grad_run:
+        text += f" ({c.grad_passed}/{c.grad_run})"
+    if c.xfail:
+        text += f" [{c.xfail} xfail]"
+    return text
+
+
+def _reason_section(title, table, full_lists) -> list[str]:
+    if not table:
+        return []
+    lines = [f"### {title}", ""]
+    rows = sorted(table.items(), key=lambda kv: (-sum(kv[1].values()), kv[0]))
+    for reason, ops in rows if full_lists else rows[:40]:
+        names = sorted(ops)
+        listed = ", ".join(names) if full_lists else ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
+        lines.append(f"- {reason}: {sum(ops.values())} ({listed})")
+    if not full_lists and len(rows) > 40:
+        lines.append(f"- ... {len(rows) - 40} more reasons in the summary file")
+    lines.append("")
+    return lines
+
+
+REPORT = Report()
+
+
+# ----- copying samples ---------------------------------------------------------------------------
+
+
+def _replicate(t: torch.Tensor, device) -> torch.Tensor:
+    """A copy of `t` on `device` with the same storage contents, sizes, strides and offset, so
+    that expanded, sliced and transposed inputs keep their layout."""
+    requires_grad = t.requires_grad
+    t = t.detach()
+    n = t.untyped_storage().nbytes() // t.element_size()
+    flat = torch.empty(0, dtype=t.dtype).set_(t.untyped_storage(), 0, (n,), (1,))
+    base = flat.to(device, copy=True)
+    copy = base.as_strided(t.size(), t.stride(), t.storage_offset())
+    if requires_grad:
+        copy.requires_grad_(True)
+    return copy
+
+
+def _map(obj, device):
+    if isinstance(obj, torch.Tensor):
+        return _replicate(obj, device)
+    if isinstance(obj, torch.device) or (isinstance(obj, str) and obj == "cpu"):
+        return torch.device(device) if isinstance(obj, torch.device) else device
+    if isinstance(obj, list):
+        return [_map(o, device) for o in obj]
+    if isinstance(obj, tuple):
+        return tuple(_map(o, device) for o in obj)
+    if isinstance(obj, dict):
+        return {k: (device if k == "device" and isinstance(v, str) else _map(v, device))
+                for k, v in obj.items()}
+    return obj
+
+
+def _sample_on(sample, device, keep_on_cpu=()):
+    args = tuple(_map(a, "cpu" if i in keep_on_cpu else device) for i, a in enumerate(sample.args))
+    return _map(sample.input, device), args, _map(sample.kwargs, device)
+
+
+def _leaves(obj) -> list:
+    """The leaves of an op's result (tensors, numbers, ...), flattening tuples and lists."""
+    if isinstance(obj, (list, tuple)):
+        out = []
+        for o in obj:
+            out += _leaves(o)
+        return out
+    return [obj]
+
+
+def _input_tensors(args) -> list[torch.Tensor]:
+    found = []
+
+    def walk(o):
+        if isinstance(o, torch.Tensor):
+            found.append(o)
+        elif isinstance(o, (list, tuple)):
+            for x in o:
+                walk(x)
+        elif isinstance(o, dict):
+            for x in o.values():
+                walk(x)
+
+    walk(args)
+    return found
+
+
+# ----- outcomes ----------------------------------------------------------------------------------
+
+
+_FALLBACK_RE = re.compile(r"The operator '([^']+)' is not implemented for the pjrt device")
+
+
+def _skip_reason(e: BaseException) -> str | None:
+    """The reason to skip for an exception raised on pjrt, or None when it is a failure."""
+    text = str(e)
+    m = _FALLBACK_RE.search(text)
+    if m:
+        return f"falls back to CPU: {m.group(1)}"
+    first = text.strip().splitlines()[0] if text.strip() else type(e).__name__
+    if isinstance(e, NotImplementedError):
+        return f"not implemented on pjrt: {first[:160]}"
+    if isinstance(e, TypeError) and "not supported on pjrt" in text:
+        return f"not supported on pjrt: {first[:160]}"
+    return None
+
+
+def _describe_exc(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:200] if text else ''}"
+
+
+def _compare_leaf(expected, actual, tol, where: str, problems: list[str], layout: list[str],
+                  device: str):
+    if isinstance(expected, torch.Tensor):
+        if not isinstance(actual, torch.Tensor):
+            problems.append(f"{where}: expected a tensor, got {type(actual).__name__}")
+            return
+        if actual.device.type != device:
+            problems.append(f"{where}: result on {actual.device}, not on {device}")
+            return
+        if actual.dtype != expected.dtype:
+            problems.append(f"{where}: dtype {dtype_name(actual.dtype)}, expected {dtype_name(expected.dtype)}")
+            return
+        if actual.shape != expected.shape:
+            problems.append(f"{where}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)}")
+            return
+        if expected.numel() > 1:
+            if expected.is_contiguous():
+                ok = actual.is_contiguous()
+            else:
+                ok, _ = check_significant_strides(expected, actual, only_cuda=False)
+            if not ok:
+                layout.append(
+                    f"{where}: strides {actual.stride()}, expected {expected.stride()} "
+                    f"(shape {tuple(expected.shape)})"
+                )
+        if tol is None:
+            return
+        got = actual.detach().cpu()
+        rtol, atol = tol.get(expected.dtype, (0.0, 0.0))
+        try:
+            torch.testing.assert_close(
+                got, expected.detach(), rtol=rtol, atol=atol, equal_nan=True, check_stride=False
+            )
+        except AssertionError as e:
+            detail = " ".join(str(e).split())
+            problems.append(f"{where}: values differ: {detail[:300]}")
+        return
+    if isinstance(actual, torch.Tensor):
+        problems.append(f"{where}: expected {type(expected).__name__} {expected!r}, got a tensor")
+        return
+    if type(expected) is not type(actual):
+        problems.append(f"{where}: expected {type(expected).__name__}, got {type(actual).__name__}")
+    elif isinstance(expected, float) and tol is not None:
+        rtol, atol = tol.get(torch.float64, (0.0, 0.0))
+        if not (math.isclose(actual, expected, rel_tol=rtol, abs_tol=atol)
+                or (math.isnan(actual) and math.isnan(expected))):
+            problems.append(f"{where}: {actual!r}, expected {expected!r}")
+    elif tol is not None and expected != actual:
+        problems.append(f"{where}: {actual!r}, expected {expected!r}")
+
+
+def compare(expected, actual, tol, label: str, device: str = "pjrt") -> tuple[list[str], list[str]]:
+    """(problems, layout problems) between a CPU result and a result on `device`."""
+    exp, act = _leaves(expected), _leaves(actual)
+    if len(exp) != len(act):
+        return [f"{label}: {len(act)} results, expected {len(exp)}"], []
+    problems: list[str] = []
+    layout: list[str] = []
+    for i, (e, a) in enumerate(zip(exp, act)):
+        where = label if len(exp) == 1 else f"{label}[{i}]"
+        _compare_leaf(e, a, tol, where, problems, layout, device)
+    return problems, layout
+
+
+# ----- one op ------------------------------------------------------------------------------------
+
+
+def _seed(op, dtype) -> int:
+    return zlib.crc32(f"{op_id(op)}/{dtype}".encode())
+
+
+def dtypes_for(op) -> list[torch.dtype]:
+    on_cpu = op.supported_dtypes("cpu")
+    if FULL:
+        return sorted(on_cpu, key=str)
+    return [d for d in CI_DTYPES if d in on_cpu]
+
+
+def _samples(op, dtype, with_grad: bool) -> list:
+    torch.manual_seed(_seed(op, dtype))
+    samples = list(op.sample_inputs("cpu", dtype, requires_grad=with_grad))
+    if FULL or len(samples) <= CI_SAMPLE_CAP:
+        return samples
+    # Evenly spread, and shifted per dtype so that the dtypes together cover more samples.
+    step = len(samples) / CI_SAMPLE_CAP
+    shift = (CI_DTYPES.index(dtype) if dtype in CI_DTYPES else 0) / len(CI_DTYPES)
+    return [samples[int((i + shift) * step)] for i in range(CI_SAMPLE_CAP)]
+
+
+@dataclasses.dataclass
+class Reference:
+    """The CPU result of one sample."""
+
+    output: object = None
+    error: str | None = None
+    random: bool = False
+    args: tuple = ()  # the CPU copies the sample ran on, kept for the backward
+    grads_done: bool = False
+    grads: list | None = None  # one per input tensor that requires grad (None where unused)
+    grad_outputs: list | None = None
+    grad_error: str | None = None
+
+
+def _differentiable(outputs) -> list[torch.Tensor]:
+    return [o for o in _leaves(outputs)
+            if isinstance(o, torch.Tensor) and o.requires_grad and o.dtype.is_floating_point]
+
+
+class _SeededOps(TorchDispatchMode):
+    """Notes whether any ATen op that draws random numbers ran (OpInfos of random ops seed the
+    generator themselves, so their CPU results repeat, but pjrt's generator is another one)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if torch.Tag.nondeterministic_seeded in func.tags:
+            self.seen = True
+        return func(*args, **(kwargs or {}))
+
+
+class _StableTies(TorchDispatchMode):
+    """Gives the CPU reference PyTorch's stable order for equal elements where its kernels leave
+    that order unspecified (`sort` with stable=False and `topk` use std::sort and
+    std::nth_element on long rows): pjrt orders ties stably, and either order is a correct
+    result, but the indices (and the gradients, which follow them) differ."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        aten = torch.ops.aten
+        if func is aten.sort.default:
+            given = {**dict(zip(("self", "dim", "descending"), args)), **kwargs}
+            return aten.sort.stable(given["self"], stable=True, dim=given.get("dim", -1),
+                                    descending=given.get("descending", False))
+        if func is aten.sort.stable:
+            return func(*args, **{**kwargs, "stable": True})
+        if func is aten.topk.default:
+            names = ("self", "k", "dim", "largest", "sorted")
+            given = {**dict(zip(names, args)), **kwargs}
+            x, k = given["self"], given["k"]
+            dim, largest = given.get("dim", -1), given.get("largest", True)
+            values, indices = aten.sort.stable(x, stable=True, dim=dim, descending=largest)
+            if x.dim() > 0:
+                values, indices = values.narrow(dim, 0, k), indices.narrow(dim, 0, k)
+            return values.contiguous(), indices.contiguous()
+        return func(*args, **kwargs)
+
+
+def _reference(op, sample, seed: int) -> Reference:
+    """The CPU result of a sample (forward only; `_reference_grads` adds the gradients)."""
+    ref = Reference()
+    seeded = _SeededOps()
+    try:
+        torch.manual_seed(seed)
+        inp, args, kwargs = _sample_on(sample, "cpu")
+        with seeded, _StableTies():
+            out = op(inp, *args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - any CPU failure makes the sample unusable
+        ref.error = _describe_exc(e)
+        return ref
+    ref.output, ref.args, ref.random = out, (inp, args, kwargs), seeded.seen
+    return ref
+
+
+def _reference_grads(ref: Reference, sample, seed: int) -> None:
+    """Fills in the CPU gradients of the sample's inputs for a random output gradient."""
+    ref.grads_done = True
+    if ref.random:
+        return
+    outs = _differentiable(sample.output_process_fn_grad(ref.output))
+    inputs = [t for t in _input_tensors(ref.args) if t.requires_grad]
+    if not outs or not inputs:
+        return
+    torch.manual_seed(seed + 2)
+    ref.grad_outputs = [torch.randn_like(o) for o in outs]
+    try:
+        ref.grads = list(torch.autograd.grad(outs, inputs, ref.grad_outputs, allow_unused=True))
+    except Exception as e:  # noqa: BLE001
+        ref.grad_error = _describe_exc(e)
+        ref.grads = None
+
+
+@dataclasses.dataclass
+class OpResult:
+    ran: int = 0
+    mismatches: list = dataclasses.field(default_factory=list)
+    skip_reasons: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+
+
+def _fallbacks_now() -> dict:
+    return dict(torch_pjrt.metrics().get("fallback_ops") or {})
+
+
+def check_op(op) -> OpResult:
+    """Runs every sample of `op` in every dtype and mode; records the outcome in REPORT."""
+    name = op_id(op)
+    started = time.monotonic()
+    compiled = torch_pjrt.metrics()["compilations"]
+    result = OpResult()
+    skips: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    grad_skips: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    counts: dict[tuple[str, str], Counts] = collections.defaultdict(Counts)
+    metadata_only: dict[str, set] = collections.defaultdict(set)
+    mismatches, xfails = [], []
+    dtypes = dtypes_for(op)
+    if not dtypes:
+        reason = "supports none of " + ", ".join(dtype_name(d) for d in CI_DTYPES) + " on the CPU"
+        REPORT.ops_checked.add(name)
+        REPORT.unsupported[reason].append(name)
+        result.skip_reasons[reason] += 1
+        return result
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for dtype in dtypes:
+            dn = dtype_name(dtype)
+            if dtype not in PJRT_DTYPES:
+                skips[f"dtype {dn} is not supported on pjrt"][name] += 1
+                continue
+            with_grad = op.supports_autograd and dtype in op.supported_backward_dtypes("cpu") \
+                and dtype.is_floating_point
+            try:
+                samples = _samples(op, dtype, with_grad)
+            except Exception as e:  # noqa: BLE001
+                skips[f"sample generation fails on the CPU: {_describe_exc(e)[:120]}"][name] += 1
+                continue
+            refs: dict[int, Reference] = {}
+            fallback: dict[int, str] = {}
+            for mode in RUN_ORDER:
+                runs = []
+                for i, sample in enumerate(samples):
+                    if i in fallback:
+                        skips[fallback[i]][name] += 1
+                        continue
+                    seed = _seed(op, dtype) + 7919 * i
+                    runs.append(_Run(i, sample, seed, f"{name} {dn} {mode} sample {i}"))
+                _run_mode(op, runs, mode, refs, with_grad)
+                for run in runs:
+                    outcome, ref, where = run.outcome, run.ref, run.where
+                    if outcome.skip is not None:
+                        fallback[run.index] = outcome.skip
+                        skips[outcome.skip][name] += 1
+                        continue
+                    c = counts[(dn, mode)]
+                    c.run += 1
+                    result.ran += 1
+                    if op.name in UNINITIALIZED:
+                        metadata_only["uninitialized values"].add(name)
+                    elif ref.random:
+                        metadata_only["random values"].add(name)
+                    summary = run.sample.summary()[:300]
+                    if outcome.problems:
+                        mismatches.append(f"{where}: {'; '.join(outcome.problems)} [{summary}]")
+                    elif outcome.layout and name in KNOWN_LAYOUT_GAPS:
+                        c.xfail += 1
+                        xfails.append(f"{where}: {'; '.join(outcome.layout)} ({KNOWN_LAYOUT_GAPS[name]})")
+                    elif outcome.layout:
+                        mismatches.append(f"{where}: {'; '.join(outcome.layout)} [{summary}]")
+                    else:
+                        c.passed += 1
+                    if outcome.grad_skip is not None:
+                        grad_skips[outcome.grad_skip][name] += 1
+                    elif outcome.grad_ran:
+                        c.grad_run += 1
+                        if outcome.grad_problems:
+                            mismatches.append(
+                                f"{where} (gradients): {'; '.join(outcome.grad_problems)} [{summary}]")
+                        else:
+                            c.grad_passed += 1
+    REPORT.ops_checked.add(name)
+    REPORT.op_seconds[name] = time.monotonic() - started
+    REPORT.op_compilations[name] = torch_pjrt.metrics()["compilations"] - compiled
+    if result.ran == 0:
+        # Not natively supported at all: listed once, under its most common reason.
+        total = collections.Counter()
+        for reason, per_op in skips.items():
+            total[reason] += per_op[name]
+        reason = total.most_common(1)[0][0] if total else "no samples"
+        REPORT.unsupported[reason].append(name)
+        result.skip_reasons = total
+        return result
+    REPORT.ops_run.add(name)
+    for table, dest in ((skips, REPORT.skips), (grad_skips, REPORT.grad_skips)):
+        for reason, per_op in table.items():
+            dest[reason].update(per_op)
+    for key, c in counts.items():
+        t = REPORT.counts[key]
+        t.run += c.run
+        t.passed += c.passed
+        t.grad_run += c.grad_run
+        t.grad_passed += c.grad_passed
+        t.xfail += c.xfail
+    for why, ops in metadata_only.items():
+        REPORT.metadata_only[why] |= ops
+    REPORT.mismatches += mismatches
+    REPORT.xfails += xfails
+    result.mismatches = mismatches
+    return result
+
+
+@dataclasses.dataclass
+class SampleOutcome:
+    skip: str | None = None
+    problems: list = dataclasses.field(default_factory=list)
+    layout: list = dataclasses.field(default_factory=list)
+    grad_ran: bool = False
+    grad_skip: str | None = None
+    grad_problems: list = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class _Run:
+    """One sample of an (op, dtype) in one mode."""
+
+    index: int
+    sample: object
+    seed: int
+    where: str
+    ref: Reference | None = None
+    error: str | None = None  # what pjrt raised when the op was called
+    out: object = None
+    args: tuple = ()
+    grads: tuple | None = None
+    outcome: SampleOutcome = dataclasses.field(default_factory=SampleOutcome)
+
+
+def _call_on_pjrt(op, run: _Run):
+    torch.manual_seed(run.seed)
+    inp, args, kwargs = _sample_on(run.sample, "pjrt", KEEP_ON_CPU.get(op.name, ()))
+    run.args = (inp, args, kwargs)
+    if _input_tensors(run.args):
+        run.out = op(inp, *args, **kwargs)
+    else:
+        # A factory sample without a device argument creates on the default device.
+        with torch.device("pjrt"):
+            run.out = op(inp, *args, **kwargs)
+
+
+def _run_mode(op, runs: list[_Run], mode: str, refs: dict, with_grad: bool) -> None:
+    """Runs the samples of one (op, dtype) in `mode` and fills in their outcomes. Every sample is
+    issued before any result is read: strict mode then compiles them in parallel, and
+    defer_and_fuse fuses them into one region (one compile instead of one per sample). CPU
+    references are computed only for samples that ran on pjrt, and kept across modes."""
+    name = op_id(op)
+    before = _fallbacks_now()
+    with torch_pjrt.eager_mode(mode):
+        for run in runs:
+            try:
+                _call_on_pjrt(op, run)
+            except Exception as e:  # noqa: BLE001
+                reason = _skip_reason(e)
+                if reason is not None:
+                    run.outcome.skip = reason
+                else:
+                    run.error = _describe_exc(e)
+        _settle()
+        live = []
+        for run in runs:
+            if run.outcome.skip is not None:
+                continue
+            if run.index not in refs:
+                refs[run.index] = _reference(op, run.sample, run.seed)
+            run.ref = refs[run.index]
+            if run.ref.error is not None:
+                run.outcome.skip = f"the CPU reference raises {run.ref.error[:120]}"
+            elif run.error is not None:
+                run.outcome.problems.append(f"pjrt raised {run.error}")
+            else:
+                live.append(run)
+        for run in live:
+            ref = run.ref
+            tol = None if (ref.random or op.name in UNINITIALIZED) else tolerances(name, VALUE_TOL)
+            try:
+                run.outcome.problems, run.outcome.layout = compare(ref.output, run.out, tol, "output")
+            except Exception as e:  # noqa: BLE001 - an error of a region surfaces at the read
+                run.outcome.problems.append(f"pjrt raised {_describe_exc(e)}")
+        backward = []
+        for run in live:
+            ref, outcome = run.ref, run.outcome
+            if not with_grad or outcome.problems:
+                continue
+            if not ref.grads_done:
+                _reference_grads(ref, run.sample, run.seed)
+            if ref.grad_outputs is None:
+                continue
+            if ref.grad_error is not None:
+                outcome.grad_skip = f"the CPU backward raises {ref.grad_error[:120]}"
+                continue
+            outs = _differentiable(run.sample.output_process_fn_grad(run.out))
+            inputs = [t for t in _input_tensors(run.args) if t.requires_grad]
+            outcome.grad_ran = True
+            if len(outs) != len(ref.grad_outputs):
+                outcome.grad_problems.append(
+                    f"{len(outs)} differentiable outputs, expected {len(ref.grad_outputs)}")
+                continue
+            try:
+                grad_outputs = [g.to("pjrt") for g in ref.grad_outputs]
+                run.grads = torch.autograd.grad(outs, inputs, grad_outputs, allow_unused=True)
+                backward.append(run)
+            except Exception as e:  # noqa: BLE001
+                reason = _skip_reason(e)
+                if reason is not None:
+                    outcome.grad_ran = False
+                    outcome.grad_skip = "backward " + reason
+                else:
+                    outcome.grad_problems.append(f"pjrt backward raised {_describe_exc(e)}")
+        _settle()
+        grad_tol = tolerances(name, GRAD_TOL)
+        for run in backward:
+            problems = run.outcome.grad_problems
+            try:
+                for k, (g, r) in enumerate(zip(run.grads, run.ref.grads)):
+                    if (g is None) != (r is None):
+                        problems.append(f"grad[{k}]: {'None' if g is None else 'a tensor'}, "
+                                        f"expected {'None' if r is None else 'a tensor'}")
+                    elif g is not None:
+                        problems += compare(r, g, grad_tol, f"grad[{k}]")[0]
+            except Exception as e:  # noqa: BLE001
+                problems.append(f"pjrt backward raised {_describe_exc(e)}")
+    after = _fallbacks_now()
+    if after != before:
+        # A fallback that did not raise cannot be told apart per sample: skip them all.
+        new = sorted(k for k in after if after[k] != before.get(k))
+        for run in runs:
+            if run.outcome.skip is None:
+                run.outcome = SampleOutcome(skip=f"falls back to CPU: {', '.join(new)}")
+
+
+def _settle():
+    """Runs everything pending; a failed region surfaces again where its values are read."""
+    try:
+        torch_pjrt.sync()
+    except Exception:  # noqa: BLE001
+        pass

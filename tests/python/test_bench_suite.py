@@ -1,0 +1,51 @@
+"""Smoke test of the benchmark suite (benches/python/suite.py): one small workload on CPU eager and
+pjrt Strict/DeferAndFuse through the suite's entry point, checking the shape of what it writes.
+The full suite is `make bench`, not part of `make test`."""
+
+import json
+import os
+import subprocess
+import sys
+
+from conftest import ENGINE_ENV
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SUITE = os.path.join(ROOT, "benches", "python", "suite.py")
+BACKENDS = ("cpu", "pjrt-strict", "pjrt-defer_and_fuse")
+
+
+def test_suite_quick_run_writes_results(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ENGINE_ENV}
+    env.update(BENCH_QUICK="1", BENCH_REPS="2", BENCH_WARMUP="1")
+    proc = subprocess.run(
+        [sys.executable, SUITE, "--backends", ",".join(BACKENDS), "--workloads", "tiny_ops",
+         "--out-dir", str(tmp_path), "--no-chart"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    data = json.loads((tmp_path / "latest.json").read_text())
+    assert data["meta"]["quick"] is True
+    assert data["meta"]["backends"] == list(BACKENDS)
+    results = {r["backend"]: r for r in data["results"]}
+    assert set(results) == set(BACKENDS)
+    for backend, r in results.items():
+        assert r["ok"], (backend, r.get("error"), r.get("traceback"))
+        assert r["workload"] == "tiny_ops"
+        assert r["peak_rss_mb"] >= 0
+        (case,) = r["cases"]
+        assert "error" not in case, (backend, case)
+        assert case["per"] == "op" and case["count"] == 1000
+        assert case["reps"] == len(case["samples_s"]) >= 1
+        assert 0 < case["median_s"] < 1e-2  # seconds per op
+        if backend.startswith("pjrt-"):
+            assert isinstance(case["compiles"], int)
+            assert case["profile"]["executions"] > 0
+            assert r["versions"]["torch_pjrt"]
+        else:
+            assert case["compiles"] is None
+
+    statuses = {t["target"]: t["status"] for t in data["meta"]["targets"]}
+    assert any(t.startswith("Tiny op") for t in statuses)
+    report = (tmp_path / "latest.md").read_text()
+    assert "## Summary" in report and "pjrt DeferAndFuse" in report

@@ -141,8 +141,11 @@ pub struct ExecJob {
     /// Each ready, or produced by work enqueued earlier: the worker waits for them in order, so
     /// a value produced by later work on the same queue would be waited for forever.
     pub arguments: Vec<DeviceValue>,
-    /// Created with [`DeviceValue::pending`] by the caller, one per executable result.
-    pub outputs: Vec<DeviceValue>,
+    /// Created with [`DeviceValue::pending`] by the caller, one per executable result. Held
+    /// weakly: a queued job must not keep its results alive (a result nobody holds any more is
+    /// dropped when it arrives), or the value a later job overwrites in place could never be
+    /// donated while this job waits in the queue.
+    pub outputs: Vec<WeakDeviceValue>,
     /// Argument indices the executable may donate (reuse for an output); all others are passed
     /// as non-donatable. A donated argument's buffer must not be read afterwards.
     pub donatable: Vec<usize>,
@@ -173,7 +176,7 @@ impl ExecJob {
             label: label.into(),
             executable,
             arguments,
-            outputs,
+            outputs: outputs.iter().map(DeviceValue::downgrade).collect(),
             donatable: Vec::new(),
             uploads: Vec::new(),
         }
@@ -198,7 +201,7 @@ enum Work {
     Execute(ExecJob),
     Task {
         label: Arc<str>,
-        outputs: Vec<DeviceValue>,
+        outputs: Vec<WeakDeviceValue>,
         task: TaskFn,
     },
     Marker(Sender<()>),
@@ -227,6 +230,10 @@ struct QueueShared {
     tasks: AtomicU64,
     failed: AtomicU64,
     worker: OnceLock<ThreadId>,
+    /// Completion events of launched executions that may still be running, oldest first: what
+    /// `wait_launched` waits for, since a job no longer holds its results (they may all have
+    /// been released, and the device still be computing them).
+    launched: parking_lot::Mutex<std::collections::VecDeque<pjrt::Event>>,
 }
 
 /// An ordered execution queue with one worker thread. Work runs in enqueue order; a job waits for
@@ -276,7 +283,7 @@ impl ExecQueue {
     {
         self.send(Work::Task {
             label: label.into(),
-            outputs,
+            outputs: outputs.iter().map(DeviceValue::downgrade).collect(),
             task: Box::new(task),
         });
     }
@@ -308,6 +315,22 @@ impl ExecQueue {
         let (done, finished) = crossbeam_channel::bounded(1);
         self.send(Work::Marker(done));
         let _ = finished.recv();
+    }
+
+    /// [`ExecQueue::flush`], then wait until every launched execution has finished on the
+    /// device, whether or not anything still holds its results. Returns the first device error.
+    pub fn wait_launched(&self) -> Result<(), ExecError> {
+        self.flush();
+        let events = std::mem::take(&mut *self.shared.launched.lock());
+        let mut first_error = None;
+        for event in events {
+            if let Err(e) = event.wait() {
+                first_error.get_or_insert(ExecError::Device {
+                    message: e.to_string(),
+                });
+            }
+        }
+        first_error.map_or(Ok(()), Err)
     }
 
     /// [`ExecQueue::flush`], then wait until `values` are computed on the device.
@@ -342,9 +365,9 @@ impl Drop for ExecQueue {
     }
 }
 
-fn fail_all(shared: &QueueShared, outputs: &[DeviceValue], error: ExecError) {
+fn fail_all(shared: &QueueShared, outputs: &[WeakDeviceValue], error: ExecError) {
     shared.failed.fetch_add(1, Ordering::Relaxed);
-    for output in outputs {
+    for output in outputs.iter().filter_map(WeakDeviceValue::upgrade) {
         output.resolve(Err(error.clone()));
     }
 }
@@ -352,7 +375,7 @@ fn fail_all(shared: &QueueShared, outputs: &[DeviceValue], error: ExecError) {
 fn resolve_all(
     shared: &QueueShared,
     label: &Arc<str>,
-    outputs: Vec<DeviceValue>,
+    outputs: Vec<WeakDeviceValue>,
     results: Vec<Arc<Buffer>>,
 ) {
     if results.len() != outputs.len() {
@@ -363,8 +386,12 @@ fn resolve_all(
         };
         return fail_all(shared, &outputs, error);
     }
-    for (output, buffer) in outputs.into_iter().zip(results) {
-        output.resolve(Ok(buffer));
+    for (output, buffer) in outputs.iter().zip(results) {
+        // Upgraded one at a time and let go at once, so a reader woken by this result sees
+        // the value held by its own handles only.
+        if let Some(output) = output.upgrade() {
+            output.resolve(Ok(buffer));
+        }
     }
 }
 
@@ -450,14 +477,17 @@ fn execute(shared: &QueueShared, job: &ExecJob) -> Result<Vec<Arc<Buffer>>, Exec
         arguments.push(Arc::new(buffer));
     }
     let borrowed: Vec<&Buffer> = arguments.iter().map(|b| b.as_ref()).collect();
+    // A donatable argument that something besides this job still holds (a read in flight on
+    // another thread) is copied rather than consumed: the executable is the same either way.
     let options = ExecuteOptions {
         non_donatable: (0..arguments.len())
-            .filter(|i| !job.donatable.contains(i))
+            .filter(|&i| {
+                !job.donatable.contains(&i) || job.arguments.get(i).is_some_and(|v| !v.is_unique())
+            })
             .map(|i| i as i64)
             .collect(),
     };
-    // The completion event is dropped: each result's own ready event tells when it is computed.
-    let (results, _completion) =
+    let (results, completion) =
         executable
             .execute_with(&borrowed, &options)
             .map_err(|e| ExecError::Execute {
@@ -465,5 +495,17 @@ fn execute(shared: &QueueShared, job: &ExecJob) -> Result<Vec<Arc<Buffer>>, Exec
                 message: e.to_string(),
             })?;
     shared.executions.fetch_add(1, Ordering::Relaxed);
+    if let Some(completion) = completion {
+        let mut launched = shared.launched.lock();
+        // Executions finish about in launch order: dropping the finished ones from the front
+        // keeps the list short without scanning it.
+        while launched
+            .front()
+            .is_some_and(|e| e.is_ready().unwrap_or(true))
+        {
+            launched.pop_front();
+        }
+        launched.push_back(completion);
+    }
     Ok(results.into_iter().map(Arc::new).collect())
 }

@@ -249,6 +249,78 @@ fn donated_arguments_and_device_completion() {
 }
 
 #[test]
+fn an_aliased_argument_held_elsewhere_is_copied_not_consumed() {
+    let module = "func.func public @main(%a: tensor<4xf32> {tf.aliasing_output = 0 : i32}, \
+                  %b: tensor<4xf32>) -> tensor<4xf32> {\n  %s = stablehlo.add %a, %b : \
+                  tensor<4xf32>\n  return %s : tensor<4xf32>\n}";
+    let executable = Arc::new(client().compile(module).unwrap());
+    let add_ = || CompileHandle::ready(CacheKey::new(7, 0, 0), executable.clone());
+    let queue = ExecQueue::new().unwrap();
+
+    // Held by the caller too (a read in flight): the execution must leave it intact.
+    let held = value(&[1.; 4]);
+    let out = DeviceValue::pending();
+    let job = ExecJob::new(
+        "add_",
+        add_(),
+        vec![held.clone(), value(&[2.; 4])],
+        vec![out.clone()],
+    );
+    queue.enqueue(job.donate([0]));
+    queue.synchronize(std::slice::from_ref(&out)).unwrap();
+    assert_eq!(f32_values(&out.try_get().unwrap().unwrap()), vec![3.; 4]);
+    let held_buffer = held.wait().unwrap();
+    assert!(!held_buffer.is_deleted().unwrap());
+    assert_eq!(f32_values(&held_buffer), vec![1.; 4]);
+
+    // Held by the job alone: consumed.
+    let alone = value(&[5.; 4]);
+    let buffer = alone.wait().unwrap();
+    let out = DeviceValue::pending();
+    queue.enqueue(
+        ExecJob::new(
+            "add_",
+            add_(),
+            vec![alone, value(&[1.; 4])],
+            vec![out.clone()],
+        )
+        .donate([0]),
+    );
+    queue.synchronize(std::slice::from_ref(&out)).unwrap();
+    assert!(
+        buffer.is_deleted().unwrap(),
+        "the only holder's buffer was donated"
+    );
+    assert_eq!(f32_values(&out.try_get().unwrap().unwrap()), vec![6.; 4]);
+}
+
+#[test]
+fn a_queued_job_does_not_keep_its_results_alive() {
+    let queue = ExecQueue::new().unwrap();
+    let gate = Arc::new(Mutex::new(()));
+    let closed = gate.lock();
+    let waiting = gate.clone();
+    queue.enqueue_fn("gate", vec![], move || {
+        drop(waiting.lock());
+        Ok(vec![])
+    });
+    let out = DeviceValue::pending();
+    queue.enqueue(ExecJob::new(
+        "add",
+        ready_executable(1.0),
+        vec![value(&[1.; 4]), value(&[2.; 4])],
+        vec![out.clone()],
+    ));
+    assert!(out.is_unique(), "the queued job holds its result weakly");
+    drop(out);
+    drop(closed);
+    queue.flush();
+    assert_eq!(queue.stats().executions, 1, "the job still ran");
+    // Work whose results nobody holds is still waited for.
+    queue.wait_launched().unwrap();
+}
+
+#[test]
 fn dropping_the_queue_runs_what_was_enqueued() {
     let out = DeviceValue::pending();
     {

@@ -6,7 +6,7 @@ use fuse::{InputRef, InputView, Operand, Region, RegionNode, RegionOp, StableHas
 use liveness::{ExternalId, NodeId, NodeIdSequence, NodeOutput, PendingNode, Request, ValueRef};
 pub use ops::ErrorKind;
 use ops::{DType, Meta, OpError, OpId, ScalarArg, Shape, TensorType};
-use rustc_hash::FxHashMap as HashMap;
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use smallvec::SmallVec;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -194,7 +194,9 @@ pub struct RegionSource {
     slots: Vec<fuse::ScalarSlot>,
     scalar_packs: Vec<(DType, u32)>,
     outputs: Vec<Operand>,
-    donated: Vec<u32>,
+    /// (argument, output) pairs: the output is the argument's storage's new value, and the
+    /// argument's buffer is donated to it.
+    aliases: Vec<(u32, u32)>,
 }
 
 impl RegionSource {
@@ -207,9 +209,14 @@ impl RegionSource {
         self.nodes.is_empty()
     }
 
-    /// Argument indices the executable may donate.
-    pub fn donated(&self) -> &[u32] {
-        &self.donated
+    /// Argument indices whose buffers the executable takes over (see `aliases`).
+    pub fn donated(&self) -> impl Iterator<Item = u32> + '_ {
+        self.aliases.iter().map(|&(arg, _)| arg)
+    }
+
+    /// (argument, output) pairs whose buffers the executable shares.
+    pub fn aliases(&self) -> &[(u32, u32)] {
+        &self.aliases
     }
 
     /// The region to emit.
@@ -245,7 +252,7 @@ impl RegionSource {
             nodes,
             outputs: self.outputs.clone(),
             scalar_packs: self.scalar_packs.clone(),
-            donated: self.donated.clone(),
+            aliases: self.aliases.clone(),
         }
     }
 
@@ -365,14 +372,21 @@ pub struct Graph<V> {
     ids: NodeIdSequence,
     externals: HashMap<ExternalId, External<V>>,
     external_of: HashMap<(StorageId, u64), ExternalId>,
+    /// The device value (as the external pending ops read it) a storage held before its first
+    /// pending write: at the flush that installs the storage's new value, that external's buffer
+    /// is the one to donate to it.
+    overwritten: HashMap<StorageId, ExternalId>,
     next_external: u64,
     /// Which storages hold each pending value (a held value is live: it must be materialized).
     holders: HashMap<NodeOutput, SmallVec<[StorageId; 2]>>,
     /// First-use numbering of the externals read by the pending list (part of the key).
     arg_numbers: HashMap<ExternalId, u32>,
     stats: GraphStats,
-    /// Tells whether a region argument is referenced nowhere else (then its buffer is donated).
-    donation_check: Option<fn(&V) -> bool>,
+    /// Whether regions donate overwritten values to their successors (see `set_donation`).
+    donate: bool,
+    /// Storages whose device value another storage holds too (one output installed into
+    /// several): overwriting one of them must not donate the value.
+    shared_values: HashSet<StorageId>,
     /// Labels of one-op regions by op name, so an op-by-op flush allocates no label.
     op_labels: HashMap<&'static str, Arc<str>>,
 }
@@ -392,19 +406,25 @@ impl<V: Clone> Graph<V> {
             ids: NodeIdSequence::new(),
             externals: HashMap::default(),
             external_of: HashMap::default(),
+            overwritten: HashMap::default(),
             next_external: 0,
             holders: HashMap::default(),
             arg_numbers: HashMap::default(),
             stats: GraphStats::default(),
-            donation_check: None,
+            donate: false,
+            shared_values: HashSet::default(),
             op_labels: HashMap::default(),
         }
     }
 
-    /// Enables input donation: after planning a region, every argument for which `check` says
-    /// nothing else refers to it is marked donated (the executable may reuse its buffer).
-    pub fn set_donation_check(&mut self, check: fn(&V) -> bool) {
-        self.donation_check = Some(check);
+    /// Enables input donation: a region argument that was a storage's value until the region
+    /// overwrote it, and that no other storage and no op left pending reads, is aliased to the
+    /// output that becomes the storage's new value (the executable updates it in place). The
+    /// decision rests on the graph alone, so a repeated program always gets the same aliases
+    /// (and executable); a holder outside the graph at run time (a read in flight) makes the
+    /// execution copy the argument instead (`ExecJob` checks).
+    pub fn set_donation(&mut self, enabled: bool) {
+        self.donate = enabled;
     }
 
     pub fn stats(&self) -> GraphStats {
@@ -454,6 +474,8 @@ impl<V: Clone> Graph<V> {
         if let StorageValue::Pending { out, .. } = storage.value {
             self.drop_holder(out, id);
         }
+        self.overwritten.remove(&id);
+        self.shared_values.remove(&id);
         Ok(())
     }
 
@@ -1014,9 +1036,20 @@ impl<V: Clone> Graph<V> {
     fn write_pending(&mut self, storage: StorageId, out: NodeOutput, ty: TensorType) {
         let entry = self.storages.get_mut(&storage).expect("checked storage");
         let old = std::mem::replace(&mut entry.value, StorageValue::Pending { out, ty });
+        let old_version = entry.version;
         entry.version += 1;
-        if let StorageValue::Pending { out: old_out, .. } = old {
-            self.drop_holder(old_out, storage);
+        match old {
+            StorageValue::Pending { out: old_out, .. } => self.drop_holder(old_out, storage),
+            StorageValue::Device { .. } => {
+                if self.donate {
+                    let shared = self.shared_values.remove(&storage);
+                    match self.external_of.get(&(storage, old_version)) {
+                        Some(&e) if !shared => self.overwritten.insert(storage, e),
+                        _ => self.overwritten.remove(&storage),
+                    };
+                }
+            }
+            StorageValue::Uninit => {}
         }
         self.holders.entry(out).or_default().push(storage);
     }
@@ -1065,6 +1098,8 @@ impl<V: Clone> Graph<V> {
         if let StorageValue::Pending { out, .. } = old {
             self.drop_holder(out, t.storage);
         }
+        self.overwritten.remove(&t.storage);
+        self.shared_values.remove(&t.storage);
         Ok(())
     }
 
@@ -1233,9 +1268,26 @@ impl<V: Clone> Graph<V> {
             )
             .collect();
         let mut replacement: HashMap<NodeOutput, ExternalId> = HashMap::default();
-        for ((output, value), ty) in plan.outputs.iter().zip(&outputs).zip(&output_types) {
+        // (external the storage held before, output index) for the donation decision below.
+        let mut successors: SmallVec<[(ExternalId, u32); 4]> = SmallVec::new();
+        for (j, ((output, value), ty)) in plan
+            .outputs
+            .iter()
+            .zip(&outputs)
+            .zip(&output_types)
+            .enumerate()
+        {
             if let Some(list) = self.holders.remove(&output.value) {
+                let shared = list.len() > 1;
                 for storage in list {
+                    if let Some(e) = self.overwritten.remove(&storage) {
+                        if !shared {
+                            successors.push((e, j as u32));
+                        }
+                    }
+                    if shared && self.donate {
+                        self.shared_values.insert(storage);
+                    }
                     if let Some(st) = self.storages.get_mut(&storage) {
                         st.value = StorageValue::Device {
                             value: value.clone(),
@@ -1275,20 +1327,25 @@ impl<V: Clone> Graph<V> {
         }
         self.forget_unread_externals();
 
-        // Donation is decided last: only now have the storages and the pending ops let go of
-        // what they no longer need.
-        let mut donated = Vec::new();
-        if let Some(check) = self.donation_check {
-            donated = args
-                .iter()
-                .enumerate()
-                .filter(|(_, v)| check(v))
-                .map(|(i, _)| i as u32)
-                .collect();
+        // Donation is decided last: only now have the pending ops let go of what they no longer
+        // read. An argument is paired with the output that replaced it in its storage (same
+        // type): naming the pair, rather than letting the compiler match donors to outputs by
+        // shape, keeps it from giving a parameter's buffer to, say, its gradient and copying the
+        // parameter aside.
+        let mut aliases: Vec<(u32, u32)> = Vec::new();
+        for &(e, j) in &successors {
+            let Some(i) = arg_index.get(e) else { continue };
+            if output_types[j as usize] == arg_types[i as usize]
+                && !self.externals.contains_key(&e)
+                && !aliases.iter().any(|&(a, o)| a == i || o == j)
+            {
+                aliases.push((i, j));
+            }
         }
-        key_s.u64(donated.len() as u64);
-        for &i in &donated {
-            key_s.u32(i);
+        aliases.sort_unstable();
+        key_s.u64(aliases.len() as u64);
+        for &(i, j) in &aliases {
+            key_s.u32(i).u32(j);
         }
         let shapeless = key_s.finish();
 
@@ -1299,7 +1356,7 @@ impl<V: Clone> Graph<V> {
             slots,
             scalar_packs: packs.iter().map(|p| (p.dtype, p.count)).collect(),
             outputs: region_outputs,
-            donated,
+            aliases,
         };
         let label = match region.nodes.as_slice() {
             [node] => {
@@ -1373,6 +1430,15 @@ struct SmallMap {
 }
 
 impl SmallMap {
+    /// `e`'s number, if it has one.
+    fn get(&self, e: ExternalId) -> Option<u32> {
+        if self.map.is_empty() {
+            self.list.iter().find(|(x, _)| *x == e).map(|&(_, n)| n)
+        } else {
+            self.map.get(&e).copied()
+        }
+    }
+
     /// `e`'s number, assigning the next one (and calling `on_new`) the first time.
     fn number(&mut self, e: ExternalId, on_new: impl FnOnce()) -> u32 {
         let next = (self.list.len() + self.map.len()) as u32;

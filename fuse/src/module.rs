@@ -97,9 +97,9 @@ pub struct Region {
     pub outputs: Vec<Operand>,
     /// One packed scalar buffer per dtype, passed after `args`.
     pub scalar_packs: Vec<(ops::DType, u32)>,
-    /// Indices into `args` whose buffers the executable may reuse for its outputs (nothing
-    /// else refers to them once the region runs).
-    pub donated: Vec<u32>,
+    /// (index into `args`, index into `outputs`): the argument's buffer becomes the output's
+    /// (nothing else refers to the argument once the region runs; same type).
+    pub aliases: Vec<(u32, u32)>,
 }
 
 impl Region {
@@ -145,13 +145,15 @@ pub fn build_module(region: &Region) -> Result<String, OpError> {
         .args
         .iter()
         .enumerate()
-        .map(|(i, t)| {
-            if region.donated.contains(&(i as u32)) {
-                e.argument_with_attrs(t.clone(), "jax.buffer_donor = true")
-            } else {
-                e.argument(t.clone())
-            }
-        })
+        .map(
+            |(i, t)| match region.aliases.iter().find(|&&(arg, _)| arg == i as u32) {
+                Some(&(_, output)) => e.argument_with_attrs(
+                    t.clone(),
+                    &format!("tf.aliasing_output = {output} : i32"),
+                ),
+                None => e.argument(t.clone()),
+            },
+        )
         .collect();
     let packs: Vec<(ops::DType, Value)> = region
         .scalar_packs

@@ -1,7 +1,187 @@
 //! Assertion ops: side-effecting checks whose verdict the engine reads after running them.
+//!
+//! `_assert_async` is PyTorch's own. `index_check` guards the indexing ops: gather, scatter,
+//! embedding and friends would otherwise clamp an out-of-range index silently (StableHLO's
+//! gather and scatter do), where PyTorch raises. Reading the indices on the host would cost a
+//! sync per op, so the check runs on the device next to the op and its verdict is read at the
+//! next materialization point (RFC 0012).
+
+use smallvec::SmallVec;
 
 use crate::emitter::Emitter;
-use crate::{DType, LowerArgs, Meta, MetaArgs, OpError, OpId, ScalarValue, TensorType, Value};
+use crate::params::wrap_dim;
+use crate::{
+    Cmp, DType, ErrorKind, LowerArgs, Meta, MetaArgs, OpError, OpId, ScalarValue, TensorType, Value,
+};
+
+/// How an out-of-range index is reported: PyTorch's exception type and message differ by op.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(i64)]
+pub enum IndexStyle {
+    /// `IndexError: index 7 is out of bounds for dimension 0 with size 5` (`index`,
+    /// `index_put_`).
+    Bounds = 0,
+    /// The same message as a `RuntimeError` (`gather`, `scatter`, `index_add`).
+    BoundsRuntime = 1,
+    /// `IndexError: index out of range in self` (`embedding`, `index_select`).
+    OutOfRangeInSelf = 2,
+    /// `RuntimeError: INDICES element is out of DATA bounds, id=7 axis_dim=5` (`index_select`
+    /// along dim 1, which PyTorch's CPU kernel checks on its own path).
+    DataBounds = 3,
+    /// `IndexError: Target 7 is out of bounds.` (`nll_loss`).
+    Target = 4,
+}
+
+impl IndexStyle {
+    fn from_i64(v: i64) -> Option<IndexStyle> {
+        Some(match v {
+            0 => IndexStyle::Bounds,
+            1 => IndexStyle::BoundsRuntime,
+            2 => IndexStyle::OutOfRangeInSelf,
+            3 => IndexStyle::DataBounds,
+            4 => IndexStyle::Target,
+            _ => return None,
+        })
+    }
+}
+
+/// One `index_check` to capture after an indexing op: which of the op's inputs holds the
+/// indices, and the check's params.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IndexCheck {
+    pub input: usize,
+    pub params: SmallVec<[i64; 5]>,
+}
+
+/// The elements of an `index_check` verdict.
+pub const INDEX_VERDICT_LEN: usize = 5;
+
+fn check(input: usize, size: i64, negative_ok: bool, dim: i64, style: IndexStyle) -> IndexCheck {
+    IndexCheck {
+        input,
+        params: smallvec::smallvec![size, negative_ok as i64, dim, style as i64],
+    }
+}
+
+/// Whether `op` reads integer indices that [`index_checks`] guards (a cheap test for the hot
+/// path of capture).
+pub fn has_index_checks(op: OpId) -> bool {
+    use OpId::*;
+    matches!(
+        op,
+        Index
+            | IndexPut
+            | Gather
+            | Scatter
+            | ScatterAdd
+            | IndexSelect
+            | Embedding
+            | NllLoss
+            | NllLoss2d
+    )
+}
+
+/// The range checks for the indices `op` reads, given its inputs' shapes and its params (the
+/// op's meta has accepted them). Empty index tensors need no check. Backward ops are not
+/// checked: their indices were checked by the forward op.
+pub fn index_checks(op: OpId, shapes: &[&[i64]], params: &[i64]) -> SmallVec<[IndexCheck; 1]> {
+    use OpId::*;
+    let mut out = SmallVec::new();
+    let size_at = |shape: &[i64], dim: usize| shape.get(dim).copied().unwrap_or(1);
+    let nonempty = |i: usize| {
+        shapes
+            .get(i)
+            .is_some_and(|s| s.iter().product::<i64>() != 0)
+    };
+    match op {
+        Index | IndexPut => {
+            let first = if op == Index { 1 } else { 2 };
+            let dims = &params[if op == Index { 0 } else { 1 }..];
+            // index_add reaches index_put with accumulate = 2: its errors are RuntimeErrors
+            // that name the real dim, index_put's IndexErrors the index's position.
+            let index_add = op == IndexPut && params.first() == Some(&2);
+            for (k, &dim) in dims.iter().enumerate() {
+                let input = first + k;
+                if !nonempty(input) || dim < 0 {
+                    continue;
+                }
+                let size = size_at(shapes[0], dim as usize);
+                out.push(if index_add {
+                    check(input, size, false, dim, IndexStyle::BoundsRuntime)
+                } else {
+                    check(input, size, true, k as i64, IndexStyle::Bounds)
+                });
+            }
+        }
+        Gather | Scatter | ScatterAdd | IndexSelect => {
+            let rank = shapes[0].len();
+            let Some(&raw) = params.first() else {
+                return out;
+            };
+            let Ok(dim) = wrap_dim(raw, rank) else {
+                return out;
+            };
+            if !nonempty(1) {
+                return out;
+            }
+            let size = size_at(shapes[0], dim);
+            let style = match op {
+                IndexSelect if dim == 1 && rank > 1 => IndexStyle::DataBounds,
+                IndexSelect => IndexStyle::OutOfRangeInSelf,
+                _ => IndexStyle::BoundsRuntime,
+            };
+            out.push(check(1, size, false, dim as i64, style));
+        }
+        Embedding if nonempty(1) => {
+            out.push(check(
+                1,
+                size_at(shapes[0], 0),
+                false,
+                0,
+                IndexStyle::OutOfRangeInSelf,
+            ));
+        }
+        NllLoss | NllLoss2d if nonempty(1) => {
+            let classes = size_at(shapes[0], if shapes[0].len() >= 2 { 1 } else { 0 });
+            let mut c = check(1, classes, false, 1, IndexStyle::Target);
+            // Targets equal to ignore_index are skipped, whatever their value.
+            c.params.push(params.get(1).copied().unwrap_or(-100));
+            out.push(c);
+        }
+        _ => {}
+    }
+    out
+}
+
+/// The error an `index_check` verdict stands for, if any.
+pub fn index_check_error(verdict: &[i64]) -> Option<OpError> {
+    let &[bad, value, size, dim, style] = verdict else {
+        return Some(OpError::runtime(format!(
+            "index_check: malformed verdict {verdict:?}"
+        )));
+    };
+    if bad == 0 {
+        return None;
+    }
+    let bounds = format!("index {value} is out of bounds for dimension {dim} with size {size}");
+    let (kind, message) = match IndexStyle::from_i64(style) {
+        Some(IndexStyle::Bounds) => (ErrorKind::Index, bounds),
+        Some(IndexStyle::BoundsRuntime) => (ErrorKind::Runtime, bounds),
+        Some(IndexStyle::OutOfRangeInSelf) => {
+            (ErrorKind::Index, "index out of range in self".to_string())
+        }
+        Some(IndexStyle::DataBounds) => (
+            ErrorKind::Runtime,
+            format!("INDICES element is out of DATA bounds, id={value} axis_dim={size}"),
+        ),
+        Some(IndexStyle::Target) => (
+            ErrorKind::Index,
+            format!("Target {value} is out of bounds."),
+        ),
+        None => (ErrorKind::Runtime, bounds),
+    };
+    Some(OpError::new(kind, message))
+}
 
 pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
     match a.op {
@@ -20,6 +200,26 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
             }
             Ok(Meta::single(TensorType::scalar(DType::Bool), Vec::new()))
         }
+        OpId::IndexCheck => {
+            a.expect_counts(1..=1, 0..=0)?;
+            let p = &a.params;
+            if !matches!(a.inputs[0].dtype, DType::I32 | DType::I64) {
+                return Err(p.invalid("the indices must be int32 or int64"));
+            }
+            p.get(0)?;
+            p.flag(1)?;
+            p.get(2)?;
+            if IndexStyle::from_i64(p.get(3)?).is_none() {
+                return Err(p.invalid("param 3 must be an index error style"));
+            }
+            if p.len() > 5 {
+                return Err(p.invalid("expected at most 5 params"));
+            }
+            Ok(Meta::single(
+                TensorType::new(DType::I64, &[INDEX_VERDICT_LEN as i64]),
+                Vec::new(),
+            ))
+        }
         other => Err(OpError::runtime(format!(
             "{} is not a check op",
             other.name()
@@ -28,7 +228,120 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
 }
 
 pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
-    let x = e.reshape(a.inputs[0], &[]);
-    let zero = e.scalar_constant(e.dtype(x), ScalarValue::Int(0));
-    Ok(vec![e.compare(crate::Cmp::Ne, x, zero)])
+    match a.op {
+        OpId::IndexCheck => Ok(vec![lower_index_check(e, a)?]),
+        _ => {
+            let x = e.reshape(a.inputs[0], &[]);
+            let zero = e.scalar_constant(e.dtype(x), ScalarValue::Int(0));
+            Ok(vec![e.compare(Cmp::Ne, x, zero)])
+        }
+    }
+}
+
+/// `[any index out of range, the first such index in row-major order, size, dim, style]`.
+fn lower_index_check(e: &mut Emitter, a: &LowerArgs) -> Result<Value, OpError> {
+    let p = &a.params;
+    let (size, negative_ok, dim, style) = (p.get(0)?, p.flag(1)?, p.get(2)?, p.get(3)?);
+    let ignore = if p.len() > 4 { Some(p.get(4)?) } else { None };
+    let n = e.ty(a.inputs[0]).numel();
+    let fixed = e.dense_i64(TensorType::new(DType::I64, &[3]), &[size, dim, style]);
+    if n == 0 {
+        let none = e.dense_i64(TensorType::new(DType::I64, &[2]), &[0, 0]);
+        return Ok(e.concatenate(&[none, fixed], 0));
+    }
+    let flat_ty = TensorType::new(DType::I64, &[n]);
+    let wide = e.convert(a.inputs[0], DType::I64);
+    let flat = e.reshape(wide, &[n]);
+    let int = |e: &mut Emitter, v: i64| e.constant(flat_ty.clone(), ScalarValue::Int(v));
+    let lo = int(e, if negative_ok { -size } else { 0 });
+    let hi = int(e, size);
+    let below = e.compare(Cmp::Lt, flat, lo);
+    let above = e.compare(Cmp::Ge, flat, hi);
+    let mut bad = e.or(below, above);
+    if let Some(ignore) = ignore {
+        let skipped = int(e, ignore);
+        let counted = e.compare(Cmp::Ne, flat, skipped);
+        bad = e.and(bad, counted);
+    }
+    // The first bad position (n when none), then the index found there.
+    let iota = e.iota(flat_ty.clone(), 0);
+    let none = int(e, n);
+    let positions = e.select(bad, iota, none);
+    let first = e.reduce_with(positions, n as f64, &[0], "stablehlo.minimum");
+    let first_all = e.broadcast_in_dim(first, &[n], &[]);
+    let at_first = e.compare(Cmp::Eq, iota, first_all);
+    let zeros = int(e, 0);
+    let picked = e.select(at_first, flat, zeros);
+    let value = e.reduce_sum(picked, &[0]);
+    let n0 = e.scalar_constant(DType::I64, ScalarValue::Int(n));
+    let any = e.compare(Cmp::Lt, first, n0);
+    let any = e.convert(any, DType::I64);
+    let any = e.reshape(any, &[1]);
+    let value = e.reshape(value, &[1]);
+    Ok(e.concatenate(&[any, value, fixed], 0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::meta;
+
+    #[test]
+    fn checks_follow_each_ops_rules() {
+        let c = index_checks(OpId::Gather, &[&[5, 3], &[2, 3]], &[-2]);
+        assert_eq!(c.len(), 1);
+        assert_eq!((c[0].input, c[0].params.as_slice()), (1, &[5, 0, 0, 1][..]));
+        let c = index_checks(OpId::Index, &[&[4, 5, 6], &[2], &[2]], &[0, 2]);
+        assert_eq!(c[1].params.as_slice(), &[6, 1, 1, 0]);
+        let c = index_checks(OpId::IndexPut, &[&[4, 5], &[1, 5], &[1]], &[2, 0]);
+        assert_eq!(c[0].params.as_slice(), &[4, 0, 0, 1]);
+        let c = index_checks(OpId::IndexSelect, &[&[4, 5], &[1]], &[1]);
+        assert_eq!(c[0].params[3], IndexStyle::DataBounds as i64);
+        let c = index_checks(OpId::NllLoss, &[&[2, 7], &[2]], &[1, -100]);
+        assert_eq!(c[0].params.as_slice(), &[7, 0, 1, 4, -100]);
+        assert!(index_checks(OpId::Embedding, &[&[4, 5], &[0]], &[]).is_empty());
+        assert!(index_checks(OpId::Add, &[&[4], &[4]], &[]).is_empty());
+    }
+
+    #[test]
+    fn verdicts_become_pytorchs_errors() {
+        assert!(index_check_error(&[0, 0, 5, 0, 0]).is_none());
+        let e = index_check_error(&[1, 7, 5, 0, 0]).unwrap();
+        assert_eq!(e.kind, ErrorKind::Index);
+        assert_eq!(
+            e.message,
+            "index 7 is out of bounds for dimension 0 with size 5"
+        );
+        let e = index_check_error(&[1, -6, 5, 1, 1]).unwrap();
+        assert_eq!(e.kind, ErrorKind::Runtime);
+        assert_eq!(
+            e.message,
+            "index -6 is out of bounds for dimension 1 with size 5"
+        );
+        assert_eq!(
+            index_check_error(&[1, 9, 5, 0, 2]).unwrap().message,
+            "index out of range in self"
+        );
+        assert_eq!(
+            index_check_error(&[1, 9, 5, 1, 4]).unwrap().message,
+            "Target 9 is out of bounds."
+        );
+    }
+
+    #[test]
+    fn the_check_lowers() {
+        for (dtype, shape, params) in [
+            (DType::I64, vec![2, 3], vec![5, 1, 0, 0]),
+            (DType::I32, vec![], vec![5, 0, 0, 2]),
+            (DType::I64, vec![0], vec![5, 0, 0, 2]),
+            (DType::I64, vec![4], vec![5, 0, 1, 4, -100]),
+        ] {
+            let t = TensorType::new(dtype, &shape);
+            let (text, m) = crate::lower_single(OpId::IndexCheck, &[t], &[], &params).unwrap();
+            assert_eq!(m.outputs[0].shape.as_slice(), &[5]);
+            assert!(text.contains("stablehlo.concatenate"), "{text}");
+        }
+        let f = TensorType::new(DType::F32, &[2]);
+        assert!(meta(OpId::IndexCheck, &[f], &[], &[5, 0, 0, 0]).is_err());
+    }
 }

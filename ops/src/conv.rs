@@ -1,5 +1,6 @@
 //! Convolution and pooling: N-d (transposed) convolutions and their gradients as
-//! `stablehlo.convolution`, and 2-d max, average and adaptive average pooling with their gradients.
+//! `stablehlo.convolution`; 2-d and 3-d max and average pooling, 2-d adaptive average and max
+//! pooling, with their gradients.
 
 use crate::dtype::{DType, ScalarValue, Shape, TensorType};
 use crate::elementwise::not_implemented_for;
@@ -545,72 +546,113 @@ fn conv_lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
 
 // ===== pooling =====================================================================================
 
-/// The 2-d pooling window of max_pool2d / avg_pool2d, per spatial dim (height, width).
+/// The ops pooling over three spatial dims (depth, height, width); the others pool over two.
+fn spatial_dims(op: OpId) -> usize {
+    match op {
+        OpId::MaxPool3dWithIndices
+        | OpId::MaxPool3dWithIndicesBackward
+        | OpId::AvgPool3d
+        | OpId::AvgPool3dBackward => 3,
+        _ => 2,
+    }
+}
+
+fn is_max_pool(op: OpId) -> bool {
+    matches!(
+        op,
+        OpId::MaxPool2dWithIndices
+            | OpId::MaxPool2dWithIndicesBackward
+            | OpId::MaxPool3dWithIndices
+            | OpId::MaxPool3dWithIndicesBackward
+    )
+}
+
+/// The pooling window of max_pool2d/3d and avg_pool2d/3d, one value per spatial dim.
 struct Pool {
-    kernel: [i64; 2],
-    stride: [i64; 2],
-    padding: [i64; 2],
-    dilation: [i64; 2],
+    kernel: Vec<i64>,
+    stride: Vec<i64>,
+    padding: Vec<i64>,
+    dilation: Vec<i64>,
     ceil_mode: bool,
     count_include_pad: bool,
     divisor: Option<i64>,
 }
 
-/// A list of one or two ints as `[height, width]` (None when empty and that is allowed).
-fn pair(
+/// A list of one or `n` ints as one value per spatial dim (None when empty and that is
+/// allowed).
+fn per_dim(
     l: &[i64],
+    n: usize,
     message: impl FnOnce() -> String,
     allow_empty: bool,
-) -> Result<Option<[i64; 2]>, OpError> {
+) -> Result<Option<Vec<i64>>, OpError> {
     match l.len() {
         0 if allow_empty => Ok(None),
-        1 => Ok(Some([l[0], l[0]])),
-        2 => Ok(Some([l[0], l[1]])),
+        1 => Ok(Some(vec![l[0]; n])),
+        k if k == n => Ok(Some(l.to_vec())),
         _ => Err(OpError::runtime(message())),
     }
 }
 
 impl Pool {
     fn parse(op: OpId, p: &Params) -> Result<Pool, OpError> {
-        let max = matches!(
-            op,
-            OpId::MaxPool2dWithIndices | OpId::MaxPool2dWithIndicesBackward
-        );
-        let name = if max { "max_pool2d" } else { "avg_pool2d" };
+        let max = is_max_pool(op);
+        let n = spatial_dims(op);
+        let name = match (max, n) {
+            (true, 2) => "max_pool2d",
+            (true, _) => "max_pool3d",
+            (false, 2) => "avg_pool2d",
+            (false, _) => "avg_pool3d",
+        };
+        let tuple = if n == 2 { "two" } else { "three" };
+        // avg_pool3d words its argument errors a little differently.
+        let either = if !max && n == 3 { "" } else { "either " };
         let ceil_mode = p.flag(0)?;
         let (count_include_pad, at) = if max { (false, 1) } else { (p.flag(1)?, 2) };
         let (lists, end) = counted(p, at, if max { 4 } else { 3 })?;
-        let kernel = pair(
+        let kernel = per_dim(
             lists[0],
-            || format!("{name}: kernel_size must either be a single int, or a tuple of two ints"),
+            n,
+            || {
+                format!(
+                    "{name}: kernel_size must {either}be a single int, or a tuple of {tuple} ints"
+                )
+            },
             false,
         )?
         .expect("non-empty");
-        let stride = pair(
+        let stride = per_dim(
             lists[1],
+            n,
             || {
                 format!(
-                    "{name}: stride must either be omitted, a single int, or a tuple of two ints"
+                    "{name}: stride must {either}be omitted, a single int, or a tuple of {tuple} ints"
                 )
             },
             true,
         )?
-        .unwrap_or(kernel);
-        let padding = pair(
+        .unwrap_or_else(|| kernel.clone());
+        let padding = per_dim(
             lists[2],
-            || format!("{name}: padding must either be a single int, or a tuple of two ints"),
+            n,
+            || format!("{name}: padding must {either}be a single int, or a tuple of {tuple} ints"),
             false,
         )?
         .expect("non-empty");
         let dilation = if max {
-            pair(
+            per_dim(
                 lists[3],
-                || format!("{name}: dilation must be either a single int, or a tuple of two ints"),
+                n,
+                || {
+                    format!(
+                        "{name}: dilation must be either a single int, or a tuple of {tuple} ints"
+                    )
+                },
                 false,
             )?
             .expect("non-empty")
         } else {
-            [1, 1]
+            vec![1; n]
         };
         let divisor = match p.rest(end) {
             [] => None,
@@ -629,6 +671,10 @@ impl Pool {
             count_include_pad,
             divisor,
         })
+    }
+
+    fn n(&self) -> usize {
+        self.kernel.len()
     }
 
     /// PyTorch's pooling output size along one spatial dim, with its checks.
@@ -653,10 +699,13 @@ impl Pool {
         Ok(out)
     }
 
-    /// The output shape for input `x` (3-d or 4-d), with PyTorch's checks.
+    /// The output shape for input `x`, with PyTorch's checks.
     fn output_shape(&self, op: OpId, x: &TensorType) -> Result<Shape, OpError> {
+        if self.n() == 3 {
+            return self.output_shape_3d(op, x);
+        }
         let r = x.rank();
-        let max = op == OpId::MaxPool2dWithIndices || op == OpId::MaxPool2dWithIndicesBackward;
+        let max = is_max_pool(op);
         if max {
             ensure!(
                 r == 3 || r == 4,
@@ -670,9 +719,9 @@ impl Pool {
         }
         let oh = self.out_size(x.shape[r - 2], 0)?;
         let ow = self.out_size(x.shape[r - 1], 1)?;
-        let [kh, kw] = self.kernel;
-        let [sh, sw] = self.stride;
-        let [dh, dw] = self.dilation;
+        let (kh, kw) = (self.kernel[0], self.kernel[1]);
+        let (sh, sw) = (self.stride[0], self.stride[1]);
+        let (dh, dw) = (self.dilation[0], self.dilation[1]);
         ensure!(
             kw > 0 && kh > 0,
             "kernel size should be greater than zero, but got kH: {kh} kW: {kw}"
@@ -695,7 +744,7 @@ impl Pool {
             "Expected 3D or 4D (batch mode) tensor with optional 0 dim batch size for input, but got:{}",
             fmt_shape(&x.shape)
         );
-        let [ph, pw] = self.padding;
+        let (ph, pw) = (self.padding[0], self.padding[1]);
         ensure!(
             kw / 2 >= pw && kh / 2 >= ph,
             "pad should be smaller than or equal to half of kernel size, but got padW = {pw}, padH = {ph}, kW = {kw}, kH = {kh}"
@@ -713,12 +762,107 @@ impl Pool {
         Ok(s)
     }
 
+    /// max_pool3d / avg_pool3d: PyTorch's pool3d_shape_check.
+    fn output_shape_3d(&self, op: OpId, x: &TensorType) -> Result<Shape, OpError> {
+        let r = x.rank();
+        let max = is_max_pool(op);
+        ensure!(
+            r == 4 || r == 5,
+            "non-empty 4D or 5D (batch mode) tensor expected for input"
+        );
+        let input = &x.shape[r - 3..];
+        // The output sizes come first, with their own checks, as in PyTorch.
+        let out = [
+            self.out_size(input[0], 0)?,
+            self.out_size(input[1], 1)?,
+            self.out_size(input[2], 2)?,
+        ];
+        let (k, s, d, p) = (&self.kernel, &self.stride, &self.dilation, &self.padding);
+        ensure!(
+            k.iter().all(|&v| v > 0),
+            "kernel size should be greater than zero, but got kT: {} kH: {} kW: {}",
+            k[0],
+            k[1],
+            k[2]
+        );
+        ensure!(
+            s.iter().all(|&v| v > 0),
+            "stride should be greater than zero, but got dT: {} dH: {} dW: {}",
+            s[0],
+            s[1],
+            s[2]
+        );
+        ensure!(
+            d.iter().all(|&v| v > 0),
+            "dilation should be greater than zero, but got dilationT: {} dilationH: {} dilationW: {}",
+            d[0],
+            d[1],
+            d[2]
+        );
+        let fn_name = if max { "max_pool3d" } else { "avg_pool3d" };
+        for i in 0..r {
+            if r == 5 && i == 0 {
+                continue;
+            }
+            ensure!(
+                x.shape[i] > 0,
+                "{fn_name}: Expected input's non-batch dimensions to have positive length, but input has a shape of {} and non-batch dimension {} has length zero!",
+                fmt_shape(&x.shape),
+                x.shape[i]
+            );
+        }
+        if !max {
+            ensure!(
+                input.iter().zip(k).all(|(&i, &k)| i >= k),
+                "input image (T: {} H: {} W: {}) smaller than kernel size (kT: {} kH: {} kW: {})",
+                input[0],
+                input[1],
+                input[2],
+                k[0],
+                k[1],
+                k[2]
+            );
+        }
+        ensure!(
+            k[0] / 2 >= p[0] && k[2] / 2 >= p[2] && k[1] / 2 >= p[1],
+            "pad should be smaller than or equal to half of kernel size, but got kT: {} kW: {} kH: {} padT: {} padW: {} padH: {}",
+            k[0],
+            k[2],
+            k[1],
+            p[0],
+            p[2],
+            p[1]
+        );
+        let c = x.shape[r - 4];
+        ensure!(
+            out.iter().all(|&o| o >= 1),
+            "Given input size: ({c}x{}x{}x{}). Calculated output size: ({c}x{}x{}x{}). Output size is too small",
+            input[0],
+            input[1],
+            input[2],
+            out[0],
+            out[1],
+            out[2]
+        );
+        let mut s = Shape::from_slice(&x.shape[..r - 3]);
+        s.extend_from_slice(&out);
+        Ok(s)
+    }
+
     /// The high-side padding along spatial dim `d` that makes the last window fit exactly
     /// (negative: the input's tail is never read).
     fn high_pad(&self, size: i64, out: i64, d: usize) -> i64 {
         (out - 1) * self.stride[d] + self.dilation[d] * (self.kernel[d] - 1) + 1
             - size
             - self.padding[d]
+    }
+
+    /// The high-side padding of every spatial dim of `x` for output shape `out`.
+    fn high_pads(&self, x: &[i64], out: &[i64]) -> Vec<i64> {
+        let (n, r) = (self.n(), x.len());
+        (0..n)
+            .map(|d| self.high_pad(x[r - n + d], out[r - n + d], d))
+            .collect()
     }
 
     /// The divisor of each output position along spatial dim `d`, as PyTorch's avg_pool2d
@@ -742,14 +886,14 @@ impl Pool {
     }
 }
 
-/// Checks that `g` has the shape `expected` (the forward output), in PyTorch's words.
-fn check_grad_shape(g: &TensorType, expected: &[i64]) -> Result<(), OpError> {
+/// Checks that `g` has the shape `expected` (the forward output) in its channel and `n`
+/// spatial dims, in PyTorch's words.
+fn check_grad_shape(g: &TensorType, expected: &[i64], n: usize) -> Result<(), OpError> {
     let r = expected.len();
-    for d in [r - 3, r - 2, r - 1] {
+    for (d, &want) in expected.iter().enumerate().skip(r - n - 1) {
         ensure!(
-            g.rank() == r && g.shape[d] == expected[d],
-            "Expected a tensor of dimension {r} and tensor.size[{d}] == {} but got: dimension {} and tensor.size[{d}] = {}",
-            expected[d],
+            g.rank() == r && g.shape[d] == want,
+            "Expected a tensor of dimension {r} and tensor.size[{d}] == {want} but got: dimension {} and tensor.size[{d}] = {}",
             g.rank(),
             g.shape.get(d).copied().unwrap_or(0)
         );
@@ -799,32 +943,31 @@ fn reduce_window(
     )
 }
 
-/// Window sizes, strides and dilations over all dims of a rank-`r` tensor (1 outside the
-/// last two).
-fn full_window(r: usize, hw: [i64; 2]) -> Vec<i64> {
+/// Window sizes, strides and dilations over all dims of a rank-`r` tensor: `spatial` in the
+/// last dims, 1 elsewhere.
+fn full_window(r: usize, spatial: &[i64]) -> Vec<i64> {
     let mut v = vec![1; r];
-    v[r - 2] = hw[0];
-    v[r - 1] = hw[1];
+    v[r - spatial.len()..].copy_from_slice(spatial);
     v
 }
 
-/// Pad the last two dims of `x` with `value`: `lo` before, `hi` after, `interior` between.
-fn pad_hw(
+/// Pad the last `lo.len()` dims of `x` with `value`: `lo` before, `hi` after, `interior`
+/// between.
+fn pad_spatial(
     e: &mut Emitter,
     x: Value,
     value: Value,
-    lo: [i64; 2],
-    hi: [i64; 2],
-    interior: [i64; 2],
+    lo: &[i64],
+    hi: &[i64],
+    interior: &[i64],
 ) -> Value {
-    if lo == [0, 0] && hi == [0, 0] && interior == [0, 0] {
+    if lo.iter().chain(hi).chain(interior).all(|&v| v == 0) {
         return x;
     }
     let r = e.rank(x);
-    let spread = |v: [i64; 2]| {
+    let spread = |v: &[i64]| {
         let mut s = vec![0; r];
-        s[r - 2] = v[0];
-        s[r - 1] = v[1];
+        s[r - v.len()..].copy_from_slice(v);
         s
     };
     e.pad(x, value, &spread(lo), &spread(hi), &spread(interior))
@@ -839,68 +982,90 @@ fn lowest(dtype: DType) -> ScalarValue {
     }
 }
 
+/// Each element's flat position within its plane (the last `n` dims), row-major: the index
+/// PyTorch's max pooling returns.
+fn plane_positions(e: &mut Emitter, shape: &[i64], n: usize) -> Value {
+    let r = shape.len();
+    let ty = TensorType::new(DType::I64, shape);
+    let mut idx: Option<Value> = None;
+    let mut step = 1;
+    for d in (r - n..r).rev() {
+        let mut term = e.iota(ty.clone(), d);
+        if step != 1 {
+            let k = e.full_like(term, step as f64);
+            term = e.mul(term, k);
+        }
+        idx = Some(match idx {
+            Some(acc) => e.add(term, acc),
+            None => term,
+        });
+        step *= shape[d];
+    }
+    idx.expect("at least one spatial dim")
+}
+
+/// PyTorch scans a window in index order and keeps an element that is greater than the best so
+/// far, or NaN: the first of equal maxima wins, and the last NaN. As a commutative choice of
+/// `(value, index)` pairs: NaN beats numbers, a larger index wins between NaNs, a smaller one
+/// between equals.
+fn pick_max(e: &mut Emitter, args: &[Value], float: bool) -> Vec<Value> {
+    let (av, ai, bv, bi) = (args[0], args[1], args[2], args[3]);
+    let gt = e.compare(Cmp::Gt, av, bv);
+    let eq = e.compare(Cmp::Eq, av, bv);
+    let first = e.compare(Cmp::Lt, ai, bi);
+    let tie = e.and(eq, first);
+    let mut pick_a = e.or(gt, tie);
+    if float {
+        let a_nan = e.compare(Cmp::Ne, av, av);
+        let b_nan = e.compare(Cmp::Ne, bv, bv);
+        let later = e.compare(Cmp::Gt, ai, bi);
+        let nan_pick = e.and(a_nan, later);
+        let num_pick = e.or(a_nan, pick_a);
+        pick_a = e.select(b_nan, nan_pick, num_pick);
+    }
+    let v = e.select(pick_a, av, bv);
+    let i = e.select(pick_a, ai, bi);
+    vec![v, i]
+}
+
 fn max_pool(e: &mut Emitter, x: Value, pool: &Pool, out: &TensorType) -> (Value, Value) {
     let xt = e.ty(x).clone();
     let r = xt.rank();
-    let (h, w) = (xt.shape[r - 2], xt.shape[r - 1]);
-    let idx_ty = TensorType::new(DType::I64, &xt.shape);
-    let rows = e.iota(idx_ty.clone(), r - 2);
-    let width = e.full_like(rows, w as f64);
-    let rows = e.mul(rows, width);
-    let cols = e.iota(idx_ty, r - 1);
-    let idx = e.add(rows, cols);
-    let lo = pool.padding;
-    let hi = [
-        pool.high_pad(h, out.shape[r - 2], 0),
-        pool.high_pad(w, out.shape[r - 1], 1),
-    ];
+    let idx = plane_positions(e, &xt.shape, pool.n());
+    let hi = pool.high_pads(&xt.shape, &out.shape);
     let low_value = e.scalar_constant(xt.dtype, lowest(xt.dtype));
     // Padding carries the largest index, so it loses every tie to a real element.
     let pad_index = e.scalar_constant(DType::I64, ScalarValue::Int(i64::MAX));
-    let xp = pad_hw(e, x, low_value, lo, hi, [0, 0]);
-    let ip = pad_hw(e, idx, pad_index, lo, hi, [0, 0]);
+    let zeros = vec![0; pool.n()];
+    let xp = pad_spatial(e, x, low_value, &pool.padding, &hi, &zeros);
+    let ip = pad_spatial(e, idx, pad_index, &pool.padding, &hi, &zeros);
     let float = xt.dtype.is_float();
-    // PyTorch scans each window in index order and keeps an element that is greater than the
-    // best so far, or NaN: the first of equal maxima wins, and the last NaN. As a commutative
-    // choice: NaN beats numbers, a larger index wins between NaNs, a smaller one between equals.
     let outs = reduce_window(
         e,
         &[xp, ip],
         &[low_value, pad_index],
-        &full_window(r, pool.kernel),
-        &full_window(r, pool.stride),
-        &full_window(r, pool.dilation),
-        |e, args| {
-            let (av, ai, bv, bi) = (args[0], args[1], args[2], args[3]);
-            let gt = e.compare(Cmp::Gt, av, bv);
-            let eq = e.compare(Cmp::Eq, av, bv);
-            let first = e.compare(Cmp::Lt, ai, bi);
-            let tie = e.and(eq, first);
-            let mut pick_a = e.or(gt, tie);
-            if float {
-                let a_nan = e.compare(Cmp::Ne, av, av);
-                let b_nan = e.compare(Cmp::Ne, bv, bv);
-                let later = e.compare(Cmp::Gt, ai, bi);
-                let nan_pick = e.and(a_nan, later);
-                let num_pick = e.or(a_nan, pick_a);
-                pick_a = e.select(b_nan, nan_pick, num_pick);
-            }
-            let v = e.select(pick_a, av, bv);
-            let i = e.select(pick_a, ai, bi);
-            vec![v, i]
-        },
+        &full_window(r, &pool.kernel),
+        &full_window(r, &pool.stride),
+        &full_window(r, &pool.dilation),
+        |e, args| pick_max(e, args, float),
     );
     (outs[0], outs[1])
 }
 
 /// `grad` (shaped like the pooled output) added at the flat per-plane `indices` of a zero
-/// tensor shaped like `x`.
-fn max_pool_backward(e: &mut Emitter, grad: Value, x: &TensorType, indices: Value) -> Value {
+/// tensor shaped like `x`; a plane is the last `n` dims.
+fn max_pool_backward(
+    e: &mut Emitter,
+    grad: Value,
+    x: &TensorType,
+    indices: Value,
+    n: usize,
+) -> Value {
     let r = x.rank();
-    let planes: i64 = x.shape[..r - 2].iter().product();
-    let cells = x.shape[r - 2] * x.shape[r - 1];
+    let planes: i64 = x.shape[..r - n].iter().product();
+    let cells: i64 = x.shape[r - n..].iter().product();
     let gt = e.ty(grad).clone();
-    let per_plane = gt.shape[r - 2] * gt.shape[r - 1];
+    let per_plane: i64 = gt.shape[r - n..].iter().product();
     let cd = acc_dtype(x.dtype);
     if planes * per_plane == 0 {
         return zeros(e, x);
@@ -928,24 +1093,28 @@ fn max_pool_backward(e: &mut Emitter, grad: Value, x: &TensorType, indices: Valu
     e.convert(s, x.dtype)
 }
 
-/// The per-position divisors of avg_pool2d for output shape `out` (in `dtype`), or the
+/// The per-position divisors of avg_pool2d/3d for output shape `out` (in `dtype`), or the
 /// override as a scalar broadcast.
 fn avg_divisor(e: &mut Emitter, pool: &Pool, x: &TensorType, out: &[i64], dtype: DType) -> Value {
-    let r = x.rank();
+    let (r, n) = (x.rank(), pool.n());
     if let Some(d) = pool.divisor {
         let c = e.scalar_constant(dtype, ScalarValue::Int(d));
         return e.broadcast_to(c, out);
     }
-    let (oh, ow) = (out[r - 2], out[r - 1]);
-    let hv = pool.divisors(x.shape[r - 2], oh, 0);
-    let wv = pool.divisors(x.shape[r - 1], ow, 1);
-    let hc = e.dense_i64(TensorType::new(DType::I64, &[oh]), &hv);
-    let wc = e.dense_i64(TensorType::new(DType::I64, &[ow]), &wv);
-    let hb = e.broadcast_in_dim(hc, &[oh, ow], &[0]);
-    let wb = e.broadcast_in_dim(wc, &[oh, ow], &[1]);
-    let m = e.mul(hb, wb);
-    let m = e.convert(m, dtype);
-    e.broadcast_in_dim(m, out, &[r - 2, r - 1])
+    let spatial = &out[r - n..];
+    let mut m: Option<Value> = None;
+    for d in 0..n {
+        let v = pool.divisors(x.shape[r - n + d], spatial[d], d);
+        let c = e.dense_i64(TensorType::new(DType::I64, &[spatial[d]]), &v);
+        let b = e.broadcast_in_dim(c, spatial, &[d]);
+        m = Some(match m {
+            Some(acc) => e.mul(acc, b),
+            None => b,
+        });
+    }
+    let m = e.convert(m.expect("spatial dims"), dtype);
+    let dims: Vec<usize> = (r - n..r).collect();
+    e.broadcast_in_dim(m, out, &dims)
 }
 
 /// `v / divisor` with PyTorch's arithmetic: integers divide as int64 (truncating).
@@ -967,19 +1136,16 @@ fn avg_pool(e: &mut Emitter, x: Value, pool: &Pool, out: &TensorType) -> Value {
     let r = xt.rank();
     let cd = acc_dtype(xt.dtype);
     let xc = e.convert(x, cd);
-    let hi = [
-        pool.high_pad(xt.shape[r - 2], out.shape[r - 2], 0),
-        pool.high_pad(xt.shape[r - 1], out.shape[r - 1], 1),
-    ];
+    let hi = pool.high_pads(&xt.shape, &out.shape);
     let zero = e.scalar_constant(cd, ScalarValue::Int(0));
-    let xp = pad_hw(e, xc, zero, pool.padding, hi, [0, 0]);
+    let xp = pad_spatial(e, xc, zero, &pool.padding, &hi, &vec![0; pool.n()]);
     let ones = vec![1; r];
     let sum = reduce_window(
         e,
         &[xp],
         &[zero],
-        &full_window(r, pool.kernel),
-        &full_window(r, pool.stride),
+        &full_window(r, &pool.kernel),
+        &full_window(r, &pool.stride),
         &ones,
         |e, a| vec![e.add(a[0], a[1])],
     )[0];
@@ -991,7 +1157,7 @@ fn avg_pool(e: &mut Emitter, x: Value, pool: &Pool, out: &TensorType) -> Value {
 /// gradient dilated by the stride, padded so each input position sees the windows that cover
 /// it, and summed over a kernel-sized window.
 fn avg_pool_backward(e: &mut Emitter, grad: Value, x: &TensorType, pool: &Pool) -> Value {
-    let r = x.rank();
+    let (r, n) = (x.rank(), pool.n());
     if x.numel() == 0 {
         return zeros(e, x);
     }
@@ -999,23 +1165,23 @@ fn avg_pool_backward(e: &mut Emitter, grad: Value, x: &TensorType, pool: &Pool) 
     let cd = acc_dtype(x.dtype);
     let g = e.convert(grad, cd);
     let g = divide(e, g, pool, x, &gt.shape);
-    let mut lo = [0; 2];
-    let mut hi = [0; 2];
-    let mut interior = [0; 2];
-    for d in 0..2 {
-        let (size, out) = (x.shape[r - 2 + d], gt.shape[r - 2 + d]);
+    let mut lo = vec![0; n];
+    let mut hi = vec![0; n];
+    let mut interior = vec![0; n];
+    for d in 0..n {
+        let (size, out) = (x.shape[r - n + d], gt.shape[r - n + d]);
         lo[d] = pool.kernel[d] - 1 - pool.padding[d];
         hi[d] = size + pool.padding[d] - (out - 1) * pool.stride[d] - 1;
         interior[d] = pool.stride[d] - 1;
     }
     let zero = e.scalar_constant(cd, ScalarValue::Int(0));
-    let gp = pad_hw(e, g, zero, lo, hi, interior);
+    let gp = pad_spatial(e, g, zero, &lo, &hi, &interior);
     let ones = vec![1; r];
     let s = reduce_window(
         e,
         &[gp],
         &[zero],
-        &full_window(r, pool.kernel),
+        &full_window(r, &pool.kernel),
         &ones,
         &ones,
         |e, a| vec![e.add(a[0], a[1])],
@@ -1023,12 +1189,17 @@ fn avg_pool_backward(e: &mut Emitter, grad: Value, x: &TensorType, pool: &Pool) 
     e.convert(s, x.dtype)
 }
 
-/// The 0/1 matrix `[out, size]` of adaptive pooling's windows along one dim (window `o` spans
-/// `[floor(o * size / out), ceil((o + 1) * size / out))`) and each window's length.
-fn adaptive_windows(e: &mut Emitter, size: i64, out: i64, dtype: DType) -> (Value, Vec<i64>) {
-    let starts: Vec<i64> = (0..out).map(|o| o * size / out).collect();
-    let ends: Vec<i64> = (0..out).map(|o| ((o + 1) * size + out - 1) / out).collect();
-    let lens = starts.iter().zip(&ends).map(|(s, t)| t - s).collect();
+/// Adaptive pooling's window bounds along one dim: window `o` spans
+/// `[floor(o * size / out), ceil((o + 1) * size / out))`.
+fn adaptive_bounds(size: i64, out: i64) -> (Vec<i64>, Vec<i64>) {
+    let starts = (0..out).map(|o| o * size / out).collect();
+    let ends = (0..out).map(|o| ((o + 1) * size + out - 1) / out).collect();
+    (starts, ends)
+}
+
+/// The bool matrix `[out, size]` of adaptive pooling's windows along one dim.
+fn adaptive_mask(e: &mut Emitter, size: i64, out: i64) -> Value {
+    let (starts, ends) = adaptive_bounds(size, out);
     let ty = TensorType::new(DType::I64, &[out, size]);
     let s = e.dense_i64(TensorType::new(DType::I64, &[out]), &starts);
     let t = e.dense_i64(TensorType::new(DType::I64, &[out]), &ends);
@@ -1037,7 +1208,15 @@ fn adaptive_windows(e: &mut Emitter, size: i64, out: i64, dtype: DType) -> (Valu
     let pos = e.iota(ty, 1);
     let after = e.compare(Cmp::Ge, pos, s);
     let before = e.compare(Cmp::Lt, pos, t);
-    let inside = e.and(after, before);
+    e.and(after, before)
+}
+
+/// The 0/1 matrix `[out, size]` of adaptive pooling's windows along one dim and each window's
+/// length.
+fn adaptive_windows(e: &mut Emitter, size: i64, out: i64, dtype: DType) -> (Value, Vec<i64>) {
+    let (starts, ends) = adaptive_bounds(size, out);
+    let lens = starts.iter().zip(&ends).map(|(s, t)| t - s).collect();
+    let inside = adaptive_mask(e, size, out);
     (e.convert(inside, dtype), lens)
 }
 
@@ -1092,32 +1271,82 @@ fn adaptive_pool_backward(e: &mut Emitter, grad: Value, x: &TensorType) -> Value
     e.convert(s, x.dtype)
 }
 
-fn adaptive_output_shape(x: &TensorType, size: &[i64]) -> Result<Shape, OpError> {
+/// One step of adaptive max pooling: `(values, indices)` of shape `[.., S, ..]` (the pooled dim
+/// `dim` of size S) reduced to `[.., O, ..]` over adaptive windows, keeping PyTorch's choice of
+/// maximum. Windows of different lengths rule out reduce_window: each output position reduces
+/// the whole dim under its window's mask.
+fn adaptive_max_step(
+    e: &mut Emitter,
+    values: Value,
+    indices: Value,
+    dim: usize,
+    out: i64,
+) -> (Value, Value) {
+    let ty = e.ty(values).clone();
+    let size = ty.shape[dim];
+    // [.., S, ..] -> [.., O, S, ..]
+    let mut wide = ty.shape.clone();
+    wide.insert(dim, out);
+    let keep: Vec<usize> = (0..ty.rank())
+        .map(|d| if d < dim { d } else { d + 1 })
+        .collect();
+    let vb = e.broadcast_in_dim(values, &wide, &keep);
+    let ib = e.broadcast_in_dim(indices, &wide, &keep);
+    let mask = adaptive_mask(e, size, out);
+    let mask = e.broadcast_in_dim(mask, &wide, &[dim, dim + 1]);
+    let low_value = e.scalar_constant(ty.dtype, lowest(ty.dtype));
+    let pad_index = e.scalar_constant(DType::I64, ScalarValue::Int(i64::MAX));
+    let low = e.broadcast_to(low_value, &wide);
+    let far = e.broadcast_to(pad_index, &wide);
+    let vm = e.select(mask, vb, low);
+    let im = e.select(mask, ib, far);
+    let float = ty.dtype.is_float();
+    let outs = e.reduce(&[vm, im], &[low_value, pad_index], &[dim + 1], |e, args| {
+        pick_max(e, args, float)
+    });
+    (outs[0], outs[1])
+}
+
+/// Adaptive max pooling over the last two dims, separably: a maximum over each window of rows,
+/// then over each window of columns, carrying the flat `h * W + w` index of the winner (the
+/// row-major first maximum, or the last NaN, as PyTorch picks).
+fn adaptive_max_pool(e: &mut Emitter, x: Value, out: &TensorType) -> (Value, Value) {
+    let xt = e.ty(x).clone();
+    let r = xt.rank();
+    let idx = plane_positions(e, &xt.shape, 2);
+    let (v, i) = adaptive_max_step(e, x, idx, r - 2, out.shape[r - 2]);
+    adaptive_max_step(e, v, i, r - 1, out.shape[r - 1])
+}
+
+fn adaptive_output_shape(x: &TensorType, size: &[i64], name: &str) -> Result<Shape, OpError> {
     let r = x.rank();
+    // The max variant puts a colon before the shape.
+    let colon = if name.starts_with("adaptive_max") {
+        ":"
+    } else {
+        ""
+    };
     ensure!(
         r == 3 || r == 4,
-        "adaptive_avg_pool2d(): Expected 3D or 4D tensor, but got {}",
+        "{name}(): Expected 3D or 4D tensor, but got{colon} {}",
         fmt_shape(&x.shape)
     );
     for d in r - 3..r {
         ensure!(
             x.shape[d] != 0,
-            "adaptive_avg_pool2d(): Expected input to have non-zero size for non-batch dimensions, but input has sizes {} with dimension {d} being empty",
+            "{name}(): Expected input to have non-zero size for non-batch dimensions, but input has sizes {} with dimension {d} being empty",
             fmt_shape(&x.shape)
         );
     }
-    ensure!(
-        size.len() == 2,
-        "adaptive_avg_pool2d: output_size must be 2"
-    );
+    ensure!(size.len() == 2, "{name}: output_size must be 2");
     ensure!(
         size.iter().all(|&s| s >= 0),
-        "adaptive_avg_pool2d: elements of output_size must be greater than or equal to 0 but received {{{}, {}}}",
+        "{name}: elements of output_size must be greater than or equal to 0 but received {{{}, {}}}",
         size[0],
         size[1]
     );
     if !x.dtype.is_float() {
-        return Err(not_implemented_for("adaptive_avg_pool2d", x.dtype));
+        return Err(not_implemented_for(name, x.dtype));
     }
     let mut s = Shape::from_slice(&x.shape[..r - 2]);
     s.extend_from_slice(size);
@@ -1130,16 +1359,18 @@ fn pool_meta(a: &MetaArgs) -> Result<Meta, OpError> {
     let p = &a.params;
     let none = ScalarDTypes::new();
     match a.op {
-        MaxPool2dWithIndices | AvgPool2d => {
+        MaxPool2dWithIndices | AvgPool2d | MaxPool3dWithIndices | AvgPool3d => {
             a.expect_counts(1..=1, 0..=0)?;
             let pool = Pool::parse(a.op, p)?;
             let x = &i[0];
             let shape = pool.output_shape(a.op, x)?;
+            let max = is_max_pool(a.op);
             if x.dtype == DType::Bool {
-                let name = if a.op == AvgPool2d {
-                    "avg_pool2d"
-                } else {
-                    "max_pool2d"
+                let name = match (max, pool.n()) {
+                    (true, 2) => "max_pool2d",
+                    (true, _) => "max_pool3d",
+                    (false, 2) => "avg_pool2d",
+                    (false, _) => "avg_pool3d",
                 };
                 return Err(not_implemented_for(name, x.dtype));
             }
@@ -1148,7 +1379,7 @@ fn pool_meta(a: &MetaArgs) -> Result<Meta, OpError> {
                 dtype: x.dtype,
                 shape: shape.clone(),
             });
-            if a.op == MaxPool2dWithIndices {
+            if max {
                 outputs.push(TensorType {
                     dtype: DType::I64,
                     shape,
@@ -1159,60 +1390,114 @@ fn pool_meta(a: &MetaArgs) -> Result<Meta, OpError> {
                 scalar_dtypes: none,
             })
         }
-        MaxPool2dWithIndicesBackward | AvgPool2dBackward => {
-            let max = a.op == MaxPool2dWithIndicesBackward;
+        MaxPool2dWithIndicesBackward
+        | AvgPool2dBackward
+        | MaxPool3dWithIndicesBackward
+        | AvgPool3dBackward => {
+            let max = is_max_pool(a.op);
             if max {
                 a.expect_counts(3..=3, 0..=0)?;
             } else {
                 a.expect_counts(2..=2, 0..=0)?;
             }
             let pool = Pool::parse(a.op, p)?;
+            let n = pool.n();
             let (g, x) = (&i[0], &i[1]);
             let shape = pool.output_shape(a.op, x)?;
+            ensure!(
+                g.dtype == x.dtype,
+                "expected dtype {} for `gradOutput` but got dtype {}",
+                x.dtype.typemeta_name(),
+                g.dtype.typemeta_name()
+            );
             if max {
                 ensure!(
                     i[2].dtype == DType::I64,
                     "expected scalar type Long but found {}",
                     i[2].dtype.scalar_type_name()
                 );
-                ensure!(
-                    g.dtype == x.dtype,
-                    "expected dtype {} for `gradOutput` but got dtype {}",
-                    x.dtype.typemeta_name(),
-                    g.dtype.typemeta_name()
-                );
                 if !x.dtype.is_float() {
-                    return Err(not_implemented_for("max_pool2d_backward", x.dtype));
+                    let name = if n == 2 {
+                        "max_pool2d_backward"
+                    } else {
+                        "max_pool3d_backward"
+                    };
+                    return Err(not_implemented_for(name, x.dtype));
                 }
-                check_grad_shape(g, &shape)?;
-                check_grad_shape(&i[2], &shape)?;
+                check_grad_shape(g, &shape, n)?;
+                check_grad_shape(&i[2], &shape, n)?;
             } else {
-                ensure!(
-                    g.dtype == x.dtype,
-                    "expected dtype {} for `gradOutput` but got dtype {}",
-                    x.dtype.typemeta_name(),
-                    g.dtype.typemeta_name()
-                );
                 if x.dtype == DType::Bool {
-                    return Err(not_implemented_for(
-                        "avg_pool2d_backward_out_frame",
-                        x.dtype,
-                    ));
+                    let name = if n == 2 {
+                        "avg_pool2d_backward_out_frame"
+                    } else {
+                        "avg_pool3d_backward_out_frame"
+                    };
+                    return Err(not_implemented_for(name, x.dtype));
                 }
-                check_grad_shape(g, &shape)?;
+                check_grad_shape(g, &shape, n)?;
             }
             Ok(Meta::single(x.clone(), none))
         }
-        AdaptiveAvgPool2d => {
+        AdaptiveAvgPool2d | AdaptiveMaxPool2d => {
             a.expect_counts(1..=1, 0..=0)?;
-            let shape = adaptive_output_shape(&i[0], p.rest(0))?;
-            Ok(Meta::single(
-                TensorType {
-                    dtype: i[0].dtype,
+            let name = if a.op == AdaptiveAvgPool2d {
+                "adaptive_avg_pool2d"
+            } else {
+                "adaptive_max_pool2d"
+            };
+            let shape = adaptive_output_shape(&i[0], p.rest(0), name)?;
+            let mut outputs = MetaOutputs::new();
+            outputs.push(TensorType {
+                dtype: i[0].dtype,
+                shape: shape.clone(),
+            });
+            if a.op == AdaptiveMaxPool2d {
+                outputs.push(TensorType {
+                    dtype: DType::I64,
                     shape,
-                },
-                none,
-            ))
+                });
+            }
+            Ok(Meta {
+                outputs,
+                scalar_dtypes: none,
+            })
+        }
+        AdaptiveMaxPool2dBackward => {
+            a.expect_counts(3..=3, 0..=0)?;
+            let (g, x, idx) = (&i[0], &i[1], &i[2]);
+            ensure!(
+                g.dtype == x.dtype,
+                "expected grad_output to have the same dtype as self, but got {} and {}",
+                g.dtype.scalar_type_name(),
+                x.dtype.scalar_type_name()
+            );
+            ensure!(
+                idx.dtype == DType::I64,
+                "expected indices to have dtype Long, but got {}",
+                idx.dtype.scalar_type_name()
+            );
+            ensure!(
+                g.rank() == x.rank() && idx.shape == g.shape,
+                "expected sizes of indices {} and grad_output {} to match, with as many dims as self {}",
+                fmt_shape(&idx.shape),
+                fmt_shape(&g.shape),
+                fmt_shape(&x.shape)
+            );
+            let r = x.rank();
+            let size = if r >= 2 {
+                &g.shape[r - 2..]
+            } else {
+                &g.shape[..]
+            };
+            adaptive_output_shape(x, size, "adaptive_max_pool2d_backward")?;
+            ensure!(
+                g.shape[..r - 2] == x.shape[..r - 2],
+                "adaptive_max_pool2d_backward: expected grad_output of shape {} to match the leading dims of self {}",
+                fmt_shape(&g.shape),
+                fmt_shape(&x.shape)
+            );
+            Ok(Meta::single(x.clone(), none))
         }
         _ => {
             a.expect_counts(2..=2, 0..=0)?;
@@ -1234,7 +1519,7 @@ fn pool_meta(a: &MetaArgs) -> Result<Meta, OpError> {
             } else {
                 &g.shape[..]
             };
-            adaptive_output_shape(x, size).map_err(|err| {
+            adaptive_output_shape(x, size, "adaptive_avg_pool2d").map_err(|err| {
                 if err.kind == crate::ErrorKind::NotImplemented {
                     not_implemented_for("adaptive_avg_pool2d_backward", x.dtype)
                 } else {
@@ -1256,7 +1541,7 @@ fn pool_lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
     use OpId::*;
     let p = &a.params;
     match a.op {
-        MaxPool2dWithIndices => {
+        MaxPool2dWithIndices | MaxPool3dWithIndices => {
             let pool = Pool::parse(a.op, p)?;
             let out = a.out(0).clone();
             if out.numel() == 0 {
@@ -1265,11 +1550,12 @@ fn pool_lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
             let (v, i) = max_pool(e, a.inputs[0], &pool, &out);
             Ok(vec![v, i])
         }
-        MaxPool2dWithIndicesBackward => {
+        MaxPool2dWithIndicesBackward | MaxPool3dWithIndicesBackward => {
             let x = e.ty(a.inputs[1]).clone();
-            Ok(vec![max_pool_backward(e, a.inputs[0], &x, a.inputs[2])])
+            let n = spatial_dims(a.op);
+            Ok(vec![max_pool_backward(e, a.inputs[0], &x, a.inputs[2], n)])
         }
-        AvgPool2d => {
+        AvgPool2d | AvgPool3d => {
             let pool = Pool::parse(a.op, p)?;
             let out = a.out(0).clone();
             if out.numel() == 0 {
@@ -1277,7 +1563,7 @@ fn pool_lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
             }
             Ok(vec![avg_pool(e, a.inputs[0], &pool, &out)])
         }
-        AvgPool2dBackward => {
+        AvgPool2dBackward | AvgPool3dBackward => {
             let pool = Pool::parse(a.op, p)?;
             let x = e.ty(a.inputs[1]).clone();
             Ok(vec![avg_pool_backward(e, a.inputs[0], &x, &pool)])
@@ -1285,6 +1571,18 @@ fn pool_lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
         AdaptiveAvgPool2d => {
             let out = a.out(0).clone();
             Ok(vec![adaptive_pool(e, a.inputs[0], &out)])
+        }
+        AdaptiveMaxPool2d => {
+            let out = a.out(0).clone();
+            if out.numel() == 0 {
+                return Ok(vec![zeros(e, &out), zeros(e, a.out(1))]);
+            }
+            let (v, i) = adaptive_max_pool(e, a.inputs[0], &out);
+            Ok(vec![v, i])
+        }
+        AdaptiveMaxPool2dBackward => {
+            let x = e.ty(a.inputs[1]).clone();
+            Ok(vec![max_pool_backward(e, a.inputs[0], &x, a.inputs[2], 2)])
         }
         _ => {
             let x = e.ty(a.inputs[1]).clone();
@@ -1301,7 +1599,13 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
         | OpId::AvgPool2d
         | OpId::AvgPool2dBackward
         | OpId::AdaptiveAvgPool2d
-        | OpId::AdaptiveAvgPool2dBackward => pool_meta(a),
+        | OpId::AdaptiveAvgPool2dBackward
+        | OpId::MaxPool3dWithIndices
+        | OpId::MaxPool3dWithIndicesBackward
+        | OpId::AvgPool3d
+        | OpId::AvgPool3dBackward
+        | OpId::AdaptiveMaxPool2d
+        | OpId::AdaptiveMaxPool2dBackward => pool_meta(a),
         op => Err(OpError::runtime(format!(
             "{}: not a convolution or pooling op",
             op.name()

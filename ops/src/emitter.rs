@@ -208,7 +208,7 @@ impl Emitter {
     }
 
     /// Declare the next function argument with an attribute dictionary's contents (e.g.
-    /// `jax.buffer_donor = true` for an input whose buffer the executable may reuse).
+    /// `tf.aliasing_output = 0 : i32` for an input whose buffer becomes output 0).
     pub fn argument_with_attrs(&mut self, ty: TensorType, attrs: &str) -> Value {
         let v = self.argument(ty);
         *self.argument_attrs.last_mut().unwrap() = Some(attrs.to_string());

@@ -213,7 +213,10 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
                 "index_put: expected self, values and index tensors"
             );
             let (x, values) = (&i[0], &i[1]);
-            p.flag(0)?;
+            // 2 accumulates too: index_add, whose out-of-range errors differ (checks.rs).
+            if !(0..=2).contains(&p.get(0)?) {
+                return Err(p.invalid("param 0 must be 0, 1 or 2"));
+            }
             let plan = index_plan(x, &i[2..], p.rest(1))?;
             ensure!(
                 values.dtype == x.dtype,
@@ -537,7 +540,7 @@ pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpErro
         IndexPut => {
             let types: Vec<TensorType> = a.inputs[2..].iter().map(|&v| e.ty(v).clone()).collect();
             let plan = index_plan(&x_ty, &types, p.rest(1))?;
-            lower_index_put(e, x, a.inputs[1], &a.inputs[2..], &plan, p.flag(0)?)
+            lower_index_put(e, x, a.inputs[1], &a.inputs[2..], &plan, p.get(0)? != 0)
         }
         op => {
             return Err(OpError::runtime(format!(

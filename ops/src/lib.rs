@@ -7,7 +7,7 @@
 
 mod activation;
 mod backward;
-mod checks;
+pub mod checks;
 mod conv;
 mod creation;
 pub mod dtype;
@@ -123,7 +123,7 @@ fn family(op: OpId) -> Family {
             Family::Creation
         }
         Sum | Mean | Prod | Amax | Amin | Argmax | Argmin | Any | All | Var | Std | Logsumexp
-        | Norm | Softmax | LogSoftmax => Family::Reduce,
+        | Norm | Softmax | LogSoftmax | Isin => Family::Reduce,
         Mm | Bmm | Addmm | Baddbmm | Dot | Matmul => Family::Linalg,
         Cat | Stack | Flip | Roll | ConstantPadNd | Repeat | Tril | Triu | Gather | IndexSelect
         | Scatter | ScatterAdd | Embedding | Expand | SumToSize | Reshape | Permute | Transpose
@@ -131,7 +131,7 @@ fn family(op: OpId) -> Family {
         ThresholdBackward | LogSoftmaxBackward | SoftmaxBackward | NllLoss | NllLossBackward => {
             Family::Backward
         }
-        AssertAsync => Family::Check,
+        AssertAsync | IndexCheck => Family::Check,
         // random numbers
         Uniform | Normal | RandomInt | Bernoulli | NativeDropout | NativeDropoutBackward => {
             Family::Random
@@ -144,7 +144,13 @@ fn family(op: OpId) -> Family {
         | AvgPool2d
         | AvgPool2dBackward
         | AdaptiveAvgPool2d
-        | AdaptiveAvgPool2dBackward => Family::Conv,
+        | AdaptiveAvgPool2dBackward
+        | MaxPool3dWithIndices
+        | MaxPool3dWithIndicesBackward
+        | AvgPool3d
+        | AvgPool3dBackward
+        | AdaptiveMaxPool2d
+        | AdaptiveMaxPool2dBackward => Family::Conv,
         // normalization
         NativeBatchNorm
         | BatchNormRunningStats

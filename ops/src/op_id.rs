@@ -284,7 +284,7 @@ op_catalogue! {
     Index = "index", inputs: "self, indices...", scalars: "", params: "[dim of each index...]";
     /// The new `self` after `self[indices] = values` (`+=` with `accumulate`).
     IndexPut = "index_put", inputs: "self, values, indices...", scalars: "",
-        params: "[accumulate, dim of each index...]";
+        params: "[accumulate (2: as 1, with index_add's errors), dim of each index...]";
     // Attention and training: activation gradients, losses and fused optimizer steps.
     /// Softmax whose rows of all `-inf` (fully masked attention rows) give zeros.
     SafeSoftmax = "_safe_softmax", inputs: "self", scalars: "", params: "[dim, dtype (-1 = none)]";
@@ -327,6 +327,33 @@ op_catalogue! {
         inputs: "param, grad, momentum_buffer? (has_momentum_buffer), lr? (lr_is_tensor), found_inf? (has_found_inf)",
         scalars: "lr (when not an input), weight_decay, momentum, dampening",
         params: "[nesterov, maximize, is_first_step, has_momentum_buffer, lr_is_tensor, has_found_inf, weight_decay != 0]";
+
+    // ---- index checks ------------------------------------------------------------------
+    /// Whether every index is in range, for the indexing op captured just before it (see
+    /// `checks::index_checks`). Side-effecting: outputs the i64 verdict `[bad, first bad
+    /// index, size, dim, style]`, which the engine reads at the next materialization point
+    /// and turns into PyTorch's error (RFC 0012).
+    IndexCheck = "index_check", inputs: "index", scalars: "",
+        params: "[size, negative_ok, dim, style, ignore? (an index never reported)]";
+
+    // ---- 3-d and adaptive max pooling --------------------------------------------------
+    /// Outputs `(output, indices)`; an index is the flat position `(d * H + h) * W + w` in its
+    /// volume.
+    MaxPool3dWithIndices = "max_pool3d_with_indices", inputs: "self", scalars: "",
+        params: "[ceil_mode, kernel_size list, stride list (empty = kernel_size), padding list, dilation list] (lists of 1 or 3)";
+    MaxPool3dWithIndicesBackward = "max_pool3d_with_indices_backward", inputs: "grad_output, self, indices", scalars: "",
+        params: "[ceil_mode, kernel_size list, stride list (empty = kernel_size), padding list, dilation list] (lists of 1 or 3)";
+    AvgPool3d = "avg_pool3d", inputs: "self", scalars: "",
+        params: "[ceil_mode, count_include_pad, kernel_size list, stride list (empty = kernel_size), padding list, divisor_override?] (lists of 1 or 3)";
+    AvgPool3dBackward = "avg_pool3d_backward", inputs: "grad_output, self", scalars: "",
+        params: "[ceil_mode, count_include_pad, kernel_size list, stride list (empty = kernel_size), padding list, divisor_override?] (lists of 1 or 3)";
+    /// Outputs `(output, indices)`; an index is the flat position `h * W + w` in its plane.
+    AdaptiveMaxPool2d = "adaptive_max_pool2d", inputs: "self", scalars: "", params: "[output_size x 2]";
+    AdaptiveMaxPool2dBackward = "adaptive_max_pool2d_backward", inputs: "grad_output, self, indices", scalars: "", params: "";
+    /// Whether each element of `elements` equals one of `test_elements` (compared in their
+    /// promoted dtype); `invert` negates.
+    Isin = "isin", inputs: "elements, test_elements", scalars: "test_elements (when not an input)",
+        params: "[invert]";
 }
 
 impl OpId {
@@ -353,7 +380,7 @@ impl OpId {
     /// Whether the op must run even when nothing reads its outputs (it checks or changes
     /// state beyond its results).
     pub fn is_side_effecting(self) -> bool {
-        matches!(self, OpId::AssertAsync)
+        matches!(self, OpId::AssertAsync | OpId::IndexCheck)
     }
 
     pub fn from_name(name: &str) -> Option<Self> {

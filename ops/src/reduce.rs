@@ -5,7 +5,7 @@ use crate::elementwise::{is_nan, k, not_implemented_for};
 use crate::emitter::{Cmp, Emitter, Value};
 use crate::error::{ensure, OpError};
 use crate::params::{wrap_dim, wrap_dims};
-use crate::promote::to_float;
+use crate::promote::{result_type, to_float, Operand};
 use crate::{LowerArgs, Meta, MetaArgs, OpId};
 
 /// The shape after reducing `dims` (kept as size 1 when `keepdim`).
@@ -72,6 +72,9 @@ fn empty_reduction_error(op: OpId, dims: &[usize], shape: &[i64]) -> Result<(), 
 
 pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
     use OpId::*;
+    if a.op == Isin {
+        return isin_meta(a);
+    }
     a.expect_counts(1..=1, 0..=0)?;
     let x = &a.inputs[0];
     let p = &a.params;
@@ -249,6 +252,9 @@ fn check_norm_empty(
 
 pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
     use OpId::*;
+    if a.op == Isin {
+        return Ok(vec![lower_isin(e, a)?]);
+    }
     let x = a.inputs[0];
     let out = a.out(0).clone();
     let rank = e.rank(x);
@@ -321,6 +327,78 @@ pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpErro
         }
     };
     Ok(vec![e.convert(v, out.dtype)])
+}
+
+/// `isin`: the elements and test elements promote like a binary op's operands (a Python number
+/// as test element is a wrapped scalar); bool inputs are refused, as on the CPU.
+fn isin_operands<'a>(a: &'a MetaArgs) -> Result<(Operand<'a>, Operand<'a>), OpError> {
+    let elements = Operand::Tensor(&a.inputs[0]);
+    let test = if a.inputs.len() == 2 {
+        a.expect_counts(2..=2, 0..=0)?;
+        Operand::Tensor(&a.inputs[1])
+    } else {
+        a.expect_counts(1..=1, 1..=1)?;
+        Operand::Scalar(&a.scalars[0])
+    };
+    for dtype in [
+        a.inputs[0].dtype,
+        a.inputs
+            .get(1)
+            .map_or_else(|| a.scalars[0].own_dtype(), |t| t.dtype),
+    ] {
+        ensure!(
+            dtype != DType::Bool,
+            "Unsupported input type encountered for isin(): {}",
+            dtype.scalar_type_name()
+        );
+    }
+    Ok((elements, test))
+}
+
+fn isin_meta(a: &MetaArgs) -> Result<Meta, OpError> {
+    let (elements, test) = isin_operands(a)?;
+    a.params.flag(0)?;
+    let common = result_type(&[elements, test]);
+    let scalar_dtypes: Vec<DType> = if a.inputs.len() == 1 {
+        vec![common]
+    } else {
+        vec![]
+    };
+    Ok(Meta::single(
+        a.inputs[0].with_dtype(DType::Bool),
+        scalar_dtypes,
+    ))
+}
+
+/// Every element against every test element (`elements x test_elements` comparisons, reduced
+/// with `or`): no sort, so no data-dependent shapes.
+fn lower_isin(e: &mut Emitter, a: &LowerArgs) -> Result<Value, OpError> {
+    let x = a.inputs[0];
+    let invert = a.params.flag(0)?;
+    let shape = e.shape(x).to_vec();
+    let (test, common) = match a.inputs.get(1) {
+        Some(&t) => {
+            let (tx, tt) = (e.ty(x).clone(), e.ty(t).clone());
+            (
+                t,
+                result_type(&[Operand::Tensor(&tx), Operand::Tensor(&tt)]),
+            )
+        }
+        None => (a.scalars[0], a.meta.scalar_dtypes[0]),
+    };
+    let count: i64 = e.shape(test).iter().product();
+    let flat = e.reshape(test, &[count]);
+    let flat = e.cast(flat, common);
+    let xc = e.cast(x, common);
+    let mut wide = shape.clone();
+    wide.push(count);
+    let rank = shape.len();
+    let dims: Vec<usize> = (0..rank).collect();
+    let xw = e.broadcast_in_dim(xc, &wide, &dims);
+    let tw = e.broadcast_in_dim(flat, &wide, &[rank]);
+    let hits = e.compare(Cmp::Eq, xw, tw);
+    let found = e.reduce_with(hits, 0.0, &[rank], "stablehlo.or");
+    Ok(if invert { e.not(found) } else { found })
 }
 
 /// amax/amin; NaN propagates. The body selects NaN explicitly: XLA CPU's vectorized max

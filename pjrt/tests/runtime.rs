@@ -345,7 +345,7 @@ fn memory_ledger_counts_live_buffers_and_donations() {
     assert_eq!(c.memory_usage().live_bytes, 4096);
     let module = r#"
 module {
-  func.func public @main(%arg0: tensor<1024xf32> {jax.buffer_donor = true}) -> (tensor<1024xf32>) {
+  func.func public @main(%arg0: tensor<1024xf32> {tf.aliasing_output = 0 : i32}) -> (tensor<1024xf32>) {
     %0 = "stablehlo.add"(%arg0, %arg0) : (tensor<1024xf32>, tensor<1024xf32>) -> tensor<1024xf32>
     "func.return"(%0) : (tensor<1024xf32>) -> ()
   }
@@ -361,8 +361,11 @@ module {
         )
         .unwrap()
         .0;
+    // An aliased argument passed as non-donatable is copied, not consumed.
     assert_eq!(c.memory_usage().live_bytes, 8192, "input kept, result new");
     assert!(!x.is_deleted().unwrap());
+    assert_eq!(f32_values(&kept[0].to_host().unwrap())[0], 2.0);
+    assert_eq!(f32_values(&x.to_host().unwrap())[0], 1.0);
     drop(kept);
     let donated = exe.execute(&[&x]).unwrap();
     assert!(x.is_deleted().unwrap(), "the argument was donated");

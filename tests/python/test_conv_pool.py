@@ -151,6 +151,68 @@ def test_errors_match_pytorch(pjrt):
     assert_close(x.to(pjrt) + 1, x + 1)
 
 
+X3 = (2, 3, 6, 7, 5)  # volumes
+
+# 3-d pooling and adaptive max pooling: (name, input shape, function of x)
+POOL_CASES = [
+    ("max_pool3d", X3, lambda x: F.max_pool3d(x, 2)),
+    ("max_pool3d_pad_ceil", X3, lambda x: F.max_pool3d(x, 3, stride=2, padding=1, ceil_mode=True)),
+    ("max_pool3d_dilation", X3,
+     lambda x: F.max_pool3d(x, (2, 2, 3), stride=(1, 2, 1), dilation=(2, 1, 1))),
+    ("max_pool3d_unbatched", X3[1:], lambda x: F.max_pool3d(x, (3, 2, 2), stride=1)),
+    ("avg_pool3d", X3, lambda x: F.avg_pool3d(x, 2)),
+    ("avg_pool3d_pad_exclude", X3,
+     lambda x: F.avg_pool3d(x, (2, 3, 2), stride=(1, 2, 2), padding=(1, 1, 0),
+                            count_include_pad=False)),
+    ("avg_pool3d_ceil_divisor", X3,
+     lambda x: F.avg_pool3d(x, 2, ceil_mode=True, divisor_override=3)),
+    ("adaptive_max_pool2d", X2, lambda x: F.adaptive_max_pool2d(x, (4, 2))),
+    ("adaptive_max_pool2d_up", X2, lambda x: F.adaptive_max_pool2d(x, (11, 5))),
+    ("adaptive_max_pool2d_unbatched", X2[1:], lambda x: F.adaptive_max_pool2d(x, 3)),
+    ("adaptive_max_pool1d", X1, lambda x: F.adaptive_max_pool1d(x, 4)),
+]
+
+
+@pytest.mark.parametrize("mode", ["strict", "debug", "defer_and_fuse"])
+@pytest.mark.parametrize("case", POOL_CASES, ids=[c[0] for c in POOL_CASES])
+def test_3d_and_adaptive_max_pooling_match_cpu(pjrt, mode, case):
+    _, shape, fn = case
+    with torch_pjrt.eager_mode(mode):
+        _check(lambda x, w, b: fn(x), torch.randn(shape), None, None, pjrt)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda t: F.max_pool3d(t, 2, stride=1, padding=1, return_indices=True),
+    lambda t: F.max_pool3d(t, (1, 2, 3), ceil_mode=True, stride=2, return_indices=True),
+    lambda t: F.adaptive_max_pool2d(t[0], (3, 2), return_indices=True),
+    lambda t: F.adaptive_max_pool2d(t[:, 0], 3, return_indices=True),
+], ids=["max_pool3d", "max_pool3d_ceil", "adaptive_max_pool2d", "adaptive_max_pool2d_batched"])
+def test_3d_and_adaptive_max_pool_indices_follow_pytorch(pjrt, fn):
+    # Ties keep the first maximum in scan order, NaN wins (the last one), padding never does.
+    nan = float("nan")
+    x = torch.tensor([[1.0, 1, 0, 2], [1, nan, 1, 2], [nan, 0, 1, 2], [-1, -1, -1, -1]])
+    x = torch.stack([x, x.flip(0), torch.ones(4, 4), torch.full((4, 4), float("-inf"))])
+    x = x.view(1, 4, 4, 4)  # one channel of a 4x4x4 volume
+    values, indices = fn(x.to(pjrt))
+    ref_values, ref_indices = fn(x)
+    assert_close(values, ref_values)
+    assert_close(indices, ref_indices)
+    assert torch_pjrt.metrics()["fallback_ops"] == {}
+
+
+def test_3d_pooling_errors_match_pytorch(pjrt):
+    x = torch.randn(X3)
+    for fn in (lambda t: F.max_pool3d(t, 2, padding=2), lambda t: F.avg_pool3d(t, 2, stride=0),
+               lambda t: F.max_pool3d(t, 9), lambda t: F.max_pool3d(t[0, 0], 2),
+               lambda t: F.adaptive_max_pool2d(t[0, 0, 0], 2)):
+        with pytest.raises(RuntimeError) as expected:
+            fn(x)
+        with pytest.raises(RuntimeError) as got:
+            fn(x.to(pjrt))
+        assert str(got.value) == str(expected.value)
+    assert_close(x.to(pjrt) + 1, x + 1)
+
+
 class SmallCNN(torch.nn.Module):
     def __init__(self):
         super().__init__()

@@ -150,6 +150,32 @@ def test_shape_and_index_ops(pjrt):
     assert_close(z.to(pjrt).scatter_add(1, idx.to(pjrt), b[:, :2].contiguous().to(pjrt)), z.scatter_add(1, idx, b[:, :2]))
 
 
+ISIN = [
+    lambda e, t: torch.isin(e, t),
+    lambda e, t: torch.isin(e, t, invert=True),
+    lambda e, t: torch.isin(e, t.float() + 0.5),  # promoted: int elements, float test elements
+    lambda e, t: torch.isin(e.to(torch.uint8), t[:1]),
+    lambda e, t: torch.isin(e, t[:0]),  # no test elements
+    lambda e, t: torch.isin(e, t[1]),  # a 0-d test element
+    lambda e, t: torch.isin(e[0, 0], t),
+    lambda e, t: torch.isin(e, 3),
+    lambda e, t: torch.isin(e, 3.5, invert=True),
+    lambda e, t: torch.isin(e.float(), torch.tensor([float("nan"), 2.0]).to(e.device)),
+]
+
+
+@pytest.mark.parametrize("op", ISIN, ids=range(len(ISIN)))
+def test_isin(pjrt, op):
+    e, t = torch.randint(0, 8, (3, 5)), torch.tensor([[1, 3], [5, 3]])
+    assert_close(op(e.to(pjrt), t.to(pjrt)), op(e, t))
+    assert torch_pjrt.metrics()["fallback_ops"] == {}
+
+
+def test_isin_refuses_bool(pjrt):
+    with pytest.raises(RuntimeError, match="Unsupported input type encountered for isin"):
+        torch.isin(torch.tensor([1, 2]).to(pjrt), torch.tensor([True]).to(pjrt))
+
+
 def test_creation(pjrt):
     assert_close(torch.zeros(2, 3, device=pjrt), torch.zeros(2, 3))
     assert_close(torch.ones(4, dtype=torch.int32, device=pjrt), torch.ones(4, dtype=torch.int32))

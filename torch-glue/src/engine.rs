@@ -29,9 +29,9 @@ pub struct EngineConfig {
     pub plugin: String,
     pub default_mode: Mode,
     pub max_region_ops: usize,
-    /// Donate region inputs nothing else refers to (`TORCH_PJRT_DONATE=1` turns it on). Off by
-    /// default: with xla-cpu-pjrt 0.0.1 a donated base updated by chained dynamic_update_slices
-    /// has been seen to produce wrong elements, intermittently.
+    /// Donate the old value of a storage that a region overwrites to the storage's new value,
+    /// when nothing else refers to it (in-place updates run in place; RFC 0012).
+    /// `TORCH_PJRT_DONATE=0` turns it off.
     pub donate: bool,
     pub compile: CompileConfig,
 }
@@ -64,7 +64,7 @@ impl EngineConfig {
             plugin: env("TORCH_PJRT_PLUGIN").unwrap_or_else(|| "cpu".to_string()),
             default_mode,
             max_region_ops,
-            donate: matches!(env("TORCH_PJRT_DONATE").as_deref(), Some("1")),
+            donate: !matches!(env("TORCH_PJRT_DONATE").as_deref(), Some("0")),
             compile,
         })
     }
@@ -116,12 +116,9 @@ pub struct Engine {
     modes: ModeStack,
     counters: Counters,
     max_region_ops: usize,
-    /// The outputs of the newest launched region, awaited by `sync`.
+    /// The outputs of the newest launched region, awaited by `sync` (weakly: holding them would
+    /// keep them from being donated; released work is awaited through the queue's events).
     last_outputs: Mutex<Vec<WeakDeviceValue>>,
-    /// The same outputs held strongly, so `sync` waits for them even when released — unless
-    /// donation is on, where holding them would keep them from being donated.
-    last_outputs_held: Mutex<Vec<DeviceValue>>,
-    donate: bool,
     /// Verdicts of launched `_assert_async` checks, verified at the next materialization point.
     pending_checks: Mutex<Vec<(DeviceValue, String)>>,
     /// The dimensions digest last compiled for each structure, to name why a recompile happened.
@@ -149,17 +146,13 @@ impl Engine {
             options_key,
             graph: Mutex::new({
                 let mut graph = Graph::new();
-                if config.donate {
-                    graph.set_donation_check(DeviceValue::is_unique);
-                }
+                graph.set_donation(config.donate);
                 graph
             }),
             modes: ModeStack::new(config.default_mode),
             counters: Counters::default(),
             max_region_ops: config.max_region_ops,
             last_outputs: Mutex::new(Vec::new()),
-            last_outputs_held: Mutex::new(Vec::new()),
-            donate: config.donate,
             pending_checks: Mutex::new(Vec::new()),
             seen_structures: Mutex::new(HashMap::new()),
             recompiles: Default::default(),
@@ -211,6 +204,20 @@ impl Engine {
         Counters::bump(&self.counters.ops, 1);
         let mut graph = self.graph.lock();
         let captured = graph.capture(op, inputs, scalars, params, outs)?;
+        if ops::checks::has_index_checks(op) {
+            // Captured before the flush policy runs, so Strict runs op and check as one region.
+            let shapes: smallvec::SmallVec<[&[i64]; 4]> =
+                inputs.iter().map(|t| t.sizes.as_slice()).collect();
+            for check in ops::checks::index_checks(op, &shapes, params) {
+                graph.capture(
+                    OpId::IndexCheck,
+                    std::slice::from_ref(&inputs[check.input]),
+                    &[],
+                    &check.params,
+                    &[],
+                )?;
+            }
+        }
         if let Err(e) = self.after_capture(&mut graph) {
             // The caller never learns the ids of storages created for a failed op: release
             // them, so they don't stay live (and counted) forever.
@@ -270,7 +277,7 @@ impl Engine {
             dims: flush.dims,
             options: self.options_key,
         };
-        let donated: Vec<usize> = flush.region.donated().iter().map(|&i| i as usize).collect();
+        let donated: Vec<usize> = flush.region.donated().map(|i| i as usize).collect();
         Counters::bump(&self.counters.donated_buffers, donated.len() as u64);
         let handle: CompileHandle = match self.compiler.lookup(&key) {
             Some(exe) => CompileHandle::ready(key, exe),
@@ -304,15 +311,9 @@ impl Engine {
         self.queue.enqueue(job);
         {
             // Refilled in place: no allocation per op.
-            if self.donate {
-                let mut last = self.last_outputs.lock();
-                last.clear();
-                last.extend(flush.outputs.iter().map(|v| v.downgrade()));
-            } else {
-                let mut held = self.last_outputs_held.lock();
-                held.clear();
-                held.extend(flush.outputs.iter().cloned());
-            }
+            let mut last = self.last_outputs.lock();
+            last.clear();
+            last.extend(flush.outputs.iter().map(|v| v.downgrade()));
         }
         Ok(flush.outputs)
     }
@@ -350,10 +351,13 @@ impl Engine {
         }
         self.queue.flush();
         let last = std::mem::take(&mut *self.last_outputs.lock());
-        let held = std::mem::take(&mut *self.last_outputs_held.lock());
-        for value in last.iter().filter_map(|v| v.upgrade()).chain(held) {
+        for value in last.iter().filter_map(|v| v.upgrade()) {
             self.wait_device(&value)?;
         }
+        // Work whose results were all released still runs on the device: wait for it too.
+        self.queue
+            .wait_launched()
+            .map_err(|e| runtime_error("waiting for the device", e))?;
         self.verify_checks()
     }
 
@@ -366,6 +370,14 @@ impl Engine {
                 let bytes = buffer
                     .to_host()
                     .map_err(|e| runtime_error("reading an assertion's verdict", e))?;
+                if op == OpId::IndexCheck.name() {
+                    let verdict: Vec<i64> = bytes
+                        .chunks_exact(8)
+                        .map(|w| i64::from_ne_bytes(w.try_into().expect("8 bytes")))
+                        .collect();
+                    return ops::checks::index_check_error(&verdict)
+                        .map_or(Ok(()), |e| Err(e.into()));
+                }
                 if bytes.first().copied().unwrap_or(0) == 0 {
                     return Err(EngineError::runtime(format!(
                         "{op}: Expected Tensor with single nonzero value, but got zero"
@@ -422,7 +434,11 @@ impl Engine {
             match graph.read_source(t)? {
                 Some(source) => source,
                 None => {
-                    self.flush_locked(&mut graph, FlushRequest::Storages(&[t.storage]))?;
+                    // Everything pending runs, not only what the read needs (RFC 0012): a
+                    // training step read through its loss then runs as one region, whose
+                    // activations live and die inside it, instead of leaving its backward pass
+                    // to run with the next step's forward (both steps' activations held at once).
+                    self.flush_locked(&mut graph, FlushRequest::All)?;
                     graph.read_source(t)?.ok_or_else(|| {
                         EngineError::runtime("internal error: a flushed storage is still pending")
                     })?

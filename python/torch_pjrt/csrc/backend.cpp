@@ -1046,6 +1046,23 @@ at::Tensor& pjrt_set_empty(at::Tensor& self) {
   return set_storage_impl(self, std::move(storage), 0, sizes, {});
 }
 
+// PyTorch's own rule lists only its built-in dense backends, so `param.data = t` would refuse a
+// pjrt tensor and `Module.to("pjrt")` would make new Parameters, untying shared (tied) weights.
+// pjrt tensors are plain strided dense tensors: they may take a CPU tensor's place and back.
+bool pjrt_has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  if (self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set())) {
+    return true;
+  }
+  constexpr auto backends =
+      c10::DispatchKeySet({c10::BackendComponent::CPUBit, c10::BackendComponent::PrivateUse1Bit});
+  constexpr auto dense_k = c10::DispatchKeySet(c10::DispatchKey::Dense);
+  auto dense = [&](const at::Tensor& t) {
+    const c10::DispatchKeySet ks = t.key_set();
+    return ks.has_any(dense_k) && ks.has_any(backends) && t.layout() == at::kStrided;
+  };
+  return dense(self) && dense(from);
+}
+
 at::Tensor pjrt_copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {
   const at::Tensor& src = self;
   if (is_pjrt(src) && is_pjrt(dst)) {
@@ -1164,6 +1181,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Storage_storage_offset", TORCH_FN(pjrt_set_storage_offset));
   m.impl("set_.source_Tensor", TORCH_FN(pjrt_set_tensor));
   m.impl("set_", TORCH_FN(pjrt_set_empty));
+  m.impl("_has_compatible_shallow_copy_type", TORCH_FN(pjrt_has_compatible_shallow_copy_type));
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {

@@ -119,6 +119,9 @@ TABLE += [
     ("all", "all", "t self; p 0"),
     ("all.dim", "all", "t self; p enc::b(keepdim); p dim"),
     ("all.dims", "all", "t self; p enc::b(keepdim); pl enc::dims(dim)"),
+    # `assume_unique` is only a hint for PyTorch's sorting kernel
+    ("isin.Tensor_Tensor", "isin", "t elements; t test_elements; p enc::b(invert)"),
+    ("isin.Tensor_Scalar", "isin", "t elements; s test_element; p enc::b(invert)"),
     ("var.correction", "var",
      "t self; p enc::b(keepdim); p enc::correction(correction); pl enc::dims(dim)"),
     ("std.correction", "std",
@@ -192,6 +195,22 @@ TABLE += [
     ("_adaptive_avg_pool2d", "_adaptive_avg_pool2d", "t self; pl enc::sym(output_size); fmt self"),
     ("_adaptive_avg_pool2d_backward", "_adaptive_avg_pool2d_backward",
      "t grad_output; t self; fmt self"),
+    ("max_pool3d_with_indices", "max_pool3d_with_indices",
+     "t self; p enc::b(ceil_mode); pl enc::counted(kernel_size); pl enc::counted(stride); "
+     "pl enc::counted(padding); pl enc::counted(dilation)"),
+    ("max_pool3d_with_indices_backward", "max_pool3d_with_indices_backward",
+     "t grad_output; t self; t indices; p enc::b(ceil_mode); pl enc::counted(kernel_size); "
+     "pl enc::counted(stride); pl enc::counted(padding); pl enc::counted(dilation)"),
+    ("avg_pool3d", "avg_pool3d",
+     "t self; p enc::b(ceil_mode); p enc::b(count_include_pad); pl enc::counted(kernel_size); "
+     "pl enc::counted(stride); pl enc::counted(padding); pl enc::opt1(divisor_override)"),
+    ("avg_pool3d_backward", "avg_pool3d_backward",
+     "t grad_output; t self; p enc::b(ceil_mode); p enc::b(count_include_pad); "
+     "pl enc::counted(kernel_size); pl enc::counted(stride); pl enc::counted(padding); "
+     "pl enc::opt1(divisor_override)"),
+    ("adaptive_max_pool2d", "adaptive_max_pool2d", "t self; pl output_size; fmt self"),
+    ("adaptive_max_pool2d_backward", "adaptive_max_pool2d_backward",
+     "t grad_output; t self; t indices; fmt self"),
 ]
 # normalization (`native_batch_norm` is hand-written in backend.cpp: it updates the running
 # statistics in place)

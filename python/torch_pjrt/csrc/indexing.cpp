@@ -141,6 +141,28 @@ void check_mask_shape(const at::Tensor& self, const at::Tensor& mask, int64_t di
   }
 }
 
+// Indices still on the host are checked there, so the error comes at once, in every mode;
+// indices on the device are checked by the engine, on the device (RFC 0012).
+void check_host_index(const at::Tensor& index, int64_t size, int64_t position) {
+  if (index.numel() == 0) {
+    return;
+  }
+  const at::Tensor flat = index.reshape({-1}).to(at::kLong);
+  const at::Tensor bad = flat.lt(-size).logical_or(flat.ge(size));
+  if (!bad.any().item<bool>()) {
+    return;
+  }
+  const int64_t first = bad.to(at::kByte).argmax().item<int64_t>();
+  TORCH_CHECK_INDEX(
+      false,
+      "index ",
+      flat[first].item<int64_t>(),
+      " is out of bounds for dimension ",
+      position,
+      " with size ",
+      size);
+}
+
 // PyTorch's index list (None takes a dim whole; a bool or uint8 mask covers as many dims as it
 // has) as integer tensors. `mask_count`, when known, is how many elements the list's one mask
 // selects, so it needn't be read from the device.
@@ -176,6 +198,9 @@ Indices expand_indices(
     TORCH_CHECK_INDEX(
         index.scalar_type() == at::kLong || index.scalar_type() == at::kInt,
         "tensors used as indices must be long, int, byte or bool tensors");
+    if (!is_pjrt(index) && dim < self.dim()) {
+      check_host_index(index, self.size(dim), static_cast<int64_t>(r.tensors.size()));
+    }
     r.tensors.push_back(is_pjrt(index) ? index : index.to(self.device()));
     r.dims.push_back(dim);
     ++dim;
@@ -396,7 +421,7 @@ at::Tensor index_add_impl(
   c.input(self);
   c.input(values);
   c.input(flat_index);
-  c.param(1);
+  c.param(2);  // accumulate, reporting out-of-range indices as index_add does
   c.param(dim);
   switch (into) {
     case Into::Functional:

@@ -1,5 +1,7 @@
 """Ops on pjrt against the same ops on the CPU (contiguous tensors)."""
 
+import copy
+
 import pytest
 import torch
 
@@ -224,6 +226,25 @@ def test_copies_between_devices(pjrt):
     torch.testing.assert_close(host, x.double())
     torch.testing.assert_close(p.cpu(), x)
     torch.testing.assert_close(p.to("cpu", torch.int64), x.to(torch.int64))
+
+
+def test_module_to_keeps_shared_parameters(pjrt):
+    """`Module.to` moves a Parameter in place (`param.data = ...`), so a Parameter shared by two
+    modules (tied weights) stays one Parameter and its gradient sums both uses, as on the CPU."""
+    emb = torch.nn.Embedding(5, 3)
+    head = torch.nn.Linear(3, 5, bias=False)
+    head.weight = emb.weight
+    model = torch.nn.Sequential(emb, head)
+    expected = copy.deepcopy(model)
+    param = emb.weight
+    model.to(pjrt)
+    assert model[1].weight is model[0].weight is param and param.device.type == "pjrt"
+    ids = torch.tensor([[1, 4, 2]])
+    model(ids.to(pjrt)).square().sum().backward()
+    expected(ids).square().sum().backward()
+    assert_close(param.grad, expected[0].weight.grad)
+    model.cpu()
+    assert model[1].weight is model[0].weight is param and param.grad.device.type == "cpu"
 
 
 def test_scalars_to_python(pjrt):

@@ -77,3 +77,13 @@ def pytest_terminal_summary(terminalreporter):
     with open(path, "w") as f:
         f.write(harness.REPORT.summary(full_lists=True))
     terminalreporter.write_line(f"OpInfo summary written to {path}")
+    if harness.SHARD:
+        k, n = harness.SHARD.split("/")
+        shards = os.path.join(os.path.dirname(__file__), ".opinfo_shards")
+        os.makedirs(shards, exist_ok=True)
+        kind = "full" if harness.FULL else "ci"
+        state = os.path.join(shards, f"{kind}-{k}-of-{n}.json")
+        harness.REPORT.save(state)
+        terminalreporter.write_line(
+            f"OpInfo tally of shard {harness.SHARD} written to {state} (merge the shards with "
+            f"`python tests/python/opinfo_harness.py merge {shards}/{kind}-*-of-{n}.json`)")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import json
 import math
 import os
 import re
@@ -104,7 +105,25 @@ def op_id(op) -> str:
     return f"{op.name}.{op.variant_test_name}" if op.variant_test_name else op.name
 
 
-OPS = sorted(op_db, key=op_id)
+# `TORCH_PJRT_OPINFO_SHARD=k/n` checks every n-th OpInfo from the k-th (1-based), so the full
+# sweep can run in pieces (on several machines or days); each piece saves its tally (see
+# `Report.save`) and `python opinfo_harness.py merge FILES...` prints the summary of them all.
+SHARD = os.environ.get("TORCH_PJRT_OPINFO_SHARD", "")
+
+
+def _shard(ops: list) -> list:
+    if not SHARD:
+        return ops
+    try:
+        k, n = (int(x) for x in SHARD.split("/"))
+    except ValueError:
+        raise ValueError(f"TORCH_PJRT_OPINFO_SHARD must be k/n (e.g. 3/8), got {SHARD!r}") from None
+    if not 1 <= k <= n:
+        raise ValueError(f"TORCH_PJRT_OPINFO_SHARD={SHARD!r}: k must be between 1 and n")
+    return [op for i, op in enumerate(ops) if i % n == k - 1]
+
+
+OPS = _shard(sorted(op_db, key=op_id))
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -144,18 +163,80 @@ class Report:
         self.op_seconds: dict[str, float] = {}
         self.op_compilations: dict[str, int] = {}
         self.started = time.monotonic()
+        # Set for a merged report: the shards' wall times added up, and which shards.
+        self.merged_seconds: float | None = None
+        self.shards: list[str] = []
+        self.full = FULL
 
     def has_results(self) -> bool:
         return bool(self.ops_checked)
 
+    def seconds(self) -> float:
+        if self.merged_seconds is not None:
+            return self.merged_seconds
+        return time.monotonic() - self.started
+
+    def save(self, path: str) -> None:
+        """Writes the tally as JSON, for `merge`."""
+        state = {
+            "full": FULL,
+            "shard": SHARD,
+            "seconds": self.seconds(),
+            "counts": {f"{d}|{m}": dataclasses.asdict(c) for (d, m), c in self.counts.items()},
+            "ops_run": sorted(self.ops_run),
+            "ops_checked": sorted(self.ops_checked),
+            "skips": {r: dict(c) for r, c in self.skips.items()},
+            "grad_skips": {r: dict(c) for r, c in self.grad_skips.items()},
+            "unsupported": dict(self.unsupported),
+            "metadata_only": {r: sorted(o) for r, o in self.metadata_only.items()},
+            "mismatches": self.mismatches,
+            "xfails": self.xfails,
+            "rescued": dict(self.rescued),
+            "op_seconds": self.op_seconds,
+            "op_compilations": self.op_compilations,
+        }
+        with open(path, "w") as f:
+            json.dump(state, f, indent=1, sort_keys=True)
+
+    @classmethod
+    def merged(cls, states: list[dict]) -> "Report":
+        """One report adding up saved tallies (of disjoint shards)."""
+        report = cls()
+        report.merged_seconds = 0.0
+        report.full = all(state["full"] for state in states)
+        for state in states:
+            report.merged_seconds += state["seconds"]
+            report.shards.append(state["shard"] or "all")
+            for key, c in state["counts"].items():
+                d, m = key.split("|")
+                total = report.counts[(d, m)]
+                for field, value in c.items():
+                    setattr(total, field, getattr(total, field) + value)
+            report.ops_run |= set(state["ops_run"])
+            report.ops_checked |= set(state["ops_checked"])
+            for name in ("skips", "grad_skips"):
+                for reason, ops in state[name].items():
+                    getattr(report, name)[reason].update(ops)
+            for reason, ops in state["unsupported"].items():
+                report.unsupported[reason] += ops
+            for reason, ops in state["metadata_only"].items():
+                report.metadata_only[reason] |= set(ops)
+            report.mismatches += state["mismatches"]
+            report.xfails += state["xfails"]
+            report.rescued.update(state["rescued"])
+            report.op_seconds.update(state["op_seconds"])
+            report.op_compilations.update(state["op_compilations"])
+        return report
+
     def summary(self, full_lists: bool) -> str:
         dtypes = sorted({d for d, _ in self.counts}, key=lambda d: (d not in _CI_NAMES, d))
         lines = [
-            f"## OpInfo parity ({'full sweep' if FULL else 'CI subset'})",
+            f"## OpInfo parity ({'full sweep' if self.full else 'CI subset'})",
             "",
             f"OpInfos checked: {len(self.ops_checked)}; with at least one sample run natively on "
-            f"pjrt: {len(self.ops_run)}; wall time {time.monotonic() - self.started:.0f} s, "
-            f"{sum(self.op_compilations.values())} compilations.",
+            f"pjrt: {len(self.ops_run)}; wall time {self.seconds():.0f} s, "
+            f"{sum(self.op_compilations.values())} compilations"
+            + (f"; merged from shards {', '.join(self.shards)}." if self.shards else "."),
             "",
             "Samples passed/run (gradients passed/run) per dtype and mode:",
             "",
@@ -891,3 +972,15 @@ def _settle():
         torch_pjrt.sync()
     except Exception:  # noqa: BLE001
         pass
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) < 3 or sys.argv[1] != "merge":
+        sys.exit("usage: python opinfo_harness.py merge SHARD.json... (prints the summary)")
+    states = []
+    for path in sys.argv[2:]:
+        with open(path) as f:
+            states.append(json.load(f))
+    print(Report.merged(states).summary(full_lists=True))

@@ -41,6 +41,11 @@ Scope of a run:
 
 The summary (samples passed/run per dtype and mode, skips by reason, unsupported OpInfos) is
 printed at the end of the session and written to `tests/python/.opinfo_summary.md`.
+
+`TORCH_PJRT_OPINFO_SHARD=k/n` checks every n-th OpInfo from the k-th, and saves the tally to
+`tests/python/.opinfo_shards/{full,ci}-k-of-n.json`; the full sweep takes hours on two cores, so
+it runs in shards, and `python tests/python/opinfo_harness.py merge <the n files>` prints the
+summary of them all.
 """
 
 import pytest

@@ -1,5 +1,6 @@
 """Shared helpers for the torch-pjrt Python tests (run with `make python-test`)."""
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -57,6 +58,19 @@ def pjrt():
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@contextlib.contextmanager
+def in_mode_without_fallbacks(mode):
+    """Runs the body in one eager mode with fresh metrics, then syncs and checks that no op fell
+    back to the CPU (the body of a per-mode fixture: `with ...: yield mode`)."""
+    with torch_pjrt.eager_mode(mode):
+        torch_pjrt.sync()
+        torch_pjrt.reset_metrics()
+        yield mode
+        torch_pjrt.sync()
+        fallbacks = torch_pjrt.metrics()["fallback_ops"]
+    assert fallbacks == {}, f"ops that fell back to the CPU: {fallbacks}"
 
 
 def assert_close(actual, expected, **kw):

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import torch_pjrt
+from conftest import in_mode_without_fallbacks
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
@@ -61,13 +62,8 @@ def _compare(actual: dict, expected: dict, what: str, tol: dict):
 @pytest.fixture(params=MODES)
 def mode(request):
     """One eager mode with fresh metrics; fails the test if any op fell back to the CPU."""
-    with torch_pjrt.eager_mode(request.param):
-        torch_pjrt.sync()
-        torch_pjrt.reset_metrics()
+    with in_mode_without_fallbacks(request.param):
         yield request.param
-        torch_pjrt.sync()
-        fallbacks = torch_pjrt.metrics()["fallback_ops"]
-    assert fallbacks == {}, f"ops that fell back to the CPU: {fallbacks}"
 
 
 @pytest.mark.parametrize("name", list(hf.ARCHS))

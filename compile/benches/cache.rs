@@ -1,6 +1,6 @@
 //! Criterion benchmarks of the compile cache: a tier-1 hit among 10,000 entries (lookup and
 //! request), and the first run of a 100-op elementwise module from a warm tier-3 directory
-//! versus a cold compile.
+//! versus a cold compile, on the plugin `TORCH_PJRT_PLUGIN` names (the CPU plugin by default).
 
 use compile::{CacheKey, CompileConfig, Compiler};
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
@@ -36,7 +36,8 @@ fn elementwise_module(seed: u64) -> String {
 }
 
 fn client() -> Client {
-    let plugin = Plugin::load("cpu").expect("CPU plugin");
+    let name = std::env::var("TORCH_PJRT_PLUGIN").unwrap_or_else(|_| "cpu".to_string());
+    let plugin = Plugin::load(&name).expect("the plugin TORCH_PJRT_PLUGIN names");
     Client::new(&plugin).expect("client")
 }
 

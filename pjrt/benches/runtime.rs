@@ -1,5 +1,6 @@
-//! Criterion benchmarks of the PJRT layer on the CPU plugin: execute latency of a tiny module,
-//! host↔device transfers at 4 KB / 4 MB / 64 MB, compile time and deserialize-and-load time.
+//! Criterion benchmarks of the PJRT layer: execute latency of a tiny module, host↔device
+//! transfers at 4 KB / 4 MB / 64 MB, compile time and deserialize-and-load time, on the plugin
+//! `TORCH_PJRT_PLUGIN` names (the CPU plugin by default).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use pjrt::{Client, ElementType, Plugin};
@@ -27,7 +28,8 @@ func.func public @main(%a: tensor<256xf32>) -> tensor<256xf32> {{
 }
 
 fn client() -> Client {
-    let plugin = Plugin::load("cpu").expect("CPU plugin");
+    let name = std::env::var("TORCH_PJRT_PLUGIN").unwrap_or_else(|_| "cpu".to_string());
+    let plugin = Plugin::load(&name).expect("the plugin TORCH_PJRT_PLUGIN names");
     Client::new(&plugin).expect("client")
 }
 

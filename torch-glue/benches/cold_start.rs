@@ -2,6 +2,7 @@
 //! (linear layer, bias, relu, summed loss, `loss.item()`, SGD update) in DeferAndFuse, in a new
 //! engine, with an empty `TORCH_PJRT_CACHE_DIR` (every region compiles) and with one a previous
 //! run filled (every region is deserialized from tier 3). Prints both medians and their ratio.
+//! Then the same step in steady state (warm tier 1), Strict against DeferAndFuse.
 
 #[path = "../tests/engine_support/mod.rs"]
 mod engine_support;
@@ -76,5 +77,26 @@ fn bench_cold_start(c: &mut Criterion) {
     );
 }
 
-criterion_group!(benches, bench_cold_start);
+fn bench_steady_step(c: &mut Criterion) {
+    let mut group = c.benchmark_group("steady_training_step");
+    for mode in [Mode::Strict, Mode::DeferAndFuse] {
+        let e = engine_with(mode, None, None);
+        let model = Model::upload(&e);
+        let mut n = 0;
+        for _ in 0..3 {
+            model.step(&e, n, false);
+            n += 1;
+        }
+        group.bench_function(mode.name(), |b| {
+            b.iter(|| {
+                model.step(&e, n, false);
+                n += 1;
+            })
+        });
+        e.sync().unwrap();
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_cold_start, bench_steady_step);
 criterion_main!(benches);

@@ -327,7 +327,8 @@ fn planning(c: &mut Criterion) {
 }
 
 fn key_lookup(c: &mut Criterion) {
-    let plugin = pjrt::Plugin::load("cpu").expect("the cpu plugin");
+    let name = std::env::var("TORCH_PJRT_PLUGIN").unwrap_or_else(|_| "cpu".to_string());
+    let plugin = pjrt::Plugin::load(&name).expect("the plugin TORCH_PJRT_PLUGIN names");
     let client = pjrt::Client::new(&plugin).expect("a client");
     let compiler = compile::Compiler::new(client, compile::CompileConfig::default()).unwrap();
     // One small executable stands in for every region's (lookup never looks inside it).

@@ -33,7 +33,59 @@ pub struct EngineConfig {
     /// when nothing else refers to it (in-place updates run in place; RFC 0012).
     /// `TORCH_PJRT_DONATE=0` turns it off.
     pub donate: bool,
+    /// Options of PJRT client creation: `TORCH_PJRT_CLIENT_OPTIONS`, plus this engine's defaults
+    /// for the plugin named (see [`client_options`]).
+    pub client_options: Vec<(String, pjrt::NamedValue)>,
     pub compile: CompileConfig,
+}
+
+/// Parses `key=value,key=value` client options: `true`/`false` are booleans, integers are
+/// int64, other numbers are floats, anything else a string.
+pub fn parse_client_options(text: &str) -> Result<Vec<(String, pjrt::NamedValue)>, String> {
+    let mut options = Vec::new();
+    for item in text
+        .split(',')
+        .map(str::trim)
+        .filter(|item| !item.is_empty())
+    {
+        let (key, value) = item.split_once('=').ok_or_else(|| {
+            format!(
+                "TORCH_PJRT_CLIENT_OPTIONS: expected key=value, got '{item}'. Separate options \
+                 with commas, e.g. preallocate=false,memory_fraction=0.5"
+            )
+        })?;
+        let (key, value) = (key.trim(), value.trim());
+        let value = match value {
+            "true" | "True" => pjrt::NamedValue::Bool(true),
+            "false" | "False" => pjrt::NamedValue::Bool(false),
+            _ => {
+                if let Ok(i) = value.parse::<i64>() {
+                    pjrt::NamedValue::Int64(i)
+                } else if let Ok(f) = value.parse::<f32>() {
+                    pjrt::NamedValue::Float(f)
+                } else {
+                    pjrt::NamedValue::String(value.to_string())
+                }
+            }
+        };
+        options.push((key.to_string(), value));
+    }
+    Ok(options)
+}
+
+/// The client options for `plugin`: the user's, then defaults for options they left out. The
+/// CUDA plugin otherwise reserves 75% of the GPU's memory up front; a PyTorch user expects
+/// memory taken as tensors need it (as PyTorch's caching allocator does), and several engines
+/// in one process (tests) each create a client.
+pub fn client_options(
+    plugin: &str,
+    user: Vec<(String, pjrt::NamedValue)>,
+) -> Vec<(String, pjrt::NamedValue)> {
+    let mut options = user;
+    if plugin == "cuda" && !options.iter().any(|(key, _)| key == "preallocate") {
+        options.push(("preallocate".to_string(), pjrt::NamedValue::Bool(false)));
+    }
+    options
 }
 
 fn env(name: &str) -> Option<String> {
@@ -41,8 +93,8 @@ fn env(name: &str) -> Option<String> {
 }
 
 impl EngineConfig {
-    /// Reads `TORCH_PJRT_PLUGIN`, `TORCH_PJRT_DEFER_AND_FUSE`, `TORCH_PJRT_LAUNCH_BLOCKING`,
-    /// `TORCH_PJRT_MAX_REGION_OPS` and the compile/cache variables.
+    /// Reads `TORCH_PJRT_PLUGIN`, `TORCH_PJRT_CLIENT_OPTIONS`, `TORCH_PJRT_DEFER_AND_FUSE`,
+    /// `TORCH_PJRT_LAUNCH_BLOCKING`, `TORCH_PJRT_MAX_REGION_OPS` and the compile/cache variables.
     pub fn from_env() -> Result<EngineConfig, EngineError> {
         let default_mode = Mode::from_env_values(
             env("TORCH_PJRT_DEFER_AND_FUSE").as_deref(),
@@ -60,8 +112,13 @@ impl EngineConfig {
         };
         let compile = CompileConfig::from_env()
             .map_err(|e| EngineError::new(ErrorKind::Value, e.to_string()))?;
+        let plugin = env("TORCH_PJRT_PLUGIN").unwrap_or_else(|| "cpu".to_string());
+        let user_options =
+            parse_client_options(&env("TORCH_PJRT_CLIENT_OPTIONS").unwrap_or_default())
+                .map_err(|m| EngineError::new(ErrorKind::Value, m))?;
         Ok(EngineConfig {
-            plugin: env("TORCH_PJRT_PLUGIN").unwrap_or_else(|| "cpu".to_string()),
+            client_options: client_options(&plugin, user_options),
+            plugin,
             default_mode,
             max_region_ops,
             donate: !matches!(env("TORCH_PJRT_DONATE").as_deref(), Some("0")),
@@ -131,7 +188,7 @@ impl Engine {
     pub fn new(config: EngineConfig) -> Result<Engine, EngineError> {
         let plugin = pjrt::Plugin::load(&config.plugin)
             .map_err(|e| EngineError::runtime(format!("cannot start the pjrt device: {e}")))?;
-        let client = pjrt::Client::new(&plugin)
+        let client = pjrt::Client::with_options(&plugin, &config.client_options)
             .map_err(|e| EngineError::runtime(format!("cannot create a PJRT client: {e}")))?;
         let mut compile_config = config.compile.clone();
         compile_config.engine_version = ENGINE_VERSION.to_string();
@@ -574,5 +631,48 @@ impl Engine {
             .store(0, std::sync::atomic::Ordering::Relaxed);
         *self.last_recompile_reason.lock() = None;
         self.client.reset_peak_memory();
+    }
+}
+
+#[cfg(test)]
+mod client_option_tests {
+    use super::*;
+    use pjrt::NamedValue;
+
+    #[test]
+    fn options_are_typed_by_their_text() {
+        let options =
+            parse_client_options(" preallocate=false, memory_fraction=0.5,allocator=bfc,n=3 ,")
+                .unwrap();
+        assert_eq!(
+            options,
+            vec![
+                ("preallocate".to_string(), NamedValue::Bool(false)),
+                ("memory_fraction".to_string(), NamedValue::Float(0.5)),
+                (
+                    "allocator".to_string(),
+                    NamedValue::String("bfc".to_string())
+                ),
+                ("n".to_string(), NamedValue::Int64(3)),
+            ]
+        );
+        assert!(parse_client_options("").unwrap().is_empty());
+        let err = parse_client_options("preallocate").unwrap_err();
+        assert!(
+            err.contains("expected key=value, got 'preallocate'"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn cuda_takes_memory_on_demand_unless_told_otherwise() {
+        let defaults = client_options("cuda", Vec::new());
+        assert_eq!(
+            defaults,
+            vec![("preallocate".to_string(), NamedValue::Bool(false))]
+        );
+        let user = vec![("preallocate".to_string(), NamedValue::Bool(true))];
+        assert_eq!(client_options("cuda", user.clone()), user);
+        assert!(client_options("cpu", Vec::new()).is_empty());
     }
 }

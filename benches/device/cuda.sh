@@ -36,10 +36,12 @@ bench() {
     grep -vE '^(Benchmarking|Found|  [0-9]+ \(|Warning|Gnuplot|WARNING)' | tee -a "$out/benches.txt"
 }
 crit=(--warm-up-time 0.5 --measurement-time 1.5)
-bench engine 150 "${crit[@]}"
-bench cold_start 120 "${crit[@]}"
-bench cache 90 "${crit[@]}"
-bench runtime 90 "${crit[@]}"
+if [ -z "${SKIP_BENCHES:-}" ]; then
+  bench engine 150 "${crit[@]}"
+  bench cold_start 120 "${crit[@]}"
+  bench cache 90 "${crit[@]}"
+  bench runtime 90 "${crit[@]}"
+fi
 
 echo "== tests ($(elapsed) s in)"
 export PROPTEST_CASES=${PROPTEST_CASES:-24}

@@ -71,8 +71,12 @@ pub enum ExecError {
     #[error("{label}: {message}")]
     Task { label: Arc<str>, message: String },
     /// The device reported an error while computing a value.
-    #[error("computing a device value failed: {message}")]
-    Device { message: String },
+    #[error("{}computing a device value failed: {message}", label.as_deref().map(|l| format!("{l}: ")).unwrap_or_default())]
+    Device {
+        /// The job that produced the value, when known.
+        label: Option<Arc<str>>,
+        message: String,
+    },
     /// The queue shut down before the job ran.
     #[error("{label}: the execution queue shut down before the job ran")]
     ShutDown { label: Arc<str> },
@@ -88,7 +92,7 @@ impl ExecError {
             | ExecError::OutputCount { label, .. }
             | ExecError::Task { label, .. }
             | ExecError::ShutDown { label } => Some(label),
-            ExecError::Device { .. } => None,
+            ExecError::Device { label, .. } => label.as_deref(),
         }
     }
 

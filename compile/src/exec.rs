@@ -16,11 +16,15 @@ use std::time::Duration;
 
 type ValueResult = Result<Arc<Buffer>, ExecError>;
 
+/// What a value's slot holds once resolved: the buffer and the label of the job that produced
+/// it (device errors surface later, when the buffer is awaited, and should name that job).
+type Outcome = Result<(Arc<Buffer>, Option<Arc<str>>), ExecError>;
+
 /// A device buffer that may not exist yet: ready, pending (a queued job will produce it) or
 /// failed. Cloning is cheap; every clone sees the same outcome.
 #[derive(Clone)]
 pub struct DeviceValue {
-    slot: Arc<Slot<ValueResult>>,
+    slot: Arc<Slot<Outcome>>,
 }
 
 impl std::fmt::Debug for DeviceValue {
@@ -40,7 +44,7 @@ impl DeviceValue {
     /// A value that exists now (e.g. a host→device transfer's result).
     pub fn ready(buffer: impl Into<Arc<Buffer>>) -> DeviceValue {
         DeviceValue {
-            slot: Arc::new(Slot::filled(Ok(buffer.into()))),
+            slot: Arc::new(Slot::filled(Ok((buffer.into(), None)))),
         }
     }
 
@@ -61,18 +65,21 @@ impl DeviceValue {
     /// Blocks until the producing job has run; the buffer may still be computing on the device
     /// (see [`DeviceValue::wait_ready`]).
     pub fn wait(&self) -> ValueResult {
-        self.slot.wait()
+        self.slot.wait().map(|(buffer, _)| buffer)
     }
 
     /// [`DeviceValue::wait`] for at most `timeout`; `None` if the job has not run yet.
     pub fn wait_timeout(&self, timeout: Duration) -> Option<ValueResult> {
-        self.slot.wait_timeout(timeout)
+        self.slot
+            .wait_timeout(timeout)
+            .map(|outcome| outcome.map(|(buffer, _)| buffer))
     }
 
     /// Blocks until the buffer's contents are computed on the device.
     pub fn wait_ready(&self) -> ValueResult {
-        let buffer = self.wait()?;
+        let (buffer, producer) = self.slot.wait()?;
         buffer.wait_ready().map_err(|e| ExecError::Device {
+            label: producer,
             message: e.to_string(),
         })?;
         Ok(buffer)
@@ -80,7 +87,9 @@ impl DeviceValue {
 
     /// The outcome if the producing job has run; never blocks.
     pub fn try_get(&self) -> Option<ValueResult> {
-        self.slot.get()
+        self.slot
+            .get()
+            .map(|outcome| outcome.map(|(buffer, _)| buffer))
     }
 
     /// Whether the producing job has run (successfully or not).
@@ -107,7 +116,7 @@ impl DeviceValue {
     }
 
     /// Only the first outcome counts: a value is resolved once.
-    fn resolve(&self, result: ValueResult) {
+    fn resolve(&self, result: Outcome) {
         self.slot.fill(result);
     }
 }
@@ -116,7 +125,7 @@ impl DeviceValue {
 /// A [`DeviceValue`] handle that does not keep the value alive.
 #[derive(Clone, Debug)]
 pub struct WeakDeviceValue {
-    slot: std::sync::Weak<Slot<ValueResult>>,
+    slot: std::sync::Weak<Slot<Outcome>>,
 }
 
 impl WeakDeviceValue {
@@ -233,7 +242,7 @@ struct QueueShared {
     /// Completion events of launched executions that may still be running, oldest first: what
     /// `wait_launched` waits for, since a job no longer holds its results (they may all have
     /// been released, and the device still be computing them).
-    launched: parking_lot::Mutex<std::collections::VecDeque<pjrt::Event>>,
+    launched: parking_lot::Mutex<std::collections::VecDeque<(Arc<str>, pjrt::Event)>>,
 }
 
 /// An ordered execution queue with one worker thread. Work runs in enqueue order; a job waits for
@@ -323,9 +332,10 @@ impl ExecQueue {
         self.flush();
         let events = std::mem::take(&mut *self.shared.launched.lock());
         let mut first_error = None;
-        for event in events {
+        for (label, event) in events {
             if let Err(e) = event.wait() {
                 first_error.get_or_insert(ExecError::Device {
+                    label: Some(label),
                     message: e.to_string(),
                 });
             }
@@ -390,7 +400,7 @@ fn resolve_all(
         // Upgraded one at a time and let go at once, so a reader woken by this result sees
         // the value held by its own handles only.
         if let Some(output) = output.upgrade() {
-            output.resolve(Ok(buffer));
+            output.resolve(Ok((buffer, Some(label.clone()))));
         }
     }
 }
@@ -501,11 +511,11 @@ fn execute(shared: &QueueShared, job: &ExecJob) -> Result<Vec<Arc<Buffer>>, Exec
         // keeps the list short without scanning it.
         while launched
             .front()
-            .is_some_and(|e| e.is_ready().unwrap_or(true))
+            .is_some_and(|(_, e)| e.is_ready().unwrap_or(true))
         {
             launched.pop_front();
         }
-        launched.push_back(completion);
+        launched.push_back((label.clone(), completion));
     }
     Ok(results.into_iter().map(Arc::new).collect())
 }

@@ -321,11 +321,12 @@ fn convolution(
         .map(|i| format!("[{}, {}]", win.lo[i], win.hi[i]))
         .collect();
     let attrs = format!(
-        "batch_group_count = {batch_groups} : i64, dimension_numbers = #stablehlo.conv<{lhs_spec}x{rhs_spec}->{out_spec}>, feature_group_count = {feature_groups} : i64, lhs_dilation = {}, padding = dense<[{}]> : tensor<{n}x2xi64>, rhs_dilation = {}, window_strides = {}",
+        "batch_group_count = {batch_groups} : i64, dimension_numbers = #stablehlo.conv<{lhs_spec}x{rhs_spec}->{out_spec}>, feature_group_count = {feature_groups} : i64, lhs_dilation = {}, padding = dense<[{}]> : tensor<{n}x2xi64>, rhs_dilation = {}, window_strides = {}{}",
         i64_array(&win.lhs_dilation),
         padding.join(", "),
         i64_array(&win.rhs_dilation),
-        i64_array(&win.strides)
+        i64_array(&win.strides),
+        e.precision_config(lhs)
     );
     let ty = e.ty(lhs).with_shape(&shape);
     e.op("stablehlo.convolution", &[lhs, rhs], &attrs, ty)

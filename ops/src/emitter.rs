@@ -800,6 +800,19 @@ impl Emitter {
         self.reduce_with(v, 0.0, dims, "stablehlo.add")
     }
 
+    /// The `precision_config` attribute (with its leading comma) for a matrix product or
+    /// convolution over `operand`: full float32 precision, as PyTorch's default
+    /// `torch.get_float32_matmul_precision() == "highest"` computes. Without it XLA's GPU
+    /// compiler multiplies float32 through TF32 (10-bit mantissas); CPU compilers ignore it.
+    pub fn precision_config(&self, operand: Value) -> &'static str {
+        match self.dtype(operand) {
+            DType::F32 | DType::F64 => {
+                ", precision_config = [#stablehlo<precision HIGHEST>, #stablehlo<precision HIGHEST>]"
+            }
+            _ => "",
+        }
+    }
+
     /// `stablehlo.dot_general`; result dims are batch, lhs free, rhs free.
     #[allow(clippy::too_many_arguments)]
     pub fn dot_general(
@@ -827,11 +840,12 @@ impl Emitter {
         );
         let l = |v: &[usize]| bracket_list(&v.iter().map(|&d| d as i64).collect::<Vec<_>>());
         let attrs = format!(
-            "dot_dimension_numbers = #stablehlo.dot<lhs_batching_dimensions = {}, rhs_batching_dimensions = {}, lhs_contracting_dimensions = {}, rhs_contracting_dimensions = {}>",
+            "dot_dimension_numbers = #stablehlo.dot<lhs_batching_dimensions = {}, rhs_batching_dimensions = {}, lhs_contracting_dimensions = {}, rhs_contracting_dimensions = {}>{}",
             l(lhs_batch),
             l(rhs_batch),
             l(lhs_contract),
-            l(rhs_contract)
+            l(rhs_contract),
+            self.precision_config(lhs)
         );
         self.op(
             "stablehlo.dot_general",

@@ -134,8 +134,12 @@ fn sync_waits_for_work_whose_results_were_released() {
         &[N as i64, N as i64],
     );
     let _ = time_chain(&e, &a, 2);
-    // How long the chain takes on the device, waited for by reading its sum.
-    let (_, device, _) = time_chain(&e, &a, STEPS);
+    // How long the chain takes, waited for by `sync` while its result is held.
+    let start = Instant::now();
+    let held = mm_chain(&e, &a, STEPS);
+    e.sync().expect("sync");
+    let device = start.elapsed();
+    release(&e, held);
     // The same chain whose result nobody holds any more: `torch.pjrt.synchronize()` must still
     // wait for it (a timing loop that discards its results relies on this).
     let start = Instant::now();
@@ -145,7 +149,7 @@ fn sync_waits_for_work_whose_results_were_released() {
     let synced = start.elapsed();
     assert!(
         synced * 2 > device,
-        "sync returned after {synced:?} while the released work takes {device:?} on the device"
+        "sync returned after {synced:?} while the same work, held, took {device:?}"
     );
 }
 
@@ -201,8 +205,10 @@ fn debug_raises_execution_errors_at_the_op() {
     let live = metric(&e, "live_storages");
     let err = huge_full(&e).expect_err("Debug waits for the device and raises at the op");
     assert_eq!(err.kind, ErrorKind::Runtime);
+    // The allocation's size as the CPU plugin and as the GPU plugins write it.
     assert!(
-        err.message.contains("full") && err.message.contains("1099511627776 bytes"),
+        err.message.contains("full")
+            && (err.message.contains("1099511627776 bytes") || err.message.contains("1.00TiB")),
         "the message names the op and what failed: {}",
         err.message
     );
@@ -227,15 +233,18 @@ fn strict_reports_execution_errors_when_the_value_is_read() {
     let err = e
         .read_host(&s, &mut byte)
         .expect_err("the failure reaches the dependent value");
+    // The CPU plugin fails `full`'s allocation and the failure travels to `sum`; XLA's GPU
+    // compiler already fails compiling `sum` (its autotuner allocates a 1 TiB input).
+    let failed_op = |m: &str| m.contains("full") || m.starts_with("sum:");
     assert!(
-        err.message.contains("full") && err.message.contains("Out of memory"),
+        failed_op(&err.message) && err.message.contains("Out of memory"),
         "the error names the op that failed and why: {}",
         err.message
     );
     let err = e
         .sync()
         .expect_err("sync raises the pending failure of the newest region");
-    assert!(err.message.contains("full"), "{}", err.message);
+    assert!(failed_op(&err.message), "{}", err.message);
     e.sync()
         .expect("a failure is raised once; the next sync is clean");
     release(&e, t);

@@ -225,13 +225,14 @@ fn unary_ops() {
             4.0,
         ),
         unary("silu", OpId::Silu, &x, |v| v / (1.0 + (-v).exp()), 4.0),
-        unary("erf", OpId::Erf, &x, erf, 4.0),
+        // XLA's GPU erf is a different approximation than its CPU one: 8 ulps, not 4.
+        unary("erf", OpId::Erf, &x, erf, 8.0),
         unary(
             "gelu",
             OpId::Gelu,
             &x,
             |v| 0.5 * v * (1.0 + erf(v / std::f64::consts::SQRT_2)),
-            4.0,
+            8.0,
         ),
     ]);
 }

@@ -408,13 +408,20 @@ impl Engine {
         }
         self.queue.flush();
         let last = std::mem::take(&mut *self.last_outputs.lock());
+        let mut first_error = None;
         for value in last.iter().filter_map(|v| v.upgrade()) {
-            self.wait_device(&value)?;
+            if let Err(e) = self.wait_device(&value) {
+                first_error.get_or_insert(e);
+            }
         }
-        // Work whose results were all released still runs on the device: wait for it too.
-        self.queue
-            .wait_launched()
-            .map_err(|e| runtime_error("waiting for the device", e))?;
+        // Work whose results were all released still runs on the device: wait for it too, even
+        // after an error, so one sync raises the pending failures once and the next is clean.
+        if let Err(e) = self.queue.wait_launched() {
+            first_error.get_or_insert(runtime_error("waiting for the device", e));
+        }
+        if let Some(e) = first_error {
+            return Err(e);
+        }
         self.verify_checks()
     }
 

@@ -7,6 +7,7 @@ use crate::disk::{DiskTier, EntryRead, KeyLock};
 use crate::error::{panic_message, CompileError};
 use crate::handle::Slot;
 use crate::key::{CacheKey, FingerprintInputs};
+use crate::mappings::MappingBudget;
 use crate::tier1::{KeyMap, Tier1};
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
@@ -164,6 +165,8 @@ struct Shared {
     compile_options: pjrt::CompileOptions,
     dump_dir: Option<PathBuf>,
     tier1: Tier1<Arc<LoadedExecutable>>,
+    /// Tier 1 also shrinks when the process's memory mappings near the kernel's cap.
+    mappings: MappingBudget,
     tier2: Option<DiskTier>,
     tier3: Option<DiskTier>,
     inflight: Mutex<KeyMap<CompileHandle>>,
@@ -258,6 +261,7 @@ impl Compiler {
             compile_options: config.compile_options.clone(),
             dump_dir: config.dump_dir.clone(),
             tier1: Tier1::new(config.tier1_capacity),
+            mappings: MappingBudget::from_system(),
             tier2,
             tier3,
             inflight: Mutex::new(KeyMap::default()),
@@ -333,11 +337,7 @@ impl Compiler {
 
     /// Puts an executable obtained elsewhere into tier 1.
     pub fn insert(&self, key: CacheKey, executable: Arc<LoadedExecutable>) {
-        let evicted = self.shared.tier1.insert(key, executable);
-        self.shared
-            .counters
-            .evictions
-            .fetch_add(evicted, Ordering::Relaxed);
+        self.shared.insert_tier1(key, executable);
     }
 
     /// Returns at once. A tier-1 hit gives a ready handle; otherwise a pool thread tries tier 2,
@@ -456,6 +456,19 @@ fn serve(shared: &Shared, jobs: &Receiver<Job>) {
 }
 
 impl Shared {
+    /// Inserts into tier 1, evicting by count and, past the mapping budget, a quarter of the
+    /// entries (their executables unmap once no queued job holds them).
+    fn insert_tier1(&self, key: CacheKey, executable: Arc<LoadedExecutable>) {
+        let mut evicted = self.tier1.insert(key, executable);
+        if self.mappings.over_budget() {
+            let len = self.tier1.len();
+            evicted += self.tier1.shrink_to(len - len / 4);
+        }
+        self.counters
+            .evictions
+            .fetch_add(evicted, Ordering::Relaxed);
+    }
+
     fn run(&self, job: Job) {
         let Job { key, build, handle } = job;
         let result =
@@ -466,12 +479,7 @@ impl Shared {
                 })
             });
         match &result {
-            Ok(executable) => {
-                let evicted = self.tier1.insert(key, executable.clone());
-                self.counters
-                    .evictions
-                    .fetch_add(evicted, Ordering::Relaxed);
-            }
+            Ok(executable) => self.insert_tier1(key, executable.clone()),
             Err(_) => bump(&self.counters.failures),
         }
         self.inflight.lock().remove(&key);

@@ -18,6 +18,7 @@ mod error;
 mod exec;
 mod handle;
 mod key;
+mod mappings;
 mod tier1;
 
 pub use compiler::{CompileHandle, CompileStats, Compiler};

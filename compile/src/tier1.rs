@@ -90,6 +90,24 @@ impl<V: Clone> Tier1<V> {
         evicted
     }
 
+    /// Evicts the least recently used entries until `keep` remain; returns how many went.
+    pub(crate) fn shrink_to(&self, keep: usize) -> u64 {
+        let mut map = self.map.write();
+        if map.len() <= keep {
+            return 0;
+        }
+        let mut by_age: Vec<(u64, CacheKey)> = map
+            .iter()
+            .map(|(k, slot)| (slot.last_used.load(Ordering::Relaxed), *k))
+            .collect();
+        by_age.sort_unstable_by_key(|(age, _)| *age);
+        let excess = map.len() - keep;
+        for (_, key) in by_age.into_iter().take(excess) {
+            map.remove(&key);
+        }
+        excess as u64
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.map.read().len()
     }
@@ -117,5 +135,20 @@ mod tests {
         // Replacing an entry evicts nothing.
         assert_eq!(cache.insert(key(3), 31), 0);
         assert_eq!(cache.get(&key(3)), Some(31));
+    }
+
+    #[test]
+    fn shrinking_keeps_the_most_recently_used() {
+        let cache = Tier1::new(10);
+        for i in 0..6 {
+            cache.insert(key(i), i);
+        }
+        cache.get(&key(0));
+        assert_eq!(cache.shrink_to(8), 0);
+        assert_eq!(cache.shrink_to(3), 3);
+        assert_eq!(cache.get(&key(0)), Some(0));
+        assert_eq!(cache.get(&key(5)), Some(5));
+        assert_eq!(cache.get(&key(4)), Some(4));
+        assert_eq!(cache.get(&key(1)), None);
     }
 }

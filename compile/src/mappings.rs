@@ -48,7 +48,8 @@ impl MappingBudget {
             return false;
         };
         let n = self.insertions.fetch_add(1, Ordering::Relaxed) + 1;
-        n % CHECK_EVERY == 0 && count_mappings().is_some_and(|mappings| mappings > threshold)
+        n.is_multiple_of(CHECK_EVERY)
+            && count_mappings().is_some_and(|mappings| mappings > threshold)
     }
 }
 

@@ -36,12 +36,14 @@ bench() {
     grep -vE '^(Benchmarking|Found|  [0-9]+ \(|Warning|Gnuplot|WARNING)' | tee -a "$out/benches.txt"
 }
 crit=(--warm-up-time 0.5 --measurement-time 1.5)
-if [ -z "${SKIP_BENCHES:-}" ]; then
-  bench engine 150 "${crit[@]}"
-  bench cold_start 120 "${crit[@]}"
-  bench cache 90 "${crit[@]}"
-  bench runtime 90 "${crit[@]}"
-fi
+# BENCHES picks which to run (all by default; empty for none).
+for name in ${BENCHES-engine cold_start cache runtime}; do
+  case $name in
+    engine) bench engine 150 "${crit[@]}" ;;
+    cold_start) bench cold_start 150 "${crit[@]}" ;;
+    *) bench "$name" 90 "${crit[@]}" ;;
+  esac
+done
 
 echo "== tests ($(elapsed) s in)"
 export PROPTEST_CASES=${PROPTEST_CASES:-24}

@@ -2,7 +2,8 @@
 //! (linear layer, bias, relu, summed loss, `loss.item()`, SGD update) in DeferAndFuse, in a new
 //! engine, with an empty `TORCH_PJRT_CACHE_DIR` (every region compiles) and with one a previous
 //! run filled (every region is deserialized from tier 3). Prints both medians and their ratio.
-//! Then the same step in steady state (warm tier 1), Strict against DeferAndFuse.
+//! Then the same step in steady state (warm tier 1), Strict against DeferAndFuse, at the test's
+//! tiny sizes and at an MNIST-sized layer (batch 64, 784 → 256).
 
 #[path = "../tests/engine_support/mod.rs"]
 mod engine_support;
@@ -79,15 +80,20 @@ fn bench_cold_start(c: &mut Criterion) {
 
 fn bench_steady_step(c: &mut Criterion) {
     let mut group = c.benchmark_group("steady_training_step");
-    for mode in [Mode::Strict, Mode::DeferAndFuse] {
+    let sizes = [(8, 16, 4), (64, 784, 256)];
+    for ((batch, inputs, outputs), mode) in sizes
+        .into_iter()
+        .flat_map(|s| [(s, Mode::Strict), (s, Mode::DeferAndFuse)])
+    {
         let e = engine_with(mode, None, None);
-        let model = Model::upload(&e);
+        let model = Model::upload_sized(&e, batch, inputs, outputs);
         let mut n = 0;
         for _ in 0..3 {
             model.step(&e, n, false);
             n += 1;
         }
-        group.bench_function(mode.name(), |b| {
+        let name = format!("{batch}x{inputs}x{outputs}/{}", mode.name());
+        group.bench_function(name, |b| {
             b.iter(|| {
                 model.step(&e, n, false);
                 n += 1;

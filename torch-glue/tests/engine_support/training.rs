@@ -16,6 +16,8 @@ pub struct Model {
     pub x: TensorRef,
     pub w: TensorRef,
     pub b: TensorRef,
+    /// `[batch, inputs, outputs]`.
+    pub sizes: [i64; 3],
 }
 
 /// Deterministic values in [-1, 1).
@@ -33,10 +35,16 @@ fn values(n: i64, seed: u64) -> Vec<f32> {
 
 impl Model {
     pub fn upload(e: &Engine) -> Model {
+        Model::upload_sized(e, BATCH, INPUTS, OUTPUTS)
+    }
+
+    /// The same layer at other sizes (benchmarks time it at a realistic one).
+    pub fn upload_sized(e: &Engine, batch: i64, inputs: i64, outputs: i64) -> Model {
         Model {
-            x: upload_f32(e, &values(BATCH * INPUTS, 1), &[BATCH, INPUTS]),
-            w: upload_f32(e, &values(INPUTS * OUTPUTS, 2), &[INPUTS, OUTPUTS]),
-            b: upload_f32(e, &values(OUTPUTS, 3), &[OUTPUTS]),
+            x: upload_f32(e, &values(batch * inputs, 1), &[batch, inputs]),
+            w: upload_f32(e, &values(inputs * outputs, 2), &[inputs, outputs]),
+            b: upload_f32(e, &values(outputs, 3), &[outputs]),
+            sizes: [batch, inputs, outputs],
         }
     }
 
@@ -50,6 +58,7 @@ impl Model {
     /// update (`torch_pjrt.sync()` twice a step), so no execution is in flight when a region is
     /// planned.
     pub fn step(&self, e: &Engine, n: usize, sync: bool) -> f32 {
+        let [batch, inputs, outputs] = self.sizes;
         let op = |op: OpId, inputs: &[&TensorRef], scalars: &[ScalarArg], params: &[i64]| {
             let inputs: Vec<TensorRef> = inputs.iter().map(|t| (*t).clone()).collect();
             output(
@@ -70,7 +79,7 @@ impl Model {
             OpId::Ones,
             &[],
             &[],
-            &[DType::F32.code() as i64, BATCH, OUTPUTS],
+            &[DType::F32.code() as i64, batch, outputs],
         );
         let g = op(
             OpId::ThresholdBackward,
@@ -79,7 +88,7 @@ impl Model {
             &[],
         );
         // x.t() @ g, reading x through a transposed view.
-        let x_t = view(&self.x, &[INPUTS, BATCH], &[1, INPUTS], 0);
+        let x_t = view(&self.x, &[inputs, batch], &[1, inputs], 0);
         let grad_w = op(OpId::Mm, &[&x_t, &g], &[], &[]);
         let grad_b = op(OpId::Sum, &[&g], &[], &[0, -1, 0]);
         let lr = Model::learning_rate(n);

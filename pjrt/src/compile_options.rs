@@ -14,11 +14,69 @@ pub struct ExecutableBuildOptionsProto {
     pub num_partitions: i64,
 }
 
+/// `xla.OptionOverrideProto`: one value of a compile option set by name.
+#[derive(Clone, PartialEq, Message)]
+pub struct OptionOverrideProto {
+    #[prost(oneof = "OptionOverrideValue", tags = "1, 2, 3, 4")]
+    pub value: Option<OptionOverrideValue>,
+}
+
+#[derive(Clone, PartialEq, prost::Oneof)]
+pub enum OptionOverrideValue {
+    #[prost(string, tag = "1")]
+    String(String),
+    #[prost(bool, tag = "2")]
+    Bool(bool),
+    #[prost(int64, tag = "3")]
+    Int(i64),
+    #[prost(double, tag = "4")]
+    Double(f64),
+}
+
 /// `xla.CompileOptionsProto` (subset).
 #[derive(Clone, PartialEq, Message)]
 pub struct CompileOptionsProto {
     #[prost(message, optional, tag = "3")]
     pub executable_build_options: Option<ExecutableBuildOptionsProto>,
+    /// Debug options (`xla_…` flags) by name, applied on top of `XLA_FLAGS`.
+    #[prost(btree_map = "string, message", tag = "7")]
+    pub env_option_overrides: std::collections::BTreeMap<String, OptionOverrideProto>,
+}
+
+/// The value of a compile option set by name (an XLA debug option such as
+/// `xla_cpu_enable_fast_math`).
+#[derive(Clone, Debug)]
+pub enum CompileOverride {
+    String(String),
+    Bool(bool),
+    Int(i64),
+    Double(f64),
+}
+
+impl PartialEq for CompileOverride {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (CompileOverride::String(a), CompileOverride::String(b)) => a == b,
+            (CompileOverride::Bool(a), CompileOverride::Bool(b)) => a == b,
+            (CompileOverride::Int(a), CompileOverride::Int(b)) => a == b,
+            (CompileOverride::Double(a), CompileOverride::Double(b)) => a.to_bits() == b.to_bits(),
+            _ => false,
+        }
+    }
+}
+
+impl Eq for CompileOverride {}
+
+impl std::hash::Hash for CompileOverride {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        std::mem::discriminant(self).hash(state);
+        match self {
+            CompileOverride::String(v) => v.hash(state),
+            CompileOverride::Bool(v) => v.hash(state),
+            CompileOverride::Int(v) => v.hash(state),
+            CompileOverride::Double(v) => v.to_bits().hash(state),
+        }
+    }
 }
 
 /// What a compile is asked for. One replica, one partition: this engine runs one device per
@@ -26,24 +84,78 @@ pub struct CompileOptionsProto {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct CompileOptions {
     pub device_ordinal: i64,
+    /// Options set by name; a later entry for the same name wins.
+    pub overrides: Vec<(String, CompileOverride)>,
 }
 
 impl Default for CompileOptions {
     fn default() -> Self {
-        CompileOptions { device_ordinal: -1 }
+        CompileOptions {
+            device_ordinal: -1,
+            overrides: Vec::new(),
+        }
     }
 }
 
 impl CompileOptions {
-    /// The serialized proto handed to `PJRT_Client_Compile`.
+    /// The serialized proto handed to `PJRT_Client_Compile` (deterministic: overrides are
+    /// written in name order, so the bytes can key caches).
     pub fn encode(&self) -> Vec<u8> {
+        let env_option_overrides = self
+            .overrides
+            .iter()
+            .map(|(name, value)| {
+                let value = match value {
+                    CompileOverride::String(v) => OptionOverrideValue::String(v.clone()),
+                    CompileOverride::Bool(v) => OptionOverrideValue::Bool(*v),
+                    CompileOverride::Int(v) => OptionOverrideValue::Int(*v),
+                    CompileOverride::Double(v) => OptionOverrideValue::Double(*v),
+                };
+                (name.clone(), OptionOverrideProto { value: Some(value) })
+            })
+            .collect();
         CompileOptionsProto {
             executable_build_options: Some(ExecutableBuildOptionsProto {
                 device_ordinal: self.device_ordinal,
                 num_replicas: 1,
                 num_partitions: 1,
             }),
+            env_option_overrides,
         }
         .encode_to_vec()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overrides_are_encoded_in_name_order_and_decode_back() {
+        let options = CompileOptions {
+            device_ordinal: -1,
+            overrides: vec![
+                ("xla_b".to_string(), CompileOverride::Int(3)),
+                ("xla_a".to_string(), CompileOverride::Bool(true)),
+                ("xla_c".to_string(), CompileOverride::Double(0.5)),
+            ],
+        };
+        let swapped = CompileOptions {
+            device_ordinal: -1,
+            overrides: vec![
+                ("xla_a".to_string(), CompileOverride::Bool(true)),
+                ("xla_c".to_string(), CompileOverride::Double(0.5)),
+                ("xla_b".to_string(), CompileOverride::Int(3)),
+            ],
+        };
+        assert_eq!(options.encode(), swapped.encode());
+        let decoded = CompileOptionsProto::decode(options.encode().as_slice()).unwrap();
+        let names: Vec<&String> = decoded.env_option_overrides.keys().collect();
+        assert_eq!(names, ["xla_a", "xla_b", "xla_c"]);
+        assert_eq!(
+            decoded.env_option_overrides["xla_b"].value,
+            Some(OptionOverrideValue::Int(3))
+        );
+        assert_ne!(options.encode(), CompileOptions::default().encode());
     }
 }

@@ -18,7 +18,7 @@ mod plugin;
 
 pub use buffer::Buffer;
 pub use client::{Client, Device, DeviceMemoryStats};
-pub use compile_options::CompileOptions;
+pub use compile_options::{CompileOptions, CompileOverride};
 pub use element_type::ElementType;
 pub use error::{Error, ErrorCode, Result};
 pub use event::Event;

@@ -388,3 +388,41 @@ module {
     c.reset_peak_memory();
     assert_eq!(c.memory_usage().peak_bytes, 0);
 }
+
+#[test]
+fn compile_options_set_by_name_reach_the_compiler() {
+    const ADD: &str = r#"
+func.func public @main(%a: tensor<4xf32>, %b: tensor<4xf32>) -> tensor<4xf32> {
+  %s = stablehlo.add %a, %b : tensor<4xf32>
+  return %s : tensor<4xf32>
+}"#;
+    let c = client();
+    let with = |name: &str, value: pjrt::CompileOverride| pjrt::CompileOptions {
+        overrides: vec![(name.to_string(), value)],
+        ..pjrt::CompileOptions::default()
+    };
+    // A debug option the plugin knows compiles and runs.
+    let exe = c
+        .compile_with_options(
+            ADD,
+            &with(
+                "xla_cpu_enable_fast_math",
+                pjrt::CompileOverride::Bool(false),
+            ),
+        )
+        .unwrap();
+    let a = c
+        .buffer_from_host(&f32_bytes(&[1., 2., 3., 4.]), ElementType::F32, &[4])
+        .unwrap();
+    let out = exe.execute(&[&a, &a]).unwrap();
+    assert_eq!(f32_values(&out[0].to_host().unwrap()), vec![2., 4., 6., 8.]);
+    // A name it does not know is refused with that name, and the client keeps working.
+    let err = c
+        .compile_with_options(
+            ADD,
+            &with("xla_no_such_option", pjrt::CompileOverride::Bool(true)),
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("xla_no_such_option"), "{err}");
+    elementwise_module_runs();
+}

@@ -42,6 +42,41 @@ pub struct EngineConfig {
 /// Parses `key=value,key=value` client options: `true`/`false` are booleans, integers are
 /// int64, other numbers are floats, anything else a string.
 pub fn parse_client_options(text: &str) -> Result<Vec<(String, pjrt::NamedValue)>, String> {
+    parse_options(
+        "TORCH_PJRT_CLIENT_OPTIONS",
+        "preallocate=false,memory_fraction=0.5",
+        text,
+    )
+}
+
+/// Parses `TORCH_PJRT_COMPILE_OPTIONS`: XLA debug options by name, typed as client options are
+/// (e.g. `xla_cpu_enable_fast_math=false,xla_gpu_autotune_level=0`).
+pub fn parse_compile_options(text: &str) -> Result<Vec<(String, pjrt::CompileOverride)>, String> {
+    let options = parse_options(
+        "TORCH_PJRT_COMPILE_OPTIONS",
+        "xla_cpu_enable_fast_math=false,xla_gpu_autotune_level=0",
+        text,
+    )?;
+    Ok(options
+        .into_iter()
+        .map(|(name, value)| {
+            let value = match value {
+                pjrt::NamedValue::Bool(v) => pjrt::CompileOverride::Bool(v),
+                pjrt::NamedValue::Int64(v) => pjrt::CompileOverride::Int(v),
+                pjrt::NamedValue::Float(v) => pjrt::CompileOverride::Double(v as f64),
+                pjrt::NamedValue::String(v) => pjrt::CompileOverride::String(v),
+                pjrt::NamedValue::Int64List(v) => pjrt::CompileOverride::String(format!("{v:?}")),
+            };
+            (name, value)
+        })
+        .collect())
+}
+
+fn parse_options(
+    variable: &str,
+    example: &str,
+    text: &str,
+) -> Result<Vec<(String, pjrt::NamedValue)>, String> {
     let mut options = Vec::new();
     for item in text
         .split(',')
@@ -50,8 +85,8 @@ pub fn parse_client_options(text: &str) -> Result<Vec<(String, pjrt::NamedValue)
     {
         let (key, value) = item.split_once('=').ok_or_else(|| {
             format!(
-                "TORCH_PJRT_CLIENT_OPTIONS: expected key=value, got '{item}'. Separate options \
-                 with commas, e.g. preallocate=false,memory_fraction=0.5"
+                "{variable}: expected key=value, got '{item}'. Separate options with commas, \
+                 e.g. {example}"
             )
         })?;
         let (key, value) = (key.trim(), value.trim());
@@ -93,7 +128,8 @@ fn env(name: &str) -> Option<String> {
 }
 
 impl EngineConfig {
-    /// Reads `TORCH_PJRT_PLUGIN`, `TORCH_PJRT_CLIENT_OPTIONS`, `TORCH_PJRT_DEFER_AND_FUSE`,
+    /// Reads `TORCH_PJRT_PLUGIN`, `TORCH_PJRT_CLIENT_OPTIONS`, `TORCH_PJRT_COMPILE_OPTIONS`,
+    /// `TORCH_PJRT_DEFER_AND_FUSE`,
     /// `TORCH_PJRT_LAUNCH_BLOCKING`, `TORCH_PJRT_MAX_REGION_OPS` and the compile/cache variables.
     pub fn from_env() -> Result<EngineConfig, EngineError> {
         let default_mode = Mode::from_env_values(
@@ -110,8 +146,11 @@ impl EngineConfig {
                 )
             })?,
         };
-        let compile = CompileConfig::from_env()
+        let mut compile = CompileConfig::from_env()
             .map_err(|e| EngineError::new(ErrorKind::Value, e.to_string()))?;
+        compile.compile_options.overrides =
+            parse_compile_options(&env("TORCH_PJRT_COMPILE_OPTIONS").unwrap_or_default())
+                .map_err(|m| EngineError::new(ErrorKind::Value, m))?;
         let plugin = env("TORCH_PJRT_PLUGIN").unwrap_or_else(|| "cpu".to_string());
         let user_options =
             parse_client_options(&env("TORCH_PJRT_CLIENT_OPTIONS").unwrap_or_default())
@@ -667,6 +706,26 @@ mod client_option_tests {
         let err = parse_client_options("preallocate").unwrap_err();
         assert!(
             err.contains("expected key=value, got 'preallocate'"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn compile_options_become_typed_overrides() {
+        use pjrt::CompileOverride as O;
+        let options =
+            parse_compile_options("xla_cpu_enable_fast_math=false,xla_gpu_autotune_level=0")
+                .unwrap();
+        assert_eq!(
+            options,
+            vec![
+                ("xla_cpu_enable_fast_math".to_string(), O::Bool(false)),
+                ("xla_gpu_autotune_level".to_string(), O::Int(0)),
+            ]
+        );
+        let err = parse_compile_options("fast").unwrap_err();
+        assert!(
+            err.starts_with("TORCH_PJRT_COMPILE_OPTIONS: expected key=value"),
             "{err}"
         );
     }

@@ -100,3 +100,36 @@ fn dead_inputs_of_in_place_updates_are_donated() {
         assert_eq!(read_f32(&e, &g), vec![1.; 256]);
     }
 }
+
+/// An engine whose compiles carry `TORCH_PJRT_COMPILE_OPTIONS`-style overrides.
+fn engine_with_compile_options(text: &str) -> torch_glue::Engine {
+    let mut config = torch_glue::EngineConfig::from_env().expect("config");
+    config.default_mode = Mode::Strict;
+    config.compile.persistent_dir = None;
+    config.compile.shared_dir = None;
+    config.compile.dump_dir = None;
+    config.compile.compile_options.overrides =
+        torch_glue::engine::parse_compile_options(text).expect("options");
+    torch_glue::Engine::new(config).expect("engine")
+}
+
+#[test]
+fn compile_options_reach_xla_and_name_a_bad_option() {
+    let e = engine_with_compile_options("xla_cpu_enable_fast_math=false");
+    let a = upload_f32(&e, &[1., 2., 3.], &[3]);
+    let c = op(&e, OpId::Add, &[&a, &a], &[], &[]);
+    assert_eq!(read_f32(&e, &c), vec![2., 4., 6.]);
+
+    let e = engine_with_compile_options("xla_no_such_option=true");
+    let a = upload_f32(&e, &[1., 2., 3.], &[3]);
+    let c = op(&e, OpId::Add, &[&a, &a], &[], &[]);
+    let mut bytes = [0u8; 12];
+    let err = e
+        .read_host(&c, &mut bytes)
+        .expect_err("the compile is refused");
+    assert!(
+        err.message.contains("xla_no_such_option"),
+        "{}",
+        err.message
+    );
+}

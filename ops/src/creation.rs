@@ -255,22 +255,43 @@ fn lower_linspace(e: &mut Emitter, a: &LowerArgs, out: &TensorType) -> Value {
         let v = e.broadcast_to(start, &[steps]);
         return cast_like_pytorch(e, v, dtype);
     }
+    // PyTorch's CPU kernel computes half types in their own arithmetic: every operation's result
+    // is rounded to float16/bfloat16. Rounding after each f32 operation gives the same bits.
+    let round = |e: &mut Emitter, v: Value| -> Value {
+        if !matches!(dtype, DType::F16 | DType::BF16) {
+            return v;
+        }
+        let narrow = e.convert(v, dtype);
+        // The barrier keeps XLA from folding the f32 → half → f32 round trip away.
+        let narrow = e.opaque(narrow);
+        e.convert(narrow, step_t)
+    };
+    let start = round(e, start);
+    let end = round(e, end);
     let span = e.sub(end, start);
+    let span = round(e, span);
     // PyTorch divides; a reciprocal multiply is an ulp off, which integer outputs truncate.
     let denom = e.f64_constant(step_t, (steps - 1) as f64);
     let denom = e.opaque(denom);
+    let denom = round(e, denom);
     let step = e.div(span, denom);
+    let step = round(e, step);
     let idx_i = e.iota(TensorType::new(DType::I64, &[steps]), 0);
-    let idx = e.convert(idx_i, step_t);
+    let idx_exact = e.convert(idx_i, step_t);
+    let idx = round(e, idx_exact);
     let start_b = e.broadcast_to(start, &[steps]);
     let end_b = e.broadcast_to(end, &[steps]);
     let step_b = e.broadcast_to(step, &[steps]);
     // idx < steps / 2: start + step * idx; else end - step * (steps - idx - 1).
     let fwd_off = e.mul(step_b, idx);
+    let fwd_off = round(e, fwd_off);
     let fwd = e.add(start_b, fwd_off);
     let last = e.constant(vec_ty, ScalarValue::Float((steps - 1) as f64));
-    let rev_idx = e.sub(last, idx);
+    // `steps - idx - 1` is integer arithmetic in PyTorch: from the exact index, then rounded.
+    let rev_idx = e.sub(last, idx_exact);
+    let rev_idx = round(e, rev_idx);
     let rev_off = e.mul(step_b, rev_idx);
+    let rev_off = round(e, rev_off);
     let bwd = e.sub(end_b, rev_off);
     let halfway = e.constant(
         TensorType::new(DType::I64, &[steps]),

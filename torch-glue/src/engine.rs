@@ -40,43 +40,43 @@ pub struct EngineConfig {
 }
 
 /// Parses `key=value,key=value` client options: `true`/`false` are booleans, integers are
-/// int64, other numbers are floats, anything else a string.
+/// int64, other numbers are floats (PJRT's named values hold f32), anything else a string.
 pub fn parse_client_options(text: &str) -> Result<Vec<(String, pjrt::NamedValue)>, String> {
-    parse_options(
+    let options = parse_options(
         "TORCH_PJRT_CLIENT_OPTIONS",
         "preallocate=false,memory_fraction=0.5",
-        text,
-    )
-}
-
-/// Parses `TORCH_PJRT_COMPILE_OPTIONS`: XLA debug options by name, typed as client options are
-/// (e.g. `xla_cpu_enable_fast_math=false,xla_gpu_autotune_level=0`).
-pub fn parse_compile_options(text: &str) -> Result<Vec<(String, pjrt::CompileOverride)>, String> {
-    let options = parse_options(
-        "TORCH_PJRT_COMPILE_OPTIONS",
-        "xla_cpu_enable_fast_math=false,xla_gpu_autotune_level=0",
         text,
     )?;
     Ok(options
         .into_iter()
         .map(|(name, value)| {
             let value = match value {
-                pjrt::NamedValue::Bool(v) => pjrt::CompileOverride::Bool(v),
-                pjrt::NamedValue::Int64(v) => pjrt::CompileOverride::Int(v),
-                pjrt::NamedValue::Float(v) => pjrt::CompileOverride::Double(v as f64),
-                pjrt::NamedValue::String(v) => pjrt::CompileOverride::String(v),
-                pjrt::NamedValue::Int64List(v) => pjrt::CompileOverride::String(format!("{v:?}")),
+                pjrt::CompileOverride::Bool(v) => pjrt::NamedValue::Bool(v),
+                pjrt::CompileOverride::Int(v) => pjrt::NamedValue::Int64(v),
+                pjrt::CompileOverride::Double(v) => pjrt::NamedValue::Float(v as f32),
+                pjrt::CompileOverride::String(v) => pjrt::NamedValue::String(v),
             };
             (name, value)
         })
         .collect())
 }
 
+/// Parses `TORCH_PJRT_COMPILE_OPTIONS`: XLA debug options by name, typed as client options are
+/// (e.g. `xla_cpu_enable_fast_math=false,xla_gpu_autotune_level=0`).
+pub fn parse_compile_options(text: &str) -> Result<Vec<(String, pjrt::CompileOverride)>, String> {
+    parse_options(
+        "TORCH_PJRT_COMPILE_OPTIONS",
+        "xla_cpu_enable_fast_math=false,xla_gpu_autotune_level=0",
+        text,
+    )
+}
+
+/// The `key=value,…` syntax both option variables share, typed at full (f64) precision.
 fn parse_options(
     variable: &str,
     example: &str,
     text: &str,
-) -> Result<Vec<(String, pjrt::NamedValue)>, String> {
+) -> Result<Vec<(String, pjrt::CompileOverride)>, String> {
     let mut options = Vec::new();
     for item in text
         .split(',')
@@ -91,15 +91,15 @@ fn parse_options(
         })?;
         let (key, value) = (key.trim(), value.trim());
         let value = match value {
-            "true" | "True" => pjrt::NamedValue::Bool(true),
-            "false" | "False" => pjrt::NamedValue::Bool(false),
+            "true" | "True" => pjrt::CompileOverride::Bool(true),
+            "false" | "False" => pjrt::CompileOverride::Bool(false),
             _ => {
                 if let Ok(i) = value.parse::<i64>() {
-                    pjrt::NamedValue::Int64(i)
-                } else if let Ok(f) = value.parse::<f32>() {
-                    pjrt::NamedValue::Float(f)
+                    pjrt::CompileOverride::Int(i)
+                } else if let Ok(f) = value.parse::<f64>() {
+                    pjrt::CompileOverride::Double(f)
                 } else {
-                    pjrt::NamedValue::String(value.to_string())
+                    pjrt::CompileOverride::String(value.to_string())
                 }
             }
         };
@@ -129,8 +129,8 @@ fn env(name: &str) -> Option<String> {
 
 impl EngineConfig {
     /// Reads `TORCH_PJRT_PLUGIN`, `TORCH_PJRT_CLIENT_OPTIONS`, `TORCH_PJRT_COMPILE_OPTIONS`,
-    /// `TORCH_PJRT_DEFER_AND_FUSE`,
-    /// `TORCH_PJRT_LAUNCH_BLOCKING`, `TORCH_PJRT_MAX_REGION_OPS` and the compile/cache variables.
+    /// `TORCH_PJRT_DEFER_AND_FUSE`, `TORCH_PJRT_LAUNCH_BLOCKING`, `TORCH_PJRT_MAX_REGION_OPS`
+    /// and the compile/cache variables.
     pub fn from_env() -> Result<EngineConfig, EngineError> {
         let default_mode = Mode::from_env_values(
             env("TORCH_PJRT_DEFER_AND_FUSE").as_deref(),
@@ -722,6 +722,11 @@ mod client_option_tests {
                 ("xla_cpu_enable_fast_math".to_string(), O::Bool(false)),
                 ("xla_gpu_autotune_level".to_string(), O::Int(0)),
             ]
+        );
+        // Compile options carry doubles: no detour through PJRT's f32 named values.
+        assert_eq!(
+            parse_compile_options("xla_fraction=0.1").unwrap(),
+            vec![("xla_fraction".to_string(), O::Double(0.1))]
         );
         let err = parse_compile_options("fast").unwrap_err();
         assert!(

@@ -36,7 +36,7 @@ fn elementwise_module(seed: u64) -> String {
 }
 
 fn client() -> Client {
-    let name = std::env::var("TORCH_PJRT_PLUGIN").unwrap_or_else(|_| "cpu".to_string());
+    let name = pjrt::configured_plugin_name();
     let plugin = Plugin::load(&name).expect("the plugin TORCH_PJRT_PLUGIN names");
     Client::new(&plugin).expect("client")
 }

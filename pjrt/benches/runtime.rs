@@ -28,7 +28,7 @@ func.func public @main(%a: tensor<256xf32>) -> tensor<256xf32> {{
 }
 
 fn client() -> Client {
-    let name = std::env::var("TORCH_PJRT_PLUGIN").unwrap_or_else(|_| "cpu".to_string());
+    let name = pjrt::configured_plugin_name();
     let plugin = Plugin::load(&name).expect("the plugin TORCH_PJRT_PLUGIN names");
     Client::new(&plugin).expect("client")
 }

@@ -4,7 +4,7 @@
 use pjrt::{Client, Plugin};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let plugin_name = std::env::var("TORCH_PJRT_PLUGIN").unwrap_or_else(|_| "cpu".to_string());
+    let plugin_name = pjrt::configured_plugin_name();
     let plugin = Plugin::load(&plugin_name)?;
     let client = Client::new(&plugin)?;
     println!("| module | arguments | outputs | aliased | temp | peak |");

@@ -29,7 +29,7 @@ fn f32_values(bytes: &[u8]) -> Vec<f32> {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let plugin_name = std::env::var("TORCH_PJRT_PLUGIN").unwrap_or_else(|_| "cpu".to_string());
+    let plugin_name = pjrt::configured_plugin_name();
     let start = Instant::now();
     let plugin = Plugin::load(&plugin_name)?;
     let client = Client::new(&plugin)?;

@@ -25,7 +25,7 @@ pub use event::Event;
 pub use executable::{CompiledMemoryStats, ExecuteOptions, LoadedExecutable};
 pub use ledger::MemoryUsage;
 pub use named_value::NamedValue;
-pub use plugin::{resolve_plugin_path, site_package_dirs, Plugin};
+pub use plugin::{configured_plugin_name, resolve_plugin_path, site_package_dirs, Plugin};
 
 /// The PJRT C API version these bindings were generated from, as (major, minor).
 pub const BUILT_API_VERSION: (i32, i32) = (

@@ -89,6 +89,12 @@ pub fn site_package_dirs() -> Vec<PathBuf> {
     dirs
 }
 
+/// The plugin this process is configured for: `TORCH_PJRT_PLUGIN` (a name or a path), `cpu`
+/// when unset.
+pub fn configured_plugin_name() -> String {
+    std::env::var("TORCH_PJRT_PLUGIN").unwrap_or_else(|_| "cpu".to_string())
+}
+
 /// Resolves a plugin name (`cpu`, `cuda`, `tpu`) or a path to an existing file.
 pub fn resolve_plugin_path(name_or_path: &str) -> Result<PathBuf> {
     if let Some(relative) = known_locations(name_or_path) {

@@ -327,7 +327,7 @@ fn planning(c: &mut Criterion) {
 }
 
 fn key_lookup(c: &mut Criterion) {
-    let name = std::env::var("TORCH_PJRT_PLUGIN").unwrap_or_else(|_| "cpu".to_string());
+    let name = pjrt::configured_plugin_name();
     let plugin = pjrt::Plugin::load(&name).expect("the plugin TORCH_PJRT_PLUGIN names");
     let client = pjrt::Client::new(&plugin).expect("a client");
     let compiler = compile::Compiler::new(client, compile::CompileConfig::default()).unwrap();

@@ -151,7 +151,7 @@ impl EngineConfig {
         compile.compile_options.overrides =
             parse_compile_options(&env("TORCH_PJRT_COMPILE_OPTIONS").unwrap_or_default())
                 .map_err(|m| EngineError::new(ErrorKind::Value, m))?;
-        let plugin = env("TORCH_PJRT_PLUGIN").unwrap_or_else(|| "cpu".to_string());
+        let plugin = pjrt::configured_plugin_name();
         let user_options =
             parse_client_options(&env("TORCH_PJRT_CLIENT_OPTIONS").unwrap_or_default())
                 .map_err(|m| EngineError::new(ErrorKind::Value, m))?;

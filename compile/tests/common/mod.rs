@@ -13,7 +13,7 @@ pub fn client() -> Client {
     CLIENT
         .get_or_init(|| {
             // The CPU plugin unless TORCH_PJRT_PLUGIN names another (a CUDA run of these tests).
-            let name = std::env::var("TORCH_PJRT_PLUGIN").unwrap_or_else(|_| "cpu".to_string());
+            let name = pjrt::configured_plugin_name();
             let plugin = Plugin::load(&name).expect("the CPU plugin is installed by `make venv`");
             Client::new(&plugin).expect("client")
         })

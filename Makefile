@@ -47,7 +47,7 @@ venv: $(STAMPS)/venv
 $(STAMPS)/venv: requirements.txt
 	@mkdir -p $(STAMPS)
 	@test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
+	$(PY) -m pip install -q --disable-pip-version-check --no-cache-dir -r requirements.txt
 	@touch $@
 
 lint: deps
@@ -105,7 +105,7 @@ venv-peer: $(STAMPS)/venv-peer
 $(STAMPS)/venv-peer: requirements-peer.txt
 	@mkdir -p $(STAMPS)
 	@test -x $(PEER_PY) || python3 -m venv $(PEER_VENV)
-	$(PEER_PY) -m pip install -q --disable-pip-version-check -r requirements-peer.txt
+	$(PEER_PY) -m pip install -q --disable-pip-version-check --no-cache-dir -r requirements-peer.txt
 	@touch $@
 
 # The OpInfo sweep (the longest file, mostly XLA compile time) runs beside the rest of the suite:

@@ -339,6 +339,42 @@ REPORT = Report()
 # ----- copying samples ---------------------------------------------------------------------------
 
 
+def _options_as_on_pjrt(options, dtype: torch.dtype):
+    """`linear_cross_entropy`'s options with the "auto" choices PyTorch makes for a pjrt tensor.
+
+    PyTorch picks the accumulation policy per device type: "accurate" with float32 logits on the
+    CPU, "compact" in the input dtype on any device it does not list. The same call therefore
+    computes float16 losses in float16 on pjrt; the CPU reference is run with the choices PyTorch
+    made for pjrt, so both sides compute the same thing."""
+    from torch.nn.modules import linear_cross_entropy_options as lce
+
+    if options.acc_policy != "auto" and options.acc_dtype is not None:
+        return options
+    device = torch.device("pjrt")
+    chosen = lce._AUTO_DEFAULTS.get((device.type, dtype), lce._AUTO_FALLBACK)
+    acc_dtype = options.acc_dtype
+    if acc_dtype is None and options.acc_policy == "auto":
+        acc_dtype = lce.LinearCrossEntropyOptions._resolve_auto_acc_dtype(dtype, device)
+    chunking = options.chunking_method
+    if chunking == "auto" and options.batch_chunk_size is None:
+        chunking = chosen.chunking_method
+    return dataclasses.replace(
+        options,
+        acc_policy=chosen.acc_policy if options.acc_policy == "auto" else options.acc_policy,
+        acc_dtype=acc_dtype if acc_dtype is not None else dtype,
+        chunking_method=chunking,
+    )
+
+
+def _device_choices(inp, kwargs: dict) -> dict:
+    """`kwargs` with the choices an op makes from its input's device type resolved for pjrt, for
+    the CPU reference (see `_options_as_on_pjrt`)."""
+    options = kwargs.get("options")
+    if type(options).__name__ != "LinearCrossEntropyOptions" or not isinstance(inp, torch.Tensor):
+        return kwargs
+    return {**kwargs, "options": _options_as_on_pjrt(options, inp.dtype)}
+
+
 def _replicate(t: torch.Tensor, device) -> torch.Tensor:
     """A copy of `t` on `device` with the same storage contents, sizes, strides and offset, so
     that expanded, sliced and transposed inputs keep their layout."""
@@ -637,6 +673,7 @@ def _reference(op, sample, seed: int) -> Reference:
     try:
         torch.manual_seed(seed)
         inp, args, kwargs = _sample_on(sample, "cpu")
+        kwargs = _device_choices(inp, kwargs)
         with seeded, _StableTies():
             out = op(inp, *args, **kwargs)
     except Exception as e:  # noqa: BLE001 - any CPU failure makes the sample unusable
@@ -673,6 +710,7 @@ def _precise_reference(ref: Reference, op, sample, seed: int) -> None:
     try:
         torch.manual_seed(seed)
         inp, args, kwargs = _upcast(_sample_on(sample, "cpu"))
+        kwargs = _device_choices(inp, kwargs)
         with _StableTies():
             out = op(inp, *args, **kwargs)
     except Exception:  # noqa: BLE001 - not every op takes float64 inputs

@@ -1,10 +1,11 @@
 //! Reads through a view: a strided layout over a flat base becomes a short chain of view ops.
 
 use crate::error::ViewError;
-use crate::layout::{check_validated_in_bounds, push_all, Dims, Layout};
+use crate::layout::{check_scanned_in_bounds, push_all, Dims, Layout};
 use crate::ops::{Chain, ChainBuilder, ViewOp};
 use crate::plan::{
-    gcd, merge_extents, plan_read_box, strided_indices, Analysis, Extent, Extents, ReadBox,
+    div_non_negative, gcd, merge_extents, plan_read_box, rem_non_negative, strided_indices,
+    Analysis, Extent, Extents, ReadBox,
 };
 
 /// The chain that turns a base value (shape `[base_len]`, `base_elem_size`-byte elements) into
@@ -15,9 +16,9 @@ use crate::plan::{
 /// dims; a bitcast in front when the element sizes differ. Layouts that are no strided sub-box
 /// of any reshaping of the base (interleaved dims, overlapping windows) read through a gather.
 pub fn decompose(base_len: i64, base_elem_size: usize, view: &Layout) -> Result<Chain, ViewError> {
-    view.validate()?;
+    let scan = view.scan()?;
     let ratio = element_ratio(base_elem_size, view.elem_size)?;
-    check_validated_in_bounds(base_len, base_elem_size, view)?;
+    check_scanned_in_bounds(base_len, base_elem_size, view, &scan)?;
     if base_elem_size > view.elem_size {
         base_len.checked_mul(ratio).ok_or(ViewError::Overflow)?;
     }
@@ -26,8 +27,8 @@ pub fn decompose(base_len: i64, base_elem_size: usize, view: &Layout) -> Result<
     let Ok(chain) = &mut result else {
         unreachable!()
     };
-    let numel = view.numel();
-    if base_elem_size == view.elem_size && numel > 0 && view.is_contiguous() {
+    let numel = scan.numel;
+    if base_elem_size == view.elem_size && numel > 0 && scan.contiguous {
         // The commonest view: a run of the flat array, reshaped.
         if view.offset != 0 || numel != base_len {
             chain.ops.push(ViewOp::Slice {
@@ -236,7 +237,8 @@ fn add_unmoving_dims(builder: &mut ChainBuilder, view: &Layout, analysis: &Analy
 /// `chain` untouched) for every other layout, which the general path handles. It emits exactly
 /// what the general path would (checked in debug builds).
 fn read_whole_box(chain: &mut Chain, base_len: i64, view: &Layout) -> bool {
-    const MAX_RANK: usize = 8;
+    // Scratch arrays as long as `Dims`' inline buffer, so that each becomes a `Dims` by copy.
+    const MAX_RANK: usize = 6;
     let rank = view.rank();
     if rank > MAX_RANK {
         return false;
@@ -285,28 +287,28 @@ fn read_whole_box(chain: &mut Chain, base_len: i64, view: &Layout) -> bool {
         let (n, s) = (sizes[order[i]], strides[order[i]]);
         g = gcd(g, s);
         box_stride[i] = if i + 1 == k { 1 } else { g };
-        step[i] = s / box_stride[i];
+        step[i] = div_non_negative(s, box_stride[i]);
         if i > 0 {
-            box_size[i] = box_stride[i - 1] / box_stride[i];
+            box_size[i] = div_non_negative(box_stride[i - 1], box_stride[i]);
             if box_size[i] - 1 - (n - 1) * step[i] < 0 {
                 return false;
             }
         }
     }
     let t0 = box_stride[0];
-    if base_len % t0 != 0 {
+    if rem_non_negative(base_len, t0) != 0 {
         return false;
     }
-    box_size[0] = base_len / t0;
+    box_size[0] = div_non_negative(base_len, t0);
     let mut start = [0i64; MAX_RANK];
     let mut limit = [0i64; MAX_RANK];
-    let within_row = view.offset % t0;
-    start[0] = view.offset / t0;
+    let within_row = rem_non_negative(view.offset, t0);
+    start[0] = div_non_negative(view.offset, t0);
     let mut whole = true;
     for i in 0..k {
         let n = sizes[order[i]];
         if i > 0 {
-            start[i] = within_row / box_stride[i] % box_size[i];
+            start[i] = rem_non_negative(div_non_negative(within_row, box_stride[i]), box_size[i]);
             if start[i] > box_size[i] - 1 - (n - 1) * step[i] {
                 return false;
             }
@@ -321,14 +323,14 @@ fn read_whole_box(chain: &mut Chain, base_len: i64, view: &Layout) -> bool {
     let ops = &mut chain.ops;
     if k > 1 || t0 != 1 {
         ops.push(ViewOp::Reshape {
-            shape: Dims::from_slice(&box_size[..k]),
+            shape: Dims::from_buf_and_len(box_size, k),
         });
     }
     if !whole {
         ops.push(ViewOp::Slice {
-            start_indices: Dims::from_slice(&start[..k]),
-            limit_indices: Dims::from_slice(&limit[..k]),
-            strides: Dims::from_slice(&step[..k]),
+            start_indices: Dims::from_buf_and_len(start, k),
+            limit_indices: Dims::from_buf_and_len(limit, k),
+            strides: Dims::from_buf_and_len(step, k),
         });
     }
     let transposed = order[..k].windows(2).any(|pair| pair[0] > pair[1]);
@@ -344,7 +346,7 @@ fn read_whole_box(chain: &mut Chain, base_len: i64, view: &Layout) -> bool {
     if broadcasts {
         ops.push(ViewOp::BroadcastInDim {
             shape: view.sizes.clone(),
-            broadcast_dimensions: Dims::from_slice(&view_dims[..k]),
+            broadcast_dimensions: Dims::from_buf_and_len(view_dims, k),
         });
         return true;
     }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use crate::decompose::element_ratio;
 use crate::error::ViewError;
-use crate::layout::{check_validated_in_bounds, Dims, Layout};
+use crate::layout::{check_scanned_in_bounds, Dims, Layout};
 use crate::ops::{Chain, ChainBuilder};
 use crate::overlap::{has_internal_overlap, MemOverlap};
 use crate::plan::{
@@ -101,9 +101,9 @@ pub fn invert(
     base_elem_size: usize,
     view: &Layout,
 ) -> Result<WriteProgram, ViewError> {
-    view.validate()?;
+    let scan = view.scan()?;
     let ratio = element_ratio(base_elem_size, view.elem_size)?;
-    check_validated_in_bounds(base_len, base_elem_size, view)?;
+    check_scanned_in_bounds(base_len, base_elem_size, view, &scan)?;
     if has_internal_overlap(view) == MemOverlap::Yes {
         return Err(ViewError::InternalOverlap);
     }

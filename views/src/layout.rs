@@ -23,6 +23,16 @@ pub struct Layout {
     pub offset: i64,
 }
 
+/// What one pass over a valid layout's dims finds ([`Layout::scan`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Scan {
+    pub numel: i64,
+    /// Index of the last element (`offset + Σ (size-1) * stride`); -1 for an empty view.
+    pub last: i64,
+    /// [`Layout::is_contiguous`].
+    pub contiguous: bool,
+}
+
 impl Layout {
     pub fn new(elem_size: usize, sizes: &[i64], strides: &[i64], offset: i64) -> Self {
         Layout {
@@ -54,6 +64,13 @@ impl Layout {
 
     /// Checks ranks, signs and element size, and that element indices fit in 64 bits.
     pub fn validate(&self) -> Result<(), ViewError> {
+        self.scan().map(drop)
+    }
+
+    /// [`Layout::validate`], returning what its pass over the dims learns on the way: the
+    /// element count, the last element's index and contiguity. Callers that need those read
+    /// the dims once instead of four times.
+    pub(crate) fn scan(&self) -> Result<Scan, ViewError> {
         if self.elem_size == 0 {
             return Err(ViewError::ZeroElementSize);
         }
@@ -69,6 +86,8 @@ impl Layout {
             });
         }
         let mut numel: i64 = 1;
+        // `None` once the last index overflows; that is an error only for a non-empty view.
+        let mut last = Some(self.offset);
         for (dim, (&size, &stride)) in self.sizes.iter().zip(&self.strides).enumerate() {
             if size < 0 {
                 return Err(ViewError::NegativeSize { dim, size });
@@ -77,11 +96,31 @@ impl Layout {
                 return Err(ViewError::NegativeStride { dim, stride });
             }
             numel = numel.checked_mul(size).ok_or(ViewError::Overflow)?;
+            last = last.and_then(|l| l.checked_add((size - 1).checked_mul(stride)?));
         }
+        let last = if numel > 0 {
+            last.ok_or(ViewError::Overflow)?
+        } else {
+            -1
+        };
+        let mut contiguous = true;
         if numel > 0 {
-            self.last_index().ok_or(ViewError::Overflow)?;
+            let mut expected = 1i64;
+            for (&size, &stride) in self.sizes.iter().zip(&self.strides).rev() {
+                if size != 1 {
+                    if stride != expected {
+                        contiguous = false;
+                        break;
+                    }
+                    expected *= size;
+                }
+            }
         }
-        Ok(())
+        Ok(Scan {
+            numel,
+            last,
+            contiguous,
+        })
     }
 
     /// Element index of the last element (`offset + Σ (size-1) * stride`), for a non-empty view.
@@ -170,15 +209,16 @@ pub fn check_in_bounds(
     base_elem_size: usize,
     view: &Layout,
 ) -> Result<(), ViewError> {
-    view.validate()?;
-    check_validated_in_bounds(base_len, base_elem_size, view)
+    let scan = view.scan()?;
+    check_scanned_in_bounds(base_len, base_elem_size, view, &scan)
 }
 
-/// [`check_in_bounds`] for a view already validated.
-pub(crate) fn check_validated_in_bounds(
+/// [`check_in_bounds`] for a view already scanned.
+pub(crate) fn check_scanned_in_bounds(
     base_len: i64,
     base_elem_size: usize,
     view: &Layout,
+    scan: &Scan,
 ) -> Result<(), ViewError> {
     if base_elem_size == 0 {
         return Err(ViewError::ZeroElementSize);
@@ -186,11 +226,10 @@ pub(crate) fn check_validated_in_bounds(
     if base_len < 0 {
         return Err(ViewError::NegativeBaseLength { base_len });
     }
-    if view.numel() == 0 {
+    if scan.numel == 0 {
         return Ok(());
     }
-    let last = view.last_index().ok_or(ViewError::Overflow)?;
-    let required_bytes = (last as i128 + 1) * view.elem_size as i128;
+    let required_bytes = (scan.last as i128 + 1) * view.elem_size as i128;
     let available_bytes = base_len as i128 * base_elem_size as i128;
     if required_bytes > available_bytes {
         return Err(ViewError::OutOfBounds {

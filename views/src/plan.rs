@@ -111,11 +111,49 @@ pub(crate) fn merge_extents(sorted: &[Extent]) -> Extents {
     merged
 }
 
-pub(crate) fn gcd(mut a: i64, mut b: i64) -> i64 {
-    while b != 0 {
-        (a, b) = (b, a % b);
+/// Greatest common divisor of two non-negative numbers (`gcd(0, b) = b`). Binary (Stein's):
+/// shifts and subtractions, since a 64-bit division costs tens of cycles and strides are mostly
+/// powers of two, for which this takes no loop turn at all.
+pub(crate) fn gcd(a: i64, b: i64) -> i64 {
+    debug_assert!(a >= 0 && b >= 0, "gcd of negative numbers {a}, {b}");
+    let (mut a, mut b) = (a as u64, b as u64);
+    if a == 0 || b == 0 {
+        return (a | b) as i64;
     }
-    a
+    let common_twos = (a | b).trailing_zeros();
+    a >>= a.trailing_zeros();
+    loop {
+        b >>= b.trailing_zeros();
+        if a > b {
+            std::mem::swap(&mut a, &mut b);
+        }
+        b -= a;
+        if b == 0 {
+            return (a << common_twos) as i64;
+        }
+    }
+}
+
+/// `a / b` for `a ≥ 0` and `b > 0`: a shift when `b` is a power of two.
+#[inline]
+pub(crate) fn div_non_negative(a: i64, b: i64) -> i64 {
+    debug_assert!(a >= 0 && b > 0);
+    if b & (b - 1) == 0 {
+        a >> b.trailing_zeros()
+    } else {
+        a / b
+    }
+}
+
+/// `a % b` for `a ≥ 0` and `b > 0`: a mask when `b` is a power of two.
+#[inline]
+pub(crate) fn rem_non_negative(a: i64, b: i64) -> i64 {
+    debug_assert!(a >= 0 && b > 0);
+    if b & (b - 1) == 0 {
+        a & (b - 1)
+    } else {
+        a % b
+    }
 }
 
 pub(crate) fn round_up(value: i64, multiple: i64) -> i64 {
@@ -394,4 +432,31 @@ pub(crate) fn plan_write_box(len: i64, offset: i64, extents: &[Extent]) -> Optio
         start,
         patch,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn division_free_helpers_agree_with_division() {
+        for a in 0..300i64 {
+            for b in 0..300i64 {
+                let mut x = a;
+                let mut y = b;
+                while y != 0 {
+                    (x, y) = (y, x % y);
+                }
+                assert_eq!(gcd(a, b), x, "gcd({a}, {b})");
+                if b > 0 {
+                    assert_eq!(div_non_negative(a, b), a / b, "{a} / {b}");
+                    assert_eq!(rem_non_negative(a, b), a % b, "{a} % {b}");
+                }
+            }
+        }
+        let big = 1i64 << 62;
+        assert_eq!(gcd(big, 3 << 40), 1 << 40);
+        assert_eq!(div_non_negative(i64::MAX, 1 << 20), i64::MAX >> 20);
+        assert_eq!(rem_non_negative(i64::MAX, 1000), i64::MAX % 1000);
+    }
 }

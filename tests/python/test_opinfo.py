@@ -16,6 +16,10 @@ and on the CPU and compares the results:
   in every summation order. The summary lists the samples that passed that way;
 - where the OpInfo supports autograd for a floating dtype, the gradients of the sample's inputs,
   for the same random output gradient on both devices.
+Where PyTorch itself chooses an algorithm by the input's device type, the CPU reference is run
+with the choice PyTorch makes for a pjrt tensor: `linear_cross_entropy`'s "auto" options
+accumulate float16/bfloat16 in float32 on the CPU but in the input dtype on devices PyTorch does
+not list (`opinfo_harness._device_choices`).
 Random outputs (the CPU run dispatches an ATen op tagged `nondeterministic_seeded`: pjrt's
 generator is not the CPU's) and uninitialized ones (`empty*`, `resize_`) are compared without
 values, and random ones without gradients.

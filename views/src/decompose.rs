@@ -1,6 +1,8 @@
 //! Reads through a view: a strided layout over a flat base becomes a short chain of view ops.
 
 use crate::error::ViewError;
+use smallvec::SmallVec;
+
 use crate::layout::{check_scanned_in_bounds, push_all, Dims, Layout};
 use crate::ops::{Chain, ChainBuilder, ViewOp};
 use crate::plan::{
@@ -16,25 +18,43 @@ use crate::plan::{
 /// dims; a bitcast in front when the element sizes differ. Layouts that are no strided sub-box
 /// of any reshaping of the base (interleaved dims, overlapping windows) read through a gather.
 pub fn decompose(base_len: i64, base_elem_size: usize, view: &Layout) -> Result<Chain, ViewError> {
+    // Built inside the returned value, and returned from one place: a chain is large and inline,
+    // and every move of it is a copy of several hundred bytes.
+    let mut result = Ok(Chain {
+        input: one_dim(base_len),
+        ops: SmallVec::new(),
+    });
+    let Ok(chain) = &mut result else {
+        unreachable!()
+    };
+    if let Err(e) = fill_read(chain, base_len, base_elem_size, view) {
+        result = Err(e);
+    }
+    result
+}
+
+/// Checks the view against the base and fills `chain` (the identity on `[base_len]`) with the
+/// ops that read it.
+fn fill_read(
+    chain: &mut Chain,
+    base_len: i64,
+    base_elem_size: usize,
+    view: &Layout,
+) -> Result<(), ViewError> {
     let scan = view.scan()?;
     let ratio = element_ratio(base_elem_size, view.elem_size)?;
     check_scanned_in_bounds(base_len, base_elem_size, view, &scan)?;
     if base_elem_size > view.elem_size {
         base_len.checked_mul(ratio).ok_or(ViewError::Overflow)?;
     }
-    // Built inside the returned value: a chain is large and inline, and moving it costs.
-    let mut result = Ok(Chain::identity(&[base_len]));
-    let Ok(chain) = &mut result else {
-        unreachable!()
-    };
     let numel = scan.numel;
     if base_elem_size == view.elem_size && numel > 0 && scan.contiguous {
         // The commonest view: a run of the flat array, reshaped.
         if view.offset != 0 || numel != base_len {
             chain.ops.push(ViewOp::Slice {
-                start_indices: Dims::from_slice(&[view.offset]),
-                limit_indices: Dims::from_slice(&[view.offset + numel]),
-                strides: Dims::from_slice(&[1]),
+                start_indices: one_dim(view.offset),
+                limit_indices: one_dim(view.offset + numel),
+                strides: one_dim(1),
             });
         }
         if view.sizes.as_slice() != [numel] {
@@ -57,7 +77,7 @@ pub fn decompose(base_len: i64, base_elem_size: usize, view: &Layout) -> Result<
                 "fast and general reads differ for {view:?}"
             );
         }
-        return result;
+        return Ok(());
     }
     if base_elem_size == view.elem_size && numel > 0 && read_whole_box(chain, base_len, view) {
         #[cfg(debug_assertions)]
@@ -69,7 +89,7 @@ pub fn decompose(base_len: i64, base_elem_size: usize, view: &Layout) -> Result<
                 "fast and general reads differ for {view:?}"
             );
         }
-        return result;
+        return Ok(());
     }
     build_read(
         &mut ChainBuilder::new(chain),
@@ -78,7 +98,13 @@ pub fn decompose(base_len: i64, base_elem_size: usize, view: &Layout) -> Result<
         ratio,
         view,
     );
-    result
+    Ok(())
+}
+
+/// A one-element `Dims`, built by copy (cheaper than `from_slice` on a hot path).
+#[inline]
+fn one_dim(value: i64) -> Dims {
+    Dims::from_buf_and_len([value, 0, 0, 0, 0, 0], 1)
 }
 
 fn build_read(
@@ -335,12 +361,12 @@ fn read_whole_box(chain: &mut Chain, base_len: i64, view: &Layout) -> bool {
     }
     let transposed = order[..k].windows(2).any(|pair| pair[0] > pair[1]);
     if transposed {
-        let mut to_view_order = Dims::from_elem(0, k);
+        let mut to_view_order = [0i64; MAX_RANK];
         for (sorted_position, &moving_index) in order[..k].iter().enumerate() {
             to_view_order[moving_index] = sorted_position as i64;
         }
         ops.push(ViewOp::Transpose {
-            permutation: to_view_order,
+            permutation: Dims::from_buf_and_len(to_view_order, k),
         });
     }
     if broadcasts {

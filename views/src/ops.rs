@@ -268,7 +268,7 @@ impl fmt::Display for ViewOp {
 pub struct Chain {
     /// Shape of the value the chain starts from.
     pub input: Dims,
-    pub ops: SmallVec<[ViewOp; 4]>,
+    pub ops: SmallVec<[ViewOp; 3]>,
 }
 
 impl Chain {

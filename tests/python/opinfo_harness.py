@@ -618,6 +618,9 @@ class Reference:
     precise_done: bool = False
     precise: object = None  # the output in float64, computed only when values differ
     precise_grads: list | None = None
+    # Whether the float64 run happened once the CPU gradients existed: a float64 run made for an
+    # output mismatch comes before the backward, and has no gradients to compare against.
+    precise_grads_tried: bool = False
 
 
 def _differentiable(outputs) -> list[torch.Tensor]:
@@ -718,6 +721,7 @@ def _precise_reference(ref: Reference, op, sample, seed: int) -> None:
     ref.precise = out
     if ref.grad_outputs is None or ref.grads is None:
         return
+    ref.precise_grads_tried = True
     outs = _differentiable(sample.output_process_fn_grad(out))
     inputs = [t for t in _input_tensors((inp, args, kwargs)) if t.requires_grad]
     if len(outs) != len(ref.grad_outputs) or len(inputs) != len(ref.grads):
@@ -993,7 +997,7 @@ def _run_mode(op, runs: list[_Run], mode: str, refs: dict, with_grad: bool) -> N
                     elif g is not None:
                         found = compare(r, g, grad_tol, f"grad[{k}]")[0]
                         if any("values differ" in p for p in found):
-                            if not ref.precise_done:
+                            if not ref.precise_grads_tried:
                                 _precise_reference(ref, op, run.sample, run.seed)
                             precise = ref.precise_grads[k] if ref.precise_grads else None
                             found = compare(r, g, grad_tol, f"grad[{k}]", precise=precise,

@@ -103,23 +103,10 @@ impl Layout {
         } else {
             -1
         };
-        let mut contiguous = true;
-        if numel > 0 {
-            let mut expected = 1i64;
-            for (&size, &stride) in self.sizes.iter().zip(&self.strides).rev() {
-                if size != 1 {
-                    if stride != expected {
-                        contiguous = false;
-                        break;
-                    }
-                    expected *= size;
-                }
-            }
-        }
         Ok(Scan {
             numel,
             last,
-            contiguous,
+            contiguous: numel == 0 || has_row_major_strides(&self.sizes, &self.strides),
         })
     }
 
@@ -141,20 +128,23 @@ impl Layout {
     /// Whether the strides are the row-major contiguous ones (ignoring dims of size 1), as
     /// PyTorch's `is_contiguous`.
     pub fn is_contiguous(&self) -> bool {
-        if self.numel() == 0 {
-            return true;
-        }
-        let mut expected = 1;
-        for (&size, &stride) in self.sizes.iter().zip(&self.strides).rev() {
-            if size != 1 {
-                if stride != expected {
-                    return false;
-                }
-                expected *= size;
-            }
-        }
-        true
+        self.numel() == 0 || has_row_major_strides(&self.sizes, &self.strides)
     }
+}
+
+/// Whether the strides of a non-empty layout are the row-major contiguous ones, dims of size 1
+/// ignored.
+fn has_row_major_strides(sizes: &[i64], strides: &[i64]) -> bool {
+    let mut expected = 1i64;
+    for (&size, &stride) in sizes.iter().zip(strides).rev() {
+        if size != 1 {
+            if stride != expected {
+                return false;
+            }
+            expected *= size;
+        }
+    }
+    true
 }
 
 /// Collects a short iterator by pushing: on hot paths this is cheaper than `collect`, whose

@@ -26,7 +26,15 @@ type BuildFn = Box<dyn FnOnce() -> Result<String, String> + Send + 'static>;
 #[derive(Clone)]
 pub struct CompileHandle {
     key: CacheKey,
-    slot: Arc<Slot<CompileResult>>,
+    outcome: Outcome,
+}
+
+#[derive(Clone)]
+enum Outcome {
+    /// Known when the handle was made (a tier-1 hit, the common case): no slot to allocate.
+    Ready(Arc<LoadedExecutable>),
+    /// Filled by whoever compiles (or already filled with a failure).
+    Slot(Arc<Slot<CompileResult>>),
 }
 
 impl std::fmt::Debug for CompileHandle {
@@ -43,7 +51,7 @@ impl CompileHandle {
     pub fn ready(key: CacheKey, executable: Arc<LoadedExecutable>) -> CompileHandle {
         CompileHandle {
             key,
-            slot: Arc::new(Slot::filled(Ok(executable))),
+            outcome: Outcome::Ready(executable),
         }
     }
 
@@ -51,14 +59,14 @@ impl CompileHandle {
     pub fn failed(key: CacheKey, error: CompileError) -> CompileHandle {
         CompileHandle {
             key,
-            slot: Arc::new(Slot::filled(Err(error))),
+            outcome: Outcome::Slot(Arc::new(Slot::filled(Err(error)))),
         }
     }
 
     fn pending(key: CacheKey) -> CompileHandle {
         CompileHandle {
             key,
-            slot: Arc::new(Slot::empty()),
+            outcome: Outcome::Slot(Arc::new(Slot::empty())),
         }
     }
 
@@ -68,26 +76,49 @@ impl CompileHandle {
 
     /// Blocks until the executable is available or the compile has failed.
     pub fn wait(&self) -> CompileResult {
-        self.slot.wait()
+        match &self.outcome {
+            Outcome::Ready(executable) => Ok(executable.clone()),
+            Outcome::Slot(slot) => slot.wait(),
+        }
     }
 
     /// [`CompileHandle::wait`] for at most `timeout`; `None` if still compiling.
     pub fn wait_timeout(&self, timeout: Duration) -> Option<CompileResult> {
-        self.slot.wait_timeout(timeout)
+        match &self.outcome {
+            Outcome::Ready(executable) => Some(Ok(executable.clone())),
+            Outcome::Slot(slot) => slot.wait_timeout(timeout),
+        }
     }
 
     /// The outcome if there is one yet; never blocks.
     pub fn try_get(&self) -> Option<CompileResult> {
-        self.slot.get()
+        match &self.outcome {
+            Outcome::Ready(executable) => Some(Ok(executable.clone())),
+            Outcome::Slot(slot) => slot.get(),
+        }
     }
 
     pub fn is_ready(&self) -> bool {
-        self.slot.is_filled()
+        match &self.outcome {
+            Outcome::Ready(_) => true,
+            Outcome::Slot(slot) => slot.is_filled(),
+        }
     }
 
-    /// Whether two handles wait on the same compile.
+    /// Settles a pending handle (a ready one has nothing to settle).
+    fn fill(&self, result: CompileResult) {
+        if let Outcome::Slot(slot) = &self.outcome {
+            slot.fill(result);
+        }
+    }
+
+    /// Whether two handles wait on the same compile (or hold the same executable).
     pub fn same_request(&self, other: &CompileHandle) -> bool {
-        Arc::ptr_eq(&self.slot, &other.slot)
+        match (&self.outcome, &other.outcome) {
+            (Outcome::Ready(a), Outcome::Ready(b)) => Arc::ptr_eq(a, b),
+            (Outcome::Slot(a), Outcome::Slot(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
     }
 }
 
@@ -378,7 +409,7 @@ impl Compiler {
         };
         if let Some(job) = refused {
             self.shared.inflight.lock().remove(&key);
-            job.handle.slot.fill(Err(CompileError::ShutDown { key }));
+            job.handle.fill(Err(CompileError::ShutDown { key }));
         }
         handle
     }
@@ -483,7 +514,7 @@ impl Shared {
             Err(_) => bump(&self.counters.failures),
         }
         self.inflight.lock().remove(&key);
-        handle.slot.fill(result);
+        handle.fill(result);
     }
 
     fn obtain(&self, key: CacheKey, build: BuildFn) -> CompileResult {

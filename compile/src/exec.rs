@@ -6,8 +6,9 @@
 use crate::compiler::CompileHandle;
 use crate::error::{panic_message, ExecError};
 use crate::handle::Slot;
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::Sender;
 use pjrt::{Buffer, ExecuteOptions};
+use smallvec::SmallVec;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -149,27 +150,32 @@ pub struct ExecJob {
     pub executable: CompileHandle,
     /// Each ready, or produced by work enqueued earlier: the worker waits for them in order, so
     /// a value produced by later work on the same queue would be waited for forever.
-    pub arguments: Vec<DeviceValue>,
+    pub arguments: JobValues,
     /// Created with [`DeviceValue::pending`] by the caller, one per executable result. Held
     /// weakly: a queued job must not keep its results alive (a result nobody holds any more is
     /// dropped when it arrives), or the value a later job overwrites in place could never be
     /// donated while this job waits in the queue.
-    pub outputs: Vec<WeakDeviceValue>,
+    pub outputs: SmallVec<[WeakDeviceValue; 2]>,
     /// Argument indices the executable may donate (reuse for an output); all others are passed
     /// as non-donatable. A donated argument's buffer must not be read afterwards.
-    pub donatable: Vec<usize>,
+    pub donatable: SmallVec<[usize; 2]>,
     /// Host arrays the worker uploads right before the execution and passes after `arguments`
     /// (e.g. a region's packed lifted scalars): one queue item per job instead of one more per
     /// upload.
-    pub uploads: Vec<HostArgument>,
+    pub uploads: SmallVec<[HostArgument; 1]>,
 }
+
+/// A job's argument list: inline for the few arguments of one op, so an op-by-op job allocates
+/// no list on the caller's thread (and frees none on the worker's).
+pub type JobValues = SmallVec<[DeviceValue; 4]>;
 
 /// A dense row-major host array that becomes an execution argument on the worker thread.
 pub struct HostArgument {
     pub client: pjrt::Client,
-    pub bytes: Vec<u8>,
+    /// Inline up to 16 bytes: a region's few lifted scalars.
+    pub bytes: SmallVec<[u8; 16]>,
     pub element_type: pjrt::ElementType,
-    pub dims: Vec<i64>,
+    pub dims: SmallVec<[i64; 1]>,
     /// Names the upload in errors ("uploading {what}: ...").
     pub what: &'static str,
 }
@@ -178,16 +184,20 @@ impl ExecJob {
     pub fn new(
         label: impl Into<Arc<str>>,
         executable: CompileHandle,
-        arguments: Vec<DeviceValue>,
-        outputs: Vec<DeviceValue>,
+        arguments: impl Into<JobValues>,
+        outputs: impl AsRef<[DeviceValue]>,
     ) -> ExecJob {
         ExecJob {
             label: label.into(),
             executable,
-            arguments,
-            outputs: outputs.iter().map(DeviceValue::downgrade).collect(),
-            donatable: Vec::new(),
-            uploads: Vec::new(),
+            arguments: arguments.into(),
+            outputs: outputs
+                .as_ref()
+                .iter()
+                .map(DeviceValue::downgrade)
+                .collect(),
+            donatable: SmallVec::new(),
+            uploads: SmallVec::new(),
         }
     }
 
@@ -245,11 +255,71 @@ struct QueueShared {
     launched: parking_lot::Mutex<std::collections::VecDeque<(Arc<str>, pjrt::Event)>>,
 }
 
+/// The worker's inbox: a deque under a lock. The worker takes everything queued at once by
+/// swapping deques, so both buffers circulate and a steady stream of work allocates nothing
+/// (a linked-block channel allocates and zeroes a block every few dozen items, on the caller's
+/// thread, and frees it on the worker's).
+#[derive(Default)]
+struct Inbox {
+    state: parking_lot::Mutex<InboxState>,
+    ready: parking_lot::Condvar,
+}
+
+#[derive(Default)]
+struct InboxState {
+    items: std::collections::VecDeque<Work>,
+    /// No more work is accepted; the worker stops once it has run what is queued.
+    closed: bool,
+    /// The worker sleeps on `ready`: only then does a push need to wake it.
+    worker_asleep: bool,
+}
+
+impl Inbox {
+    /// Queues `work`, or gives it back when the inbox is closed.
+    fn push(&self, work: Work) -> Option<Work> {
+        let mut state = self.state.lock();
+        if state.closed {
+            return Some(work);
+        }
+        state.items.push_back(work);
+        let wake = state.worker_asleep;
+        drop(state);
+        if wake {
+            self.ready.notify_one();
+        }
+        None
+    }
+
+    fn close(&self) {
+        self.state.lock().closed = true;
+        self.ready.notify_one();
+    }
+
+    /// Moves everything queued into `batch` (which must be empty), waiting while nothing is;
+    /// `false` once the inbox is closed and drained.
+    fn take_all(&self, batch: &mut std::collections::VecDeque<Work>) -> bool {
+        debug_assert!(batch.is_empty());
+        let mut state = self.state.lock();
+        loop {
+            if !state.items.is_empty() {
+                std::mem::swap(&mut state.items, batch);
+                return true;
+            }
+            if state.closed {
+                return false;
+            }
+            state.worker_asleep = true;
+            self.ready.wait(&mut state);
+            state.worker_asleep = false;
+        }
+    }
+}
+
 /// An ordered execution queue with one worker thread. Work runs in enqueue order; a job waits for
 /// its executable and its arguments (which must come from earlier work or be ready) and launches
 /// the execution without waiting for the device.
 pub struct ExecQueue {
-    sender: Option<Sender<Work>>,
+    inbox: Arc<Inbox>,
     worker: Option<JoinHandle<()>>,
     shared: Arc<QueueShared>,
 }
@@ -264,15 +334,16 @@ impl std::fmt::Debug for ExecQueue {
 
 impl ExecQueue {
     pub fn new() -> std::io::Result<ExecQueue> {
-        let (sender, receiver) = crossbeam_channel::unbounded::<Work>();
+        let inbox = Arc::new(Inbox::default());
         let shared = Arc::new(QueueShared::default());
         let worker_shared = shared.clone();
+        let worker_inbox = inbox.clone();
         let worker = std::thread::Builder::new()
             .name("torch-pjrt-exec".to_string())
-            .spawn(move || serve(&worker_shared, &receiver))?;
+            .spawn(move || serve(&worker_shared, &worker_inbox))?;
         let _ = shared.worker.set(worker.thread().id());
         Ok(ExecQueue {
-            sender: Some(sender),
+            inbox,
             worker: Some(worker),
             shared,
         })
@@ -299,14 +370,10 @@ impl ExecQueue {
 
     fn send(&self, work: Work) {
         self.shared.enqueued.fetch_add(1, Ordering::Relaxed);
-        let refused = match &self.sender {
-            Some(sender) => sender.send(work).err().map(|e| e.into_inner()),
-            None => Some(work),
-        };
-        if let Some(work) = refused {
+        if let Some(work) = self.inbox.push(work) {
             self.shared.completed.fetch_add(1, Ordering::Relaxed);
             let (label, outputs) = match work {
-                Work::Execute(job) => (job.label, job.outputs),
+                Work::Execute(job) => (job.label, job.outputs.into_vec()),
                 Work::Task { label, outputs, .. } => (label, outputs),
                 Work::Marker(_) => return,
             };
@@ -366,7 +433,7 @@ impl ExecQueue {
 impl Drop for ExecQueue {
     /// Runs everything already enqueued, then stops the worker.
     fn drop(&mut self) {
-        drop(self.sender.take());
+        self.inbox.close();
         if let Some(worker) = self.worker.take() {
             if worker.thread().id() != std::thread::current().id() {
                 let _ = worker.join();
@@ -385,7 +452,7 @@ fn fail_all(shared: &QueueShared, outputs: &[WeakDeviceValue], error: ExecError)
 fn resolve_all(
     shared: &QueueShared,
     label: &Arc<str>,
-    outputs: Vec<WeakDeviceValue>,
+    outputs: &[WeakDeviceValue],
     results: Vec<Arc<Buffer>>,
 ) {
     if results.len() != outputs.len() {
@@ -394,7 +461,7 @@ fn resolve_all(
             expected: outputs.len(),
             got: results.len(),
         };
-        return fail_all(shared, &outputs, error);
+        return fail_all(shared, outputs, error);
     }
     for (output, buffer) in outputs.iter().zip(results) {
         // Upgraded one at a time and let go at once, so a reader woken by this result sees
@@ -405,55 +472,63 @@ fn resolve_all(
     }
 }
 
-fn serve(shared: &QueueShared, work: &Receiver<Work>) {
-    for item in work.iter() {
-        match item {
-            Work::Execute(job) => {
-                let outcome = catch_unwind(AssertUnwindSafe(|| execute(shared, &job)))
-                    .unwrap_or_else(|payload| {
-                        Err(ExecError::Task {
-                            label: job.label.clone(),
-                            message: format!("panicked: {}", panic_message(payload.as_ref())),
-                        })
-                    });
-                // Let go of the arguments before resolving, and of each output right after: a
-                // reader woken by the result then sees the queue no longer holding the values,
-                // so they can be donated to the next execution.
-                let ExecJob {
-                    label,
-                    arguments,
-                    outputs,
-                    ..
-                } = job;
-                drop(arguments);
-                match outcome {
-                    Ok(results) => resolve_all(shared, &label, outputs, results),
-                    Err(error) => fail_all(shared, &outputs, error),
-                }
-            }
-            Work::Task {
+fn serve(shared: &QueueShared, inbox: &Inbox) {
+    let mut batch = std::collections::VecDeque::new();
+    while inbox.take_all(&mut batch) {
+        while let Some(item) = batch.pop_front() {
+            run(shared, item);
+        }
+    }
+}
+
+fn run(shared: &QueueShared, item: Work) {
+    match item {
+        Work::Execute(job) => {
+            let outcome = catch_unwind(AssertUnwindSafe(|| execute(shared, &job))).unwrap_or_else(
+                |payload| {
+                    Err(ExecError::Task {
+                        label: job.label.clone(),
+                        message: format!("panicked: {}", panic_message(payload.as_ref())),
+                    })
+                },
+            );
+            // Let go of the arguments before resolving, and of each output right after: a
+            // reader woken by the result then sees the queue no longer holding the values,
+            // so they can be donated to the next execution.
+            let ExecJob {
                 label,
+                arguments,
                 outputs,
-                task,
-            } => {
-                shared.tasks.fetch_add(1, Ordering::Relaxed);
-                let outcome = catch_unwind(AssertUnwindSafe(task)).unwrap_or_else(|payload| {
-                    Err(format!("panicked: {}", panic_message(payload.as_ref())))
-                });
-                match outcome {
-                    Ok(results) => resolve_all(shared, &label, outputs, results),
-                    Err(message) => fail_all(shared, &outputs, ExecError::Task { label, message }),
-                }
-            }
-            Work::Marker(done) => {
-                // Counted before the flusher wakes, so it sees no pending work of its own.
-                shared.completed.fetch_add(1, Ordering::Relaxed);
-                let _ = done.send(());
-                continue;
+                ..
+            } = job;
+            drop(arguments);
+            match outcome {
+                Ok(results) => resolve_all(shared, &label, &outputs, results),
+                Err(error) => fail_all(shared, &outputs, error),
             }
         }
-        shared.completed.fetch_add(1, Ordering::Relaxed);
+        Work::Task {
+            label,
+            outputs,
+            task,
+        } => {
+            shared.tasks.fetch_add(1, Ordering::Relaxed);
+            let outcome = catch_unwind(AssertUnwindSafe(task)).unwrap_or_else(|payload| {
+                Err(format!("panicked: {}", panic_message(payload.as_ref())))
+            });
+            match outcome {
+                Ok(results) => resolve_all(shared, &label, &outputs, results),
+                Err(message) => fail_all(shared, &outputs, ExecError::Task { label, message }),
+            }
+        }
+        Work::Marker(done) => {
+            // Counted before the flusher wakes, so it sees no pending work of its own.
+            shared.completed.fetch_add(1, Ordering::Relaxed);
+            let _ = done.send(());
+            return;
+        }
     }
+    shared.completed.fetch_add(1, Ordering::Relaxed);
 }
 
 fn execute(shared: &QueueShared, job: &ExecJob) -> Result<Vec<Arc<Buffer>>, ExecError> {

@@ -167,12 +167,19 @@ pub struct Flush<V> {
     /// Key parts: op structure, and all dimensions (the engine adds the options part).
     pub shapeless: u64,
     pub dims: u64,
-    /// What the module is built from, on a cache miss only ([`RegionSource::build`]).
-    pub region: RegionSource,
-    pub args: Vec<V>,
-    pub scalar_packs: Vec<fuse::ScalarPack>,
-    pub outputs: Vec<V>,
-    pub output_types: Vec<TensorType>,
+    /// What the module is built from ([`RegionSource::build`]); `None` when the caller already
+    /// has the program for this key (see [`Graph::flush_with`]). Boxed: it holds the nodes
+    /// inline, and a flush is moved several times on its way to the queue.
+    pub region: Option<Box<RegionSource>>,
+    /// Number of ops that run.
+    pub ops: usize,
+    /// (argument, output) pairs: the output is the argument's storage's new value, and the
+    /// argument's buffer is donated to it.
+    pub aliases: SmallVec<[(u32, u32); 2]>,
+    pub args: SmallVec<[V; 4]>,
+    pub scalar_packs: fuse::ScalarPacks,
+    pub outputs: SmallVec<[V; 2]>,
+    pub output_types: SmallVec<[TensorType; 2]>,
     /// Shared: a one-op region's label is the op's name, made once per op.
     pub label: Arc<str>,
     pub dropped_ops: usize,
@@ -185,18 +192,20 @@ pub struct Flush<V> {
 /// the module text) is left to a cache miss, so a warm flush never builds either.
 #[derive(Debug)]
 pub struct RegionSource {
+    // Inline lists sized for one op: the op-by-op modes flush every op, and a warm flush only
+    // drops its source, so these should cost no allocation there.
     /// The kept nodes, in capture order.
-    nodes: Vec<Node>,
+    nodes: SmallVec<[Node; 1]>,
     /// Every kept node's input operands, flattened in node and input order.
-    operands: Vec<Operand>,
-    arg_types: Vec<TensorType>,
+    operands: SmallVec<[Operand; 4]>,
+    arg_types: SmallVec<[TensorType; 2]>,
     /// Lifted scalars' slots in push order: per node, its inputs' offsets, then its op scalars.
-    slots: Vec<fuse::ScalarSlot>,
-    scalar_packs: Vec<(DType, u32)>,
-    outputs: Vec<Operand>,
+    slots: fuse::ScalarSlots,
+    scalar_packs: SmallVec<[(DType, u32); 1]>,
+    outputs: SmallVec<[Operand; 2]>,
     /// (argument, output) pairs: the output is the argument's storage's new value, and the
     /// argument's buffer is donated to it.
-    aliases: Vec<(u32, u32)>,
+    aliases: SmallVec<[(u32, u32); 2]>,
 }
 
 impl RegionSource {
@@ -248,27 +257,36 @@ impl RegionSource {
             })
             .collect();
         Region {
-            args: self.arg_types.clone(),
+            args: self.arg_types.to_vec(),
             nodes,
-            outputs: self.outputs.clone(),
-            scalar_packs: self.scalar_packs.clone(),
-            aliases: self.aliases.clone(),
+            outputs: self.outputs.to_vec(),
+            scalar_packs: self.scalar_packs.to_vec(),
+            aliases: self.aliases.to_vec(),
         }
     }
+}
 
-    /// "add", or "region of 12 ops: add, mul, ...".
-    fn label(&self) -> String {
-        match self.nodes.as_slice() {
-            [] => "empty region".to_string(),
-            [node] => node.op.name().to_string(),
-            nodes => {
-                let mut names: Vec<&str> = nodes.iter().take(6).map(|n| n.op.name()).collect();
-                if nodes.len() > 6 {
-                    names.push("...");
-                }
-                format!("region of {} ops: {}", nodes.len(), names.join(", "))
+/// "add", or "region of 12 ops: add, mul, ...".
+fn region_label(nodes: &[Node]) -> String {
+    match nodes {
+        [] => "empty region".to_string(),
+        [node] => node.op.name().to_string(),
+        nodes => {
+            let mut names: Vec<&str> = nodes.iter().take(6).map(|n| n.op.name()).collect();
+            if nodes.len() > 6 {
+                names.push("...");
             }
+            format!("region of {} ops: {}", nodes.len(), names.join(", "))
         }
+    }
+}
+
+impl<V> Flush<V> {
+    /// The region's source, which [`Graph::flush`] always builds.
+    pub fn source(&self) -> &RegionSource {
+        self.region
+            .as_deref()
+            .expect("a flush whose program the caller had carries no source")
     }
 }
 
@@ -1121,7 +1139,19 @@ impl<V: Clone> Graph<V> {
     pub fn flush(
         &mut self,
         request: FlushRequest<'_>,
+        make_output: impl FnMut(&TensorType) -> V,
+    ) -> Result<Option<Flush<V>>, EngineError> {
+        self.flush_with(request, make_output, |_, _| false)
+    }
+
+    /// [`Graph::flush`], asking `has_program(shapeless, dims)` once the key is known: when it
+    /// answers yes, the region's source is not assembled (a warm flush needs only the key, the
+    /// arguments and the outputs).
+    pub fn flush_with(
+        &mut self,
+        request: FlushRequest<'_>,
         mut make_output: impl FnMut(&TensorType) -> V,
+        has_program: impl FnOnce(u64, u64) -> bool,
     ) -> Result<Option<Flush<V>>, EngineError> {
         if self.pending.is_empty() {
             return Ok(None);
@@ -1154,6 +1184,7 @@ impl<V: Clone> Graph<V> {
                     liveness::plan(&self.pending, Request::All, |out| holders
                         .contains_key(&out))
                     .ok()
+                    .map(RegionPlan::from)
                     .as_ref()
                 );
                 plan
@@ -1161,6 +1192,7 @@ impl<V: Clone> Graph<V> {
             _ => liveness::plan(&self.pending, liveness_request, |out| {
                 holders.contains_key(&out)
             })
+            .map(RegionPlan::from)
             .map_err(|e| EngineError::runtime(format!("internal error planning a region: {e}")))?,
         };
         if plan.region_len() == 0 {
@@ -1169,7 +1201,7 @@ impl<V: Clone> Graph<V> {
         if plan.kept.is_empty() {
             // Every op of the region is dead: drop them; nothing runs.
             self.pending.drain(..plan.region_len());
-            self.stats.dropped_ops += plan.dropped.len() as u64;
+            self.stats.dropped_ops += plan.dropped as u64;
             self.forget_unread_externals();
             return Ok(None);
         }
@@ -1178,13 +1210,13 @@ impl<V: Clone> Graph<V> {
 
         // Externals numbered by first use, operands resolved, scalars gathered; the nodes
         // themselves become the region source below, untouched.
-        let mut arg_types: Vec<TensorType> = Vec::new();
-        let mut args: Vec<V> = Vec::new();
+        let mut arg_types: SmallVec<[TensorType; 2]> = SmallVec::new();
+        let mut args: SmallVec<[V; 4]> = SmallVec::new();
         let mut arg_index = SmallMap::default();
         // By pending position (the region is a prefix of the pending list, ids contiguous).
         let mut region_index: SmallVec<[u32; 8]> = SmallVec::from_elem(u32::MAX, plan.region_len());
-        let mut operands: Vec<Operand> = Vec::new();
-        let mut scalars: Vec<(ScalarArg, DType)> = Vec::new();
+        let mut operands: SmallVec<[Operand; 4]> = SmallVec::new();
+        let mut scalars: SmallVec<[(ScalarArg, DType); 4]> = SmallVec::new();
         for (k, &id) in plan.kept.iter().enumerate() {
             let node = &self.pending[position(id)];
             for input in &node.inputs {
@@ -1216,8 +1248,10 @@ impl<V: Clone> Graph<V> {
         let mut key_d = StableHasher::new();
         key_s.u64(last.0).u64(plan.outputs.len() as u64);
         key_d.u64(last.1);
-        let mut region_outputs: Vec<Operand> = Vec::with_capacity(plan.outputs.len());
-        let mut output_types = Vec::with_capacity(plan.outputs.len());
+        let mut region_outputs: SmallVec<[Operand; 2]> =
+            SmallVec::with_capacity(plan.outputs.len());
+        let mut output_types: SmallVec<[TensorType; 2]> =
+            SmallVec::with_capacity(plan.outputs.len());
         let pending = &self.pending;
         // Makes `out` a region output: keyed by its position, typed by its producer's meta.
         let mut add_output = |out: NodeOutput, key_s: &mut StableHasher| {
@@ -1256,7 +1290,7 @@ impl<V: Clone> Graph<V> {
         let dims = key_d.finish();
 
         // Install the new values.
-        let outputs: Vec<V> = output_types.iter().map(&mut make_output).collect();
+        let outputs: SmallVec<[V; 2]> = output_types.iter().map(&mut make_output).collect();
         let checks: Vec<(V, String)> = checks_in_outputs
             .into_iter()
             .map(|(i, label)| (outputs[i].clone(), label))
@@ -1310,12 +1344,18 @@ impl<V: Clone> Graph<V> {
             }
         }
         let region_len = plan.region_len();
-        let mut kept = plan.kept.iter().peekable();
-        let nodes: Vec<Node> = self
-            .pending
-            .drain(..region_len)
-            .filter(|node| kept.next_if(|&&id| id == node.id).is_some())
-            .collect();
+        let nodes: SmallVec<[Node; 1]> = if region_len == 1 && plan.kept.len() == 1 {
+            // One kept op: moved once, not through a draining filter (a node is large).
+            let mut one = SmallVec::new();
+            one.push(self.pending.pop_front().expect("a region of one op"));
+            one
+        } else {
+            let mut kept = plan.kept.iter().peekable();
+            self.pending
+                .drain(..region_len)
+                .filter(|node| kept.next_if(|&&id| id == node.id).is_some())
+                .collect()
+        };
         for node in self.pending.iter_mut() {
             for input in node.inputs.iter_mut() {
                 if let ValueRef::Pending(out) = input.value {
@@ -1332,7 +1372,7 @@ impl<V: Clone> Graph<V> {
         // type): naming the pair, rather than letting the compiler match donors to outputs by
         // shape, keeps it from giving a parameter's buffer to, say, its gradient and copying the
         // parameter aside.
-        let mut aliases: Vec<(u32, u32)> = Vec::new();
+        let mut aliases: SmallVec<[(u32, u32); 2]> = SmallVec::new();
         for &(e, j) in &successors {
             let Some(i) = arg_index.get(e) else { continue };
             if output_types[j as usize] == arg_types[i as usize]
@@ -1349,16 +1389,7 @@ impl<V: Clone> Graph<V> {
         }
         let shapeless = key_s.finish();
 
-        let region = RegionSource {
-            nodes,
-            operands,
-            arg_types,
-            slots,
-            scalar_packs: packs.iter().map(|p| (p.dtype, p.count)).collect(),
-            outputs: region_outputs,
-            aliases,
-        };
-        let label = match region.nodes.as_slice() {
+        let label = match nodes.as_slice() {
             [node] => {
                 let name = node.op.name();
                 self.op_labels
@@ -1366,23 +1397,37 @@ impl<V: Clone> Graph<V> {
                     .or_insert_with(|| Arc::from(name))
                     .clone()
             }
-            _ => Arc::from(region.label()),
+            nodes => Arc::from(region_label(nodes)),
         };
+        let ops = nodes.len();
+        let region = (!has_program(shapeless, dims)).then(|| {
+            Box::new(RegionSource {
+                nodes,
+                operands,
+                arg_types,
+                slots,
+                scalar_packs: packs.iter().map(|p| (p.dtype, p.count)).collect(),
+                outputs: region_outputs,
+                aliases: aliases.clone(),
+            })
+        });
         self.stats.materializations += 1;
         self.stats.regions += 1;
         self.stats.region_ops += plan.kept.len() as u64;
-        self.stats.dropped_ops += plan.dropped.len() as u64;
+        self.stats.dropped_ops += plan.dropped as u64;
         self.stats.largest_region = self.stats.largest_region.max(plan.kept.len() as u64);
         Ok(Some(Flush {
             shapeless,
             dims,
             region,
+            ops,
+            aliases,
             args,
             scalar_packs: packs,
             outputs,
             output_types,
             label,
-            dropped_ops: plan.dropped.len(),
+            dropped_ops: plan.dropped,
             checks,
         }))
     }
@@ -1391,9 +1436,11 @@ impl<V: Clone> Graph<V> {
     /// (its positions moved).
     fn forget_unread_externals(&mut self) {
         if self.pending.is_empty() {
-            self.externals.clear();
-            self.external_of.clear();
-            self.arg_numbers.clear();
+            // `clear` sweeps a map's whole capacity: skip the empty ones, as after every op
+            // in the op-by-op modes.
+            clear_if_any(&mut self.externals);
+            clear_if_any(&mut self.external_of);
+            clear_if_any(&mut self.arg_numbers);
             return;
         }
         let mut used = rustc_hash::FxHashSet::default();
@@ -1467,8 +1514,8 @@ impl SmallMap {
 /// The plan of flushing a pending list of exactly one node whole: no request, no pending
 /// reader, so its outputs are the held ones and it is kept when one is held or it has side
 /// effects.
-fn single_node_plan(node: &Node, mut is_held: impl FnMut(NodeOutput) -> bool) -> liveness::Plan {
-    let outputs: Vec<liveness::Output> = (0..node.num_outputs())
+fn single_node_plan(node: &Node, mut is_held: impl FnMut(NodeOutput) -> bool) -> RegionPlan {
+    let outputs: SmallVec<[liveness::Output; 2]> = (0..node.num_outputs())
         .map(|index| node.id.output(index))
         .filter(|&value| is_held(value))
         .map(|value| liveness::Output {
@@ -1479,11 +1526,50 @@ fn single_node_plan(node: &Node, mut is_held: impl FnMut(NodeOutput) -> bool) ->
         })
         .collect();
     let keep = node.is_side_effecting() || !outputs.is_empty();
-    liveness::Plan {
-        kept: if keep { vec![node.id] } else { Vec::new() },
+    RegionPlan {
+        kept: if keep {
+            SmallVec::from_elem(node.id, 1)
+        } else {
+            SmallVec::new()
+        },
         outputs,
-        dropped: if keep { Vec::new() } else { vec![node.id] },
-        still_pending: Vec::new(),
+        dropped: usize::from(!keep),
+    }
+}
+
+fn clear_if_any<K, T>(map: &mut HashMap<K, T>) {
+    if !map.is_empty() {
+        map.clear();
+    }
+}
+
+/// A [`liveness::Plan`] in inline lists: a one-op region, planned for every op in the op-by-op
+/// modes, then needs no allocation.
+#[derive(Debug, PartialEq)]
+struct RegionPlan {
+    kept: SmallVec<[NodeId; 1]>,
+    outputs: SmallVec<[liveness::Output; 2]>,
+    /// How many ops of the region are dropped (the region is `kept` and these, in a prefix).
+    dropped: usize,
+}
+
+impl RegionPlan {
+    fn region_len(&self) -> usize {
+        self.kept.len() + self.dropped
+    }
+
+    fn output_position(&self, value: NodeOutput) -> Option<usize> {
+        self.outputs.iter().position(|output| output.value == value)
+    }
+}
+
+impl From<liveness::Plan> for RegionPlan {
+    fn from(plan: liveness::Plan) -> Self {
+        RegionPlan {
+            kept: plan.kept.into(),
+            outputs: plan.outputs.into(),
+            dropped: plan.dropped.len(),
+        }
     }
 }
 

@@ -2,6 +2,14 @@
 //! changed learning rate or alpha is new data, not a new program.
 
 use ops::{DType, ScalarArg, ScalarValue};
+use smallvec::SmallVec;
+
+/// A pack's bytes: inline up to two 64-bit scalars, so an op-by-op run allocates none.
+pub type PackBytes = SmallVec<[u8; 16]>;
+/// Slots of a region's scalars: inline for the few of one op.
+pub type ScalarSlots = SmallVec<[ScalarSlot; 4]>;
+/// One pack per dtype: inline for the usual single dtype.
+pub type ScalarPacks = SmallVec<[ScalarPack; 1]>;
 
 /// Where one lifted scalar lives: which packed buffer (by dtype) and which element of it.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
@@ -15,10 +23,10 @@ pub struct ScalarSlot {
 pub struct ScalarPack {
     pub dtype: DType,
     pub count: u32,
-    pub bytes: Vec<u8>,
+    pub bytes: PackBytes,
 }
 
-fn encode(dtype: DType, value: ScalarValue, out: &mut Vec<u8>) {
+fn encode(dtype: DType, value: ScalarValue, out: &mut PackBytes) {
     let f = value.as_f64();
     let i = value.as_i64();
     match dtype {
@@ -82,9 +90,9 @@ fn f32_to_f16_bits(x: f32) -> u16 {
 
 /// Assigns every scalar a slot and packs their values, one buffer per dtype in first-use order.
 /// `scalars` is `(value, lifted dtype)` in region order.
-pub fn pack_scalars(scalars: &[(ScalarArg, DType)]) -> (Vec<ScalarSlot>, Vec<ScalarPack>) {
-    let mut packs: Vec<ScalarPack> = Vec::new();
-    let mut slots = Vec::with_capacity(scalars.len());
+pub fn pack_scalars(scalars: &[(ScalarArg, DType)]) -> (ScalarSlots, ScalarPacks) {
+    let mut packs = ScalarPacks::new();
+    let mut slots = ScalarSlots::with_capacity(scalars.len());
     for (scalar, dtype) in scalars {
         let pack = match packs.iter_mut().position(|p| p.dtype == *dtype) {
             Some(i) => &mut packs[i],
@@ -92,7 +100,7 @@ pub fn pack_scalars(scalars: &[(ScalarArg, DType)]) -> (Vec<ScalarSlot>, Vec<Sca
                 packs.push(ScalarPack {
                     dtype: *dtype,
                     count: 0,
-                    bytes: Vec::new(),
+                    bytes: PackBytes::new(),
                 });
                 packs.last_mut().unwrap()
             }
@@ -123,7 +131,7 @@ mod tests {
         assert_eq!(packs[0].count, 2);
         assert_eq!(packs[0].bytes.len(), 8);
         assert_eq!(&packs[0].bytes[4..], &2.0f32.to_le_bytes());
-        assert_eq!(packs[1].bytes, 3i64.to_le_bytes());
+        assert_eq!(packs[1].bytes.as_slice(), 3i64.to_le_bytes());
         assert_eq!(
             slots[2],
             ScalarSlot {

@@ -316,7 +316,7 @@ fn planning(c: &mut Criterion) {
                             .flush(FlushRequest::Storages(&[t.storage]), |_| 0)
                             .unwrap()
                             .unwrap();
-                        fuse::build_module(&f.region.build()).unwrap()
+                        fuse::build_module(&f.source().build()).unwrap()
                     },
                     BatchSize::PerIteration,
                 )
@@ -337,7 +337,7 @@ fn key_lookup(c: &mut Criterion) {
         .flush(FlushRequest::Storages(&[t.storage]), |_| 0)
         .unwrap()
         .unwrap();
-    let text = fuse::build_module(&f.region.build()).unwrap();
+    let text = fuse::build_module(&f.source().build()).unwrap();
     let exe = compiler
         .request(compile::CacheKey::new(1, 1, 1), move || Ok(text))
         .wait()

@@ -15,6 +15,9 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+/// The values a flush produced: inline for the one or two results of an op-by-op flush.
+type FlushedValues = smallvec::SmallVec<[DeviceValue; 2]>;
+
 /// The engine version: part of every cache key and cache directory name.
 pub const ENGINE_VERSION: &str = concat!("torch-pjrt-", env!("CARGO_PKG_VERSION"), "+hlo3");
 
@@ -356,38 +359,58 @@ impl Engine {
         &self,
         graph: &mut Graph<DeviceValue>,
         request: FlushRequest<'_>,
-    ) -> Result<Vec<DeviceValue>, EngineError> {
-        let Some(flush) = graph.flush(request, |_| DeviceValue::pending())? else {
-            return Ok(Vec::new());
+    ) -> Result<FlushedValues, EngineError> {
+        // Tier 1 is asked as soon as the key is known: on a hit the region's source is never
+        // assembled.
+        let mut cached = None;
+        let has_program = |shapeless, dims| {
+            cached = self.compiler.lookup(&CacheKey {
+                shapeless,
+                dims,
+                options: self.options_key,
+            });
+            cached.is_some()
         };
-        self.launch(flush)
+        let Some(flush) = graph.flush_with(request, |_| DeviceValue::pending(), has_program)?
+        else {
+            return Ok(FlushedValues::new());
+        };
+        self.launch(flush, cached)
     }
 
-    fn launch(&self, flush: Flush<DeviceValue>) -> Result<Vec<DeviceValue>, EngineError> {
-        if flush.region.is_empty() && flush.outputs.is_empty() && flush.checks.is_empty() {
+    fn launch(
+        &self,
+        flush: Flush<DeviceValue>,
+        cached: Option<Arc<pjrt::LoadedExecutable>>,
+    ) -> Result<FlushedValues, EngineError> {
+        if flush.ops == 0 && flush.outputs.is_empty() && flush.checks.is_empty() {
             // Every op of the region was dead (dropped): there is nothing to compile or run.
-            return Ok(Vec::new());
+            return Ok(FlushedValues::new());
         }
         let key = CacheKey {
             shapeless: flush.shapeless,
             dims: flush.dims,
             options: self.options_key,
         };
-        let donated: Vec<usize> = flush.region.donated().map(|i| i as usize).collect();
-        Counters::bump(&self.counters.donated_buffers, donated.len() as u64);
-        let handle: CompileHandle = match self.compiler.lookup(&key) {
-            Some(exe) => CompileHandle::ready(key, exe),
-            None => {
+        Counters::bump(&self.counters.donated_buffers, flush.aliases.len() as u64);
+        let donated = flush.aliases.iter().map(|&(arg, _)| arg as usize);
+        let handle: CompileHandle = match (cached, flush.region) {
+            (Some(exe), _) => CompileHandle::ready(key, exe),
+            (None, Some(source)) => {
                 self.note_miss(&key, &flush.label);
                 // The region is built on the compile thread, from the captured ops.
-                let source = flush.region;
                 self.compiler.request(key, move || {
                     fuse::build_module(&source.build()).map_err(|e| e.message)
                 })
             }
+            (None, None) => {
+                return Err(EngineError::runtime(format!(
+                    "internal error: {}: no program and no source to build one",
+                    flush.label
+                )))
+            }
         };
-        let mut job =
-            ExecJob::new(flush.label, handle, flush.args, flush.outputs.clone()).donate(donated);
+        let mut job = ExecJob::new(flush.label, handle, flush.args, &flush.outputs).donate(donated);
         for pack in flush.scalar_packs {
             // Uploaded by the execution thread as part of the job: in order, off the caller's
             // path, and without a queue item of its own.
@@ -395,7 +418,7 @@ impl Engine {
                 client: self.client.clone(),
                 bytes: pack.bytes,
                 element_type: element_type(pack.dtype),
-                dims: vec![pack.count as i64],
+                dims: smallvec::smallvec![pack.count as i64],
                 what: "lifted scalars",
             });
             Counters::bump(&self.counters.host_to_device, 1);

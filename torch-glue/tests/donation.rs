@@ -77,7 +77,7 @@ fn each_updated_parameter_is_donated_to_its_own_new_value() {
     g.update(OpId::Sub, &w, &[&w, &buf], &[ScalarArg::float(0.1)]);
     let f = g.flush();
     assert_eq!(f.outputs.len(), 3, "grad, buf and w are held");
-    let aliases = f.region.aliases().to_vec();
+    let aliases = f.source().aliases().to_vec();
     assert_eq!(
         aliases.len(),
         2,
@@ -92,7 +92,7 @@ fn each_updated_parameter_is_donated_to_its_own_new_value() {
         aliases.contains(&(arg_of(&f, 2), 1)),
         "buf → new buf: {aliases:?}"
     );
-    let module = fuse::build_module(&f.region.build()).unwrap();
+    let module = fuse::build_module(&f.source().build()).unwrap();
     assert_eq!(module.matches("tf.aliasing_output").count(), 2, "{module}");
     assert!(!module.contains("buffer_donor"), "{module}");
 }
@@ -107,7 +107,7 @@ fn values_of_another_type_or_with_donation_off_are_not_donated() {
     g.update(OpId::Add, &w, &[&w], &[ScalarArg::float(1.0)]);
     let f = g.flush();
     assert_eq!(
-        f.region.aliases(),
+        f.source().aliases(),
         &[(0, 1)],
         "w's old buffer becomes w's new value"
     );
@@ -119,14 +119,18 @@ fn values_of_another_type_or_with_donation_off_are_not_donated() {
     let flat = TensorRef::contiguous(v.storage, DType::F32, &[4]);
     g.update(OpId::Add, &flat, &[&flat], &[ScalarArg::float(1.0)]);
     let f = g.flush();
-    assert!(f.region.aliases().is_empty(), "{:?}", f.region.aliases());
+    assert!(
+        f.source().aliases().is_empty(),
+        "{:?}",
+        f.source().aliases()
+    );
 
     // Donation off: nothing is aliased.
     let mut off = G::new();
     off.graph.set_donation(false);
     let u = off.input(1, &[4]);
     off.update(OpId::Add, &u, &[&u], &[ScalarArg::float(1.0)]);
-    assert!(off.flush().region.aliases().is_empty());
+    assert!(off.flush().source().aliases().is_empty());
 }
 
 #[test]
@@ -136,6 +140,6 @@ fn an_update_flushed_in_a_later_region_is_donated_there() {
     for step in 0..3 {
         g.update(OpId::Add, &w, &[&w], &[ScalarArg::float(1.0)]);
         let f = g.flush();
-        assert_eq!(f.region.aliases(), &[(0, 0)], "step {step}");
+        assert_eq!(f.source().aliases(), &[(0, 0)], "step {step}");
     }
 }

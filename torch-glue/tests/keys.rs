@@ -89,7 +89,7 @@ fn the_same_program_has_the_same_key_wherever_it_runs() {
     let third = program(&mut g, &[4, 5], f(2.0), f(1.0));
     assert_eq!(key(&first), key(&again));
     assert_eq!(key(&again), key(&third), "a later run on the same graph");
-    assert_eq!(first.region.len(), 4);
+    assert_eq!(first.source().len(), 4);
     assert_eq!(
         first.outputs.len(),
         1,
@@ -108,8 +108,8 @@ fn changed_scalar_values_keep_the_key_and_the_module_text() {
         "x * 0.5 and x * 0.25 share one executable"
     );
     assert_eq!(
-        fuse::build_module(&a.region.build()).unwrap(),
-        fuse::build_module(&b.region.build()).unwrap(),
+        fuse::build_module(&a.source().build()).unwrap(),
+        fuse::build_module(&b.source().build()).unwrap(),
         "scalar values are runtime arguments, not constants"
     );
     // The values travel in one packed f32 buffer.
@@ -293,7 +293,7 @@ fn dead_ops_are_dropped_and_younger_ops_stay_pending() {
     let younger = g.op(OpId::Neg, &[&x], &[], &[]);
     let f = g.flush_for(&wanted);
     // Ordered materialization: `old` is older than `wanted` and runs with it; `dead` is dropped.
-    assert_eq!(f.region.len(), 2, "{}", f.label);
+    assert_eq!(f.source().len(), 2, "{}", f.label);
     assert_eq!(f.dropped_ops, 1);
     assert_eq!(
         f.outputs.len(),
@@ -324,7 +324,7 @@ fn a_partial_flush_leaves_the_rest_keyed_as_if_fresh() {
     let b = g.op(OpId::Add, &[&a], &[f(1.0)], &[]);
     g.release(a);
     let head = g.flush_for(&first);
-    assert_eq!(head.region.len(), 1);
+    assert_eq!(head.source().len(), 1);
     assert_eq!(g.graph.pending_len(), 2);
     assert_eq!(
         key(&g.flush_all()),
@@ -385,7 +385,7 @@ fn a_flush_of_only_dead_ops_runs_nothing() {
     assert!(
         flush.is_none(),
         "nothing needs to run, yet a region of {} ops and {} outputs was planned",
-        flush.as_ref().map_or(0, |f| f.region.len()),
+        flush.as_ref().map_or(0, |f| f.source().len()),
         flush.as_ref().map_or(0, |f| f.outputs.len())
     );
 }

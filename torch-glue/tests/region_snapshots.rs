@@ -63,7 +63,7 @@ impl G {
             .flush(FlushRequest::Storages(&[t.storage]), |_| 0)
             .expect("flush")
             .expect("a region");
-        let text = fuse::build_module(&flush.region.build()).expect("build the module");
+        let text = fuse::build_module(&flush.source().build()).expect("build the module");
         assert!(text.contains("func.func public @main"), "{text}");
         format!(
             "// {}: {} args, {} outputs, {} dropped, scalar packs {:?}\n{text}",
@@ -71,7 +71,7 @@ impl G {
             flush.args.len(),
             flush.outputs.len(),
             flush.dropped_ops,
-            flush.region.build().scalar_packs
+            flush.source().build().scalar_packs
         )
     }
 }

@@ -45,7 +45,7 @@ fn module(graph: &mut Graph<u32>) -> String {
         .flush(FlushRequest::All, |_| 0u32)
         .expect("flush")
         .expect("something to run");
-    fuse::build_module(&flush.region.build()).expect("module")
+    fuse::build_module(&flush.source().build()).expect("module")
 }
 
 #[test]

@@ -179,7 +179,6 @@ pub struct Flush<V> {
     pub args: SmallVec<[V; 4]>,
     pub scalar_packs: fuse::ScalarPacks,
     pub outputs: SmallVec<[V; 2]>,
-    pub output_types: SmallVec<[TensorType; 2]>,
     /// Shared: a one-op region's label is the op's name, made once per op.
     pub label: Arc<str>,
     pub dropped_ops: usize,
@@ -309,6 +308,8 @@ pub struct GraphStats {
     pub dropped_ops: u64,
     pub largest_region: u64,
     pub live_storages: u64,
+    /// Ops Strict ran by its direct path ([`Graph::run_if_compiled`]), not captured as nodes.
+    pub direct_ops: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -407,6 +408,10 @@ pub struct Graph<V> {
     shared_values: HashSet<StorageId>,
     /// Labels of one-op regions by op name, so an op-by-op flush allocates no label.
     op_labels: HashMap<&'static str, Arc<str>>,
+    /// The key [`Graph::run_if_compiled`] computed for an op it then left to capture and flush:
+    /// checked against the flush's own key (debug builds), so the two keyings cannot drift.
+    #[cfg(debug_assertions)]
+    direct_key_check: Option<(u64, u64)>,
 }
 
 impl<V: Clone> Default for Graph<V> {
@@ -432,7 +437,145 @@ impl<V: Clone> Graph<V> {
             donate: false,
             shared_values: HashSet::default(),
             op_labels: HashMap::default(),
+            #[cfg(debug_assertions)]
+            direct_key_check: None,
         }
+    }
+
+    /// Strict's direct path, for an op that reads whole device values and writes new storages
+    /// while nothing is pending: keys the one-op region a capture and flush of it would build,
+    /// and when `has_program(shapeless, dims)` knows that key, installs the results and returns
+    /// the region ready to launch, without a node, externals or a liveness plan, with the
+    /// storages that hold its results. `None`: capture and flush it instead (no program for
+    /// its key yet, or not an op this path takes). Errors are the ones capture would raise.
+    pub fn run_if_compiled(
+        &mut self,
+        op: OpId,
+        inputs: &[TensorRef],
+        scalars: &[ScalarArg],
+        params: &[i64],
+        mut make_output: impl FnMut(&TensorType) -> V,
+        has_program: impl FnOnce(u64, u64) -> bool,
+    ) -> Result<Option<(Captured, Flush<V>)>, EngineError> {
+        if !self.pending.is_empty() || op.is_side_effecting() {
+            return Ok(None);
+        }
+        let mut types: SmallVec<[TensorType; 3]> = SmallVec::new();
+        for (i, t) in inputs.iter().enumerate() {
+            if !self.placement(&OperandName(op, "input", i), t)?.whole {
+                return Ok(None);
+            }
+            types.push(t.ty());
+        }
+        // Arguments numbered by first use of their storage, as capture numbers externals.
+        let mut args: SmallVec<[V; 4]> = SmallVec::new();
+        let mut arg_storages: SmallVec<[StorageId; 4]> = SmallVec::new();
+        let mut digest_inputs: SmallVec<[InputDigest<'_>; 3]> = SmallVec::new();
+        for t in inputs {
+            let Some(StorageValue::Device { value, ty }) =
+                self.storages.get(&t.storage).map(|s| &s.value)
+            else {
+                return Ok(None);
+            };
+            let number = match arg_storages.iter().position(|&s| s == t.storage) {
+                Some(k) => k,
+                None => {
+                    arg_storages.push(t.storage);
+                    args.push(value.clone());
+                    arg_storages.len() - 1
+                }
+            };
+            digest_inputs.push(InputDigest {
+                source: InputSource::Argument {
+                    number: number as u32,
+                    stored: Some(ty),
+                },
+                reshape_to: (ty.shape != t.sizes).then_some(t.sizes.as_slice()),
+                view: None,
+            });
+        }
+        let meta = ops::meta(op, &types, scalars, params)?;
+        let outputs_len = meta.outputs.len();
+        if outputs_len == 0 {
+            return Ok(None);
+        }
+        let (s, d) = op_digests(
+            &RegionOp::Aten(op),
+            params,
+            scalars,
+            digest_inputs.len(),
+            digest_inputs.drain(..),
+            &meta.outputs,
+        );
+        drop(digest_inputs);
+        // The one-op region's key as `flush_with` forms it: the op's prefix digests (it would
+        // be alone in the pending list), each output by position, no checks, no aliases.
+        let mut key_s = StableHasher::new();
+        key_s.u64(fuse::combine(0, s)).u64(outputs_len as u64);
+        for index in 0..outputs_len {
+            key_s.u64(0).u32(index as u32);
+        }
+        key_s.u64(0).u64(0);
+        let shapeless = key_s.finish();
+        let dims = StableHasher::new().u64(fuse::combine(0, d)).finish();
+        if !has_program(shapeless, dims) {
+            #[cfg(debug_assertions)]
+            {
+                self.direct_key_check = Some((shapeless, dims));
+            }
+            return Ok(None);
+        }
+
+        let scalars_typed: SmallVec<[(ScalarArg, DType); 4]> = scalars
+            .iter()
+            .copied()
+            .zip(meta.scalar_dtypes.iter().copied())
+            .collect();
+        let (_, packs) = fuse::pack_scalars(&scalars_typed);
+        let mut outputs: SmallVec<[V; 2]> = SmallVec::new();
+        let mut captured = CapturedOutputs::new();
+        for ty in meta.outputs {
+            let nbytes = ty.numel() as u64 * ty.dtype.size_bytes() as u64;
+            let storage = self.new_storage_of(nbytes, Some(ty.dtype));
+            let value = make_output(&ty);
+            let entry = self.storages.get_mut(&storage).expect("just made");
+            // Version 1, as a capture's write would leave it.
+            entry.version = 1;
+            entry.value = StorageValue::Device {
+                value: value.clone(),
+                ty: ty.clone(),
+            };
+            outputs.push(value);
+            captured.push((storage, ty));
+        }
+        let name = op.name();
+        let label = self
+            .op_labels
+            .entry(name)
+            .or_insert_with(|| Arc::from(name))
+            .clone();
+        self.stats.captured_ops += 1;
+        self.stats.direct_ops += 1;
+        self.stats.materializations += 1;
+        self.stats.regions += 1;
+        self.stats.region_ops += 1;
+        self.stats.largest_region = self.stats.largest_region.max(1);
+        Ok(Some((
+            Captured { outputs: captured },
+            Flush {
+                shapeless,
+                dims,
+                region: None,
+                ops: 1,
+                aliases: SmallVec::new(),
+                args,
+                scalar_packs: packs,
+                outputs,
+                label,
+                dropped_ops: 0,
+                checks: Vec::new(),
+            },
+        )))
     }
 
     /// Enables input donation: a region argument that was a storage's value until the region
@@ -626,6 +769,25 @@ impl<V: Clone> Graph<V> {
     /// Captures one op: meta at once (shape, dtype and value errors raised here), then a
     /// pending node whose outputs go to new storages (`outs` empty) or into `outs`.
     pub fn capture(
+        &mut self,
+        op: OpId,
+        inputs: &[TensorRef],
+        scalars: &[ScalarArg],
+        params: &[i64],
+        outs: &[TensorRef],
+    ) -> Result<Captured, EngineError> {
+        // Kept only if this capture succeeds: its flush then checks the key.
+        #[cfg(debug_assertions)]
+        let direct_key_check = self.direct_key_check.take();
+        let captured = self.capture_op(op, inputs, scalars, params, outs)?;
+        #[cfg(debug_assertions)]
+        {
+            self.direct_key_check = direct_key_check;
+        }
+        Ok(captured)
+    }
+
+    fn capture_op(
         &mut self,
         op: OpId,
         inputs: &[TensorRef],
@@ -956,76 +1118,31 @@ impl<V: Clone> Graph<V> {
         arg_numbers: &mut HashMap<ExternalId, u32>,
         externals: &HashMap<ExternalId, External<V>>,
     ) -> (u64, u64) {
-        let mut s = StableHasher::new();
-        let mut d = StableHasher::new();
-        match &node.op {
-            RegionOp::Aten(op) => {
-                s.u32(op.id() as u32);
-            }
-            RegionOp::WriteView(w) => {
-                s.u32(0xffff)
-                    .dtype(w.view_dtype)
-                    .dtype(w.base_dtype)
-                    .i64(w.base_len);
-                views::hash_write_program(&w.program, &mut s);
-            }
-        }
-        let sizes_from = match &node.op {
-            RegionOp::Aten(op) => op.first_size_param(),
-            RegionOp::WriteView(_) => None,
-        };
-        match sizes_from {
-            Some(k) if k <= node.params.len() => {
-                s.i64s(&node.params[..k]).u64(node.params.len() as u64);
-                d.i64s(&node.params[k..]);
-            }
-            _ => {
-                s.i64s(&node.params);
-            }
-        }
-        s.u64(node.scalars.len() as u64);
-        for scalar in &node.scalars {
-            s.scalar_kind(scalar);
-        }
-        s.u64(node.inputs.len() as u64);
-        for input in &node.inputs {
-            match input.value {
-                ValueRef::Pending(out) => {
-                    let producer = (out.node.seq() - base_seq) as usize;
-                    s.u32(1).u64((position - producer) as u64).u32(out.index);
-                }
+        let inputs = node.inputs.iter().map(|input| InputDigest {
+            source: match input.value {
+                ValueRef::Pending(out) => InputSource::Pending {
+                    back: (position - (out.node.seq() - base_seq) as usize) as u64,
+                    index: out.index,
+                },
                 ValueRef::External(e) => {
                     let next = arg_numbers.len() as u32;
-                    let number = *arg_numbers.entry(e).or_insert(next);
-                    s.u32(2).u32(number);
-                    if let Some(ext) = externals.get(&e) {
-                        s.dtype(ext.ty.dtype);
-                        d.i64s(&ext.ty.shape);
+                    InputSource::Argument {
+                        number: *arg_numbers.entry(e).or_insert(next),
+                        stored: externals.get(&e).map(|ext| &ext.ty),
                     }
                 }
-            }
-            match (&input.reshape_to, &input.view) {
-                (_, Some(view)) => {
-                    s.u32(2)
-                        .dtype(view.view_dtype)
-                        .dtype(view.base_dtype)
-                        .i64(view.window.unwrap_or(-1));
-                    views::hash_chain(&view.chain, &mut s);
-                }
-                (Some(shape), None) => {
-                    s.u32(1);
-                    d.i64s(shape);
-                }
-                (None, None) => {
-                    s.u32(0);
-                }
-            }
-        }
-        for out in &node.meta.outputs {
-            s.dtype(out.dtype);
-            d.i64s(&out.shape);
-        }
-        (s.finish(), d.finish())
+            },
+            reshape_to: input.reshape_to.as_deref().map(|shape| shape.as_slice()),
+            view: input.view.as_deref(),
+        });
+        op_digests(
+            &node.op,
+            &node.params,
+            &node.scalars,
+            node.inputs.len(),
+            inputs,
+            &node.meta.outputs,
+        )
     }
 
     /// Recomputes every pending node's digests (after a partial flush moved the list's start).
@@ -1388,6 +1505,15 @@ impl<V: Clone> Graph<V> {
             key_s.u32(i).u32(j);
         }
         let shapeless = key_s.finish();
+        #[cfg(debug_assertions)]
+        if let Some(expected) = self.direct_key_check.take() {
+            debug_assert_eq!(
+                expected,
+                (shapeless, dims),
+                "the direct path keyed {} differently from its flush",
+                region_label(&nodes)
+            );
+        }
 
         let label = match nodes.as_slice() {
             [node] => {
@@ -1425,7 +1551,6 @@ impl<V: Clone> Graph<V> {
             args,
             scalar_packs: packs,
             outputs,
-            output_types,
             label,
             dropped_ops: plan.dropped,
             checks,
@@ -1535,6 +1660,104 @@ fn single_node_plan(node: &Node, mut is_held: impl FnMut(NodeOutput) -> bool) ->
         outputs,
         dropped: usize::from(!keep),
     }
+}
+
+/// What an op's digests need of one of its inputs.
+struct InputDigest<'a> {
+    source: InputSource<'a>,
+    reshape_to: Option<&'a [i64]>,
+    view: Option<&'a InputView>,
+}
+
+enum InputSource<'a> {
+    /// Output `index` of the op `back` places earlier in the pending list.
+    Pending { back: u64, index: u32 },
+    /// Region argument `number` (numbered by first use), of the stored type when known.
+    Argument {
+        number: u32,
+        stored: Option<&'a TensorType>,
+    },
+}
+
+/// An op's own digests: structure (shapeless) and sizes (dims). Shared by capture and by
+/// Strict's direct path, which must key a one-op region exactly as a flush of it would.
+/// Inlined into both: it runs on every captured op.
+#[inline(always)]
+fn op_digests<'a>(
+    op: &RegionOp,
+    params: &[i64],
+    scalars: &[ScalarArg],
+    inputs_len: usize,
+    inputs: impl Iterator<Item = InputDigest<'a>>,
+    outputs: &[TensorType],
+) -> (u64, u64) {
+    let mut s = StableHasher::new();
+    let mut d = StableHasher::new();
+    match op {
+        RegionOp::Aten(op) => {
+            s.u32(op.id() as u32);
+        }
+        RegionOp::WriteView(w) => {
+            s.u32(0xffff)
+                .dtype(w.view_dtype)
+                .dtype(w.base_dtype)
+                .i64(w.base_len);
+            views::hash_write_program(&w.program, &mut s);
+        }
+    }
+    let sizes_from = match op {
+        RegionOp::Aten(op) => op.first_size_param(),
+        RegionOp::WriteView(_) => None,
+    };
+    match sizes_from {
+        Some(k) if k <= params.len() => {
+            s.i64s(&params[..k]).u64(params.len() as u64);
+            d.i64s(&params[k..]);
+        }
+        _ => {
+            s.i64s(params);
+        }
+    }
+    s.u64(scalars.len() as u64);
+    for scalar in scalars {
+        s.scalar_kind(scalar);
+    }
+    s.u64(inputs_len as u64);
+    for input in inputs {
+        match input.source {
+            InputSource::Pending { back, index } => {
+                s.u32(1).u64(back).u32(index);
+            }
+            InputSource::Argument { number, stored } => {
+                s.u32(2).u32(number);
+                if let Some(ty) = stored {
+                    s.dtype(ty.dtype);
+                    d.i64s(&ty.shape);
+                }
+            }
+        }
+        match (input.reshape_to, input.view) {
+            (_, Some(view)) => {
+                s.u32(2)
+                    .dtype(view.view_dtype)
+                    .dtype(view.base_dtype)
+                    .i64(view.window.unwrap_or(-1));
+                views::hash_chain(&view.chain, &mut s);
+            }
+            (Some(shape), None) => {
+                s.u32(1);
+                d.i64s(shape);
+            }
+            (None, None) => {
+                s.u32(0);
+            }
+        }
+    }
+    for out in outputs {
+        s.dtype(out.dtype);
+        d.i64s(&out.shape);
+    }
+    (s.finish(), d.finish())
 }
 
 fn clear_if_any<K, T>(map: &mut HashMap<K, T>) {

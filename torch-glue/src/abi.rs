@@ -189,12 +189,13 @@ fn scalar(s: &TpjrtScalar) -> Result<ScalarArg, EngineError> {
     })
 }
 
+/// Inline lists sized for common ops: decoding runs on every op call.
 struct DecodedCall {
     op: OpId,
-    inputs: Vec<TensorRef>,
-    scalars: Vec<ScalarArg>,
-    params: Vec<i64>,
-    outs: Vec<TensorRef>,
+    inputs: SmallVec<[TensorRef; 3]>,
+    scalars: SmallVec<[ScalarArg; 4]>,
+    params: SmallVec<[i64; 8]>,
+    outs: SmallVec<[TensorRef; 1]>,
 }
 
 /// # Safety
@@ -225,7 +226,7 @@ unsafe fn decode(call: *const TpjrtOpCall) -> Result<DecodedCall, EngineError> {
         .iter()
         .map(scalar)
         .collect::<Result<_, _>>()?;
-    let params = slice(call.params, call.num_params)?.to_vec();
+    let params = SmallVec::from_slice(slice(call.params, call.num_params)?);
     let outs = slice(call.outs, call.num_outs)?
         .iter()
         .map(|t| tensor_ref(t))

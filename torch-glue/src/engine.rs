@@ -302,6 +302,33 @@ impl Engine {
     ) -> Result<Captured, EngineError> {
         Counters::bump(&self.counters.ops, 1);
         let mut graph = self.graph.lock();
+        if outs.is_empty()
+            && self.modes.current() == Mode::Strict
+            && !ops::checks::has_index_checks(op)
+        {
+            // A warm Strict op on device values skips the pending graph: same key, same
+            // program, same results (see `Graph::run_if_compiled`).
+            let mut cached = None;
+            let run = graph.run_if_compiled(
+                op,
+                inputs,
+                scalars,
+                params,
+                |_| DeviceValue::pending(),
+                |shapeless, dims| {
+                    cached = self.compiler.lookup(&CacheKey {
+                        shapeless,
+                        dims,
+                        options: self.options_key,
+                    });
+                    cached.is_some()
+                },
+            )?;
+            if let Some((captured, flush)) = run {
+                self.launch(flush, cached)?;
+                return Ok(captured);
+            }
+        }
         let captured = graph.capture(op, inputs, scalars, params, outs)?;
         if ops::checks::has_index_checks(op) {
             // Captured before the flush policy runs, so Strict runs op and check as one region.
@@ -667,6 +694,7 @@ impl Engine {
         v.insert("region_ops", graph.region_ops as f64);
         v.insert("dropped_ops", graph.dropped_ops as f64);
         v.insert("largest_region", graph.largest_region as f64);
+        v.insert("direct_ops", graph.direct_ops as f64);
         v.insert("live_storages", graph.live_storages as f64);
         v.insert("host_to_device", Counters::get(&c.host_to_device) as f64);
         v.insert("device_to_host", Counters::get(&c.device_to_host) as f64);

@@ -141,6 +141,17 @@ pub struct Captured {
     pub outputs: CapturedOutputs,
 }
 
+/// One op call as PyTorch makes it: the op, its tensors, scalars and static params, and its
+/// `out=` tensors (none: the results go to new storages).
+#[derive(Clone, Copy, Debug)]
+pub struct OpCall<'a> {
+    pub op: OpId,
+    pub inputs: &'a [TensorRef],
+    pub scalars: &'a [ScalarArg],
+    pub params: &'a [i64],
+    pub outs: &'a [TensorRef],
+}
+
 /// Inline: nearly every op has one output, and a capture should not allocate for it.
 pub type CapturedOutputs = SmallVec<[(StorageId, TensorType); 1]>;
 
@@ -443,21 +454,26 @@ impl<V: Clone> Graph<V> {
     }
 
     /// Strict's direct path, for an op that reads whole device values and writes new storages
-    /// while nothing is pending: keys the one-op region a capture and flush of it would build,
-    /// and when `has_program(shapeless, dims)` knows that key, installs the results and returns
-    /// the region ready to launch, without a node, externals or a liveness plan, with the
-    /// storages that hold its results. `None`: capture and flush it instead (no program for
-    /// its key yet, or not an op this path takes). Errors are the ones capture would raise.
+    /// or one whole `out` tensor, while nothing is pending: keys the one-op region a capture
+    /// and flush of it would build (aliases included), and when `has_program(shapeless, dims)`
+    /// knows that key, installs the results and returns the region ready to launch, without a
+    /// node, externals or a liveness plan, with the storages that hold its results. `None`:
+    /// capture and flush it instead (no program for its key yet, or not an op this path
+    /// takes). Errors are the ones capture would raise.
     pub fn run_if_compiled(
         &mut self,
-        op: OpId,
-        inputs: &[TensorRef],
-        scalars: &[ScalarArg],
-        params: &[i64],
+        call: OpCall<'_>,
         mut make_output: impl FnMut(&TensorType) -> V,
         has_program: impl FnOnce(u64, u64) -> bool,
     ) -> Result<Option<(Captured, Flush<V>)>, EngineError> {
-        if !self.pending.is_empty() || op.is_side_effecting() {
+        let OpCall {
+            op,
+            inputs,
+            scalars,
+            params,
+            outs,
+        } = call;
+        if !self.pending.is_empty() || op.is_side_effecting() || outs.len() > 1 {
             return Ok(None);
         }
         let mut types: SmallVec<[TensorType; 3]> = SmallVec::new();
@@ -467,10 +483,29 @@ impl<V: Clone> Graph<V> {
             }
             types.push(t.ty());
         }
+        let meta = ops::meta(op, &types, scalars, params)?;
+        let outputs_len = meta.outputs.len();
+        if outputs_len == 0 {
+            return Ok(None);
+        }
+        if let Some(out) = outs.first() {
+            // One whole destination of the result's own type and shape, which no input reads
+            // except as that same tensor (an in-place op); anything else is capture's to
+            // check, cast or refuse.
+            if !self.placement(&OperandName(op, "output", 0), out)?.whole
+                || outputs_len != 1
+                || meta.outputs[0].dtype != out.dtype
+                || meta.outputs[0].shape != out.sizes
+                || inputs.iter().any(|t| t.storage == out.storage && t != out)
+            {
+                return Ok(None);
+            }
+        }
         // Arguments numbered by first use of their storage, as capture numbers externals.
         let mut args: SmallVec<[V; 4]> = SmallVec::new();
         let mut arg_storages: SmallVec<[StorageId; 4]> = SmallVec::new();
         let mut digest_inputs: SmallVec<[InputDigest<'_>; 3]> = SmallVec::new();
+        let mut aliases: SmallVec<[(u32, u32); 2]> = SmallVec::new();
         for t in inputs {
             let Some(StorageValue::Device { value, ty }) =
                 self.storages.get(&t.storage).map(|s| &s.value)
@@ -482,6 +517,16 @@ impl<V: Clone> Graph<V> {
                 None => {
                     arg_storages.push(t.storage);
                     args.push(value.clone());
+                    // An in-place op donates the value it overwrites, as a flush decides:
+                    // when donation is on, the value is this storage's alone, and its type is
+                    // the result's.
+                    if outs.first().is_some_and(|out| out.storage == t.storage)
+                        && self.donate
+                        && !self.shared_values.contains(&t.storage)
+                        && *ty == meta.outputs[0]
+                    {
+                        aliases.push((arg_storages.len() as u32 - 1, 0));
+                    }
                     arg_storages.len() - 1
                 }
             };
@@ -494,11 +539,6 @@ impl<V: Clone> Graph<V> {
                 view: None,
             });
         }
-        let meta = ops::meta(op, &types, scalars, params)?;
-        let outputs_len = meta.outputs.len();
-        if outputs_len == 0 {
-            return Ok(None);
-        }
         let (s, d) = op_digests(
             &RegionOp::Aten(op),
             params,
@@ -509,13 +549,16 @@ impl<V: Clone> Graph<V> {
         );
         drop(digest_inputs);
         // The one-op region's key as `flush_with` forms it: the op's prefix digests (it would
-        // be alone in the pending list), each output by position, no checks, no aliases.
+        // be alone in the pending list), each output by position, no checks, then the aliases.
         let mut key_s = StableHasher::new();
         key_s.u64(fuse::combine(0, s)).u64(outputs_len as u64);
         for index in 0..outputs_len {
             key_s.u64(0).u32(index as u32);
         }
-        key_s.u64(0).u64(0);
+        key_s.u64(0).u64(aliases.len() as u64);
+        for &(i, j) in &aliases {
+            key_s.u32(i).u32(j);
+        }
         let shapeless = key_s.finish();
         let dims = StableHasher::new().u64(fuse::combine(0, d)).finish();
         if !has_program(shapeless, dims) {
@@ -535,12 +578,22 @@ impl<V: Clone> Graph<V> {
         let mut outputs: SmallVec<[V; 2]> = SmallVec::new();
         let mut captured = CapturedOutputs::new();
         for ty in meta.outputs {
-            let nbytes = ty.numel() as u64 * ty.dtype.size_bytes() as u64;
-            let storage = self.new_storage_of(nbytes, Some(ty.dtype));
+            let storage = match outs.first() {
+                Some(out) => {
+                    // What a capture's write and its flush leave: a new version, and no
+                    // donation bookkeeping for the value it replaced.
+                    self.overwritten.remove(&out.storage);
+                    self.shared_values.remove(&out.storage);
+                    out.storage
+                }
+                None => {
+                    let nbytes = ty.numel() as u64 * ty.dtype.size_bytes() as u64;
+                    self.new_storage_of(nbytes, Some(ty.dtype))
+                }
+            };
             let value = make_output(&ty);
-            let entry = self.storages.get_mut(&storage).expect("just made");
-            // Version 1, as a capture's write would leave it.
-            entry.version = 1;
+            let entry = self.storages.get_mut(&storage).expect("checked storage");
+            entry.version += 1;
             entry.value = StorageValue::Device {
                 value: value.clone(),
                 ty: ty.clone(),
@@ -567,7 +620,7 @@ impl<V: Clone> Graph<V> {
                 dims,
                 region: None,
                 ops: 1,
-                aliases: SmallVec::new(),
+                aliases,
                 args,
                 scalar_packs: packs,
                 outputs,

@@ -10,7 +10,7 @@ mod storage;
 
 pub use graph::{
     Captured, CapturedOutputs, EngineError, ErrorKind, ExternalValue, Flush, FlushRequest, Graph,
-    GraphStats, ReadSource, RegionSource, TensorRef,
+    GraphStats, OpCall, ReadSource, RegionSource, TensorRef,
 };
 pub use mode::{Mode, ModeStack};
 pub use storage::StorageId;

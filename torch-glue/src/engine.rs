@@ -7,8 +7,8 @@ use compile::{
     HostArgument, WeakDeviceValue,
 };
 use defer::{
-    Captured, EngineError, ErrorKind, Flush, FlushRequest, Graph, Mode, ModeStack, ReadSource,
-    StorageId, TensorRef,
+    Captured, EngineError, ErrorKind, Flush, FlushRequest, Graph, Mode, ModeStack, OpCall,
+    ReadSource, StorageId, TensorRef,
 };
 use ops::{DType, OpId, ScalarArg};
 use parking_lot::Mutex;
@@ -302,18 +302,19 @@ impl Engine {
     ) -> Result<Captured, EngineError> {
         Counters::bump(&self.counters.ops, 1);
         let mut graph = self.graph.lock();
-        if outs.is_empty()
-            && self.modes.current() == Mode::Strict
-            && !ops::checks::has_index_checks(op)
-        {
+        if self.modes.current() == Mode::Strict && !ops::checks::has_index_checks(op) {
             // A warm Strict op on device values skips the pending graph: same key, same
             // program, same results (see `Graph::run_if_compiled`).
             let mut cached = None;
-            let run = graph.run_if_compiled(
+            let call = OpCall {
                 op,
                 inputs,
                 scalars,
                 params,
+                outs,
+            };
+            let run = graph.run_if_compiled(
+                call,
                 |_| DeviceValue::pending(),
                 |shapeless, dims| {
                     cached = self.compiler.lookup(&CacheKey {

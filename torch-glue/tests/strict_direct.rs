@@ -7,6 +7,7 @@ mod common;
 use common::*;
 use defer::{ErrorKind, Mode, TensorRef};
 use ops::{DType, OpId, ScalarArg};
+use torch_glue::Engine;
 
 #[test]
 fn warm_ops_take_the_direct_path_and_share_the_flushed_programs() {
@@ -117,4 +118,58 @@ fn errors_are_capture_errors_and_leave_the_engine_usable() {
     let y = op(&e, OpId::Neg, &[&x], &[], &[]);
     assert_eq!(read(&e, &y), vec![-1.0, -2.0]);
     assert_eq!(metric(&e, "direct_ops"), 1.0);
+}
+
+/// `op(inputs, out=outs)`.
+fn op_out(e: &Engine, op: OpId, inputs: &[&TensorRef], scalars: &[ScalarArg], out: &TensorRef) {
+    let inputs: Vec<TensorRef> = inputs.iter().map(|t| (*t).clone()).collect();
+    e.op(op, &inputs, scalars, &[], std::slice::from_ref(out))
+        .unwrap_or_else(|err| panic!("{}: {}", op.name(), err.message));
+}
+
+#[test]
+fn in_place_ops_run_directly_and_donate_as_their_flush_would() {
+    let e = engine(Mode::Strict);
+    let x = upload(&e, DType::F32, &[1.0, 2.0, 3.0, 4.0], &[4]);
+    e.reset_metrics();
+    // x.add_(0.5): cold (captured, flushed, compiled), then warm.
+    op_out(&e, OpId::Add, &[&x], &[ScalarArg::float(0.5)], &x);
+    assert_eq!(read(&e, &x), vec![1.5, 2.5, 3.5, 4.5]);
+    let donated_cold = metric(&e, "donated_buffers");
+    let donating = std::env::var("TORCH_PJRT_DONATE").as_deref() != Ok("0");
+    assert_eq!(donated_cold, f64::from(u8::from(donating)), "x's old value is donated");
+    for _ in 0..4 {
+        op_out(&e, OpId::Add, &[&x], &[ScalarArg::float(0.5)], &x);
+    }
+    assert_eq!(read(&e, &x), vec![3.5, 4.5, 5.5, 6.5]);
+    assert_eq!(metric(&e, "compilations"), 1.0);
+    assert_eq!(metric(&e, "direct_ops"), 4.0);
+    assert_eq!(
+        metric(&e, "donated_buffers"),
+        5.0 * donated_cold,
+        "each warm in-place op donates as the cold one did"
+    );
+
+    // out= into another whole tensor, warm after one run.
+    let y = upload(&e, DType::F32, &[10.0, 20.0, 30.0, 40.0], &[4]);
+    let z = upload(&e, DType::F32, &[0.0; 4], &[4]);
+    for round in 0..2 {
+        op_out(&e, OpId::Mul, &[&x, &y], &[], &z);
+        assert_eq!(read(&e, &z), vec![35.0, 90.0, 165.0, 260.0], "round {round}");
+    }
+    assert_eq!(metric(&e, "direct_ops"), 5.0);
+
+    // An out= of another dtype is cast by capture: never direct.
+    let wide = upload(&e, DType::F64, &[0.0; 4], &[4]);
+    for _ in 0..2 {
+        op_out(&e, OpId::Mul, &[&x, &y], &[], &wide);
+        assert_eq!(read(&e, &wide), vec![35.0, 90.0, 165.0, 260.0]);
+    }
+    assert_eq!(metric(&e, "direct_ops"), 5.0);
+    // A wrong out= shape is capture's error.
+    let short = upload(&e, DType::F32, &[0.0; 2], &[2]);
+    let err = e
+        .op(OpId::Mul, &[x.clone(), y.clone()], &[], &[], &[short])
+        .expect_err("out shape");
+    assert!(err.message.contains("shape"), "{}", err.message);
 }

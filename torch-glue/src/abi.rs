@@ -153,6 +153,7 @@ fn dtype(code: i32) -> Result<DType, EngineError> {
 
 /// # Safety
 /// `t` must describe valid size/stride arrays of `ndim` elements.
+#[inline(always)]
 unsafe fn tensor_ref(t: &TpjrtTensor) -> Result<TensorRef, EngineError> {
     if t.ndim < 0 {
         return Err(invalid(format!("a tensor with ndim {} was passed", t.ndim)));
@@ -200,6 +201,8 @@ struct DecodedCall {
 
 /// # Safety
 /// `call` must be a valid call description.
+/// Inlined: the decoded call is large, and built in the caller's frame it is not copied out.
+#[inline(always)]
 unsafe fn decode(call: *const TpjrtOpCall) -> Result<DecodedCall, EngineError> {
     let call = call
         .as_ref()
@@ -218,26 +221,24 @@ unsafe fn decode(call: *const TpjrtOpCall) -> Result<DecodedCall, EngineError> {
                 ),
             )
         })?;
-    let inputs = slice(call.inputs, call.num_inputs)?
-        .iter()
-        .map(|t| tensor_ref(t))
-        .collect::<Result<_, _>>()?;
-    let scalars = slice(call.scalars, call.num_scalars)?
-        .iter()
-        .map(scalar)
-        .collect::<Result<_, _>>()?;
-    let params = SmallVec::from_slice(slice(call.params, call.num_params)?);
-    let outs = slice(call.outs, call.num_outs)?
-        .iter()
-        .map(|t| tensor_ref(t))
-        .collect::<Result<_, _>>()?;
-    Ok(DecodedCall {
+    // Pushed one by one: collecting into a `Result` moves each (large) tensor record twice.
+    let mut decoded = DecodedCall {
         op,
-        inputs,
-        scalars,
-        params,
-        outs,
-    })
+        inputs: SmallVec::new(),
+        scalars: SmallVec::new(),
+        params: SmallVec::from_slice(slice(call.params, call.num_params)?),
+        outs: SmallVec::new(),
+    };
+    for t in slice(call.inputs, call.num_inputs)? {
+        decoded.inputs.push(tensor_ref(t)?);
+    }
+    for s in slice(call.scalars, call.num_scalars)? {
+        decoded.scalars.push(scalar(s)?);
+    }
+    for t in slice(call.outs, call.num_outs)? {
+        decoded.outs.push(tensor_ref(t)?);
+    }
+    Ok(decoded)
 }
 
 fn write_outputs(

@@ -137,7 +137,11 @@ fn in_place_ops_run_directly_and_donate_as_their_flush_would() {
     assert_eq!(read(&e, &x), vec![1.5, 2.5, 3.5, 4.5]);
     let donated_cold = metric(&e, "donated_buffers");
     let donating = std::env::var("TORCH_PJRT_DONATE").as_deref() != Ok("0");
-    assert_eq!(donated_cold, f64::from(u8::from(donating)), "x's old value is donated");
+    assert_eq!(
+        donated_cold,
+        f64::from(u8::from(donating)),
+        "x's old value is donated"
+    );
     for _ in 0..4 {
         op_out(&e, OpId::Add, &[&x], &[ScalarArg::float(0.5)], &x);
     }
@@ -155,7 +159,11 @@ fn in_place_ops_run_directly_and_donate_as_their_flush_would() {
     let z = upload(&e, DType::F32, &[0.0; 4], &[4]);
     for round in 0..2 {
         op_out(&e, OpId::Mul, &[&x, &y], &[], &z);
-        assert_eq!(read(&e, &z), vec![35.0, 90.0, 165.0, 260.0], "round {round}");
+        assert_eq!(
+            read(&e, &z),
+            vec![35.0, 90.0, 165.0, 260.0],
+            "round {round}"
+        );
     }
     assert_eq!(metric(&e, "direct_ops"), 5.0);
 

@@ -742,7 +742,6 @@ impl<V: Clone> Graph<V> {
             (OpId::Slice, SmallVec::from_slice(&[0, 0, new_len, 1]))
         };
         let meta = ops::meta(op, &[TensorType::new(native, &[old_len])], &[], &params)?;
-        let ty = meta.outputs[0].clone();
         let node = self.push_node(
             RegionOp::Aten(op),
             &params,
@@ -751,7 +750,7 @@ impl<V: Clone> Graph<V> {
             SmallVec::from_elem(input, 1),
         );
         self.storages.get_mut(&id).unwrap().nbytes = nbytes;
-        self.write_pending(id, node.output(0), ty);
+        self.write_pending(id, node.output(0));
         self.stats.captured_ops += 1;
         Ok(())
     }
@@ -799,7 +798,8 @@ impl<V: Clone> Graph<V> {
                 t.dtype
             }
         };
-        let base_len = (storage.nbytes / native.size_bytes() as u64) as i64;
+        // Element sizes are powers of two: a shift, not a 64-bit division, on every operand.
+        let base_len = (storage.nbytes >> native.size_bytes().trailing_zeros()) as i64;
         let whole = t.offset == 0 && t.dtype == native && t.contiguous_numel() == Some(base_len);
         if !whole {
             views::check_in_bounds(base_len, native.size_bytes(), &t.layout())?;
@@ -934,8 +934,7 @@ impl<V: Clone> Graph<V> {
         } else if outs.is_empty() {
             for (i, ty) in out_types.into_iter().enumerate() {
                 let nbytes = ty.numel() as u64 * ty.dtype.size_bytes() as u64;
-                let storage = self.new_storage_of(nbytes, Some(ty.dtype));
-                self.write_pending(storage, id.output(i as u32), ty.clone());
+                let storage = self.new_pending_storage(nbytes, ty.dtype, id.output(i as u32));
                 outputs.push((storage, ty));
             }
         } else {
@@ -962,7 +961,7 @@ impl<V: Clone> Graph<V> {
                 }
                 let placement = out_placements[i];
                 if placement.whole {
-                    self.write_pending(out.storage, value, out.ty());
+                    self.write_pending(out.storage, value);
                 } else {
                     self.write_through_view(out, &placement, value)?;
                 }
@@ -1010,7 +1009,7 @@ impl<V: Clone> Graph<V> {
             None => (ops::ScalarDTypes::new(), Vec::new()),
         };
         let meta = Meta {
-            outputs: smallvec::smallvec![ty.clone()],
+            outputs: smallvec::smallvec![ty],
             scalar_dtypes,
         };
         let mut inputs: SmallVec<[NodeInput; 3]> = SmallVec::new();
@@ -1024,7 +1023,7 @@ impl<V: Clone> Graph<V> {
             window: window.map(|(_, extent)| extent),
         }));
         let id = self.push_node(write, &[], &scalars, meta, inputs);
-        self.write_pending(out.storage, id.output(0), ty);
+        self.write_pending(out.storage, id.output(0));
         Ok(())
     }
 
@@ -1041,9 +1040,10 @@ impl<V: Clone> Graph<V> {
             .ok_or_else(|| unknown_storage(t.storage))?;
         let version = storage.version;
         let found = match &storage.value {
-            StorageValue::Pending { out, ty } => {
-                Some((ValueRef::Pending(*out), ty.shape == t.sizes))
-            }
+            StorageValue::Pending { out } => Some((
+                ValueRef::Pending(*out),
+                self.pending_type(*out).shape == t.sizes,
+            )),
             StorageValue::Device { value, ty } => {
                 let key = (t.storage, version);
                 let external = match self.external_of.get(&key) {
@@ -1074,7 +1074,7 @@ impl<V: Clone> Graph<V> {
                 params.push(placement.native.code() as i64);
                 params.push(placement.base_len);
                 let meta = ops::meta(OpId::Zeros, &[], &[], &params)?;
-                let ty = meta.outputs[0].clone();
+                let same_shape = meta.outputs[0].shape == t.sizes;
                 let id = self.push_node(
                     RegionOp::Aten(OpId::Zeros),
                     &params,
@@ -1082,8 +1082,7 @@ impl<V: Clone> Graph<V> {
                     meta,
                     SmallVec::new(),
                 );
-                let same_shape = ty.shape == t.sizes;
-                self.write_pending(t.storage, id.output(0), ty);
+                self.write_pending(t.storage, id.output(0));
                 (ValueRef::Pending(id.output(0)), same_shape)
             }
         };
@@ -1221,9 +1220,9 @@ impl<V: Clone> Graph<V> {
         }
     }
 
-    fn write_pending(&mut self, storage: StorageId, out: NodeOutput, ty: TensorType) {
+    fn write_pending(&mut self, storage: StorageId, out: NodeOutput) {
         let entry = self.storages.get_mut(&storage).expect("checked storage");
-        let old = std::mem::replace(&mut entry.value, StorageValue::Pending { out, ty });
+        let old = std::mem::replace(&mut entry.value, StorageValue::Pending { out });
         let old_version = entry.version;
         entry.version += 1;
         match old {
@@ -1240,6 +1239,36 @@ impl<V: Clone> Graph<V> {
             StorageValue::Uninit => {}
         }
         self.holders.entry(out).or_default().push(storage);
+    }
+
+    /// A new storage holding pending value `out` (an op's fresh result): made with its value
+    /// in one step rather than made unwritten and then written.
+    fn new_pending_storage(&mut self, nbytes: u64, native: DType, out: NodeOutput) -> StorageId {
+        let id = StorageId(self.next_storage);
+        self.next_storage += 1;
+        self.storages.insert(
+            id,
+            Storage {
+                nbytes,
+                native: Some(native),
+                value: StorageValue::Pending { out },
+                // One write, as `write_pending` would count it.
+                version: 1,
+            },
+        );
+        self.holders.entry(out).or_default().push(id);
+        id
+    }
+
+    /// The type of a pending value: its producer's meta says it.
+    fn pending_type(&self, out: NodeOutput) -> &TensorType {
+        let base = self
+            .pending
+            .front()
+            .expect("a pending value has a pending producer")
+            .id
+            .seq();
+        &self.pending[(out.node.seq() - base) as usize].meta.outputs[out.index as usize]
     }
 
     fn drop_holder(&mut self, out: NodeOutput, storage: StorageId) {

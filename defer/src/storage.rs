@@ -15,8 +15,8 @@ pub(crate) enum StorageValue<V> {
     Uninit,
     /// A device value (possibly still being computed).
     Device { value: V, ty: TensorType },
-    /// The output of a pending op.
-    Pending { out: NodeOutput, ty: TensorType },
+    /// The output of a pending op (whose meta has its type).
+    Pending { out: NodeOutput },
 }
 
 #[derive(Clone, Debug)]

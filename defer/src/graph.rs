@@ -228,11 +228,6 @@ impl RegionSource {
         self.nodes.is_empty()
     }
 
-    /// Argument indices whose buffers the executable takes over (see `aliases`).
-    pub fn donated(&self) -> impl Iterator<Item = u32> + '_ {
-        self.aliases.iter().map(|&(arg, _)| arg)
-    }
-
     /// (argument, output) pairs whose buffers the executable shares.
     pub fn aliases(&self) -> &[(u32, u32)] {
         &self.aliases
@@ -543,7 +538,6 @@ impl<V: Clone> Graph<V> {
             &RegionOp::Aten(op),
             params,
             scalars,
-            digest_inputs.len(),
             digest_inputs.drain(..),
             &meta.outputs,
         );
@@ -555,11 +549,8 @@ impl<V: Clone> Graph<V> {
         for index in 0..outputs_len {
             key_s.u64(0).u32(index as u32);
         }
-        key_s.u64(0).u64(aliases.len() as u64);
-        for &(i, j) in &aliases {
-            key_s.u32(i).u32(j);
-        }
-        let shapeless = key_s.finish();
+        key_s.u64(0);
+        let shapeless = finish_shapeless_key(&mut key_s, &aliases);
         let dims = StableHasher::new().u64(fuse::combine(0, d)).finish();
         if !has_program(shapeless, dims) {
             #[cfg(debug_assertions)]
@@ -578,25 +569,29 @@ impl<V: Clone> Graph<V> {
         let mut outputs: SmallVec<[V; 2]> = SmallVec::new();
         let mut captured = CapturedOutputs::new();
         for ty in meta.outputs {
+            let value = make_output(&ty);
+            let installed = StorageValue::Device {
+                value: value.clone(),
+                ty: ty.clone(),
+            };
+            // What a capture's write and its flush leave: one more version.
             let storage = match outs.first() {
                 Some(out) => {
-                    // What a capture's write and its flush leave: a new version, and no
-                    // donation bookkeeping for the value it replaced.
+                    // No donation bookkeeping for the value it replaced.
                     self.overwritten.remove(&out.storage);
                     self.shared_values.remove(&out.storage);
+                    let entry = self
+                        .storages
+                        .get_mut(&out.storage)
+                        .expect("checked storage");
+                    entry.version += 1;
+                    entry.value = installed;
                     out.storage
                 }
                 None => {
                     let nbytes = ty.numel() as u64 * ty.dtype.size_bytes() as u64;
-                    self.new_storage_of(nbytes, Some(ty.dtype))
+                    self.insert_storage(nbytes, Some(ty.dtype), installed, 1)
                 }
-            };
-            let value = make_output(&ty);
-            let entry = self.storages.get_mut(&storage).expect("checked storage");
-            entry.version += 1;
-            entry.value = StorageValue::Device {
-                value: value.clone(),
-                ty: ty.clone(),
             };
             outputs.push(value);
             captured.push((storage, ty));
@@ -665,6 +660,17 @@ impl<V: Clone> Graph<V> {
 
     /// A new storage whose native dtype is already known (an op's output).
     fn new_storage_of(&mut self, nbytes: u64, native: Option<DType>) -> StorageId {
+        self.insert_storage(nbytes, native, StorageValue::Uninit, 0)
+    }
+
+    /// A new storage made with its value and version in one map insertion.
+    fn insert_storage(
+        &mut self,
+        nbytes: u64,
+        native: Option<DType>,
+        value: StorageValue<V>,
+        version: u64,
+    ) -> StorageId {
         let id = StorageId(self.next_storage);
         self.next_storage += 1;
         self.storages.insert(
@@ -672,8 +678,8 @@ impl<V: Clone> Graph<V> {
             Storage {
                 nbytes,
                 native,
-                value: StorageValue::Uninit,
-                version: 0,
+                value,
+                version,
             },
         );
         id
@@ -1191,7 +1197,6 @@ impl<V: Clone> Graph<V> {
             &node.op,
             &node.params,
             &node.scalars,
-            node.inputs.len(),
             inputs,
             &node.meta.outputs,
         )
@@ -1244,18 +1249,8 @@ impl<V: Clone> Graph<V> {
     /// A new storage holding pending value `out` (an op's fresh result): made with its value
     /// in one step rather than made unwritten and then written.
     fn new_pending_storage(&mut self, nbytes: u64, native: DType, out: NodeOutput) -> StorageId {
-        let id = StorageId(self.next_storage);
-        self.next_storage += 1;
-        self.storages.insert(
-            id,
-            Storage {
-                nbytes,
-                native: Some(native),
-                value: StorageValue::Pending { out },
-                // One write, as `write_pending` would count it.
-                version: 1,
-            },
-        );
+        // Version 1: one write, as `write_pending` would count it.
+        let id = self.insert_storage(nbytes, Some(native), StorageValue::Pending { out }, 1);
         self.holders.entry(out).or_default().push(id);
         id
     }
@@ -1582,11 +1577,7 @@ impl<V: Clone> Graph<V> {
             }
         }
         aliases.sort_unstable();
-        key_s.u64(aliases.len() as u64);
-        for &(i, j) in &aliases {
-            key_s.u32(i).u32(j);
-        }
-        let shapeless = key_s.finish();
+        let shapeless = finish_shapeless_key(&mut key_s, &aliases);
         #[cfg(debug_assertions)]
         if let Some(expected) = self.direct_key_check.take() {
             debug_assert_eq!(
@@ -1744,6 +1735,16 @@ fn single_node_plan(node: &Node, mut is_held: impl FnMut(NodeOutput) -> bool) ->
     }
 }
 
+/// Ends a region's shapeless key with its (argument, output) aliases, sorted: the last part of
+/// the key, the same for a flush and for Strict's direct path.
+fn finish_shapeless_key(key_s: &mut StableHasher, aliases: &[(u32, u32)]) -> u64 {
+    key_s.u64(aliases.len() as u64);
+    for &(i, j) in aliases {
+        key_s.u32(i).u32(j);
+    }
+    key_s.finish()
+}
+
 /// What an op's digests need of one of its inputs.
 struct InputDigest<'a> {
     source: InputSource<'a>,
@@ -1769,8 +1770,7 @@ fn op_digests<'a>(
     op: &RegionOp,
     params: &[i64],
     scalars: &[ScalarArg],
-    inputs_len: usize,
-    inputs: impl Iterator<Item = InputDigest<'a>>,
+    inputs: impl ExactSizeIterator<Item = InputDigest<'a>>,
     outputs: &[TensorType],
 ) -> (u64, u64) {
     let mut s = StableHasher::new();
@@ -1804,7 +1804,7 @@ fn op_digests<'a>(
     for scalar in scalars {
         s.scalar_kind(scalar);
     }
-    s.u64(inputs_len as u64);
+    s.u64(inputs.len() as u64);
     for input in inputs {
         match input.source {
             InputSource::Pending { back, index } => {

@@ -317,11 +317,7 @@ impl Engine {
                 call,
                 |_| DeviceValue::pending(),
                 |shapeless, dims| {
-                    cached = self.compiler.lookup(&CacheKey {
-                        shapeless,
-                        dims,
-                        options: self.options_key,
-                    });
+                    cached = self.lookup_program(shapeless, dims);
                     cached.is_some()
                 },
             )?;
@@ -392,11 +388,7 @@ impl Engine {
         // assembled.
         let mut cached = None;
         let has_program = |shapeless, dims| {
-            cached = self.compiler.lookup(&CacheKey {
-                shapeless,
-                dims,
-                options: self.options_key,
-            });
+            cached = self.lookup_program(shapeless, dims);
             cached.is_some()
         };
         let Some(flush) = graph.flush_with(request, |_| DeviceValue::pending(), has_program)?
@@ -404,6 +396,15 @@ impl Engine {
             return Ok(FlushedValues::new());
         };
         self.launch(flush, cached)
+    }
+
+    /// Tier 1's program for a region key from the graph (this engine's options added).
+    fn lookup_program(&self, shapeless: u64, dims: u64) -> Option<Arc<pjrt::LoadedExecutable>> {
+        self.compiler.lookup(&CacheKey {
+            shapeless,
+            dims,
+            options: self.options_key,
+        })
     }
 
     fn launch(

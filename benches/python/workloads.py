@@ -387,6 +387,35 @@ def wl_mlp(r: Runner):
         name = "sync every step" if sync_each else "no sync (one at the end)"
         r.case(name, {"steps": steps, "sync_each_step": sync_each}, steps, "step", make)
 
+    def make_products():
+        # The step's eight matrix products alone (three forward, five backward), with the
+        # step's shapes and transposes, a sync after each step's worth: how much of the step
+        # time the backend's GEMM kernels set.
+        model, _, data = _mlp(b)
+        w1, w2, w3 = (model[i].weight.detach() for i in (0, 2, 4))
+        x = data[0][0]
+        g = torch.Generator().manual_seed(2)
+        h1, h2, g1, g2 = (torch.randn(64, 256, generator=g).to(b.device) for _ in range(4))
+        g3 = torch.randn(64, 10, generator=g).to(b.device)
+
+        def products(x, h1, h2, g1, g2, g3):
+            return (x @ w1.t(), h1 @ w2.t(), h2 @ w3.t(),
+                    g3.t() @ h2, g3 @ w3, g2.t() @ h1, g2 @ w2, g1.t() @ x)
+
+        fn = b.compile(products)
+
+        def run_once():
+            out = None
+            for _ in range(steps):
+                out = fn(x, h1, h2, g1, g2, g3)
+                b.sync()
+            return out
+
+        return run_once
+
+    r.case("the step's 8 matrix products alone", {"steps": steps, "diagnostic": True}, steps, "step",
+           make_products)
+
 
 def wl_item_loop(r: Runner):
     """The MLP step with `loss.item()` every step, as a training loop that logs its loss does."""

@@ -42,7 +42,12 @@ impl Buffer {
             bytes: AtomicU64::new(0),
         };
         // A plugin that cannot tell the size leaves the buffer uncounted rather than failing.
-        let bytes = buffer.on_device_size().unwrap_or(0) as u64;
+        // A buffer the client makes for itself (`ledger::untracked`) is not counted at all.
+        let bytes = if crate::ledger::tracking() {
+            buffer.on_device_size().unwrap_or(0) as u64
+        } else {
+            0
+        };
         buffer.bytes.store(bytes, Ordering::Relaxed);
         buffer.client.memory.allocate(bytes);
         buffer

@@ -2,7 +2,31 @@
 //! those plus each running executable's temporary bytes. Plugins' allocator statistics are
 //! optional (the CPU plugin has none), so this is what a peak-memory figure can always rest on.
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+thread_local! {
+    /// Set while this thread does the client's own work (a warm-up), which is not the user's
+    /// memory: buffers made and programs run meanwhile stay out of the ledger.
+    static UNTRACKED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` with this thread's buffers and executions kept out of the ledger.
+pub(crate) fn untracked<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            UNTRACKED.with(|u| u.set(self.0));
+        }
+    }
+    let _restore = Restore(UNTRACKED.with(|u| u.replace(true)));
+    f()
+}
+
+/// Whether this thread's buffers and executions count in the ledger now.
+pub(crate) fn tracking() -> bool {
+    !UNTRACKED.with(|u| u.get())
+}
 
 /// Live and peak bytes of one client's buffers.
 #[derive(Debug, Default)]
@@ -34,6 +58,9 @@ impl MemoryLedger {
     /// An execution that needs `temp_bytes` of scratch on top of what is live (its arguments
     /// and, by now, its results).
     pub(crate) fn note_execution(&self, temp_bytes: u64) {
+        if !tracking() {
+            return;
+        }
         let live = self.live.load(Ordering::Relaxed);
         self.peak.fetch_max(live + temp_bytes, Ordering::Relaxed);
     }
@@ -72,6 +99,18 @@ mod tests {
         ledger.note_execution(200);
         assert_eq!(ledger.usage().peak_bytes, 250);
         ledger.reset_peak();
+        assert_eq!(
+            ledger.usage(),
+            MemoryUsage {
+                live_bytes: 50,
+                peak_bytes: 50
+            }
+        );
+        untracked(|| {
+            assert!(!tracking());
+            ledger.note_execution(1000);
+        });
+        assert!(tracking());
         assert_eq!(
             ledger.usage(),
             MemoryUsage {

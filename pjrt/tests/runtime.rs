@@ -392,6 +392,25 @@ module {
 }
 
 #[test]
+fn warm_up_runs_a_product_outside_the_ledger() {
+    let c = private_client();
+    let x = c
+        .buffer_from_host(&f32_bytes(&[1.0; 16]), ElementType::F32, &[16])
+        .unwrap();
+    c.reset_peak_memory();
+    let before = c.memory_usage();
+    c.warm_up().expect("the warm-up product runs");
+    assert_eq!(c.memory_usage(), before, "live and peak bytes unchanged");
+    // Buffers made after it count as before.
+    let y = c
+        .buffer_from_host(&f32_bytes(&[1.0; 16]), ElementType::F32, &[16])
+        .unwrap();
+    assert_eq!(c.memory_usage().live_bytes, before.live_bytes + 64);
+    drop((x, y));
+    assert_eq!(c.memory_usage().live_bytes, 0);
+}
+
+#[test]
 fn compile_options_set_by_name_reach_the_compiler() {
     const ADD: &str = r#"
 func.func public @main(%a: tensor<4xf32>, %b: tensor<4xf32>) -> tensor<4xf32> {

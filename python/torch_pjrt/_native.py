@@ -7,6 +7,7 @@ Loading never starts PJRT: the engine starts at the first device use, where conf
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import os
 import threading
@@ -42,6 +43,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "tpjrt_init": (c_int, [c_char_p]),
         "tpjrt_last_error": (c_char_p, []),
         "tpjrt_sync": (c_int, []),
+        "tpjrt_wait_warm_up": (c_int, []),
         "tpjrt_mode_push": (c_int, [c_int]),
         "tpjrt_mode_pop": (c_int, []),
         "tpjrt_mode_set": (c_int, [c_int]),
@@ -86,6 +88,9 @@ def load() -> None:
                 raise RuntimeError("tpjrt_api() returned no table")
             native._set_engine_api(table)
             _lib = lib
+            # The runtime's background warm-up must not be mid-compile when the process tears
+            # the runtime down.
+            atexit.register(lib.tpjrt_wait_warm_up)
         except (OSError, AttributeError, RuntimeError) as e:
             _unavailable = (
                 f"the torch-pjrt engine library {path} could not be loaded ({e}); rebuild it "

@@ -226,6 +226,12 @@ int32_t tpjrt_write_host(const struct TpjrtTensor *dst, const void *data, uint64
 int32_t tpjrt_read_host(const struct TpjrtTensor *src, void *data, uint64_t nbytes);
 
 /**
+ * Waits (at most ten seconds) for the device runtime's warm-up, if one is running; never
+ * starts the engine. Called as the process exits.
+ */
+int32_t tpjrt_wait_warm_up(void);
+
+/**
  * Materializes everything pending and waits for the device.
  */
 int32_t tpjrt_sync(void);

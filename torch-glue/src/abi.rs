@@ -451,6 +451,18 @@ pub unsafe extern "C" fn tpjrt_read_host(
     })
 }
 
+/// Waits (at most ten seconds) for the device runtime's warm-up, if one is running; never
+/// starts the engine. Called as the process exits.
+#[no_mangle]
+pub extern "C" fn tpjrt_wait_warm_up() -> i32 {
+    guarded(|| {
+        if let Some(engine) = global::running() {
+            engine.wait_warm_up(std::time::Duration::from_secs(10));
+        }
+        Ok(())
+    })
+}
+
 /// Materializes everything pending and waits for the device.
 #[no_mangle]
 pub extern "C" fn tpjrt_sync() -> i32 {

@@ -21,8 +21,18 @@ pub fn init(plugin: Option<&str>) -> Result<&'static Engine, EngineError> {
     if let Some(plugin) = plugin {
         config.plugin = plugin.to_string();
     }
+    let warm_up = config.warm_up;
     let engine = Engine::new(config)?;
-    Ok(ENGINE.get_or_init(|| engine))
+    let engine = ENGINE.get_or_init(|| engine);
+    if warm_up {
+        engine.start_warm_up();
+    }
+    Ok(engine)
+}
+
+/// The engine if it has started (never starts one).
+pub fn running() -> Option<&'static Engine> {
+    ENGINE.get()
 }
 
 /// The running engine, starting it from the environment on first use.

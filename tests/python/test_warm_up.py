@@ -43,3 +43,20 @@ def test_warm_up_can_be_turned_off(tmp_path):
     assert m["warm_up_seconds"] == 0, m
     assert m["compilations"] == 0 and m["live_device_bytes"] == 16, m
     assert m["dot"] == 4.0
+
+
+def test_a_forked_child_exits_without_waiting_for_the_parents_warm_up():
+    proc = run_python("""
+        import os, sys, time, torch, torch_pjrt
+        x = torch.zeros(1).to("pjrt")  # the engine starts, and its warm-up with it
+        pid = os.fork()
+        if pid == 0:
+            sys.exit(0)  # the child runs the exit hooks; it has no warm-up thread to wait for
+        t = time.perf_counter()
+        _, status = os.waitpid(pid, 0)
+        print(time.perf_counter() - t, status)
+    """)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    waited, status = proc.stdout.split()
+    assert int(status) == 0
+    assert float(waited) < 5, waited  # the exit hook waits up to 10 s for a warm-up it owns

@@ -228,8 +228,9 @@ pub struct Engine {
     seen_structures: Mutex<HashMap<u64, u64>>,
     recompiles: std::sync::atomic::AtomicU64,
     last_recompile_reason: Mutex<Option<String>>,
-    /// Signalled when the runtime's warm-up (started by [`Engine::start_warm_up`]) ends.
-    warm_up: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+    /// Signalled when the runtime's warm-up (started by [`Engine::start_warm_up`]) ends, with
+    /// the id of the process that started it.
+    warm_up: Mutex<Option<(u32, std::sync::mpsc::Receiver<()>)>>,
     /// How long the warm-up took, in nanoseconds, once it has succeeded (0 before).
     warm_up_nanos: Arc<std::sync::atomic::AtomicU64>,
 }
@@ -294,16 +295,19 @@ impl Engine {
                 let _ = done.send(());
             });
         if spawned.is_ok() {
-            *slot = Some(finished);
+            *slot = Some((std::process::id(), finished));
         }
     }
 
     /// Waits, at most `limit`, for a warm-up in progress. The process calls it before exiting,
     /// so that the runtime is not torn down under a running compile.
+    /// A child forked from the starting process has no warm-up thread: it does not wait.
     pub fn wait_warm_up(&self, limit: std::time::Duration) {
         let finished = self.warm_up.lock().take();
-        if let Some(finished) = finished {
-            let _ = finished.recv_timeout(limit);
+        if let Some((starter, finished)) = finished {
+            if starter == std::process::id() {
+                let _ = finished.recv_timeout(limit);
+            }
         }
     }
 

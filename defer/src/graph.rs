@@ -539,7 +539,7 @@ impl<V: Clone> Graph<V> {
             params,
             scalars,
             digest_inputs.drain(..),
-            &meta.outputs,
+            &meta,
         );
         drop(digest_inputs);
         // The one-op region's key as `flush_with` forms it: the op's prefix digests (it would
@@ -1017,6 +1017,7 @@ impl<V: Clone> Graph<V> {
         let meta = Meta {
             outputs: smallvec::smallvec![ty],
             scalar_dtypes,
+            variant: 0,
         };
         let mut inputs: SmallVec<[NodeInput; 3]> = SmallVec::new();
         inputs.push(base_input);
@@ -1193,13 +1194,7 @@ impl<V: Clone> Graph<V> {
             reshape_to: input.reshape_to.as_deref().map(|shape| shape.as_slice()),
             view: input.view.as_deref(),
         });
-        op_digests(
-            &node.op,
-            &node.params,
-            &node.scalars,
-            inputs,
-            &node.meta.outputs,
-        )
+        op_digests(&node.op, &node.params, &node.scalars, inputs, &node.meta)
     }
 
     /// Recomputes every pending node's digests (after a partial flush moved the list's start).
@@ -1771,13 +1766,19 @@ fn op_digests<'a>(
     params: &[i64],
     scalars: &[ScalarArg],
     inputs: impl ExactSizeIterator<Item = InputDigest<'a>>,
-    outputs: &[TensorType],
+    meta: &Meta,
 ) -> (u64, u64) {
+    let outputs = &meta.outputs[..];
     let mut s = StableHasher::new();
     let mut d = StableHasher::new();
     match op {
         RegionOp::Aten(op) => {
             s.u32(op.id() as u32);
+            // Most ops have no value-picked lowering; skipping the word keeps their keys as
+            // they were. Op ids sit below 0x10000, so the tagged word can't read as another op's.
+            if meta.variant != 0 {
+                s.u32(0x1_0000 | meta.variant as u32);
+            }
         }
         RegionOp::WriteView(w) => {
             s.u32(0xffff)

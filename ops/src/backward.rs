@@ -124,6 +124,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
                     TensorType::scalar(x.dtype),
                 ],
                 scalar_dtypes: crate::ScalarDTypes::new(),
+                variant: 0,
             })
         }
         NllLossBackward => {

@@ -461,6 +461,7 @@ fn conv_meta(a: &MetaArgs) -> Result<Meta, OpError> {
             Ok(Meta {
                 outputs,
                 scalar_dtypes: ScalarDTypes::new(),
+                variant: 0,
             })
         }
     }
@@ -1389,6 +1390,7 @@ fn pool_meta(a: &MetaArgs) -> Result<Meta, OpError> {
             Ok(Meta {
                 outputs,
                 scalar_dtypes: none,
+                variant: 0,
             })
         }
         MaxPool2dWithIndicesBackward
@@ -1462,6 +1464,7 @@ fn pool_meta(a: &MetaArgs) -> Result<Meta, OpError> {
             Ok(Meta {
                 outputs,
                 scalar_dtypes: none,
+                variant: 0,
             })
         }
         AdaptiveMaxPool2dBackward => {

@@ -311,10 +311,65 @@ fn binary_meta(a: &MetaArgs) -> Result<Meta, OpError> {
         }
         _ => rest.iter().map(|_| out.compute_dtype()).collect(),
     };
-    Ok(Meta::single(
-        TensorType { dtype: out, shape },
-        scalar_dtypes,
-    ))
+    let mut meta = Meta::single(TensorType { dtype: out, shape }, scalar_dtypes);
+    if a.op == Pow && out.compute_dtype().is_float() {
+        if let Operand::Scalar(s) = y {
+            meta.variant = PowExponent::of(s.value.as_f64()) as u8;
+        }
+    }
+    Ok(meta)
+}
+
+/// How a float tensor is raised to a scalar exponent: PyTorch's kernels special-case these
+/// values, and a module that knows the value lets XLA fold `x ** 2` into a product instead of
+/// computing `power` and every special case for each element.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+enum PowExponent {
+    General = 0,
+    Square,
+    Cube,
+    Sqrt,
+    Rsqrt,
+    Reciprocal,
+    ReciprocalSquare,
+    Identity,
+    Zero,
+}
+
+impl PowExponent {
+    const ALL: [PowExponent; 9] = [
+        PowExponent::General,
+        PowExponent::Square,
+        PowExponent::Cube,
+        PowExponent::Sqrt,
+        PowExponent::Rsqrt,
+        PowExponent::Reciprocal,
+        PowExponent::ReciprocalSquare,
+        PowExponent::Identity,
+        PowExponent::Zero,
+    ];
+
+    fn of(exponent: f64) -> Self {
+        match exponent {
+            2.0 => PowExponent::Square,
+            3.0 => PowExponent::Cube,
+            0.5 => PowExponent::Sqrt,
+            -0.5 => PowExponent::Rsqrt,
+            -1.0 => PowExponent::Reciprocal,
+            -2.0 => PowExponent::ReciprocalSquare,
+            1.0 => PowExponent::Identity,
+            0.0 => PowExponent::Zero,
+            _ => PowExponent::General,
+        }
+    }
+
+    fn from_variant(variant: u8) -> Result<Self, OpError> {
+        Self::ALL
+            .get(variant as usize)
+            .copied()
+            .ok_or_else(|| OpError::runtime(format!("pow: unknown exponent variant {variant}")))
+    }
 }
 
 /// Resolve the operands of `where`/`clamp`: each optional operand is absent, the next tensor
@@ -855,7 +910,7 @@ fn lower_binary(e: &mut Emitter, a: &LowerArgs) -> Result<Value, OpError> {
         Pow | PowScalarBase => {
             if cd.is_float() {
                 if a.op == Pow && a.inputs.len() == 1 {
-                    pow_scalar_exponent(e, xc, yc)
+                    pow_scalar_exponent(e, xc, yc, PowExponent::from_variant(a.meta.variant)?)
                 } else {
                     e.pow(xc, yc)
                 }
@@ -978,30 +1033,35 @@ pub(crate) fn remainder(e: &mut Emitter, a: Value, b: Value) -> Value {
     e.select(adjust, mb, m)
 }
 
-/// `x ** y` for a runtime scalar exponent, with PyTorch's special kernels for 2, 3, 0.5, -0.5,
-/// -1 and -2 selected by value so the numerics match whatever the exponent is.
-fn pow_scalar_exponent(e: &mut Emitter, x: Value, y: Value) -> Value {
-    let general = e.pow(x, y);
-    let one = k(e, x, 1.0);
-    let sq = e.mul(x, x);
-    let cube = e.mul(sq, x);
-    let sqrt = e.sqrt(x);
-    let rsqrt = e.div(one, sqrt);
-    let recip = e.div(one, x);
-    let recip_sq = e.div(one, sq);
-    let mut r = general;
-    for (value, special) in [
-        (2.0, sq),
-        (3.0, cube),
-        (0.5, sqrt),
-        (-0.5, rsqrt),
-        (-1.0, recip),
-        (-2.0, recip_sq),
-    ] {
-        let is = e.compare_const(Cmp::Eq, y, value);
-        r = e.select(is, special, r);
+/// `x ** y` for a scalar exponent `y`, lifted to a runtime value: the special values PyTorch's
+/// kernels compute another way were picked at capture (see [`PowExponent`]), so only a general
+/// exponent reaches `power`.
+fn pow_scalar_exponent(e: &mut Emitter, x: Value, y: Value, exponent: PowExponent) -> Value {
+    match exponent {
+        PowExponent::General => e.pow(x, y),
+        PowExponent::Square => e.mul(x, x),
+        PowExponent::Cube => {
+            let sq = e.mul(x, x);
+            e.mul(sq, x)
+        }
+        PowExponent::Sqrt => e.sqrt(x),
+        PowExponent::Rsqrt => {
+            let sqrt = e.sqrt(x);
+            let one = k(e, x, 1.0);
+            e.div(one, sqrt)
+        }
+        PowExponent::Reciprocal => {
+            let one = k(e, x, 1.0);
+            e.div(one, x)
+        }
+        PowExponent::ReciprocalSquare => {
+            let sq = e.mul(x, x);
+            let one = k(e, x, 1.0);
+            e.div(one, sq)
+        }
+        PowExponent::Identity => x,
+        PowExponent::Zero => k(e, x, 1.0),
     }
-    r
 }
 
 /// Integer power by squaring semantics; negative exponents give 0 except for bases 1 and -1.

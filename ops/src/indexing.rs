@@ -144,6 +144,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
             Ok(Meta {
                 outputs: smallvec::smallvec![i[0].clone(), i[0].with_dtype(DType::I64)],
                 scalar_dtypes: Default::default(),
+                variant: 0,
             })
         }
         TopK => {
@@ -164,6 +165,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
             Ok(Meta {
                 outputs: smallvec::smallvec![values, indices],
                 scalar_dtypes: Default::default(),
+                variant: 0,
             })
         }
         Nonzero => {

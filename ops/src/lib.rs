@@ -38,6 +38,10 @@ pub struct Meta {
     pub outputs: MetaOutputs,
     /// The computation dtype of each value scalar, in `scalars` order (e.g. f32 for bf16 math).
     pub scalar_dtypes: ScalarDTypes,
+    /// A lowering picked from a value scalar's value at capture (0 = the general one), e.g.
+    /// `x ** 2` as a product. It is part of the region key: a value that picks another variant
+    /// compiles another module, any other change of the value does not.
+    pub variant: u8,
 }
 
 /// Inline lists: meta runs for every captured op, and most ops have one output and at most a
@@ -50,6 +54,7 @@ impl Meta {
         Meta {
             outputs: smallvec::smallvec![output],
             scalar_dtypes: scalar_dtypes.into(),
+            variant: 0,
         }
     }
 }

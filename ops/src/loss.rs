@@ -182,6 +182,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
             Ok(Meta {
                 outputs,
                 scalar_dtypes: ScalarDTypes::new(),
+                variant: 0,
             })
         }
         NllLoss2dBackward => {

@@ -117,6 +117,7 @@ fn three(a: TensorType, b: TensorType, c: TensorType) -> Meta {
     Meta {
         outputs: MetaOutputs::from_vec(vec![a, b, c]),
         scalar_dtypes: ScalarDTypes::new(),
+        variant: 0,
     }
 }
 
@@ -239,6 +240,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
             Ok(Meta {
                 outputs: MetaOutputs::from_vec(vec![rm.clone(), rv.clone()]),
                 scalar_dtypes: smallvec::smallvec![rm.dtype.compute_dtype()],
+                variant: 0,
             })
         }
         NativeBatchNormBackward => {

@@ -82,8 +82,9 @@ op_catalogue! {
         params: "[rounding_mode?: 0 = true division (default), 1 = trunc, 2 = floor]";
     Remainder = "remainder", inputs: "self, other", scalars: "other (when not an input)", params: "";
     Fmod = "fmod", inputs: "self, other", scalars: "other (when not an input)", params: "";
-    /// `self ** exponent`; with a scalar exponent, PyTorch's special cases (2, 3, 0.5, -0.5,
-    /// -1, -2) are matched numerically for every value, so the exponent stays a runtime scalar.
+    /// `self ** exponent`; a scalar exponent stays a runtime scalar, and the values PyTorch's
+    /// kernels special-case (2, 3, 0.5, -0.5, -1, -2, 1, 0) pick their own lowering
+    /// (`Meta::variant`).
     Pow = "pow", inputs: "self, exponent", scalars: "exponent (when not an input)", params: "";
     /// `self ** exponent` with a scalar base.
     PowScalarBase = "pow.Scalar", inputs: "exponent", scalars: "self", params: "";

@@ -193,6 +193,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
     Ok(Meta {
         outputs,
         scalar_dtypes: ScalarDTypes::from_elem(DType::F64, scalars),
+        variant: 0,
     })
 }
 

@@ -137,6 +137,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
             Ok(Meta {
                 outputs: smallvec::smallvec![input.clone(), input.with_dtype(DType::Bool)],
                 scalar_dtypes: smallvec::smallvec![input.dtype.compute_dtype(), DType::I64],
+                variant: 0,
             })
         }
         NativeDropoutBackward => {

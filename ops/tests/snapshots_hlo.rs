@@ -50,6 +50,13 @@ snapshot!(
     []
 );
 snapshot!(
+    pow_general_exponent,
+    OpId::Pow,
+    [t(DType::F32, &[3])],
+    [ScalarArg::float(1.7)],
+    []
+);
+snapshot!(
     lt_int_float_scalar,
     OpId::Lt,
     [t(DType::I64, &[3])],

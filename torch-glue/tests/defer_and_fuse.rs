@@ -194,6 +194,63 @@ fn changed_scalars_never_recompile_in_any_mode() {
     }
 }
 
+/// `pow`'s exponent stays a runtime scalar, but the values PyTorch computes another way (2, 3,
+/// 0.5, -0.5, -1, -2, 1, 0) each pick their own module, so XLA sees `x * x` rather than `power`.
+#[test]
+fn special_pow_exponents_pick_a_module_and_others_share_one() {
+    for mode in [Mode::Strict, Mode::DeferAndFuse] {
+        let e = engine(mode);
+        let x = upload_f32(&e, &[0.25, 1.5, 4.0], &[3]);
+        let pow = |exponent: f64| {
+            let y = op(&e, OpId::Pow, &[&x], &[f(exponent)], &[]);
+            let v = read_f32(&e, &y);
+            release(&e, y);
+            v
+        };
+        let want = |exponent: f64| -> Vec<f32> {
+            [0.25f32, 1.5, 4.0]
+                .iter()
+                .map(|&v| (v as f64).powf(exponent) as f32)
+                .collect()
+        };
+        let start = m(&e).compilations;
+        assert_eq!(pow(2.0), want(2.0), "{mode:?}");
+        assert_eq!(pow(2.0), want(2.0), "{mode:?}");
+        assert_eq!(m(&e).compilations, start + 1.0, "{mode:?}: x ** 2 twice");
+        assert_eq!(pow(0.5), want(0.5), "{mode:?}");
+        assert_eq!(pow(1.0), want(1.0), "{mode:?}");
+        assert_eq!(pow(0.0), want(0.0), "{mode:?}");
+        assert_eq!(
+            m(&e).compilations,
+            start + 4.0,
+            "{mode:?}: one module per special value"
+        );
+        let general = pow(1.7);
+        assert_close(
+            "x ** 1.7",
+            &general.iter().map(|&v| v as f64).collect::<Vec<_>>(),
+            &want(1.7).iter().map(|&v| v as f64).collect::<Vec<_>>(),
+            Tol::ulps(DType::F32, 4.0),
+        );
+        let after_general = m(&e).compilations;
+        for exponent in [2.5, -3.25, 7.0] {
+            let got: Vec<f64> = pow(exponent).iter().map(|&v| v as f64).collect();
+            let want: Vec<f64> = want(exponent).iter().map(|&v| v as f64).collect();
+            assert_close(
+                &format!("x ** {exponent}"),
+                &got,
+                &want,
+                Tol::ulps(DType::F32, 4.0),
+            );
+        }
+        assert_eq!(
+            m(&e).compilations,
+            after_general,
+            "{mode:?}: general exponents share one module"
+        );
+    }
+}
+
 #[test]
 fn new_dimensions_compile_and_are_named_as_such() {
     let e = engine(Mode::DeferAndFuse);

@@ -1030,6 +1030,172 @@ fn pick_max(e: &mut Emitter, args: &[Value], float: bool) -> Vec<Value> {
     vec![v, i]
 }
 
+/// Windows of at most this many elements are pooled element by element (one strided slice per
+/// window element, all fused into one loop), rather than by a `reduce_window` over
+/// `(value, index)` pairs and a `scatter`: those need an int64 position for every input element
+/// and every gradient, which XLA materializes, and on the CPU the pair reduction is slow.
+const UNROLLED_WINDOW: i64 = 16;
+
+fn unrolls(pool: &Pool) -> bool {
+    pool.kernel.iter().product::<i64>() <= UNROLLED_WINDOW
+}
+
+/// The element offsets of a window (one per spatial dim), in PyTorch's scan order: row-major.
+fn window_offsets(kernel: &[i64]) -> Vec<Vec<i64>> {
+    let mut all = vec![vec![]];
+    for &k in kernel {
+        all = all
+            .into_iter()
+            .flat_map(|prefix: Vec<i64>| {
+                (0..k).map(move |i| {
+                    let mut v = prefix.clone();
+                    v.push(i);
+                    v
+                })
+            })
+            .collect();
+    }
+    all
+}
+
+/// For window element `offset` of every output position (`out`, shaped like the pooled
+/// output): its flat in-plane position in `x` (int64, as PyTorch's indices) and whether it lies
+/// inside `x` rather than in the padding.
+fn window_element(
+    e: &mut Emitter,
+    out: &[i64],
+    x: &[i64],
+    pool: &Pool,
+    offset: &[i64],
+) -> (Value, Value) {
+    let (n, r) = (pool.n(), out.len());
+    let ty = TensorType::new(DType::I64, out);
+    let mut flat: Option<Value> = None;
+    let mut inside: Option<Value> = None;
+    let mut step = 1;
+    for j in (0..n).rev() {
+        let d = r - n + j;
+        let o = e.iota(ty.clone(), d);
+        let stride = e.full_like(o, pool.stride[j] as f64);
+        let first = e.mul(o, stride);
+        let shift = e.full_like(o, (offset[j] * pool.dilation[j] - pool.padding[j]) as f64);
+        let c = e.add(first, shift);
+        let above = e.compare_const(Cmp::Ge, c, 0.0);
+        let below = e.compare_const(Cmp::Lt, c, x[d] as f64);
+        let ok = e.and(above, below);
+        let term = if step == 1 {
+            c
+        } else {
+            let k = e.full_like(c, step as f64);
+            e.mul(c, k)
+        };
+        flat = Some(match flat {
+            Some(acc) => e.add(acc, term),
+            None => term,
+        });
+        inside = Some(match inside {
+            Some(acc) => e.and(acc, ok),
+            None => ok,
+        });
+        step *= x[d];
+    }
+    (
+        flat.expect("at least one spatial dim"),
+        inside.expect("at least one spatial dim"),
+    )
+}
+
+/// Max pooling as PyTorch's CPU kernel scans: over a window's elements inside `x`, in order,
+/// take an element greater than the best so far or NaN; the first element inside is taken
+/// whatever its value. Every window holds one (the padding is at most half the window).
+fn max_pool_unrolled(e: &mut Emitter, x: Value, pool: &Pool, out: &TensorType) -> (Value, Value) {
+    let xt = e.ty(x).clone();
+    let n = pool.n();
+    let hi = pool.high_pads(&xt.shape, &out.shape);
+    let low_value = e.scalar_constant(xt.dtype, lowest(xt.dtype));
+    let xp = pad_spatial(e, x, low_value, &pool.padding, &hi, &vec![0; n]);
+    let r = xt.rank();
+    let float = xt.dtype.is_float();
+    let mut best: Option<(Value, Value)> = None;
+    let mut seen: Option<Value> = None;
+    for offset in window_offsets(&pool.kernel) {
+        let mut start = vec![0; r];
+        let mut limit = out.shape.to_vec();
+        let mut strides = vec![1; r];
+        for j in 0..n {
+            let d = r - n + j;
+            start[d] = offset[j] * pool.dilation[j];
+            limit[d] = start[d] + (out.shape[d] - 1) * pool.stride[j] + 1;
+            strides[d] = pool.stride[j];
+        }
+        let v = e.slice(xp, &start, &limit, &strides);
+        let (at, inside) = window_element(e, &out.shape, &xt.shape, pool, &offset);
+        best = Some(match (best, seen) {
+            (Some((best_v, best_i)), Some(seen_before)) => {
+                let mut better = e.compare(Cmp::Gt, v, best_v);
+                if float {
+                    let nan = e.compare(Cmp::Ne, v, v);
+                    better = e.or(better, nan);
+                }
+                let first = e.not(seen_before);
+                let wanted = e.or(first, better);
+                let take = e.and(inside, wanted);
+                (e.select(take, v, best_v), e.select(take, at, best_i))
+            }
+            // The first element: taken if inside; otherwise a placeholder the first element
+            // inside replaces.
+            _ => (v, at),
+        });
+        seen = Some(match seen {
+            Some(s) => e.or(s, inside),
+            None => inside,
+        });
+    }
+    best.expect("a window has elements")
+}
+
+/// The gradient of [`max_pool_unrolled`]: each window element's output positions whose index
+/// points at it pass their gradient to it (a strided `pad` places them in `x`'s shape). The
+/// elements are summed from the last to the first, which adds the gradients that meet at one
+/// input element in the order of their output positions, as PyTorch's kernel does.
+fn max_pool_backward_unrolled(
+    e: &mut Emitter,
+    grad: Value,
+    x: &TensorType,
+    indices: Value,
+    pool: &Pool,
+) -> Value {
+    let n = pool.n();
+    let r = x.rank();
+    let cd = acc_dtype(x.dtype);
+    let g = e.convert(grad, cd);
+    let out = e.shape(g).to_vec();
+    let none = zeros(e, &TensorType::new(cd, &out));
+    let zero = e.scalar_constant(cd, ScalarValue::Float(0.0));
+    let mut sum: Option<Value> = None;
+    for offset in window_offsets(&pool.kernel).into_iter().rev() {
+        let (at, _) = window_element(e, &out, &x.shape, pool, &offset);
+        let hit = e.compare(Cmp::Eq, indices, at);
+        let passed = e.select(hit, g, none);
+        let mut low = vec![0; n];
+        let mut high = vec![0; n];
+        let mut interior = vec![0; n];
+        for j in 0..n {
+            let d = r - n + j;
+            low[j] = offset[j] * pool.dilation[j] - pool.padding[j];
+            interior[j] = pool.stride[j] - 1;
+            high[j] = x.shape[d] - (low[j] + (out[d] - 1) * pool.stride[j] + 1);
+        }
+        let placed = pad_spatial(e, passed, zero, &low, &high, &interior);
+        sum = Some(match sum {
+            Some(acc) => e.add(acc, placed),
+            None => placed,
+        });
+    }
+    let s = sum.expect("a window has elements");
+    e.convert(s, x.dtype)
+}
+
 fn max_pool(e: &mut Emitter, x: Value, pool: &Pool, out: &TensorType) -> (Value, Value) {
     let xt = e.ty(x).clone();
     let r = xt.rank();
@@ -1551,12 +1717,27 @@ fn pool_lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
             if out.numel() == 0 {
                 return Ok(vec![zeros(e, &out), zeros(e, a.out(1))]);
             }
-            let (v, i) = max_pool(e, a.inputs[0], &pool, &out);
+            let (v, i) = if unrolls(&pool) {
+                max_pool_unrolled(e, a.inputs[0], &pool, &out)
+            } else {
+                max_pool(e, a.inputs[0], &pool, &out)
+            };
             Ok(vec![v, i])
         }
         MaxPool2dWithIndicesBackward | MaxPool3dWithIndicesBackward => {
             let x = e.ty(a.inputs[1]).clone();
             let n = spatial_dims(a.op);
+            let pool = Pool::parse(a.op, p)?;
+            let empty = e.ty(a.inputs[0]).numel() == 0 || x.numel() == 0;
+            if unrolls(&pool) && !empty {
+                return Ok(vec![max_pool_backward_unrolled(
+                    e,
+                    a.inputs[0],
+                    &x,
+                    a.inputs[2],
+                    &pool,
+                )]);
+            }
             Ok(vec![max_pool_backward(e, a.inputs[0], &x, a.inputs[2], n)])
         }
         AvgPool2d | AvgPool3d => {

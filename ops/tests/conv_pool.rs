@@ -908,42 +908,93 @@ fn values_match_loop_references() {
         }));
     }
 
-    // Max pooling with padding, dilation and ceil mode; its gradient through the indices.
+    // Max pooling with padding, dilation and ceil mode, on random data, on data full of ties,
+    // NaNs and -inf, with overlapping windows, and with a window too large to unroll; its
+    // gradient through the indices.
     let px = Host::random(DType::F32, &[2, 3, 7, 6], -1.0, 1.0, 11);
-    let mp = max_p(&[3, 2], &[2, 1], &[1, 1], &[1, 2], true);
-    let out = [2usize, 3, 4, 6];
-    let (vals, idxs) = max_pool_ref(&px, &out, [3, 2], [2, 1], [1, 1], [1, 2]);
-    let pg = Host::random(DType::F32, &[2, 3, 4, 6], -1.0, 1.0, 12);
-    let indices = Host::new(DType::I64, &[2, 3, 4, 6], &idxs);
-    cases.push(Case::new(
-        MaxPool2dWithIndices,
-        vec![px.clone()],
-        vec![],
-        mp.clone(),
-    ));
-    cases.push(Case::new(
-        MaxPool2dWithIndicesBackward,
-        vec![pg.clone(), px.clone(), indices],
-        vec![],
-        mp,
-    ));
-    {
-        let mut gx = vec![0.0; px.data.len()];
+    let specials: Vec<f64> = (0..2 * 3 * 7 * 6)
+        .map(|i: usize| match (i * 7 + i / 5) % 6 {
+            0 => f64::NAN,
+            1 | 2 => f64::NEG_INFINITY,
+            3 => 1.0,
+            _ => -0.5,
+        })
+        .collect();
+    let sx = Host::new(DType::F32, &[2, 3, 7, 6], &specials);
+    type Geometry2 = (
+        [usize; 2],
+        [usize; 2],
+        [i64; 2],
+        [usize; 2],
+        bool,
+        [usize; 4],
+    );
+    let geometries: [(&str, &Host, Geometry2); 5] = [
+        (
+            "max_pool2d",
+            &px,
+            ([3, 2], [2, 1], [1, 1], [1, 2], true, [2, 3, 4, 6]),
+        ),
+        (
+            "max_pool2d specials",
+            &sx,
+            ([3, 2], [2, 1], [1, 1], [1, 2], true, [2, 3, 4, 6]),
+        ),
+        (
+            "max_pool2d overlapping",
+            &px,
+            ([3, 3], [1, 1], [1, 1], [1, 1], false, [2, 3, 7, 6]),
+        ),
+        (
+            "max_pool2d overlapping specials",
+            &sx,
+            ([3, 3], [1, 1], [1, 1], [1, 1], false, [2, 3, 7, 6]),
+        ),
+        (
+            "max_pool2d large window",
+            &px,
+            ([5, 4], [2, 2], [2, 1], [1, 1], false, [2, 3, 4, 3]),
+        ),
+    ];
+    for (seed, (label, x, (k, st, pad, dil, ceil, out))) in geometries.into_iter().enumerate() {
+        let to_i64 = |v: &[usize]| v.iter().map(|&d| d as i64).collect::<Vec<i64>>();
+        let mp = max_p(&to_i64(&k), &to_i64(&st), &pad, &to_i64(&dil), ceil);
+        let (vals, idxs) = max_pool_ref(x, &out, k, st, pad, dil);
+        let out_i64 = to_i64(&out);
+        let pg = Host::random(DType::F32, &out_i64, -1.0, 1.0, 12 + seed as u64);
+        let indices = Host::new(DType::I64, &out_i64, &idxs);
+        cases.push(Case::new(
+            MaxPool2dWithIndices,
+            vec![x.clone()],
+            vec![],
+            mp.clone(),
+        ));
+        cases.push(Case::new(
+            MaxPool2dWithIndicesBackward,
+            vec![pg.clone(), x.clone(), indices],
+            vec![],
+            mp,
+        ));
+        // PyTorch's backward: each gradient added at its index, in output order.
+        let per_plane = out[2] * out[3];
+        let mut gx = vec![0.0; x.data.len()];
         for (i, &at) in idxs.iter().enumerate() {
-            gx[(i / 24) * 42 + at as usize] += pg.data[i];
+            gx[(i / per_plane) * 42 + at as usize] += pg.data[i];
         }
+        let out_ty = f32(&out_i64);
+        let idx_ty = t(DType::I64, &out_i64);
         checks.push(Box::new(move |o| {
-            compare("max_pool2d", &o[0], &f32(&[2, 3, 4, 6]), &vals, 1.0)?;
-            compare(
-                "max_pool2d indices",
-                &o[1],
-                &t(DType::I64, &[2, 3, 4, 6]),
-                &idxs,
-                1.0,
-            )
+            compare(label, &o[0], &out_ty, &vals, 1.0)?;
+            compare(&format!("{label} indices"), &o[1], &idx_ty, &idxs, 1.0)
         }));
         checks.push(Box::new(move |o| {
-            compare("max_pool2d grad", &o[0], &f32(&[2, 3, 7, 6]), &gx, 2.0)
+            compare(
+                &format!("{label} grad"),
+                &o[0],
+                &f32(&[2, 3, 7, 6]),
+                &gx,
+                2.0,
+            )
         }));
     }
 

@@ -1122,9 +1122,9 @@ fn max_pool_unrolled(e: &mut Emitter, x: Value, pool: &Pool, out: &TensorType) -
         let mut start = vec![0; r];
         let mut limit = out.shape.to_vec();
         let mut strides = vec![1; r];
-        for j in 0..n {
+        for (j, &k) in offset.iter().enumerate() {
             let d = r - n + j;
-            start[d] = offset[j] * pool.dilation[j];
+            start[d] = k * pool.dilation[j];
             limit[d] = start[d] + (out.shape[d] - 1) * pool.stride[j] + 1;
             strides[d] = pool.stride[j];
         }

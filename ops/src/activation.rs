@@ -155,7 +155,29 @@ fn log_sigmoid(e: &mut Emitter, x: Value) -> (Value, Value) {
 }
 
 /// PyTorch's gelu gradient, exact (erf) or with the tanh approximation.
+/// GELU's gradient `g * d(x)`, shaped for a fused training step. Two values stand in for `x`
+/// and for the product; they equal them wherever `g` is a number, and where `g` is NaN the
+/// gradient is NaN either way:
+/// - `x`, or 0 where `g` is NaN: XLA can neither compute the derivative before `g` exists nor
+///   merge its `erf` and `exp` with the forward pass's. Without it, the step computed them
+///   during the forward pass and held them until the backward pass.
+/// - the product divided by 1, or by 0 where `g` is NaN: a division is one of the operations XLA
+///   won't copy into each reader, so the gradient is computed once, `erf` and `exp` inside, and
+///   the bias gradient and the products read it. Without it, XLA copied the cheap product into
+///   both readers and kept `erf` and `exp` as two buffers of their own.
+///
+/// Op by op, neither changes anything but a few instructions per element.
 fn gelu_backward(e: &mut Emitter, g: Value, x: Value, tanh_approximation: bool) -> Value {
+    let number = e.compare(Cmp::Eq, g, g);
+    let zero = k(e, x, 0.0);
+    let one = k(e, x, 1.0);
+    let x = e.select(number, x, zero);
+    let unit = e.select(number, one, zero);
+    let gradient = gelu_gradient(e, g, x, tanh_approximation);
+    e.div(gradient, unit)
+}
+
+fn gelu_gradient(e: &mut Emitter, g: Value, x: Value, tanh_approximation: bool) -> Value {
     let half = k(e, x, 0.5);
     let one = k(e, x, 1.0);
     if tanh_approximation {

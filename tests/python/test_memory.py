@@ -109,3 +109,56 @@ def test_in_place_updates_reuse_the_buffer(pjrt):
         # Without donation every update would hold the old and the new 4 MiB at once.
         assert m["peak_device_bytes"] - start["live_device_bytes"] < 1024 * 1024 * 4, mode
     assert torch.equal(w.cpu(), torch.full((1024, 1024), 1.984375))
+
+
+class _PeakOfOneStep:
+    """A training loop's timer hooks: the peak device bytes of the fourth step alone (the
+    earlier steps compile and warm the caches)."""
+
+    def __init__(self):
+        self.steps = 0
+        self.peak = None
+
+    def start(self):
+        if self.steps == 3:
+            torch_pjrt.sync()
+            torch_pjrt.reset_metrics()
+
+    def stop(self):
+        if self.steps == 3:
+            torch_pjrt.sync()
+            self.peak = torch_pjrt.metrics()["peak_device_bytes"]
+        self.steps += 1
+
+
+def model_step_peak(train, mode):
+    timer = _PeakOfOneStep()
+    with torch_pjrt.eager_mode(mode):
+        train("pjrt", 5, timer)
+        torch_pjrt.sync()
+    return timer.peak
+
+
+def test_a_fused_cnn_step_needs_no_more_memory_than_op_by_op(pjrt):
+    # Max pooling's window is unrolled, so neither mode materializes an int64 position per
+    # input element, and the fused gradient needs no scatter buffers.
+    from test_train_models import train_cnn
+
+    strict = model_step_peak(train_cnn, "strict")
+    fused = model_step_peak(train_cnn, "defer_and_fuse")
+    assert fused <= strict, (fused, strict)
+
+
+def test_a_fused_transformer_step_keeps_gelu_terms_out_of_the_forward_pass(pjrt):
+    # The fused step holds every new gradient from its start (PJRT allocates an execution's
+    # results before it runs). GELU's gradient is computed once, after the incoming gradient
+    # exists; before that the step held GELU's erf and exp terms from the forward pass to the
+    # backward pass, and peaked at 236,876 B. It peaks at 203,852 B now. Strict's peak depends on
+    # how far its execution thread lags the caller (177,088 B in this suite, 201,364 B in a
+    # process of its own), so the fused step is not yet at or below it everywhere: this bound
+    # guards the gain, it is not the issue's target.
+    from test_train_models import train_gpt
+
+    strict = model_step_peak(train_gpt, "strict")
+    fused = model_step_peak(train_gpt, "defer_and_fuse")
+    assert fused <= strict * 1.2, (fused, strict)

@@ -3,6 +3,12 @@
 use crate::dtype::{DType, ScalarValue, Shape, TensorType};
 use std::fmt::Write;
 
+/// Float sums over at least this many elements run in two stages ([`Emitter::two_stage_sum`]).
+pub const TWO_STAGE_SUM_MIN: i64 = 4096;
+/// The group length of a two-stage sum's first stage: XLA's CPU compiler keeps reductions of up
+/// to 32 elements as plain loops.
+pub const SUM_GROUP: i64 = 32;
+
 /// A handle to an SSA value of the module being built; its type is kept by the [`Emitter`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Value(u32);
@@ -796,8 +802,55 @@ impl Emitter {
         })[0]
     }
 
+    /// The sum over `dims`. A large float sum over trailing dims runs in two stages (see
+    /// [`Emitter::two_stage_sum`]).
     pub fn reduce_sum(&mut self, v: Value, dims: &[usize]) -> Value {
+        if let Some(sum) = self.two_stage_sum(v, dims) {
+            return sum;
+        }
         self.reduce_with(v, 0.0, dims, "stablehlo.add")
+    }
+
+    /// A float sum over trailing `dims` of at least [`TWO_STAGE_SUM_MIN`] elements, as sums of
+    /// groups of [`SUM_GROUP`] consecutive elements (zero-padded to whole groups) and then the
+    /// sum of those. XLA's CPU compiler rewrites a long reduction into a `reduce_window` tree, and
+    /// an elementwise producer does not fuse into that: the producer is written to a buffer as
+    /// large as the input first (64 MB for a chain over 16M floats, in fresh pages every call).
+    /// A group of 32 is short enough to stay a plain reduction, so the producer fuses into it,
+    /// and the tree only sums the partial sums. The second stage starts from -0.0, which is as
+    /// much the identity of float addition as 0.0 (partial sums are never -0.0, they start from
+    /// 0.0); with equal starting values XLA would merge the two stages back into one.
+    fn two_stage_sum(&mut self, v: Value, dims: &[usize]) -> Option<Value> {
+        let dtype = self.dtype(v);
+        if !dtype.is_float() || dims.is_empty() {
+            return None;
+        }
+        let shape = self.shape(v).to_vec();
+        let (r, k) = (shape.len(), dims.len());
+        if k > r || dims.iter().enumerate().any(|(i, &d)| d != r - k + i) {
+            return None;
+        }
+        let n: i64 = shape[r - k..].iter().product();
+        if n < TWO_STAGE_SUM_MIN {
+            return None;
+        }
+        let kept = &shape[..r - k];
+        let groups = (n + SUM_GROUP - 1) / SUM_GROUP;
+        let mut flat = kept.to_vec();
+        flat.push(n);
+        let mut x = self.reshape(v, &flat);
+        if groups * SUM_GROUP != n {
+            let zero = self.f64_constant(dtype, 0.0);
+            let none = vec![0; flat.len()];
+            let mut high = none.clone();
+            high[kept.len()] = groups * SUM_GROUP - n;
+            x = self.pad(x, zero, &none, &high, &none);
+        }
+        let mut grouped = kept.to_vec();
+        grouped.extend([groups, SUM_GROUP]);
+        let x = self.reshape(x, &grouped);
+        let partial = self.reduce_with(x, 0.0, &[kept.len() + 1], "stablehlo.add");
+        Some(self.reduce_with(partial, -0.0, &[kept.len()], "stablehlo.add"))
     }
 
     /// The `precision_config` attribute (with its leading comma) for a matrix product or

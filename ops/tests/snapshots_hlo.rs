@@ -98,6 +98,13 @@ snapshot!(
     ]
 );
 snapshot!(
+    sum_long_two_stages,
+    OpId::Sum,
+    [t(DType::F32, &[2, 4100])],
+    [],
+    [0, -1, 1]
+);
+snapshot!(
     sum_bf16_dim,
     OpId::Sum,
     [t(DType::BF16, &[2, 3])],

@@ -255,6 +255,110 @@ fn reductions() {
     report(failures);
 }
 
+/// Sums over thousands of trailing elements run in two stages (groups of 32, zero-padded, then
+/// the partial sums): values, mean and variance on top of them, sums over other dims, and the
+/// special values.
+#[test]
+fn long_sums_in_two_stages() {
+    use OpId::*;
+    let none = dtype_param(None);
+    let rows = Host::random(DType::F32, &[3, 5000], -2.0, 2.0, 21);
+    let cube = Host::random(DType::F32, &[2, 64, 128], -2.0, 2.0, 22);
+    let tall = Host::random(DType::F32, &[5000, 3], -2.0, 2.0, 23);
+    let halves = Host::random(DType::BF16, &[4104], -2.0, 2.0, 24);
+    let sum = |g: &[f64]| g.iter().sum::<f64>();
+    let mean = |g: &[f64]| g.iter().sum::<f64>() / g.len() as f64;
+    let var = |g: &[f64]| {
+        let m = g.iter().sum::<f64>() / g.len() as f64;
+        g.iter().map(|v| (v - m) * (v - m)).sum::<f64>() / (g.len() as f64 - 1.0)
+    };
+    type RefFn<'a> = Box<dyn Fn(&[f64]) -> f64 + 'a>;
+    let cases: Vec<(Case, Vec<usize>, RefFn, f64)> = vec![
+        (
+            Case::new(Sum, vec![rows.clone()], vec![], vec![0, none, 1]),
+            vec![1],
+            Box::new(sum),
+            64.0,
+        ),
+        (
+            Case::new(Sum, vec![cube.clone()], vec![], vec![1, none, 1, 2]),
+            vec![1, 2],
+            Box::new(sum),
+            64.0,
+        ),
+        (
+            Case::new(Sum, vec![tall.clone()], vec![], vec![0, none, 0]),
+            vec![0],
+            Box::new(sum),
+            64.0,
+        ),
+        (
+            Case::new(Sum, vec![halves.clone()], vec![], vec![0, none]),
+            vec![0],
+            Box::new(sum),
+            8.0,
+        ),
+        (
+            Case::new(Mean, vec![rows.clone()], vec![], vec![0, none, -1]),
+            vec![1],
+            Box::new(mean),
+            8.0,
+        ),
+        (
+            Case::new(Var, vec![rows.clone()], vec![], vec![0, f64_param(1.0), 1]),
+            vec![1],
+            Box::new(var),
+            8.0,
+        ),
+    ];
+    let batch: Vec<Case> = cases.iter().map(|c| c.0.clone()).collect();
+    let mut failures = Vec::new();
+    for ((case, dims, f, scale), out) in cases.iter().zip(run_batch(&batch)) {
+        let got = &out[0];
+        let want: Vec<f64> = reduce_ref(&case.inputs[0], dims, f.as_ref())
+            .into_iter()
+            .map(|v| round_to(got.ty.dtype, v))
+            .collect();
+        if let Err(e) = compare(
+            &format!("{} {:?} {}", case.op, case.params, case.inputs[0].ty),
+            got,
+            &got.ty.clone(),
+            &want,
+            *scale,
+        ) {
+            failures.push(e);
+        }
+    }
+    report(failures);
+
+    // A NaN or an infinity anywhere reaches the sum; negative zeros sum to +0.0, as in PyTorch.
+    let n = 4104;
+    let mut with_nan = vec![1.0; n];
+    with_nan[4100] = f64::NAN;
+    let mut with_inf = vec![1.0; n];
+    with_inf[17] = f64::INFINITY;
+    let zeros = vec![-0.0; n];
+    let special: Vec<Case> = [with_nan, with_inf, zeros]
+        .iter()
+        .map(|data| {
+            Case::new(
+                Sum,
+                vec![Host::new(DType::F32, &[n as i64], data)],
+                vec![],
+                vec![0, none],
+            )
+        })
+        .collect();
+    let out = run_batch(&special);
+    assert!(out[0][0].data[0].is_nan(), "{:?}", out[0][0].data);
+    assert_eq!(out[1][0].data[0], f64::INFINITY);
+    assert_eq!(out[2][0].data[0], 0.0);
+    assert!(
+        out[2][0].data[0].is_sign_positive(),
+        "the sum of -0.0s is +0.0"
+    );
+}
+
 fn softmax_rows(x: &[f64], n: usize, log: bool) -> Vec<f64> {
     x.chunks(n)
         .flat_map(|row| {

@@ -44,6 +44,33 @@ fn reduce_ref(x: &Host, dims: &[usize], f: &dyn Fn(&[f64]) -> f64) -> Vec<f64> {
     groups.iter().map(|g| f(g)).collect()
 }
 
+/// A reduction's f64 reference over each group of elements that `dims` gathers.
+type RefFn<'a> = Box<dyn Fn(&[f64]) -> f64 + 'a>;
+
+/// Runs each case in one batch and compares its output with `reduce_ref` over its reduced
+/// `dims`, within the tolerance scaled by its factor.
+fn check_reductions(cases: &[(Case, Vec<usize>, RefFn, f64)]) {
+    let batch: Vec<Case> = cases.iter().map(|c| c.0.clone()).collect();
+    let mut failures = Vec::new();
+    for ((case, dims, f, scale), out) in cases.iter().zip(run_batch(&batch)) {
+        let got = &out[0];
+        let want: Vec<f64> = reduce_ref(&case.inputs[0], dims, f.as_ref())
+            .into_iter()
+            .map(|v| round_to(got.ty.dtype, v))
+            .collect();
+        if let Err(e) = compare(
+            &format!("{} {:?} {}", case.op, case.params, case.inputs[0].ty),
+            got,
+            &got.ty.clone(),
+            &want,
+            *scale,
+        ) {
+            failures.push(e);
+        }
+    }
+    report(failures);
+}
+
 #[test]
 fn reductions() {
     use OpId::*;
@@ -96,7 +123,6 @@ fn reductions() {
         let m = g.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
         g.iter().map(|v| (v - m).exp()).sum::<f64>().ln() + m
     };
-    type RefFn<'a> = Box<dyn Fn(&[f64]) -> f64 + 'a>;
     let cases: Vec<(Case, Vec<usize>, RefFn, f64)> = vec![
         (
             Case::new(Sum, vec![x.clone()], vec![], vec![0, none, 1]),
@@ -234,25 +260,7 @@ fn reductions() {
             8.0,
         ),
     ];
-    let batch: Vec<Case> = cases.iter().map(|c| c.0.clone()).collect();
-    let mut failures = Vec::new();
-    for ((case, dims, f, scale), out) in cases.iter().zip(run_batch(&batch)) {
-        let got = &out[0];
-        let want: Vec<f64> = reduce_ref(&case.inputs[0], dims, f.as_ref())
-            .into_iter()
-            .map(|v| round_to(got.ty.dtype, v))
-            .collect();
-        if let Err(e) = compare(
-            &format!("{} {:?} {}", case.op, case.params, case.inputs[0].ty),
-            got,
-            &got.ty.clone(),
-            &want,
-            *scale,
-        ) {
-            failures.push(e);
-        }
-    }
-    report(failures);
+    check_reductions(&cases);
 }
 
 /// Sums over thousands of trailing elements run in two stages (groups of 32, zero-padded, then
@@ -272,7 +280,6 @@ fn long_sums_in_two_stages() {
         let m = g.iter().sum::<f64>() / g.len() as f64;
         g.iter().map(|v| (v - m) * (v - m)).sum::<f64>() / (g.len() as f64 - 1.0)
     };
-    type RefFn<'a> = Box<dyn Fn(&[f64]) -> f64 + 'a>;
     let cases: Vec<(Case, Vec<usize>, RefFn, f64)> = vec![
         (
             Case::new(Sum, vec![rows.clone()], vec![], vec![0, none, 1]),
@@ -311,25 +318,7 @@ fn long_sums_in_two_stages() {
             8.0,
         ),
     ];
-    let batch: Vec<Case> = cases.iter().map(|c| c.0.clone()).collect();
-    let mut failures = Vec::new();
-    for ((case, dims, f, scale), out) in cases.iter().zip(run_batch(&batch)) {
-        let got = &out[0];
-        let want: Vec<f64> = reduce_ref(&case.inputs[0], dims, f.as_ref())
-            .into_iter()
-            .map(|v| round_to(got.ty.dtype, v))
-            .collect();
-        if let Err(e) = compare(
-            &format!("{} {:?} {}", case.op, case.params, case.inputs[0].ty),
-            got,
-            &got.ty.clone(),
-            &want,
-            *scale,
-        ) {
-            failures.push(e);
-        }
-    }
-    report(failures);
+    check_reductions(&cases);
 
     // A NaN or an infinity anywhere reaches the sum; negative zeros sum to +0.0, as in PyTorch.
     let n = 4104;

@@ -9,7 +9,7 @@ use crate::emitter::{Cmp, Emitter, Value};
 use crate::error::OpError;
 use crate::params::wrap_dim;
 use crate::promote::{broadcast_all, result_type, Operand};
-use crate::reduce::softmax;
+use crate::reduce::softmax_and_max;
 use crate::{LowerArgs, Meta, MetaArgs, MetaOutputs, OpId, ScalarDTypes};
 
 /// The CPU kernel name PyTorch's dtype error names.
@@ -232,12 +232,22 @@ fn safe_softmax(e: &mut Emitter, a: &LowerArgs) -> Result<Value, OpError> {
     let rank = e.rank(x);
     let dim = wrap_dim(a.params.get(0)?, rank)?;
     let xd = e.convert(x, out.dtype);
-    let s = softmax(e, xd, dim, false);
+    let (s, row_max) = softmax_and_max(e, xd, dim, false);
     if rank == 0 {
         let masked = e.compare_const(Cmp::Eq, x, f64::NEG_INFINITY);
         let zero = k(e, s, 0.0);
         return Ok(e.select(masked, zero, s));
     }
+    if let (Some(m), true) = (row_max, e.dtype(x) == out.dtype) {
+        // A row is all -inf exactly when its maximum is -inf (a NaN makes both false): the
+        // softmax's own maximum answers it, without another pass over the input.
+        let masked = e.compare_const(Cmp::Eq, m, f64::NEG_INFINITY);
+        let all: Vec<usize> = (0..rank).collect();
+        let rows = e.broadcast_in_dim(masked, &out.shape, &all);
+        let zero = k(e, s, 0.0);
+        return Ok(e.select(rows, zero, s));
+    }
+    // With a dtype conversion, the input's own -inf decide, as in PyTorch.
     let masked = e.compare_const(Cmp::Eq, x, f64::NEG_INFINITY);
     let all = e.reduce_with(masked, 1.0, &[dim], "stablehlo.and");
     let kept: Vec<usize> = (0..rank).filter(|&d| d != dim).collect();

@@ -520,12 +520,23 @@ fn vector_norm(e: &mut Emitter, x: Value, dims: &[usize], ord: f64) -> Value {
 
 /// Numerically stable (log-)softmax along `dim`, computed in f32 for bf16/f16.
 pub(crate) fn softmax(e: &mut Emitter, x: Value, dim: usize, log: bool) -> Value {
+    softmax_and_max(e, x, dim, log).0
+}
+
+/// Softmax along `dim` and the maximum it shifted by (kept dim, computation dtype; none for a
+/// 0-d input).
+pub(crate) fn softmax_and_max(
+    e: &mut Emitter,
+    x: Value,
+    dim: usize,
+    log: bool,
+) -> (Value, Option<Value>) {
     let dtype = e.dtype(x);
     let xc = e.cast(x, dtype.compute_dtype());
     let shape = e.shape(xc).to_vec();
     if shape.is_empty() {
         let r = if log { k(e, xc, 0.0) } else { k(e, xc, 1.0) };
-        return e.convert(r, dtype);
+        return (e.convert(r, dtype), None);
     }
     let all: Vec<usize> = (0..shape.len()).collect();
     let m = max_keepdim(e, xc, &[dim]);
@@ -540,7 +551,7 @@ pub(crate) fn softmax(e: &mut Emitter, x: Value, dim: usize, log: bool) -> Value
     } else {
         e.div(ex, sb)
     };
-    e.convert(r, dtype)
+    (e.convert(r, dtype), Some(m))
 }
 
 /// argmax/argmin: the first index of the extreme value; NaN counts as the extreme, as in PyTorch.

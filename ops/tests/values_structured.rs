@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use ops::{dtype_param, f64_param, DType, OpId, ScalarArg};
+use ops::{dtype_param, f64_param, DType, OpId, ScalarArg, TensorType};
 
 /// Row-major strides of `shape`.
 fn strides(shape: &[i64]) -> Vec<usize> {
@@ -346,6 +346,64 @@ fn long_sums_in_two_stages() {
         out[2][0].data[0].is_sign_positive(),
         "the sum of -0.0s is +0.0"
     );
+}
+
+/// `_safe_softmax`: rows that are all -inf give zeros; a NaN row stays NaN; with a dtype
+/// conversion, the input's own -inf decide (values that only overflow to -inf in the result
+/// dtype do not zero their row).
+#[test]
+fn safe_softmax_rows() {
+    let inf = f64::INFINITY;
+    let nan = f64::NAN;
+    let data = [
+        [1.0, 2.0, 3.0, 4.0],
+        [-inf, -inf, -inf, -inf],
+        [nan, -inf, 1.0, 2.0],
+        [-inf, -inf, 0.0, -inf],
+    ];
+    let flat: Vec<f64> = data.iter().flatten().cloned().collect();
+    let x = Host::new(DType::F32, &[4, 4], &flat);
+    let wide = Host::new(
+        DType::F64,
+        &[2, 4],
+        &[-1e300, -1e300, -1e300, -1e300, -inf, -inf, -inf, -inf],
+    );
+    let out = run_batch(&[
+        Case::new(
+            OpId::SafeSoftmax,
+            vec![x],
+            vec![],
+            vec![1, dtype_param(None)],
+        ),
+        Case::new(
+            OpId::SafeSoftmax,
+            vec![wide],
+            vec![],
+            vec![-1, dtype_param(Some(DType::F32))],
+        ),
+    ]);
+    let mut want = softmax_rows(&data[0], 4, false);
+    want.extend([0.0; 4]);
+    want.extend([nan; 4]);
+    want.extend([0.0, 0.0, 1.0, 0.0]);
+    report(
+        compare(
+            "_safe_softmax",
+            &out[0][0],
+            &TensorType::new(DType::F32, &[4, 4]),
+            &want,
+            2.0,
+        )
+        .err()
+        .into_iter()
+        .collect(),
+    );
+    let got = &out[1][0].data;
+    assert!(
+        got[..4].iter().all(|v| v.is_nan()),
+        "-1e300 overflows to -inf: {got:?}"
+    );
+    assert_eq!(&got[4..], &[0.0; 4], "a row of -inf gives zeros");
 }
 
 fn softmax_rows(x: &[f64], n: usize, log: bool) -> Vec<f64> {

@@ -154,7 +154,6 @@ fn log_sigmoid(e: &mut Emitter, x: Value) -> (Value, Value) {
     (e.sub(min_x, l), z)
 }
 
-/// PyTorch's gelu gradient, exact (erf) or with the tanh approximation.
 /// GELU's gradient `g * d(x)`, shaped for a fused training step. Two values stand in for `x`
 /// and for the product; they equal them wherever `g` is a number, and where `g` is NaN the
 /// gradient is NaN either way:
@@ -177,6 +176,7 @@ fn gelu_backward(e: &mut Emitter, g: Value, x: Value, tanh_approximation: bool) 
     e.div(gradient, unit)
 }
 
+/// PyTorch's gelu gradient, exact (erf) or with the tanh approximation.
 fn gelu_gradient(e: &mut Emitter, g: Value, x: Value, tanh_approximation: bool) -> Value {
     let half = k(e, x, 0.5);
     let one = k(e, x, 1.0);
@@ -238,20 +238,22 @@ fn safe_softmax(e: &mut Emitter, a: &LowerArgs) -> Result<Value, OpError> {
         let zero = k(e, s, 0.0);
         return Ok(e.select(masked, zero, s));
     }
-    if let (Some(m), true) = (row_max, e.dtype(x) == out.dtype) {
+    let rows = match row_max {
         // A row is all -inf exactly when its maximum is -inf (a NaN makes both false): the
         // softmax's own maximum answers it, without another pass over the input.
-        let masked = e.compare_const(Cmp::Eq, m, f64::NEG_INFINITY);
-        let all: Vec<usize> = (0..rank).collect();
-        let rows = e.broadcast_in_dim(masked, &out.shape, &all);
-        let zero = k(e, s, 0.0);
-        return Ok(e.select(rows, zero, s));
-    }
-    // With a dtype conversion, the input's own -inf decide, as in PyTorch.
-    let masked = e.compare_const(Cmp::Eq, x, f64::NEG_INFINITY);
-    let all = e.reduce_with(masked, 1.0, &[dim], "stablehlo.and");
-    let kept: Vec<usize> = (0..rank).filter(|&d| d != dim).collect();
-    let rows = e.broadcast_in_dim(all, &out.shape, &kept);
+        Some(m) if e.dtype(x) == out.dtype => {
+            let masked = e.compare_const(Cmp::Eq, m, f64::NEG_INFINITY);
+            let all: Vec<usize> = (0..rank).collect();
+            e.broadcast_in_dim(masked, &out.shape, &all)
+        }
+        // With a dtype conversion, the input's own -inf decide, as in PyTorch.
+        _ => {
+            let masked = e.compare_const(Cmp::Eq, x, f64::NEG_INFINITY);
+            let all = e.reduce_with(masked, 1.0, &[dim], "stablehlo.and");
+            let kept: Vec<usize> = (0..rank).filter(|&d| d != dim).collect();
+            e.broadcast_in_dim(all, &out.shape, &kept)
+        }
+    };
     let zero = k(e, s, 0.0);
     Ok(e.select(rows, zero, s))
 }

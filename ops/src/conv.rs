@@ -1726,7 +1726,6 @@ fn pool_lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
         }
         MaxPool2dWithIndicesBackward | MaxPool3dWithIndicesBackward => {
             let x = e.ty(a.inputs[1]).clone();
-            let n = spatial_dims(a.op);
             let pool = Pool::parse(a.op, p)?;
             let empty = e.ty(a.inputs[0]).numel() == 0 || x.numel() == 0;
             if unrolls(&pool) && !empty {
@@ -1738,7 +1737,13 @@ fn pool_lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
                     &pool,
                 )]);
             }
-            Ok(vec![max_pool_backward(e, a.inputs[0], &x, a.inputs[2], n)])
+            Ok(vec![max_pool_backward(
+                e,
+                a.inputs[0],
+                &x,
+                a.inputs[2],
+                pool.n(),
+            )])
         }
         AvgPool2d | AvgPool3d => {
             let pool = Pool::parse(a.op, p)?;

@@ -931,19 +931,22 @@ impl<V: Clone> Graph<V> {
         for (t, placement) in inputs.iter().zip(&placements) {
             node_inputs.push(self.read_for_node(t, placement)?);
         }
-        // The output types outlive the meta moved into the node (inline: no allocation).
-        let out_types: ops::MetaOutputs = meta.outputs.clone();
         let id = self.push_node(RegionOp::Aten(op), params, scalars, meta, node_inputs);
         let mut outputs = CapturedOutputs::new();
         if outs.is_empty() && op.is_side_effecting() {
             // Its results are verdicts for the engine, not tensors for PyTorch.
         } else if outs.is_empty() {
-            for (i, ty) in out_types.into_iter().enumerate() {
+            // Each type is cloned straight from the node into the result: the meta is large,
+            // and every extra move of it shows in the per-op capture cost.
+            let count = self.pending.back().expect("just pushed").meta.outputs.len();
+            for i in 0..count {
+                let ty = self.pending.back().expect("just pushed").meta.outputs[i].clone();
                 let nbytes = ty.numel() as u64 * ty.dtype.size_bytes() as u64;
                 let storage = self.new_pending_storage(nbytes, ty.dtype, id.output(i as u32));
                 outputs.push((storage, ty));
             }
         } else {
+            let out_types = self.pending.back().expect("just pushed").meta.outputs.clone();
             for (i, out) in outs.iter().enumerate() {
                 let produced = &out_types[i];
                 let mut value = id.output(i as u32);

@@ -1,7 +1,7 @@
 //! The deferred-op graph: capture (meta at once, node appended, digests hashed incrementally),
 //! storages' values, and the planning of a flush into one fused region with its key.
 
-use crate::storage::{Storage, StorageId, StorageValue};
+use crate::storage::{Storage, StorageId, StorageSlots, StorageValue};
 use fuse::{InputRef, InputView, Operand, Region, RegionNode, RegionOp, StableHasher, WriteView};
 use liveness::{ExternalId, NodeId, NodeIdSequence, NodeOutput, PendingNode, Request, ValueRef};
 pub use ops::ErrorKind;
@@ -391,8 +391,7 @@ struct External<V> {
 /// The capture state of one engine: storages, pending ops and the values they read.
 #[derive(Debug)]
 pub struct Graph<V> {
-    storages: HashMap<StorageId, Storage<V>>,
-    next_storage: u64,
+    storages: StorageSlots<V>,
     pending: VecDeque<Node>,
     ids: NodeIdSequence,
     externals: HashMap<ExternalId, External<V>>,
@@ -429,8 +428,7 @@ impl<V: Clone> Default for Graph<V> {
 impl<V: Clone> Graph<V> {
     pub fn new() -> Self {
         Graph {
-            storages: HashMap::default(),
-            next_storage: 1,
+            storages: StorageSlots::default(),
             pending: VecDeque::new(),
             ids: NodeIdSequence::new(),
             externals: HashMap::default(),
@@ -671,18 +669,12 @@ impl<V: Clone> Graph<V> {
         value: StorageValue<V>,
         version: u64,
     ) -> StorageId {
-        let id = StorageId(self.next_storage);
-        self.next_storage += 1;
-        self.storages.insert(
-            id,
-            Storage {
-                nbytes,
-                native,
-                value,
-                version,
-            },
-        );
-        id
+        self.storages.insert(Storage {
+            nbytes,
+            native,
+            value,
+            version,
+        })
     }
 
     /// PyTorch dropped its last reference to the storage.
@@ -946,7 +938,13 @@ impl<V: Clone> Graph<V> {
                 outputs.push((storage, ty));
             }
         } else {
-            let out_types = self.pending.back().expect("just pushed").meta.outputs.clone();
+            let out_types = self
+                .pending
+                .back()
+                .expect("just pushed")
+                .meta
+                .outputs
+                .clone();
             for (i, out) in outs.iter().enumerate() {
                 let produced = &out_types[i];
                 let mut value = id.output(i as u32);

@@ -151,6 +151,8 @@ pub struct CompileStats {
     pub invalid_entries: u64,
     /// Cache or dump files that could not be written, locks that could not be taken.
     pub disk_errors: u64,
+    /// Times a compile thread, idle after compiling, handed freed heap pages back to the system.
+    pub heap_trims: u64,
 }
 
 #[derive(Default)]
@@ -169,6 +171,7 @@ struct Counters {
     evictions: AtomicU64,
     invalid_entries: AtomicU64,
     disk_errors: AtomicU64,
+    heap_trims: AtomicU64,
 }
 
 fn bump(counter: &AtomicU64) {
@@ -439,6 +442,7 @@ impl Compiler {
             evictions: load(&c.evictions),
             invalid_entries: load(&c.invalid_entries),
             disk_errors: load(&c.disk_errors),
+            heap_trims: load(&c.heap_trims),
         }
     }
 
@@ -460,6 +464,7 @@ impl Compiler {
             &c.evictions,
             &c.invalid_entries,
             &c.disk_errors,
+            &c.heap_trims,
         ] {
             counter.store(0, Ordering::Relaxed);
         }
@@ -481,8 +486,41 @@ impl Drop for Compiler {
 }
 
 fn serve(shared: &Shared, jobs: &Receiver<Job>) {
+    let mut busy_since_trim = Duration::ZERO;
     for job in jobs.iter() {
+        let started = Instant::now();
         shared.run(job);
+        busy_since_trim += started.elapsed();
+        // XLA frees what a compile allocated, but the allocator keeps the pages: a large
+        // module's compile left about 1 GB resident for good. Handing them back takes a walk
+        // over the heap, so it is done only once the queue is empty, and only after enough
+        // compiling to have left garbage worth the walk.
+        if busy_since_trim >= TRIM_AFTER_BUSY && jobs.is_empty() {
+            busy_since_trim = Duration::ZERO;
+            if release_free_heap() {
+                bump(&shared.counters.heap_trims);
+            }
+        }
+    }
+}
+
+/// Compile-thread time after which freed heap pages are handed back to the system.
+const TRIM_AFTER_BUSY: Duration = Duration::from_millis(200);
+
+/// Returns the allocator's free pages to the system; false where the allocator has no such call.
+fn release_free_heap() -> bool {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: malloc_trim takes no pointers and only walks glibc's own arenas, under their
+        // locks; any thread may call it at any time.
+        unsafe {
+            libc::malloc_trim(0);
+        }
+        true
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        false
     }
 }
 

@@ -477,3 +477,33 @@ fn unusable_cache_directory_is_a_configuration_error() {
         "{error}"
     );
 }
+
+#[test]
+fn an_idle_pool_hands_freed_heap_back_after_enough_compiling() {
+    let compiler = compiler(config());
+    // A build that takes longer than the trim threshold, as a large module's compile does.
+    let slow = compiler.request(key(&compiler, 41), || {
+        std::thread::sleep(Duration::from_millis(300));
+        Ok(module(3.0))
+    });
+    check_runs(&slow.wait().unwrap(), 3.0);
+    // The trim runs after the job has answered its waiters: poll for it.
+    let mut trims = 0;
+    for _ in 0..200 {
+        trims = compiler.stats().heap_trims;
+        if trims > 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    if cfg!(all(target_os = "linux", target_env = "gnu")) {
+        assert_eq!(trims, 1, "one trim once the queue is empty");
+    } else {
+        assert_eq!(trims, 0, "no allocator call to trim with");
+    }
+    // The pool keeps serving afterwards, and the counter resets with the others.
+    let next = compiler.request(key(&compiler, 42), move || Ok(module(5.0)));
+    check_runs(&next.wait().unwrap(), 5.0);
+    compiler.reset_stats();
+    assert_eq!(compiler.stats().heap_trims, 0);
+}

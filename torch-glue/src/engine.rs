@@ -730,6 +730,7 @@ impl Engine {
         v.insert("cache_hits_tier3", compile.tier3_hits as f64);
         v.insert("compile_failures", compile.failures as f64);
         v.insert("compile_seconds", compile.compile_time_total.as_secs_f64());
+        v.insert("heap_trims", compile.heap_trims as f64);
         v.insert(
             "warm_up_seconds",
             self.warm_up_nanos

@@ -35,8 +35,8 @@ pub(crate) struct Storage<V> {
 #[derive(Debug)]
 pub(crate) struct StorageSlots<V> {
     slots: Vec<Slot<V>>,
+    /// The empty slots: every slot not listed here holds a storage.
     free: Vec<u32>,
-    live: usize,
 }
 
 #[derive(Debug)]
@@ -51,7 +51,6 @@ impl<V> Default for StorageSlots<V> {
         StorageSlots {
             slots: Vec::new(),
             free: Vec::new(),
-            live: 0,
         }
     }
 }
@@ -64,7 +63,6 @@ impl<V> StorageSlots<V> {
     }
 
     pub fn insert(&mut self, storage: Storage<V>) -> StorageId {
-        self.live += 1;
         match self.free.pop() {
             Some(index) => {
                 let slot = &mut self.slots[index as usize];
@@ -112,12 +110,11 @@ impl<V> StorageSlots<V> {
         }
         let storage = slot.storage.take()?;
         self.free.push(index as u32);
-        self.live -= 1;
         Some(storage)
     }
 
     pub fn len(&self) -> usize {
-        self.live
+        self.slots.len() - self.free.len()
     }
 }
 

@@ -209,3 +209,45 @@ def test_compiling_leaves_no_freed_heap_resident(tmp_path):
         f"resident {now:.0f} MiB after compiling; peak {peak:.0f}, before {base:.0f}: the "
         "compile's freed heap stayed resident"
     )
+
+
+LARGE_RESULTS_PROBE = """
+import resource, torch, torch_pjrt
+
+x = torch.rand(4 << 20).to("pjrt")
+ops = 8
+
+def chain(t):
+    for i in range(ops):
+        t = t * 0.999 if i % 2 == 0 else t + 0.001
+    return t
+
+with torch_pjrt.eager_mode("strict"):
+    for _ in range(3):
+        chain(x)
+        torch_pjrt.sync()
+    steps = 20
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(steps):
+        chain(x)
+        torch_pjrt.sync()
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+pages_written = steps * ops * x.numel() * 4 // resource.getpagesize()
+print(torch_pjrt.metrics()["host_heap_reuse"], faults, pages_written)
+"""
+
+
+def test_large_results_reuse_heap_pages_instead_of_faulting_in_new_ones():
+    # Each op's 16 MiB result used to be a fresh mapping or a fresh thread-arena heap, so every
+    # page of it was faulted in and zeroed again on every step.
+    out = assert_ok(run_python(LARGE_RESULTS_PROBE, timeout=300))
+    reuse, faults, pages = (float(x) for x in out.split()[-3:])
+    assert reuse == 1, out
+    assert faults < 0.1 * pages, f"{faults:.0f} page faults for {pages:.0f} pages of results"
+
+
+def test_the_host_heap_is_left_alone_when_asked():
+    out = assert_ok(
+        run_python(LARGE_RESULTS_PROBE, env={"TORCH_PJRT_HOST_HEAP_REUSE": "0"}, timeout=300)
+    )
+    assert float(out.split()[-3]) == 0, out

@@ -1,6 +1,8 @@
 //! Engine benchmarks: per-op host cost through the C ABI (Strict, warm cache), execution-queue
 //! throughput, capture cost per op in DeferAndFuse, liveness + fusion planning and key lookup
-//! versus region size, and a 16-op elementwise chain over 4M floats, DeferAndFuse vs Strict.
+//! versus region size, and 16-op elementwise chains over 4M floats, DeferAndFuse vs Strict: a
+//! mix of transcendental functions through the engine API, and the Python suite's arithmetic
+//! chain through the C ABI.
 //!
 //! Run: `cargo bench -p torch-glue --bench engine -- --warm-up-time 1 --measurement-time 3`.
 
@@ -409,6 +411,80 @@ fn chain_4m(c: &mut Criterion) {
     group.finish();
 }
 
+/// The suite's elementwise chain (`benches/python/workloads.py`: `* 0.999`, `+ 0.01`, relu,
+/// `- 0.005`, repeated) of 16 ops over 4M floats through the C ABI, one sync per call: the ops
+/// are cheap, so the chain is bound by memory traffic and dispatch, which fusion removes.
+fn chain16_abi_4m(c: &mut Criterion) {
+    const N: usize = 4 << 20;
+    // SAFETY: NULL = the plugin from the environment; a started engine is kept.
+    ok(unsafe { tpjrt_init(std::ptr::null()) });
+    let op_id = |name: &str| {
+        let name = std::ffi::CString::new(name).unwrap();
+        let mut id = 0;
+        // SAFETY: valid string and output.
+        ok(unsafe { tpjrt_op_id(name.as_ptr(), &mut id) });
+        id
+    };
+    let steps: [(i32, Option<f64>); 4] = [
+        (op_id("mul"), Some(0.999)),
+        (op_id("add"), Some(0.01)),
+        (op_id("relu"), None),
+        (op_id("sub"), Some(0.005)),
+    ];
+    let x = RawTensor::new(&vec![0.5; N]);
+    let run = || {
+        let mut current = RawTensor {
+            storage: x.storage,
+            sizes: x.sizes,
+            strides: x.strides,
+        };
+        for i in 0..16 {
+            let (op, scalar) = steps[i % steps.len()];
+            let scalars: Vec<TpjrtScalar> = scalar
+                .map(|v| TpjrtScalar {
+                    kind: TPJRT_SCALAR_FLOAT,
+                    tensor_dtype: -1,
+                    int_value: 0,
+                    float_value: v,
+                })
+                .into_iter()
+                .collect();
+            let inputs = [current.raw()];
+            let call = TpjrtOpCall {
+                op,
+                inputs: inputs.as_ptr(),
+                num_inputs: 1,
+                scalars: scalars.as_ptr(),
+                num_scalars: scalars.len() as u64,
+                params: std::ptr::null(),
+                num_params: 0,
+                outs: std::ptr::null(),
+                num_outs: 0,
+            };
+            let mut out = [empty_output()];
+            let mut n = 0u64;
+            // SAFETY: `call` borrows live tensors; `out` has room for one output.
+            ok(unsafe { tpjrt_op(&call, out.as_mut_ptr(), 1, &mut n) });
+            if current.storage != x.storage {
+                ok(tpjrt_storage_release(current.storage));
+            }
+            current.storage = out[0].storage;
+        }
+        ok(tpjrt_sync());
+        ok(tpjrt_storage_release(current.storage));
+    };
+    let mut group = c.benchmark_group("chain16_abi_4m_f32");
+    group.sample_size(10);
+    group.throughput(Throughput::Bytes((N * 4) as u64));
+    for (code, name) in [(0, "strict"), (2, "defer_and_fuse")] {
+        ok(tpjrt_mode_push(code));
+        run();
+        group.bench_function(name, |bench| bench.iter(run));
+        ok(tpjrt_mode_pop());
+    }
+    group.finish();
+}
+
 criterion_group!(
     benches,
     abi_op_strict,
@@ -416,6 +492,7 @@ criterion_group!(
     execute_queue,
     planning,
     key_lookup,
-    chain_4m
+    chain_4m,
+    chain16_abi_4m
 );
 criterion_main!(benches);

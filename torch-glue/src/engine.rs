@@ -43,6 +43,10 @@ pub struct EngineConfig {
     /// Whether the process's engine warms the device runtime up in the background when it
     /// starts ([`Engine::start_warm_up`]); `TORCH_PJRT_WARM_UP=0` turns it off.
     pub warm_up: bool,
+    /// Whether the process heap is set up to reuse large blocks when the plugin's device
+    /// buffers live in it (the CPU plugin; [`crate::host_heap`]); `TORCH_PJRT_HOST_HEAP_REUSE=0`
+    /// leaves the C allocator's settings alone.
+    pub host_heap_reuse: bool,
 }
 
 /// Parses `key=value,key=value` client options: `true`/`false` are booleans, integers are
@@ -169,6 +173,7 @@ impl EngineConfig {
             donate: !matches!(env("TORCH_PJRT_DONATE").as_deref(), Some("0")),
             compile,
             warm_up: !matches!(env("TORCH_PJRT_WARM_UP").as_deref(), Some("0")),
+            host_heap_reuse: !matches!(env("TORCH_PJRT_HOST_HEAP_REUSE").as_deref(), Some("0")),
         })
     }
 }
@@ -241,6 +246,11 @@ impl Engine {
             .map_err(|e| EngineError::runtime(format!("cannot start the pjrt device: {e}")))?;
         let client = pjrt::Client::with_options(&plugin, &config.client_options)
             .map_err(|e| EngineError::runtime(format!("cannot create a PJRT client: {e}")))?;
+        if config.host_heap_reuse
+            && crate::host_heap::buffers_live_in_host_heap(client.platform_name())
+        {
+            crate::host_heap::configure_for_device_buffers();
+        }
         let mut compile_config = config.compile.clone();
         compile_config.engine_version = ENGINE_VERSION.to_string();
         let compiler = Compiler::new(client.clone(), compile_config)
@@ -731,6 +741,10 @@ impl Engine {
         v.insert("compile_failures", compile.failures as f64);
         v.insert("compile_seconds", compile.compile_time_total.as_secs_f64());
         v.insert("heap_trims", compile.heap_trims as f64);
+        v.insert(
+            "host_heap_reuse",
+            f64::from(u8::from(crate::host_heap::configured())),
+        );
         v.insert(
             "warm_up_seconds",
             self.warm_up_nanos

@@ -11,6 +11,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 pub mod abi;
 pub mod engine;
 pub mod global;
+pub mod host_heap;
 pub mod metrics;
 
 pub use engine::{element_type, Engine, EngineConfig, ENGINE_VERSION};

@@ -162,6 +162,9 @@ pub enum FlushRequest<'a> {
     All,
     /// The values of these storages (and, by ordered materialization, every older op).
     Storages(&'a [StorageId]),
+    /// The oldest this-many pending ops (a cut between repetitions of a loop body; see
+    /// [`Graph::repeat_cut`]).
+    Prefix(usize),
 }
 
 /// A device value and its type, as passed to a region.
@@ -365,6 +368,15 @@ struct Node {
     /// Digests chained over the pending list up to and including this node.
     prefix_shapeless: u64,
     prefix_dims: u64,
+    /// What the node computes, blind to where its inputs come from ([`repeat_digest`]).
+    repeat_digest: u64,
+    /// The longest proper prefix of the pending list up to this node that is also its suffix,
+    /// compared by `repeat_digest` (the KMP failure function, kept as ops arrive): the list is
+    /// periodic with period `len - border`.
+    border: u32,
+    /// Elements the pending list's results hold up to and including this node: a cut is only
+    /// worth a region of its own when a repetition does enough work.
+    work_prefix: u64,
 }
 
 impl PendingNode for Node {
@@ -405,6 +417,9 @@ pub struct Graph<V> {
     holders: HashMap<NodeOutput, SmallVec<[StorageId; 2]>>,
     /// First-use numbering of the externals read by the pending list (part of the key).
     arg_numbers: HashMap<ExternalId, u32>,
+    /// Where the pending list's repetition tracking starts (see [`Graph::repeat_cut`]): ops
+    /// before it (a loop's first step, which creates optimizer state, say) matched nothing.
+    repeat_anchor: usize,
     stats: GraphStats,
     /// Whether regions donate overwritten values to their successors (see `set_donation`).
     donate: bool,
@@ -437,6 +452,7 @@ impl<V: Clone> Graph<V> {
             next_external: 0,
             holders: HashMap::default(),
             arg_numbers: HashMap::default(),
+            repeat_anchor: 0,
             stats: GraphStats::default(),
             donate: false,
             shared_values: HashSet::default(),
@@ -1159,6 +1175,9 @@ impl<V: Clone> Graph<V> {
             inputs,
             prefix_shapeless: 0,
             prefix_dims: 0,
+            repeat_digest: 0,
+            border: 0,
+            work_prefix: 0,
         });
         // Hashed in place, for the same reason.
         let node = self.pending.back_mut().expect("just pushed");
@@ -1166,7 +1185,72 @@ impl<V: Clone> Graph<V> {
             Self::node_digests(node, position, base, &mut self.arg_numbers, &self.externals);
         node.prefix_shapeless = fuse::combine(prev_s, s);
         node.prefix_dims = fuse::combine(prev_d, d);
+        self.track_repeats(position);
         id
+    }
+
+    /// Extends the repetition bookkeeping to the node at `position` (every node before it is
+    /// up to date): amortized constant time per node.
+    fn track_repeats(&mut self, position: usize) {
+        let node = &self.pending[position];
+        let digest = repeat_digest(node);
+        let work: u64 = node.meta.outputs.iter().map(|t| t.numel() as u64).sum();
+        let work_prefix = match position.checked_sub(1) {
+            Some(previous) => self.pending[previous].work_prefix + work,
+            None => work,
+        };
+        let anchor = self.repeat_anchor;
+        let mut border = 0;
+        if position > anchor {
+            let previous_border = self.pending[position - 1].border as usize;
+            let mut j = previous_border;
+            border = loop {
+                if self.pending[anchor + j].repeat_digest == digest {
+                    break j + 1;
+                }
+                if j == 0 {
+                    break 0;
+                }
+                j = self.pending[anchor + j - 1].border as usize;
+            };
+            if border == 0 && previous_border > 0 {
+                // A partial match broke off: what came before does not repeat. Track from
+                // here, so a loop whose first step differs still finds its period.
+                self.repeat_anchor = position;
+            }
+        }
+        let node = &mut self.pending[position];
+        node.repeat_digest = digest;
+        node.border = border as u32;
+        node.work_prefix = work_prefix;
+    }
+
+    /// Where to cut the pending list so the device runs one stretch of a loop while the host
+    /// captures the next, with every cut alike (one program): `Some(len)` when the ops since the
+    /// tracking anchor are exactly two repetitions of a block (the fewest whole periods that
+    /// make at least `min_ops` ops and `min_work` result elements); the cut takes everything
+    /// up to the end of the first. After it the list starts at a block boundary, so later cuts
+    /// fall at the same place in the loop. Repetitions too small are left to grow into one
+    /// region.
+    pub fn repeat_cut(&self, min_ops: usize, min_work: u64) -> Option<usize> {
+        let anchor = self.repeat_anchor;
+        let n = self.pending.len().checked_sub(anchor)?;
+        let last = self.pending.back()?;
+        if last.border == 0 {
+            return None;
+        }
+        let period = n - last.border as usize;
+        let before = match anchor {
+            0 => 0,
+            _ => self.pending[anchor - 1].work_prefix,
+        };
+        let period_work = (self.pending[anchor + period - 1].work_prefix - before).max(1);
+        let repeats = min_ops
+            .div_ceil(period)
+            .max(min_work.div_ceil(period_work) as usize)
+            .max(1);
+        let block = period.checked_mul(repeats)?;
+        (n == 2 * block).then_some(anchor + block)
     }
 
     /// The node's own digests: structure (shapeless) and sizes (dims), with inputs described
@@ -1201,6 +1285,7 @@ impl<V: Clone> Graph<V> {
     /// Recomputes every pending node's digests (after a partial flush moved the list's start).
     fn rehash_pending(&mut self) {
         self.arg_numbers.clear();
+        self.repeat_anchor = 0;
         let Some(base) = self.pending.front().map(|n| n.id.seq()) else {
             return;
         };
@@ -1218,6 +1303,7 @@ impl<V: Clone> Graph<V> {
             let node = &mut self.pending[position];
             node.prefix_shapeless = prev_s;
             node.prefix_dims = prev_d;
+            self.track_repeats(position);
         }
     }
 
@@ -1349,6 +1435,7 @@ impl<V: Clone> Graph<V> {
         let requested: Vec<ValueRef>;
         let liveness_request = match request {
             FlushRequest::All => Request::All,
+            FlushRequest::Prefix(len) => Request::Prefix(len),
             FlushRequest::Storages(storages) => {
                 requested = storages
                     .iter()
@@ -1630,6 +1717,7 @@ impl<V: Clone> Graph<V> {
     /// (its positions moved).
     fn forget_unread_externals(&mut self) {
         if self.pending.is_empty() {
+            self.repeat_anchor = 0;
             // `clear` sweeps a map's whole capacity: skip the empty ones, as after every op
             // in the op-by-op modes.
             clear_if_any(&mut self.externals);
@@ -1762,6 +1850,32 @@ enum InputSource<'a> {
 /// Strict's direct path, which must key a one-op region exactly as a flush of it would.
 /// Inlined into both: it runs on every captured op.
 #[inline(always)]
+/// What a node computes (op, lowering variant, params, scalar count, result types), blind to
+/// where its inputs come from: the same op of every repetition of a loop body has the same
+/// digest whether the repetition before it is still pending or already materialized. It only
+/// picks cut points (a collision costs a cut that does not repeat, never a wrong result), so
+/// it is a quick multiply-rotate mix rather than the key's hash.
+fn repeat_digest(node: &Node) -> u64 {
+    fn mix(h: u64, x: u64) -> u64 {
+        (h.rotate_left(5) ^ x).wrapping_mul(0x517c_c1b7_2722_0a95)
+    }
+    let mut h = match &node.op {
+        RegionOp::Aten(op) => mix(op.id() as u64, node.meta.variant as u64),
+        RegionOp::WriteView(w) => mix(0xffff, w.base_len as u64),
+    };
+    for &p in &node.params {
+        h = mix(h, p as u64);
+    }
+    h = mix(h, node.scalars.len() as u64);
+    for out in &node.meta.outputs {
+        h = mix(h, out.dtype.code() as u64);
+        for &size in &out.shape {
+            h = mix(h, size as u64);
+        }
+    }
+    h
+}
+
 fn op_digests<'a>(
     op: &RegionOp,
     params: &[i64],

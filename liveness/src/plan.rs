@@ -14,6 +14,9 @@ pub enum Request<'a> {
     ///
     /// External values are accepted and need no work; an empty list plans an empty region.
     Values(&'a [ValueRef]),
+    /// Run the first this-many pending ops (fewer if fewer are pending): a cut between two
+    /// repetitions of a loop body, so the device runs one while the host captures the next.
+    Prefix(usize),
 }
 
 /// A value the region must hand back, and why.
@@ -202,6 +205,7 @@ where
     let mut requested_slots = Vec::new();
     let region_len = match request {
         Request::All => graph.len(),
+        Request::Prefix(len) => len.min(graph.len()),
         Request::Values(values) => {
             let mut region_len = 0;
             for requested in values.iter().filter_map(|value| value.pending()) {

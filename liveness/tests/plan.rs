@@ -404,3 +404,21 @@ mod errors {
         );
     }
 }
+
+#[test]
+fn a_prefix_request_cuts_after_that_many_ops_and_hands_over_what_later_ops_read() {
+    let mut g = GraphBuilder::new();
+    let x = g.op(&[ext(0)]);
+    let dead = g.op(&[x]);
+    let y = g.op(&[x]);
+    let z = g.op(&[y, ext(1)]);
+    let w = g.op(&[z]);
+    let plan = g.plan(Request::Prefix(4), &[]).unwrap();
+    assert_eq!(plan.kept, ids_of(&[x, y, z]));
+    assert_eq!(plan.dropped, ids_of(&[dead]));
+    assert_eq!(plan.still_pending, ids_of(&[w]));
+    assert_eq!(output_values(&plan), [z]);
+    assert!(plan.outputs[0].read_by_pending && !plan.outputs[0].requested);
+    // A prefix longer than the pending list takes all of it.
+    assert_eq!(g.plan(Request::Prefix(99), &[]).unwrap().still_pending, []);
+}

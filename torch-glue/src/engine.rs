@@ -26,6 +26,12 @@ pub const ENGINE_VERSION: &str = concat!("torch-pjrt-", env!("CARGO_PKG_VERSION"
 /// single cold compile well under a second while leaving typical training steps in one region.
 pub const DEFAULT_MAX_REGION_OPS: usize = 1000;
 
+/// The smallest block a repeat cut runs on its own: fewer ops than this, or fewer result
+/// elements, and a region's launch costs more than running it beside the capture saves (a loop
+/// of tiny ops stays one region up to the size cap).
+pub const REPEAT_MIN_OPS: usize = 32;
+pub const REPEAT_MIN_WORK: u64 = 1 << 20;
+
 /// Everything the environment configures.
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
@@ -47,6 +53,10 @@ pub struct EngineConfig {
     /// buffers live in it (the CPU plugin; [`crate::host_heap`]); `TORCH_PJRT_HOST_HEAP_REUSE=0`
     /// leaves the C allocator's settings alone.
     pub host_heap_reuse: bool,
+    /// Whether DeferAndFuse cuts a pending loop between repetitions of its body so the device
+    /// runs one while the host captures the next (`defer::Graph::repeat_cut`);
+    /// `TORCH_PJRT_REPEAT_CUTS=0` leaves regions to the syncs and the size cap.
+    pub repeat_cuts: bool,
 }
 
 /// Parses `key=value,key=value` client options: `true`/`false` are booleans, integers are
@@ -174,6 +184,7 @@ impl EngineConfig {
             compile,
             warm_up: !matches!(env("TORCH_PJRT_WARM_UP").as_deref(), Some("0")),
             host_heap_reuse: !matches!(env("TORCH_PJRT_HOST_HEAP_REUSE").as_deref(), Some("0")),
+            repeat_cuts: !matches!(env("TORCH_PJRT_REPEAT_CUTS").as_deref(), Some("0")),
         })
     }
 }
@@ -224,6 +235,7 @@ pub struct Engine {
     modes: ModeStack,
     counters: Counters,
     max_region_ops: usize,
+    repeat_cuts: bool,
     /// The outputs of the newest launched region, awaited by `sync` (weakly: holding them would
     /// keep them from being donated; released work is awaited through the queue's events).
     last_outputs: Mutex<Vec<WeakDeviceValue>>,
@@ -270,6 +282,7 @@ impl Engine {
             modes: ModeStack::new(config.default_mode),
             counters: Counters::default(),
             max_region_ops: config.max_region_ops,
+            repeat_cuts: config.repeat_cuts,
             last_outputs: Mutex::new(Vec::new()),
             pending_checks: Mutex::new(Vec::new()),
             seen_structures: Mutex::new(HashMap::new()),
@@ -424,6 +437,12 @@ impl Engine {
                 graph.note_deferred();
                 if graph.pending_len() >= self.max_region_ops {
                     self.flush_locked(graph, FlushRequest::All)?;
+                } else if self.repeat_cuts {
+                    // A loop without syncs: run one stretch of it while the next is captured.
+                    if let Some(len) = graph.repeat_cut(REPEAT_MIN_OPS, REPEAT_MIN_WORK) {
+                        Counters::bump(&self.counters.repeat_cuts, 1);
+                        self.flush_locked(graph, FlushRequest::Prefix(len))?;
+                    }
                 }
             }
             Mode::Strict => {
@@ -761,6 +780,7 @@ impl Engine {
         );
         v.insert("executions", Counters::get(&c.executions) as f64);
         v.insert("donated_buffers", Counters::get(&c.donated_buffers) as f64);
+        v.insert("repeat_cuts", Counters::get(&c.repeat_cuts) as f64);
         v.insert("ops", Counters::get(&c.ops) as f64);
         v.insert("deferred_ops", graph.deferred_ops as f64);
         v.insert("pending_ops", pending_ops as f64);

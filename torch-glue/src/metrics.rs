@@ -15,6 +15,8 @@ pub struct Counters {
     pub device_to_host_bytes: AtomicU64,
     pub execute_errors: AtomicU64,
     pub donated_buffers: AtomicU64,
+    /// Regions cut between two repetitions of a loop body (DeferAndFuse's repeat cuts).
+    pub repeat_cuts: AtomicU64,
     pub fallback_ops: Mutex<BTreeMap<String, u64>>,
 }
 
@@ -37,6 +39,7 @@ impl Counters {
             &self.device_to_host_bytes,
             &self.execute_errors,
             &self.donated_buffers,
+            &self.repeat_cuts,
         ] {
             c.store(0, Ordering::Relaxed);
         }

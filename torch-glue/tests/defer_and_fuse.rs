@@ -723,3 +723,72 @@ fn leaving_defer_and_fuse_runs_the_pending_ops_first() {
     assert_eq!(metric(&e, "region_ops"), 4.0);
     assert_eq!(read_f32(&e, &a), vec![3.0, 6.0]);
 }
+
+/// `s = s * a + b` over 512×512 floats, `steps` times with no sync (the scalars change every
+/// step, as a schedule would), then one read; the pending-op counts seen after each step.
+fn unsynced_affine_loop(e: &Engine, steps: usize) -> (Vec<f64>, Vec<f64>) {
+    let n = 512 * 512;
+    let init: Vec<f32> = (0..n).map(|i| (i % 7) as f32 / 7.0).collect();
+    let mut s = upload_f32(e, &init, &[512, 512]);
+    let mut pending = Vec::new();
+    for step in 0..steps {
+        let a = 0.9 + (step % 3) as f64 * 0.01;
+        let t = op(e, OpId::Mul, &[&s], &[f(a)], &[]);
+        let next = op(e, OpId::Add, &[&t], &[f(0.01)], &[]);
+        release(e, t);
+        release(e, std::mem::replace(&mut s, next));
+        pending.push(m(e).pending);
+    }
+    let values = read(e, &s);
+    release(e, s);
+    (values, pending)
+}
+
+#[test]
+fn a_loop_without_syncs_is_cut_between_repetitions_into_one_program() {
+    let e = engine(Mode::DeferAndFuse);
+    e.reset_metrics();
+    let steps = 200;
+    let (values, pending) = unsynced_affine_loop(&e, steps);
+    // Two ops of 2^18 elements a step: a block of 16 steps (32 ops, 2^23 elements), cut once
+    // two blocks are pending, so the device runs one while the next is captured.
+    let cuts = metric(&e, "repeat_cuts");
+    assert_eq!(
+        cuts,
+        (steps / 16 - 1) as f64,
+        "one cut per block but the last"
+    );
+    let max_pending = pending.iter().cloned().fold(0.0, f64::max);
+    assert!(
+        max_pending <= 64.0,
+        "pending stays within two blocks: {max_pending}"
+    );
+    assert!(
+        metric(&e, "compilations") <= 2.0,
+        "every cut is alike: {} compilations",
+        metric(&e, "compilations")
+    );
+    for (i, got) in values.iter().enumerate().step_by(9973) {
+        let mut want = (i % 7) as f32 as f64 / 7.0;
+        for step in 0..steps {
+            want = want * (0.9 + (step % 3) as f64 * 0.01) + 0.01;
+        }
+        assert!((got - want).abs() <= 1e-5, "element {i}: {got} vs {want}");
+    }
+}
+
+#[test]
+fn loops_of_small_ops_are_not_cut() {
+    // 16 floats a step: far less work than a region launch is worth, so the loop stays one
+    // region until the read.
+    let e = engine(Mode::DeferAndFuse);
+    let mut x = upload_f32(&e, &[1.0; 16], &[16]);
+    e.reset_metrics();
+    for _ in 0..600 {
+        let next = op(&e, OpId::Add, &[&x], &[f(1.0)], &[]);
+        release(&e, std::mem::replace(&mut x, next));
+    }
+    assert_eq!(read(&e, &x), vec![601.0; 16]);
+    assert_eq!(metric(&e, "repeat_cuts"), 0.0);
+    assert_eq!(m(&e).regions, 1.0);
+}

@@ -158,6 +158,7 @@ impl Engine {
         let resolved: Vec<ValueRef>;
         let request = match request {
             Request::All => Request::All,
+            Request::Prefix(len) => Request::Prefix(len),
             Request::Values(values) => {
                 resolved = values.iter().map(|&value| self.resolve(value)).collect();
                 Request::Values(&resolved)

@@ -29,8 +29,8 @@ pub const DEFAULT_MAX_REGION_OPS: usize = 1000;
 /// The smallest block a repeat cut runs on its own: fewer ops than this, or fewer result
 /// elements, and a region's launch costs more than running it beside the capture saves (a loop
 /// of tiny ops stays one region up to the size cap).
-pub const REPEAT_MIN_OPS: usize = 32;
-pub const REPEAT_MIN_WORK: u64 = 1 << 20;
+const REPEAT_MIN_OPS: usize = 32;
+const REPEAT_MIN_WORK: u64 = 1 << 20;
 
 /// Everything the environment configures.
 #[derive(Clone, Debug)]

@@ -1846,10 +1846,6 @@ enum InputSource<'a> {
     },
 }
 
-/// An op's own digests: structure (shapeless) and sizes (dims). Shared by capture and by
-/// Strict's direct path, which must key a one-op region exactly as a flush of it would.
-/// Inlined into both: it runs on every captured op.
-#[inline(always)]
 /// What a node computes (op, lowering variant, params, scalar count, result types), blind to
 /// where its inputs come from: the same op of every repetition of a loop body has the same
 /// digest whether the repetition before it is still pending or already materialized. It only
@@ -1876,6 +1872,10 @@ fn repeat_digest(node: &Node) -> u64 {
     h
 }
 
+/// An op's own digests: structure (shapeless) and sizes (dims). Shared by capture and by
+/// Strict's direct path, which must key a one-op region exactly as a flush of it would.
+/// Inlined into both: it runs on every captured op.
+#[inline(always)]
 fn op_digests<'a>(
     op: &RegionOp,
     params: &[i64],

@@ -420,6 +420,11 @@ pub struct Graph<V> {
     /// Where the pending list's repetition tracking starts (see [`Graph::repeat_cut`]): ops
     /// before it (a loop's first step, which creates optimizer state, say) matched nothing.
     repeat_anchor: usize,
+    /// The repetition digests of the block the last two-repetition cut found: once a loop's
+    /// body is known, each later repetition is cut as soon as it is captured, so the device lags
+    /// the host by one block rather than two, and a loop that starts again after a sync needs
+    /// no two blocks to be found again.
+    known_block: Vec<u64>,
     stats: GraphStats,
     /// Whether regions donate overwritten values to their successors (see `set_donation`).
     donate: bool,
@@ -453,6 +458,7 @@ impl<V: Clone> Graph<V> {
             holders: HashMap::default(),
             arg_numbers: HashMap::default(),
             repeat_anchor: 0,
+            known_block: Vec::new(),
             stats: GraphStats::default(),
             donate: false,
             shared_values: HashSet::default(),
@@ -1226,15 +1232,20 @@ impl<V: Clone> Graph<V> {
     }
 
     /// Where to cut the pending list so the device runs one stretch of a loop while the host
-    /// captures the next, with every cut alike (one program): `Some(len)` when the ops since the
-    /// tracking anchor are exactly two repetitions of a block (the fewest whole periods that
-    /// make at least `min_ops` ops and `min_work` result elements); the cut takes everything
-    /// up to the end of the first. After it the list starts at a block boundary, so later cuts
-    /// fall at the same place in the loop. Repetitions too small are left to grow into one
-    /// region.
-    pub fn repeat_cut(&self, min_ops: usize, min_work: u64) -> Option<usize> {
+    /// captures the next, with every cut alike (one program). A loop is found when the ops since
+    /// the tracking anchor are exactly two repetitions of a block (the fewest whole periods that
+    /// make at least `min_ops` ops and `min_work` result elements): the cut takes everything up
+    /// to the end of the first, and the block is remembered. From then on, ops since the anchor
+    /// that repeat the remembered block are cut as soon as they are all captured, the
+    /// remaining block of the two included. After a cut the list starts at a block boundary,
+    /// so later cuts fall at the same place in the loop. Repetitions too small are left to grow
+    /// into one region.
+    pub fn repeat_cut(&mut self, min_ops: usize, min_work: u64) -> Option<usize> {
         let anchor = self.repeat_anchor;
         let n = self.pending.len().checked_sub(anchor)?;
+        if let Some(cut) = self.known_block_cut(anchor) {
+            return Some(cut);
+        }
         let last = self.pending.back()?;
         if last.border == 0 {
             return None;
@@ -1250,7 +1261,46 @@ impl<V: Clone> Graph<V> {
             .max(min_work.div_ceil(period_work) as usize)
             .max(1);
         let block = period.checked_mul(repeats)?;
-        (n == 2 * block).then_some(anchor + block)
+        if n != 2 * block {
+            return None;
+        }
+        self.known_block.clear();
+        self.known_block.extend(
+            self.pending
+                .range(anchor..anchor + block)
+                .map(|node| node.repeat_digest),
+        );
+        Some(anchor + block)
+    }
+
+    /// A cut after the pending ops that repeat the known block: those from `anchor` on, or,
+    /// when the whole list is as long as the block, the whole list repeating it from another of
+    /// its ops. That is a loop starting anew (after a sync) that was found mid-body: the block
+    /// is re-aligned to where the user's loop starts, so its cuts match the syncs (one program
+    /// whether or not the loop syncs) and a sync leaves no partial block behind.
+    fn known_block_cut(&mut self, anchor: usize) -> Option<usize> {
+        let len = self.known_block.len();
+        let total = self.pending.len();
+        if len == 0 || total < len {
+            return None;
+        }
+        let known = &self.known_block;
+        let at = |i: usize| self.pending[i].repeat_digest;
+        if total - anchor == len && (0..len).all(|i| at(anchor + i) == known[i]) {
+            return Some(total);
+        }
+        if total != len {
+            return None;
+        }
+        // The block, or a rotation of it, that starts with this list's first op; a handful are
+        // tried at most.
+        let first = at(0);
+        let rotation = (0..len)
+            .filter(|&r| known[r] == first)
+            .take(8)
+            .find(|&r| (0..len).all(|i| at(i) == known[(i + r) % len]))?;
+        self.known_block.rotate_left(rotation);
+        Some(total)
     }
 
     /// The node's own digests: structure (shapeless) and sizes (dims), with inputs described

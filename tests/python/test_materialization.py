@@ -85,9 +85,9 @@ def test_boolean_mask_indexing_and_clip_grad_norm(pjrt):
 
 
 def test_a_training_loop_without_syncs_runs_one_step_while_capturing_the_next(pjrt):
-    # No .item() and no sync in the loop: DeferAndFuse cuts the pending ops between two
-    # repetitions of the step, so each step's region runs while the next step is captured,
-    # every cut alike (one program), with CPU's results.
+    # No .item() and no sync in the loop: DeferAndFuse finds the step's repetition and cuts
+    # each repetition as soon as it is captured, so each step's region runs while the next
+    # step is captured, every cut alike (one program), with CPU's results.
     def train(device, steps=30):
         torch.manual_seed(0)
         model = torch.nn.Sequential(
@@ -114,6 +114,9 @@ def test_a_training_loop_without_syncs_runs_one_step_while_capturing_the_next(pj
         torch_pjrt.sync()
         torch_pjrt.reset_metrics()
         got = train("pjrt")
+        # Reading the losses leaves the last step's tail pending (nothing reads it); a sync
+        # runs it.
+        torch_pjrt.sync()
         m = torch_pjrt.metrics()
     assert m["repeat_cuts"] >= 5, m
     assert m["pending_ops"] == 0
@@ -121,3 +124,41 @@ def test_a_training_loop_without_syncs_runs_one_step_while_capturing_the_next(pj
     assert m["compilations"] <= 4, m
     assert m["fallback_ops"] == {}
     assert max(abs(a - b) / abs(b) for a, b in zip(got, want)) < 1e-3, (got, want)
+
+
+def test_a_loop_run_again_after_a_sync_is_cut_at_every_step_with_one_program(pjrt):
+    # The first run finds the step's repetition (wherever in the step it begins); after the
+    # sync, the next run's cuts are re-aligned to where its steps start: every step is one
+    # region, cut as soon as it is captured, and nothing is left for the sync.
+    torch.manual_seed(0)
+    with torch_pjrt.eager_mode("defer_and_fuse"):
+        model = torch.nn.Sequential(
+            torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
+            torch.nn.ReLU(), torch.nn.Linear(256, 10)).to("pjrt")
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        x = torch.randn(64, 784).to("pjrt")
+        y = torch.randint(0, 10, (64,)).to("pjrt")
+
+        def run(steps):
+            pending = []
+            for _ in range(steps):
+                opt.zero_grad(set_to_none=True)
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+                pending.append(torch_pjrt.metrics()["pending_ops"])
+            return pending
+
+        run(12)
+        torch_pjrt.sync()
+        run(12)
+        torch_pjrt.sync()
+        torch_pjrt.reset_metrics()
+        pending = run(12)
+        after_loop = torch_pjrt.metrics()
+        torch_pjrt.sync()
+        m = torch_pjrt.metrics()
+    assert pending == [0] * 12, pending
+    assert after_loop["regions"] == 12 and after_loop["repeat_cuts"] == 12, after_loop
+    assert m["regions"] == 12, "the sync found nothing left to run"
+    assert m["compilations"] == 0, m
+    assert m["region_ops"] == 12 * m["largest_region"], m

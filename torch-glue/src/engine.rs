@@ -439,7 +439,9 @@ impl Engine {
                     self.flush_locked(graph, FlushRequest::All)?;
                 } else if self.repeat_cuts {
                     // A loop without syncs: run one stretch of it while the next is captured.
-                    if let Some(len) = graph.repeat_cut(REPEAT_MIN_OPS, REPEAT_MIN_WORK) {
+                    // The cut that finds a loop leaves one block of it pending, which the
+                    // next turn cuts at once.
+                    while let Some(len) = graph.repeat_cut(REPEAT_MIN_OPS, REPEAT_MIN_WORK) {
                         Counters::bump(&self.counters.repeat_cuts, 1);
                         self.flush_locked(graph, FlushRequest::Prefix(len))?;
                     }

@@ -133,3 +133,25 @@ def test_missing_engine_library_fails_at_first_device_use():
     lines = out.splitlines()
     assert lines[0] == "imported False"
     assert lines[1].startswith("RuntimeError:") and "/nonexistent/libtorch_glue.so" in lines[1]
+
+
+def test_a_compile_option_known_to_read_stale_weights_is_refused_with_the_way_out():
+    # XLA CPU's test-only XNNPACK mode keeps a product's packed weights while the weight's
+    # buffer keeps its address: an in-place update would be read stale.
+    out = assert_ok(
+        run_python(
+            """
+            import torch
+            try:
+                torch.ones(2, device="pjrt")
+            except ValueError as e:
+                print("refused:", e)
+            """,
+            env={
+                "TORCH_PJRT_COMPILE_OPTIONS": "xla_cpu_experimental_xnn_graph_fusion_mode="
+                "XNN_GRAPH_FUSION_MODE_BYPASS_COST_MODEL"
+            },
+        )
+    )
+    assert out.startswith("refused: TORCH_PJRT_COMPILE_OPTIONS:"), out
+    assert "stale" in out and "XNN_GRAPH_FUSION_MODE_GREEDY" in out, out

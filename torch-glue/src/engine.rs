@@ -91,6 +91,28 @@ pub fn parse_compile_options(text: &str) -> Result<Vec<(String, pjrt::CompileOve
     )
 }
 
+/// Refuses compile options known to give wrong results. XLA CPU's test-only
+/// `XNN_GRAPH_FUSION_MODE_BYPASS_COST_MODEL` packs a product's right-hand operand once and
+/// reuses the packing for as long as the operand's buffer has the same address. A weight
+/// updated in place (donated) keeps its address, and a freed buffer's address comes back to
+/// the next one, so later products read old weights.
+pub fn check_compile_options(options: &[(String, pjrt::CompileOverride)]) -> Result<(), String> {
+    for (name, value) in options {
+        if name == "xla_cpu_experimental_xnn_graph_fusion_mode"
+            && matches!(value, pjrt::CompileOverride::String(v)
+                if v == "XNN_GRAPH_FUSION_MODE_BYPASS_COST_MODEL")
+        {
+            return Err(format!(
+                "TORCH_PJRT_COMPILE_OPTIONS: {name}=XNN_GRAPH_FUSION_MODE_BYPASS_COST_MODEL \
+                 reuses matrix products' packed weights while a buffer keeps its address, so \
+                 weights updated in place would be read stale. Drop the option, or use \
+                 XNN_GRAPH_FUSION_MODE_GREEDY."
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The `key=value,…` syntax both option variables share, typed at full (f64) precision.
 fn parse_options(
     variable: &str,
@@ -171,6 +193,8 @@ impl EngineConfig {
         compile.compile_options.overrides =
             parse_compile_options(&env("TORCH_PJRT_COMPILE_OPTIONS").unwrap_or_default())
                 .map_err(|m| EngineError::new(ErrorKind::Value, m))?;
+        check_compile_options(&compile.compile_options.overrides)
+            .map_err(|m| EngineError::new(ErrorKind::Value, m))?;
         let plugin = pjrt::configured_plugin_name();
         let user_options =
             parse_client_options(&env("TORCH_PJRT_CLIENT_OPTIONS").unwrap_or_default())
@@ -881,6 +905,21 @@ mod client_option_tests {
             err.starts_with("TORCH_PJRT_COMPILE_OPTIONS: expected key=value"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn compile_options_that_read_stale_weights_are_refused() {
+        let bypass = parse_compile_options(
+            "xla_cpu_experimental_xnn_graph_fusion_mode=XNN_GRAPH_FUSION_MODE_BYPASS_COST_MODEL",
+        )
+        .unwrap();
+        let err = check_compile_options(&bypass).unwrap_err();
+        assert!(err.contains("XNN_GRAPH_FUSION_MODE_GREEDY"), "{err}");
+        let greedy = parse_compile_options(
+            "xla_cpu_experimental_xnn_graph_fusion_mode=XNN_GRAPH_FUSION_MODE_GREEDY",
+        )
+        .unwrap();
+        assert_eq!(check_compile_options(&greedy), Ok(()));
     }
 
     #[test]

@@ -493,6 +493,18 @@ fn logsumexp(e: &mut Emitter, x: Value, dims: &[usize]) -> Value {
 }
 
 fn vector_norm(e: &mut Emitter, x: Value, dims: &[usize], ord: f64) -> Value {
+    let shape = e.shape(x).to_vec();
+    let numel: i64 = shape.iter().product();
+    if ord == 2.0 && dims.len() == shape.len() && numel < crate::emitter::TWO_STAGE_SUM_MIN {
+        // A small tensor's whole L2 norm as the dot product of the tensor with itself. As a
+        // product of squares and a sum, XLA's CPU compiler splits the sum into a window
+        // reduction that the squares don't fuse into, so every small tensor's squares are
+        // written out (a gradient clip's norm over each gradient); the dot fuses into one loop.
+        let all: Vec<usize> = (0..shape.len()).collect();
+        let dtype = e.dtype(x);
+        let sum = e.dot_general(x, x, &[], &[], &all, &all, dtype);
+        return e.sqrt(sum);
+    }
     let abs = e.abs(x);
     if ord == 2.0 {
         let sq = e.mul(x, x);

@@ -154,14 +154,18 @@ def test_a_fused_transformer_step_keeps_gelu_terms_out_of_the_forward_pass(pjrt)
     # The fused step holds every new gradient from its start (PJRT allocates an execution's
     # results before it runs). GELU's gradient is computed once, after the incoming gradient
     # exists; before that the step held GELU's erf and exp terms from the forward pass to the
-    # backward pass, and peaked at 236,876 B. It peaks at 203,852 B now. Strict's peak depends on
-    # how far its execution thread lags the caller (177,088 B in this suite, 201,364 B in a
-    # process of its own), so the fused step is not yet at or below it everywhere: this bound
-    # guards the gain, it is not the target.
+    # backward pass, and peaked at 236,876 B. With the gradient clip's small norms taken as
+    # products (no squares written out) it peaks at 199,564 B, below Debug's op-by-op peak
+    # (203,076 B). Strict's peak depends on how far its execution thread lags the caller
+    # (177,088 B in this suite, 201,364 B in a process of its own), so the fused step is not
+    # yet at or below it everywhere: the bounds guard the gains, the second is not the issue's
+    # target.
     from test_train_models import train_gpt
 
+    debug = model_step_peak(train_gpt, "debug")
     strict = model_step_peak(train_gpt, "strict")
     fused = model_step_peak(train_gpt, "defer_and_fuse")
+    assert fused <= debug, (fused, debug)
     assert fused <= strict * 1.2, (fused, strict)
 
 
@@ -251,3 +255,21 @@ def test_the_host_heap_is_left_alone_when_asked():
         run_python(LARGE_RESULTS_PROBE, env={"TORCH_PJRT_HOST_HEAP_REUSE": "0"}, timeout=300)
     )
     assert float(out.split()[-3]) == 0, out
+
+
+def test_a_small_tensors_l2_norm_writes_no_squares(pjrt):
+    # A gradient clip takes the norm of every gradient. For a small tensor the squares used to
+    # be written out whole (XLA splits the sum into a window reduction they don't fuse into);
+    # the norm is now one fused product of the tensor with itself.
+    x = torch.randn(16, 64)
+    xp = x.to("pjrt")
+    for mode in ("strict", "defer_and_fuse"):
+        with torch_pjrt.eager_mode(mode):
+            torch_pjrt.sync()
+            torch_pjrt.reset_metrics()
+            live = torch_pjrt.metrics()["live_device_bytes"]
+            n = torch.linalg.vector_norm(xp)
+            torch_pjrt.sync()
+            peak = torch_pjrt.metrics()["peak_device_bytes"]
+        assert peak - live < 1024, (mode, peak - live)
+        assert abs(n.item() - torch.linalg.vector_norm(x).item()) <= 1e-5 * n.item()

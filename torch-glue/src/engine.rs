@@ -467,7 +467,11 @@ impl Engine {
                     // next turn cuts at once.
                     while let Some(len) = graph.repeat_cut(REPEAT_MIN_OPS, REPEAT_MIN_WORK) {
                         Counters::bump(&self.counters.repeat_cuts, 1);
+                        let before = graph.pending_len();
                         self.flush_locked(graph, FlushRequest::Prefix(len))?;
+                        if graph.pending_len() >= before {
+                            break; // nothing was cut: never ask again for the same ops
+                        }
                     }
                 }
             }

@@ -157,9 +157,8 @@ def test_a_fused_transformer_step_keeps_gelu_terms_out_of_the_forward_pass(pjrt)
     # backward pass, and peaked at 236,876 B. With the gradient clip's small norms taken as
     # products (no squares written out) it peaks at 199,564 B, below Debug's op-by-op peak
     # (203,076 B). Strict's peak depends on how far its execution thread lags the caller
-    # (177,088 B in this suite, 201,364 B in a process of its own), so the fused step is not
-    # yet at or below it everywhere: the bounds guard the gains, the second is not the issue's
-    # target.
+    # (measured from 177,088 B to 201,364 B), so the fused step is not yet at or below it
+    # everywhere: the bounds guard the gains, the second is not the target.
     from test_train_models import train_gpt
 
     debug = model_step_peak(train_gpt, "debug")

@@ -37,6 +37,7 @@ sources = [
     os.path.join(CSRC, "random.cpp"),
     os.path.join(CSRC, "indexing.cpp"),
     os.path.join(CSRC, "optim.cpp"),
+    os.path.join(CSRC, "rnn.cpp"),
 ]
 if not METADATA_ONLY:
     sources += generated_sources()

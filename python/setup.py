@@ -38,6 +38,7 @@ sources = [
     os.path.join(CSRC, "indexing.cpp"),
     os.path.join(CSRC, "optim.cpp"),
     os.path.join(CSRC, "rnn.cpp"),
+    os.path.join(CSRC, "composite.cpp"),
 ]
 if not METADATA_ONLY:
     sources += generated_sources()

@@ -1,0 +1,473 @@
+// ATen ops that pjrt runs as a few of its own ops instead of falling back to the CPU: the
+// activations `leaky_relu`, `elu` (and so `selu` and `celu`), `softplus`, `hardswish`,
+// `hardsigmoid` and `mish` with their backward ops; `max.dim` and `min.dim`; `addmv` (and so `mv`
+// and matrix-vector `matmul`); and `xlogy` (and so `kl_div`).
+//
+// Each kernel composes device ops (compare, select, exp, products, reductions) with PyTorch's CPU
+// formulas, so in DeferAndFuse it fuses with its neighbours like a native op, and autograd uses
+// PyTorch's own derivative formulas, which call the backward kernels here. PyTorch also calls the
+// in-place and `out=` variants directly (`inplace=True`, structured ops' `.out`): each is the
+// functional kernel followed by a copy into the destination.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <limits>
+#include <tuple>
+
+namespace torch_pjrt {
+namespace {
+
+// PyTorch's CPU kernels refuse integer and bool inputs for these activations.
+void require_floating(const char* op, const at::Tensor& self) {
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      at::isFloatingType(self.scalar_type()),
+      "\"",
+      op,
+      "\" not implemented for '",
+      c10::toString(self.scalar_type()),
+      "': expected a floating-point tensor; convert it first, e.g. with `.float()`");
+}
+
+// Writes `result` into `out` (resized when its shape differs, as `out=` does), returns `out`.
+at::Tensor& write_out(const at::Tensor& result, at::Tensor& out) {
+  if (out.sizes() != result.sizes()) {
+    out.resize_(result.sizes());
+  }
+  out.copy_(result);
+  return out;
+}
+
+// ----- activations ------------------------------------------------------------------------------
+
+at::Tensor pjrt_leaky_relu(const at::Tensor& self, const at::Scalar& negative_slope) {
+  require_floating("leaky_relu", self);
+  return at::where(self > 0, self, self * negative_slope);
+}
+
+at::Tensor pjrt_leaky_relu_backward(
+    const at::Tensor& grad_output,
+    const at::Tensor& self,
+    const at::Scalar& negative_slope,
+    bool self_is_result) {
+  TORCH_CHECK(
+      !self_is_result || negative_slope.toDouble() >= 0.0,
+      "In-place leakyReLu backward calculation is triggered with a negative slope which is not "
+      "supported. This is caused by calling in-place forward function with a negative slope, "
+      "please call out-of-place version instead. File an issue at "
+      "https://github.com/pytorch/pytorch if you do require supporting in-place leakRelu backward "
+      "calculation with negative slope");
+  return at::where(self > 0, grad_output, grad_output * negative_slope);
+}
+
+at::Tensor pjrt_elu(
+    const at::Tensor& self,
+    const at::Scalar& alpha,
+    const at::Scalar& scale,
+    const at::Scalar& input_scale) {
+  require_floating("elu", self);
+  at::Tensor negative = at::expm1(self * input_scale) * alpha * scale;
+  return at::where(self > 0, self * scale, negative);
+}
+
+at::Tensor pjrt_elu_backward(
+    const at::Tensor& grad_output,
+    const at::Scalar& alpha,
+    const at::Scalar& scale,
+    const at::Scalar& input_scale,
+    bool is_result,
+    const at::Tensor& self_or_result) {
+  at::Tensor positive = grad_output * scale;
+  if (is_result) {
+    TORCH_CHECK(
+        alpha.toDouble() >= 0.0,
+        "In-place elu backward calculation is triggered with a negative slope which is not "
+        "supported. This is caused by calling in-place forward function with a negative slope, "
+        "please call out-of-place version instead.");
+    // From the result y: d/dx = input_scale * (y + alpha * scale) where y <= 0.
+    at::Tensor negative = grad_output * input_scale * (self_or_result + alpha.toDouble() * scale.toDouble());
+    return at::where(self_or_result <= 0, negative, positive);
+  }
+  at::Tensor negative =
+      grad_output * input_scale * alpha * scale * at::exp(self_or_result * input_scale);
+  return at::where(self_or_result <= 0, negative, positive);
+}
+
+at::Tensor pjrt_softplus(const at::Tensor& self, const at::Scalar& beta, const at::Scalar& threshold) {
+  require_floating("softplus", self);
+  at::Tensor scaled = self * beta;
+  return at::where(scaled > threshold, self, at::log1p(at::exp(scaled)) / beta);
+}
+
+at::Tensor pjrt_softplus_backward(
+    const at::Tensor& grad_output,
+    const at::Tensor& self,
+    const at::Scalar& beta,
+    const at::Scalar& threshold) {
+  at::Tensor scaled = self * beta;
+  at::Tensor z = at::exp(scaled);
+  return at::where(scaled > threshold, grad_output, grad_output * z / (z + 1));
+}
+
+at::Tensor pjrt_hardswish(const at::Tensor& self) {
+  require_floating("hardswish", self);
+  return self * at::clamp(self + 3, 0, 6) / 6;
+}
+
+at::Tensor pjrt_hardswish_backward(const at::Tensor& grad_output, const at::Tensor& self) {
+  // PyTorch's kernel: 0 up to -3 included, the slope strictly inside, 1 from 3 on.
+  at::Tensor middle = grad_output * (self / 3 + 0.5);
+  at::Tensor upper = at::where(self < 3, middle, grad_output);
+  return at::where(self <= -3, at::zeros_like(grad_output), upper);
+}
+
+at::Tensor pjrt_hardsigmoid(const at::Tensor& self) {
+  require_floating("hardsigmoid", self);
+  return at::clamp(self + 3, 0, 6) / 6;
+}
+
+at::Tensor pjrt_hardsigmoid_backward(const at::Tensor& grad_output, const at::Tensor& self) {
+  at::Tensor inside = (self > -3).logical_and(self < 3);
+  return at::where(inside, grad_output / 6, at::zeros_like(grad_output));
+}
+
+at::Tensor pjrt_mish(const at::Tensor& self) {
+  require_floating("mish", self);
+  return self * at::tanh(at::log1p(at::exp(self)));
+}
+
+at::Tensor pjrt_mish_backward(const at::Tensor& grad_output, const at::Tensor& self) {
+  at::Tensor sigmoid = at::sigmoid(self);
+  at::Tensor tanh_softplus = at::tanh(at::log1p(at::exp(self)));
+  return grad_output * (tanh_softplus + self * sigmoid * (1 - tanh_softplus * tanh_softplus));
+}
+
+at::Tensor pjrt_hardtanh(const at::Tensor& self, const at::Scalar& min_val, const at::Scalar& max_val) {
+  TORCH_CHECK(self.scalar_type() != at::kBool, "Bool inputs not supported for hardtanh");
+  // An integer tensor keeps its dtype, as with PyTorch's `out=` clamp into the input's dtype.
+  return at::clamp(self, min_val, max_val).to(self.scalar_type());
+}
+
+at::Tensor pjrt_hardtanh_backward(
+    const at::Tensor& grad_output,
+    const at::Tensor& self,
+    const at::Scalar& min_val,
+    const at::Scalar& max_val) {
+  at::Tensor outside = (self <= min_val).logical_or(self >= max_val);
+  return at::where(outside, at::zeros_like(grad_output), grad_output);
+}
+
+// `weight` arrives shaped to broadcast against `self` (`prelu` reshapes it onto the channels).
+at::Tensor pjrt_prelu_kernel(const at::Tensor& self, const at::Tensor& weight) {
+  require_floating("prelu", self);
+  return at::where(self > 0, self, self * weight);
+}
+
+// The weight's gradient has the broadcast shape; autograd sums it down to the weight's.
+std::tuple<at::Tensor, at::Tensor> pjrt_prelu_kernel_backward(
+    const at::Tensor& grad_output,
+    const at::Tensor& self,
+    const at::Tensor& weight) {
+  at::Tensor positive = self > 0;
+  at::Tensor grad_self = at::where(positive, grad_output, grad_output * weight);
+  at::Tensor grad_weight = at::where(positive, at::zeros_like(grad_self), self * grad_output);
+  return {grad_self, grad_weight};
+}
+
+// ----- reductions with indices ------------------------------------------------------------------
+
+std::tuple<at::Tensor, at::Tensor> pjrt_max_dim(const at::Tensor& self, int64_t dim, bool keepdim) {
+  TORCH_CHECK(
+      self.numel() > 0 || self.dim() == 0 || self.size(at::maybe_wrap_dim(dim, self.dim())) > 0,
+      "max(): Expected reduction dim ",
+      dim,
+      " to have non-zero size.");
+  if (self.scalar_type() == at::kBool) {
+    // argmax has no bool kernel; as bytes, the first true (or the first false) wins.
+    at::Tensor bytes = self.to(at::kByte);
+    return {at::amax(self, {dim}, keepdim), at::argmax(bytes, dim, keepdim)};
+  }
+  return {at::amax(self, {dim}, keepdim), at::argmax(self, dim, keepdim)};
+}
+
+std::tuple<at::Tensor, at::Tensor> pjrt_min_dim(const at::Tensor& self, int64_t dim, bool keepdim) {
+  TORCH_CHECK(
+      self.numel() > 0 || self.dim() == 0 || self.size(at::maybe_wrap_dim(dim, self.dim())) > 0,
+      "min(): Expected reduction dim ",
+      dim,
+      " to have non-zero size.");
+  if (self.scalar_type() == at::kBool) {
+    at::Tensor bytes = self.to(at::kByte);
+    return {at::amin(self, {dim}, keepdim), at::argmin(bytes, dim, keepdim)};
+  }
+  return {at::amin(self, {dim}, keepdim), at::argmin(self, dim, keepdim)};
+}
+
+std::tuple<at::Tensor&, at::Tensor&> pjrt_max_dim_out(
+    const at::Tensor& self,
+    int64_t dim,
+    bool keepdim,
+    at::Tensor& values,
+    at::Tensor& indices) {
+  auto [v, i] = pjrt_max_dim(self, dim, keepdim);
+  write_out(v, values);
+  write_out(i, indices);
+  return {values, indices};
+}
+
+std::tuple<at::Tensor&, at::Tensor&> pjrt_min_dim_out(
+    const at::Tensor& self,
+    int64_t dim,
+    bool keepdim,
+    at::Tensor& values,
+    at::Tensor& indices) {
+  auto [v, i] = pjrt_min_dim(self, dim, keepdim);
+  write_out(v, values);
+  write_out(i, indices);
+  return {values, indices};
+}
+
+// ----- matrix-vector product --------------------------------------------------------------------
+
+at::Tensor pjrt_addmv(
+    const at::Tensor& self,
+    const at::Tensor& mat,
+    const at::Tensor& vec,
+    const at::Scalar& beta,
+    const at::Scalar& alpha) {
+  TORCH_CHECK(
+      mat.dim() == 2 && vec.dim() == 1,
+      "vector + matrix @ vector expected, got ",
+      self.dim(),
+      ", ",
+      mat.dim(),
+      ", ",
+      vec.dim());
+  TORCH_CHECK(
+      mat.size(1) == vec.size(0) && (self.dim() == 0 || self.numel() == 1 || self.size(-1) == mat.size(0)),
+      "size mismatch, got input (",
+      self.dim() == 0 ? 1 : self.size(-1),
+      "), mat (",
+      mat.size(0),
+      "x",
+      mat.size(1),
+      "), vec (",
+      vec.size(0),
+      ")");
+  at::Tensor product = at::mm(mat, vec.unsqueeze(1)).squeeze(1);
+  if (!alpha.equal(1)) {
+    product = product * alpha;
+  }
+  // As in PyTorch, a zero beta ignores `self` (its NaNs included).
+  if (beta.equal(0)) {
+    return product;
+  }
+  return beta.equal(1) ? self + product : self * beta + product;
+}
+
+at::Tensor& pjrt_addmv_out(
+    const at::Tensor& self,
+    const at::Tensor& mat,
+    const at::Tensor& vec,
+    const at::Scalar& beta,
+    const at::Scalar& alpha,
+    at::Tensor& out) {
+  return write_out(pjrt_addmv(self, mat, vec, beta, alpha), out);
+}
+
+at::Tensor& pjrt_addmv_(
+    at::Tensor& self,
+    const at::Tensor& mat,
+    const at::Tensor& vec,
+    const at::Scalar& beta,
+    const at::Scalar& alpha) {
+  self.copy_(pjrt_addmv(self, mat, vec, beta, alpha));
+  return self;
+}
+
+// ----- xlogy ------------------------------------------------------------------------------------
+
+// PyTorch's `x * log(y)`: NaN where y is NaN, else 0 where x is 0.
+at::Tensor pjrt_xlogy(const at::Tensor& self, const at::Tensor& other) {
+  at::ScalarType dtype = at::result_type(self, other);
+  if (!at::isFloatingType(dtype)) {
+    dtype = at::typeMetaToScalarType(at::get_default_dtype());
+  }
+  at::Tensor x = self.to(dtype);
+  at::Tensor y = other.to(dtype);
+  at::Tensor product = at::where(x == 0, at::zeros_like(x), x * at::log(y));
+  return at::where(at::isnan(y), y, product);
+}
+
+at::Tensor pjrt_xlogy_scalar_other(const at::Tensor& self, const at::Scalar& other) {
+  return pjrt_xlogy(self, at::scalar_tensor(other, at::TensorOptions().dtype(at::kDouble)).to(self.device()));
+}
+
+at::Tensor pjrt_xlogy_scalar_self(const at::Scalar& self, const at::Tensor& other) {
+  return pjrt_xlogy(at::scalar_tensor(self, at::TensorOptions().dtype(at::kDouble)).to(other.device()), other);
+}
+
+}  // namespace
+
+// Registers `name` (functional), `name_` (in-place) and `name.out` for a one-input activation
+// whose kernel is `fn(self, extra...)`.
+#define PJRT_ACTIVATION_VARIANTS(m, name, fn)                                                      \
+  m.impl(#name, TORCH_FN(fn));                                                                    \
+  m.impl(#name ".out", [](const at::Tensor& self, at::Tensor& out) -> at::Tensor& {               \
+    return write_out(fn(self), out);                                                              \
+  });
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("leaky_relu", TORCH_FN(pjrt_leaky_relu));
+  m.impl(
+      "leaky_relu.out",
+      [](const at::Tensor& self, const at::Scalar& slope, at::Tensor& out) -> at::Tensor& {
+        return write_out(pjrt_leaky_relu(self, slope), out);
+      });
+  m.impl("leaky_relu_", [](at::Tensor& self, const at::Scalar& slope) -> at::Tensor& {
+    return self.copy_(pjrt_leaky_relu(self, slope));
+  });
+  m.impl("leaky_relu_backward", TORCH_FN(pjrt_leaky_relu_backward));
+  m.impl(
+      "leaky_relu_backward.grad_input",
+      [](const at::Tensor& grad_output,
+         const at::Tensor& self,
+         const at::Scalar& slope,
+         bool self_is_result,
+         at::Tensor& grad_input) -> at::Tensor& {
+        return write_out(pjrt_leaky_relu_backward(grad_output, self, slope, self_is_result), grad_input);
+      });
+
+  m.impl("elu", TORCH_FN(pjrt_elu));
+  m.impl(
+      "elu.out",
+      [](const at::Tensor& self,
+         const at::Scalar& alpha,
+         const at::Scalar& scale,
+         const at::Scalar& input_scale,
+         at::Tensor& out) -> at::Tensor& {
+        return write_out(pjrt_elu(self, alpha, scale, input_scale), out);
+      });
+  m.impl(
+      "elu_",
+      [](at::Tensor& self,
+         const at::Scalar& alpha,
+         const at::Scalar& scale,
+         const at::Scalar& input_scale) -> at::Tensor& {
+        return self.copy_(pjrt_elu(self, alpha, scale, input_scale));
+      });
+  m.impl("elu_backward", TORCH_FN(pjrt_elu_backward));
+  m.impl(
+      "elu_backward.grad_input",
+      [](const at::Tensor& grad_output,
+         const at::Scalar& alpha,
+         const at::Scalar& scale,
+         const at::Scalar& input_scale,
+         bool is_result,
+         const at::Tensor& self_or_result,
+         at::Tensor& grad_input) -> at::Tensor& {
+        return write_out(
+            pjrt_elu_backward(grad_output, alpha, scale, input_scale, is_result, self_or_result),
+            grad_input);
+      });
+
+  m.impl("softplus", TORCH_FN(pjrt_softplus));
+  m.impl(
+      "softplus.out",
+      [](const at::Tensor& self,
+         const at::Scalar& beta,
+         const at::Scalar& threshold,
+         at::Tensor& out) -> at::Tensor& { return write_out(pjrt_softplus(self, beta, threshold), out); });
+  m.impl("softplus_backward", TORCH_FN(pjrt_softplus_backward));
+  m.impl(
+      "softplus_backward.grad_input",
+      [](const at::Tensor& grad_output,
+         const at::Tensor& self,
+         const at::Scalar& beta,
+         const at::Scalar& threshold,
+         at::Tensor& grad_input) -> at::Tensor& {
+        return write_out(pjrt_softplus_backward(grad_output, self, beta, threshold), grad_input);
+      });
+
+  PJRT_ACTIVATION_VARIANTS(m, hardswish, pjrt_hardswish)
+  m.impl("hardswish_", [](at::Tensor& self) -> at::Tensor& { return self.copy_(pjrt_hardswish(self)); });
+  m.impl("hardswish_backward", TORCH_FN(pjrt_hardswish_backward));
+  m.impl(
+      "hardswish_backward.out",
+      [](const at::Tensor& grad_output, const at::Tensor& self, at::Tensor& out) -> at::Tensor& {
+        return write_out(pjrt_hardswish_backward(grad_output, self), out);
+      });
+
+  PJRT_ACTIVATION_VARIANTS(m, hardsigmoid, pjrt_hardsigmoid)
+  m.impl("hardsigmoid_", [](at::Tensor& self) -> at::Tensor& {
+    return self.copy_(pjrt_hardsigmoid(self));
+  });
+  m.impl("hardsigmoid_backward", TORCH_FN(pjrt_hardsigmoid_backward));
+  m.impl(
+      "hardsigmoid_backward.grad_input",
+      [](const at::Tensor& grad_output, const at::Tensor& self, at::Tensor& grad_input)
+          -> at::Tensor& { return write_out(pjrt_hardsigmoid_backward(grad_output, self), grad_input); });
+
+  PJRT_ACTIVATION_VARIANTS(m, mish, pjrt_mish)
+  m.impl("mish_", [](at::Tensor& self) -> at::Tensor& { return self.copy_(pjrt_mish(self)); });
+  m.impl("mish_backward", TORCH_FN(pjrt_mish_backward));
+
+  m.impl("hardtanh", TORCH_FN(pjrt_hardtanh));
+  m.impl(
+      "hardtanh.out",
+      [](const at::Tensor& self, const at::Scalar& min_val, const at::Scalar& max_val, at::Tensor& out)
+          -> at::Tensor& { return write_out(pjrt_hardtanh(self, min_val, max_val), out); });
+  m.impl(
+      "hardtanh_",
+      [](at::Tensor& self, const at::Scalar& min_val, const at::Scalar& max_val) -> at::Tensor& {
+        return self.copy_(pjrt_hardtanh(self, min_val, max_val));
+      });
+  m.impl("hardtanh_backward", TORCH_FN(pjrt_hardtanh_backward));
+  m.impl(
+      "hardtanh_backward.grad_input",
+      [](const at::Tensor& grad_output,
+         const at::Tensor& self,
+         const at::Scalar& min_val,
+         const at::Scalar& max_val,
+         at::Tensor& grad_input) -> at::Tensor& {
+        return write_out(pjrt_hardtanh_backward(grad_output, self, min_val, max_val), grad_input);
+      });
+
+  m.impl("_prelu_kernel", TORCH_FN(pjrt_prelu_kernel));
+  m.impl("_prelu_kernel_backward", TORCH_FN(pjrt_prelu_kernel_backward));
+
+  m.impl("max.dim", TORCH_FN(pjrt_max_dim));
+  m.impl("max.dim_max", TORCH_FN(pjrt_max_dim_out));
+  m.impl("min.dim", TORCH_FN(pjrt_min_dim));
+  m.impl("min.dim_min", TORCH_FN(pjrt_min_dim_out));
+
+  m.impl("addmv", TORCH_FN(pjrt_addmv));
+  m.impl("addmv.out", TORCH_FN(pjrt_addmv_out));
+  m.impl("addmv_", TORCH_FN(pjrt_addmv_));
+
+  m.impl("xlogy.Tensor", TORCH_FN(pjrt_xlogy));
+  m.impl("xlogy.Scalar_Other", TORCH_FN(pjrt_xlogy_scalar_other));
+  m.impl("xlogy.Scalar_Self", TORCH_FN(pjrt_xlogy_scalar_self));
+  m.impl(
+      "xlogy.OutTensor",
+      [](const at::Tensor& self, const at::Tensor& other, at::Tensor& out) -> at::Tensor& {
+        return write_out(pjrt_xlogy(self, other), out);
+      });
+  m.impl(
+      "xlogy.OutScalar_Other",
+      [](const at::Tensor& self, const at::Scalar& other, at::Tensor& out) -> at::Tensor& {
+        return write_out(pjrt_xlogy_scalar_other(self, other), out);
+      });
+  m.impl(
+      "xlogy.OutScalar_Self",
+      [](const at::Scalar& self, const at::Tensor& other, at::Tensor& out) -> at::Tensor& {
+        return write_out(pjrt_xlogy_scalar_self(self, other), out);
+      });
+  m.impl("xlogy_.Tensor", [](at::Tensor& self, const at::Tensor& other) -> at::Tensor& {
+    return self.copy_(pjrt_xlogy(self, other));
+  });
+  m.impl("xlogy_.Scalar_Other", [](at::Tensor& self, const at::Scalar& other) -> at::Tensor& {
+    return self.copy_(pjrt_xlogy_scalar_other(self, other));
+  });
+}
+
+}  // namespace torch_pjrt

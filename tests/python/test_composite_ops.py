@@ -1,0 +1,233 @@
+"""Ops pjrt composes from its own ops instead of falling back to the CPU: the activations
+leaky_relu, elu (selu, celu), softplus, hardswish, hardsigmoid, mish, hardtanh (relu6) and prelu
+with their gradients; max/min along a dim with indices; addmv (mv, matrix-vector matmul); xlogy
+(kl_div). Values and gradients against the CPU in every eager mode, the in-place and `out=`
+variants PyTorch calls directly, and CPU-like errors. Nothing may fall back to the CPU."""
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import torch_pjrt
+from conftest import in_mode_without_fallbacks
+
+MODES = ["strict", "debug", "defer_and_fuse"]
+TOL = {"rtol": 1e-5, "atol": 1e-5}
+
+
+@pytest.fixture(params=MODES)
+def mode(request):
+    with in_mode_without_fallbacks(request.param):
+        yield request.param
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def _run(fn, inputs, grads_of, device):
+    ts = [t.to(device) if isinstance(t, torch.Tensor) else t for t in inputs]
+    for i in grads_of:
+        ts[i] = ts[i].detach().requires_grad_()
+    out = fn(*ts)
+    if grads_of:
+        out.backward(torch.randn(out.shape, generator=_gen(7)).to(device))
+    return out.detach().cpu(), [ts[i].grad.cpu() for i in grads_of]
+
+
+def check(fn, inputs, grads_of=(0,), **tol):
+    tol = {**TOL, **tol}
+    expected, expected_grads = _run(fn, inputs, grads_of, "cpu")
+    actual, actual_grads = _run(fn, inputs, grads_of, "pjrt")
+    torch.testing.assert_close(actual, expected, **tol)
+    for a, e in zip(actual_grads, expected_grads):
+        torch.testing.assert_close(a, e, **tol)
+
+
+# Values around every branch point: the activations' kinks at 0 and ±3, softplus's threshold.
+X = torch.cat([torch.randn(30, generator=_gen(0)) * 4, torch.tensor([0.0, 3.0, -3.0, 25.0, -25.0])])
+
+ACTIVATIONS = {
+    "leaky_relu": F.leaky_relu,
+    "leaky_relu_slope": lambda x: F.leaky_relu(x, 0.2),
+    "elu": F.elu,
+    "elu_alpha": lambda x: F.elu(x, alpha=0.7),
+    "selu": F.selu,
+    "celu": lambda x: F.celu(x, alpha=1.5),
+    "softplus": F.softplus,
+    "softplus_beta": lambda x: F.softplus(x, beta=2.0, threshold=5.0),
+    "hardswish": F.hardswish,
+    "hardsigmoid": F.hardsigmoid,
+    "mish": F.mish,
+    "hardtanh": F.hardtanh,
+    "relu6": F.relu6,
+}
+
+
+@pytest.mark.parametrize("name", list(ACTIVATIONS))
+def test_activation_and_its_gradient(mode, name):
+    check(ACTIVATIONS[name], (X,))
+
+
+@pytest.mark.parametrize("name", ["leaky_relu", "elu", "selu", "celu", "hardswish", "hardsigmoid",
+                                  "mish", "hardtanh", "relu6"])
+def test_in_place_activation(mode, name):
+    expected = X.clone()
+    getattr(F, name)(expected, inplace=True)
+    actual = X.to("pjrt")
+    getattr(F, name)(actual, inplace=True)
+    torch.testing.assert_close(actual.cpu(), expected, **TOL)
+    torch.testing.assert_close(actual.cpu(), getattr(F, name)(X), **TOL)
+
+
+def test_in_place_activations_inside_modules_train(mode):
+    # `inplace=True` activations in a model: forward writes in place, backward reads the result.
+    def train(device):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(6, 8), nn.LeakyReLU(0.1, inplace=True), nn.Linear(8, 8),
+                              nn.ELU(inplace=True), nn.Linear(8, 8), nn.Hardswish(inplace=True),
+                              nn.Linear(8, 8), nn.ReLU6(inplace=True), nn.Linear(8, 2)).to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = torch.randn(5, 6, generator=_gen(1)).to(device)
+        losses = []
+        for _ in range(4):
+            loss = model(x).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses
+
+    assert train("pjrt") == pytest.approx(train("cpu"), rel=1e-5)
+
+
+def test_out_variants(mode):
+    x = X.to("pjrt")
+    out = torch.empty(0).to("pjrt")
+    torch.ops.aten.leaky_relu.out(x, 0.3, out=out)
+    torch.testing.assert_close(out.cpu(), F.leaky_relu(X, 0.3), **TOL)
+    torch.ops.aten.softplus.out(x, 1.0, 20.0, out=out)
+    torch.testing.assert_close(out.cpu(), F.softplus(X), **TOL)
+    torch.ops.aten.mish.out(x, out=out)
+    torch.testing.assert_close(out.cpu(), F.mish(X), **TOL)
+
+
+def test_prelu_module_and_weight_gradient(mode):
+    def run(device):
+        torch.manual_seed(0)
+        layer = nn.Sequential(nn.Conv2d(2, 3, 1), nn.PReLU(3)).to(device)
+        x = torch.randn(2, 2, 4, 4, generator=_gen(2)).to(device).requires_grad_()
+        y = layer(x)
+        y.backward(torch.randn(y.shape, generator=_gen(3)).to(device))
+        return y.detach().cpu(), x.grad.cpu(), layer[1].weight.grad.cpu()
+
+    for a, e in zip(run("pjrt"), run("cpu")):
+        torch.testing.assert_close(a, e, **TOL)
+
+
+def test_integer_inputs_are_refused_as_on_the_cpu(pjrt):
+    x = torch.tensor([1, -2]).to(pjrt)
+    for fn in (F.leaky_relu, F.elu, F.softplus, F.hardswish, F.mish):
+        with pytest.raises(NotImplementedError, match="not implemented for 'Long'"):
+            fn(x)
+    with pytest.raises(RuntimeError, match="Bool inputs not supported for hardtanh"):
+        F.hardtanh(x > 0)
+    # Integers through hardtanh keep their dtype, as on the CPU.
+    assert F.hardtanh(x).dtype == torch.int64
+    assert F.hardtanh(x).cpu().tolist() == [1, -1]
+
+
+# ---- max/min along a dim ---------------------------------------------------------------------
+
+M = torch.randn(4, 6, 5, generator=_gen(4))
+M[1, 2, :] = 7.0  # ties along dim 1: the first index wins on both devices
+
+
+@pytest.mark.parametrize("reduce", ["max", "min"])
+@pytest.mark.parametrize("dim,keepdim", [(0, False), (1, True), (-1, False)])
+def test_max_and_min_along_a_dim_with_indices_and_gradient(mode, reduce, dim, keepdim):
+    def values(x):
+        return getattr(torch, reduce)(x, dim, keepdim=keepdim).values
+
+    check(values, (M,))
+    expected = getattr(torch, reduce)(M, dim, keepdim=keepdim)
+    actual = getattr(torch, reduce)(M.to("pjrt"), dim, keepdim=keepdim)
+    assert actual.indices.dtype == torch.int64
+    assert torch.equal(actual.indices.cpu(), expected.indices)
+
+
+def test_max_along_a_dim_of_bools_and_nans(mode):
+    b = torch.tensor([[False, True, True], [False, False, False]])
+    got = b.to("pjrt").max(1)
+    assert got.values.cpu().tolist() == [True, False]
+    assert got.indices.cpu().tolist() == [1, 0]
+    n = torch.tensor([[1.0, float("nan"), 3.0], [2.0, 5.0, 4.0]])
+    got, expected = n.to("pjrt").max(1), n.max(1)
+    torch.testing.assert_close(got.values.cpu(), expected.values, equal_nan=True)
+    assert got.indices.cpu().tolist() == expected.indices.tolist()
+
+
+def test_max_along_a_dim_writes_out_tensors(mode):
+    values, indices = torch.empty(0).to("pjrt"), torch.empty(0, dtype=torch.long).to("pjrt")
+    torch.max(M.to("pjrt"), 2, out=(values, indices))
+    expected = torch.max(M, 2)
+    torch.testing.assert_close(values.cpu(), expected.values)
+    assert torch.equal(indices.cpu(), expected.indices)
+
+
+# ---- matrix-vector products ------------------------------------------------------------------
+
+A = torch.randn(7, 5, generator=_gen(5))
+V = torch.randn(5, generator=_gen(6))
+BIAS = torch.randn(7, generator=_gen(7))
+
+
+def test_matrix_vector_products_and_gradients(mode):
+    check(torch.mv, (A, V), grads_of=(0, 1))
+    check(lambda a, v: a @ v, (A, V), grads_of=(0, 1))
+    check(lambda b, a, v: torch.addmv(b, a, v, beta=0.5, alpha=2.0), (BIAS, A, V), grads_of=(0, 1, 2))
+    check(lambda x, v: x @ v, (torch.randn(3, 7, 5, generator=_gen(8)), V), grads_of=(0, 1))
+
+
+def test_addmv_with_zero_beta_ignores_nans_in_the_input(mode):
+    nan_bias = torch.full((7,), float("nan"))
+    got = torch.addmv(nan_bias.to("pjrt"), A.to("pjrt"), V.to("pjrt"), beta=0)
+    torch.testing.assert_close(got.cpu(), A @ V, **TOL)
+
+
+def test_a_linear_layer_on_a_vector_is_native(mode):
+    check(lambda w, v: F.linear(v, w), (A, V), grads_of=(0, 1))
+
+
+# ---- xlogy -----------------------------------------------------------------------------------
+
+XL = torch.tensor([0.0, 0.0, 1.0, 2.5, -1.0, 3.0, 0.0])
+YL = torch.tensor([0.0, float("nan"), 2.0, 0.5, 4.0, 0.0, 3.0])
+
+
+def test_xlogy_follows_pytorchs_zero_and_nan_rules(mode):
+    torch.testing.assert_close(torch.xlogy(XL.to("pjrt"), YL.to("pjrt")).cpu(), torch.xlogy(XL, YL),
+                               equal_nan=True)
+    torch.testing.assert_close(torch.xlogy(XL.to("pjrt"), 2.0).cpu(), torch.xlogy(XL, 2.0))
+    torch.testing.assert_close(torch.xlogy(3.0, YL.to("pjrt")).cpu(), torch.xlogy(3.0, YL),
+                               equal_nan=True)
+    ints = torch.tensor([0, 1, 2])
+    assert torch.xlogy(ints.to("pjrt"), ints.to("pjrt")).dtype == torch.xlogy(ints, ints).dtype
+
+
+def test_kl_div_and_its_gradient(mode):
+    logits = torch.randn(4, 6, generator=_gen(9))
+    target = torch.softmax(torch.randn(4, 6, generator=_gen(10)), 1)
+    check(lambda p, t: F.kl_div(p.log_softmax(1), t, reduction="batchmean"), (logits, target),
+          grads_of=(0, 1))
+
+
+def test_a_composed_activation_fuses_into_its_region():
+    x = X.to("pjrt")
+    with in_mode_without_fallbacks("defer_and_fuse"):
+        y = F.mish(F.leaky_relu(x * 2.0) + F.softplus(x)).sum()
+        assert torch_pjrt.metrics()["materializations"] == 0
+        y.item()
+        metrics = torch_pjrt.metrics()
+    assert metrics["regions"] == 1, metrics

@@ -39,6 +39,7 @@ sources = [
     os.path.join(CSRC, "optim.cpp"),
     os.path.join(CSRC, "rnn.cpp"),
     os.path.join(CSRC, "composite.cpp"),
+    os.path.join(CSRC, "spatial.cpp"),
 ]
 if not METADATA_ONLY:
     sources += generated_sources()

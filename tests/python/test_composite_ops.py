@@ -62,6 +62,11 @@ ACTIVATIONS = {
     "mish": F.mish,
     "hardtanh": F.hardtanh,
     "relu6": F.relu6,
+    "threshold": lambda x: F.threshold(x, 0.5, -2.0),
+    "hardshrink": F.hardshrink,
+    "softshrink": lambda x: F.softshrink(x, 1.0),
+    "glu": lambda x: F.glu(x.view(5, 7)[:, :6], 1),
+    "glu_first_dim": lambda x: F.glu(x[:34].view(2, 17), 0),
 }
 
 
@@ -71,14 +76,15 @@ def test_activation_and_its_gradient(mode, name):
 
 
 @pytest.mark.parametrize("name", ["leaky_relu", "elu", "selu", "celu", "hardswish", "hardsigmoid",
-                                  "mish", "hardtanh", "relu6"])
+                                  "mish", "hardtanh", "relu6", "threshold"])
 def test_in_place_activation(mode, name):
+    args = (0.5, -2.0) if name == "threshold" else ()
     expected = X.clone()
-    getattr(F, name)(expected, inplace=True)
+    getattr(F, name)(expected, *args, inplace=True)
     actual = X.to("pjrt")
-    getattr(F, name)(actual, inplace=True)
+    getattr(F, name)(actual, *args, inplace=True)
     torch.testing.assert_close(actual.cpu(), expected, **TOL)
-    torch.testing.assert_close(actual.cpu(), getattr(F, name)(X), **TOL)
+    torch.testing.assert_close(actual.cpu(), getattr(F, name)(X, *args), **TOL)
 
 
 def test_in_place_activations_inside_modules_train(mode):
@@ -136,6 +142,33 @@ def test_integer_inputs_are_refused_as_on_the_cpu(pjrt):
     # Integers through hardtanh keep their dtype, as on the CPU.
     assert F.hardtanh(x).dtype == torch.int64
     assert F.hardtanh(x).cpu().tolist() == [1, -1]
+
+
+def test_glu_of_an_odd_dim_is_refused(pjrt):
+    with pytest.raises(RuntimeError, match="Halving dimension must be even, but dimension 1 is size 7"):
+        F.glu(X.view(5, 7).to(pjrt), 1)
+
+
+# ---- norms and moments -----------------------------------------------------------------------
+
+N3 = torch.randn(4, 5, 6, generator=_gen(11))
+
+NORMS = {
+    "p2_dim": lambda x: torch.norm(x, 2, dim=1),
+    "p1_dims_keepdim": lambda x: torch.norm(x, 1, dim=(0, 2), keepdim=True),
+    "pinf": lambda x: torch.norm(x, float("inf"), dim=-1),
+    "p3_all": lambda x: torch.norm(x, 3),
+    "pairwise_distance": lambda x: F.pairwise_distance(x[0], x[1]),
+    "triplet_margin": lambda x: F.triplet_margin_loss(x[0], x[1], x[2]),
+    "std_mean": lambda x: torch.stack(torch.std_mean(x, dim=1)),
+    "var_mean_unbiased_false": lambda x: torch.stack(torch.var_mean(x, dim=(0, 2), unbiased=False)),
+    "std_mean_all": lambda x: torch.stack(torch.std_mean(x)),
+}
+
+
+@pytest.mark.parametrize("name", list(NORMS))
+def test_norms_and_moments_with_gradients(mode, name):
+    check(NORMS[name], (N3,), rtol=1e-4, atol=1e-5)
 
 
 # ---- max/min along a dim ---------------------------------------------------------------------

@@ -173,6 +173,71 @@ std::tuple<at::Tensor, at::Tensor> pjrt_prelu_kernel_backward(
   return {grad_self, grad_weight};
 }
 
+at::Tensor pjrt_threshold(const at::Tensor& self, const at::Scalar& threshold, const at::Scalar& value) {
+  return at::where(self > threshold, self, at::scalar_tensor(value, self.options())).to(self.scalar_type());
+}
+
+// `hardshrink` and `softshrink` zero what lies within [-lambd, lambd]; so do their gradients.
+at::Tensor inside_band(const at::Tensor& self, const at::Scalar& lambd) {
+  return (self >= -lambd.toDouble()).logical_and(self <= lambd);
+}
+
+at::Tensor pjrt_hardshrink(const at::Tensor& self, const at::Scalar& lambd) {
+  return at::where(inside_band(self, lambd), at::zeros_like(self), self);
+}
+
+at::Tensor pjrt_softshrink(const at::Tensor& self, const at::Scalar& lambd) {
+  TORCH_CHECK(
+      lambd.toDouble() >= 0,
+      "lambda must be greater or equal to 0, but found to be ",
+      lambd.toDouble(),
+      ".");
+  at::Tensor shifted = at::where(self > lambd, self - lambd, self + lambd);
+  return at::where(inside_band(self, lambd), at::zeros_like(self), shifted);
+}
+
+at::Tensor pjrt_shrink_backward(
+    const at::Tensor& grad_output,
+    const at::Tensor& self,
+    const at::Scalar& lambd) {
+  return at::where(inside_band(self, lambd), at::zeros_like(grad_output), grad_output);
+}
+
+// Gated linear unit: the first half of `dim` times the sigmoid of the second.
+at::Tensor pjrt_glu(const at::Tensor& self, int64_t dim) {
+  TORCH_CHECK(self.dim() > 0, "glu does not support scalars because halving size must be even");
+  int64_t wrapped = at::maybe_wrap_dim(dim, self.dim());
+  TORCH_CHECK(
+      self.size(wrapped) % 2 == 0,
+      "Halving dimension must be even, but dimension ",
+      wrapped,
+      " is size ",
+      self.size(wrapped));
+  auto halves = self.chunk(2, wrapped);
+  return halves[0] * at::sigmoid(halves[1]);
+}
+
+at::Tensor pjrt_glu_backward(const at::Tensor& grad_output, const at::Tensor& self, int64_t dim) {
+  int64_t wrapped = at::maybe_wrap_dim(dim, self.dim());
+  auto halves = self.chunk(2, wrapped);
+  at::Tensor gate = at::sigmoid(halves[1]);
+  at::Tensor grad_first = grad_output * gate;
+  at::Tensor grad_second = grad_first * halves[0] * (1 - gate);
+  return at::cat({grad_first, grad_second}, wrapped);
+}
+
+// `torch.norm` with a p: the vector norm over `dim` (every dim when empty).
+at::Tensor pjrt_norm(
+    const at::Tensor& self,
+    const std::optional<at::Scalar>& p,
+    at::IntArrayRef dim,
+    bool keepdim,
+    std::optional<at::ScalarType> dtype) {
+  at::Scalar order = p.has_value() ? *p : at::Scalar(2.0);
+  return at::linalg_vector_norm(
+      self, order, dim.empty() ? at::OptionalIntArrayRef() : at::OptionalIntArrayRef(dim), keepdim, dtype);
+}
+
 // ----- reductions with indices ------------------------------------------------------------------
 
 std::tuple<at::Tensor, at::Tensor> pjrt_max_dim(const at::Tensor& self, int64_t dim, bool keepdim) {
@@ -224,6 +289,24 @@ std::tuple<at::Tensor&, at::Tensor&> pjrt_min_dim_out(
   write_out(v, values);
   write_out(i, indices);
   return {values, indices};
+}
+
+// ----- moments --------------------------------------------------------------------------------
+
+std::tuple<at::Tensor, at::Tensor> pjrt_var_mean(
+    const at::Tensor& self,
+    at::OptionalIntArrayRef dim,
+    const std::optional<at::Scalar>& correction,
+    bool keepdim) {
+  return {at::var(self, dim, correction, keepdim), at::mean(self, dim, keepdim)};
+}
+
+std::tuple<at::Tensor, at::Tensor> pjrt_std_mean(
+    const at::Tensor& self,
+    at::OptionalIntArrayRef dim,
+    const std::optional<at::Scalar>& correction,
+    bool keepdim) {
+  return {at::std(self, dim, correction, keepdim), at::mean(self, dim, keepdim)};
 }
 
 // ----- matrix-vector product --------------------------------------------------------------------
@@ -431,6 +514,93 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
          at::Tensor& grad_input) -> at::Tensor& {
         return write_out(pjrt_hardtanh_backward(grad_output, self, min_val, max_val), grad_input);
       });
+
+  m.impl("threshold", TORCH_FN(pjrt_threshold));
+  m.impl(
+      "threshold.out",
+      [](const at::Tensor& self, const at::Scalar& threshold, const at::Scalar& value, at::Tensor& out)
+          -> at::Tensor& { return write_out(pjrt_threshold(self, threshold, value), out); });
+  m.impl(
+      "threshold_",
+      [](at::Tensor& self, const at::Scalar& threshold, const at::Scalar& value) -> at::Tensor& {
+        return self.copy_(pjrt_threshold(self, threshold, value));
+      });
+  m.impl("hardshrink", TORCH_FN(pjrt_hardshrink));
+  m.impl(
+      "hardshrink.out",
+      [](const at::Tensor& self, const at::Scalar& lambd, at::Tensor& out) -> at::Tensor& {
+        return write_out(pjrt_hardshrink(self, lambd), out);
+      });
+  m.impl("softshrink", TORCH_FN(pjrt_softshrink));
+  m.impl(
+      "softshrink.out",
+      [](const at::Tensor& self, const at::Scalar& lambd, at::Tensor& out) -> at::Tensor& {
+        return write_out(pjrt_softshrink(self, lambd), out);
+      });
+  m.impl("hardshrink_backward", TORCH_FN(pjrt_shrink_backward));
+  m.impl("softshrink_backward", TORCH_FN(pjrt_shrink_backward));
+  m.impl(
+      "hardshrink_backward.grad_input",
+      [](const at::Tensor& grad, const at::Tensor& self, const at::Scalar& lambd, at::Tensor& out)
+          -> at::Tensor& { return write_out(pjrt_shrink_backward(grad, self, lambd), out); });
+  m.impl(
+      "softshrink_backward.grad_input",
+      [](const at::Tensor& grad, const at::Tensor& self, const at::Scalar& lambd, at::Tensor& out)
+          -> at::Tensor& { return write_out(pjrt_shrink_backward(grad, self, lambd), out); });
+
+  m.impl("glu", TORCH_FN(pjrt_glu));
+  m.impl("glu.out", [](const at::Tensor& self, int64_t dim, at::Tensor& out) -> at::Tensor& {
+    return write_out(pjrt_glu(self, dim), out);
+  });
+  m.impl("glu_backward", TORCH_FN(pjrt_glu_backward));
+  m.impl(
+      "glu_backward.grad_input",
+      [](const at::Tensor& grad, const at::Tensor& self, int64_t dim, at::Tensor& out) -> at::Tensor& {
+        return write_out(pjrt_glu_backward(grad, self, dim), out);
+      });
+
+  m.impl(
+      "norm.ScalarOpt_dim",
+      [](const at::Tensor& self, const std::optional<at::Scalar>& p, at::IntArrayRef dim, bool keepdim) {
+        return pjrt_norm(self, p, dim, keepdim, std::nullopt);
+      });
+  m.impl(
+      "norm.ScalarOpt_dim_dtype",
+      [](const at::Tensor& self,
+         const std::optional<at::Scalar>& p,
+         at::IntArrayRef dim,
+         bool keepdim,
+         at::ScalarType dtype) { return pjrt_norm(self, p, dim, keepdim, dtype); });
+  m.impl(
+      "norm.out",
+      [](const at::Tensor& self,
+         const std::optional<at::Scalar>& p,
+         at::IntArrayRef dim,
+         bool keepdim,
+         at::Tensor& out) -> at::Tensor& {
+        return write_out(pjrt_norm(self, p, dim, keepdim, std::nullopt), out);
+      });
+  m.impl(
+      "norm.dtype_out",
+      [](const at::Tensor& self,
+         const std::optional<at::Scalar>& p,
+         at::IntArrayRef dim,
+         bool keepdim,
+         at::ScalarType dtype,
+         at::Tensor& out) -> at::Tensor& {
+        return write_out(pjrt_norm(self, p, dim, keepdim, dtype), out);
+      });
+  m.impl("norm.Scalar", [](const at::Tensor& self, const at::Scalar& p) {
+    return pjrt_norm(self, p, {}, false, std::nullopt);
+  });
+  m.impl(
+      "norm.ScalarOpt_dtype",
+      [](const at::Tensor& self, const std::optional<at::Scalar>& p, at::ScalarType dtype) {
+        return pjrt_norm(self, p, {}, false, dtype);
+      });
+
+  m.impl("var_mean.correction", TORCH_FN(pjrt_var_mean));
+  m.impl("std_mean.correction", TORCH_FN(pjrt_std_mean));
 
   m.impl("_prelu_kernel", TORCH_FN(pjrt_prelu_kernel));
   m.impl("_prelu_kernel_backward", TORCH_FN(pjrt_prelu_kernel_backward));

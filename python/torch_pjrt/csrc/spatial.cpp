@@ -1,0 +1,562 @@
+// Resampling and padding kernels composed from device ops (RFC 0019): nearest and
+// nearest-exact upsampling in 1, 2 and 3 dims, linear, bilinear and trilinear upsampling, and reflection
+// and replication padding in 1, 2 and 3 dims, each with its backward op.
+//
+// Every one of them is a gather along each resampled dim: the source positions (and for linear
+// upsampling the two taps' weights) come from an `arange` on the device, with PyTorch's CPU
+// kernels' float arithmetic, so nothing is uploaded and a region stays whole. The backward ops
+// scatter-add the gradient through the same positions (`index_add`), dim by dim in reverse.
+#include <ATen/ATen.h>
+#include <c10/core/SymIntArrayRef.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <vector>
+
+namespace torch_pjrt {
+namespace {
+
+at::Tensor& write_out(const at::Tensor& result, at::Tensor& out) {
+  if (out.sizes() != result.sizes()) {
+    out.resize_(result.sizes());
+  }
+  out.copy_(result);
+  return out;
+}
+
+// PyTorch's `compute_scales_value`: the input step per output step, in float.
+float source_scale(std::optional<double> scale, int64_t input_size, int64_t output_size) {
+  if (scale.has_value() && *scale > 0.0) {
+    return static_cast<float>(1.0 / *scale);
+  }
+  return static_cast<float>(input_size) / static_cast<float>(output_size);
+}
+
+at::Tensor positions(int64_t count, const at::Tensor& like, at::ScalarType dtype) {
+  return at::arange(count, like.options().dtype(dtype));
+}
+
+// The source index of each output position for nearest (or nearest-exact) resampling.
+at::Tensor nearest_source(
+    int64_t input_size,
+    int64_t output_size,
+    std::optional<double> scale,
+    bool exact,
+    const at::Tensor& like) {
+  if (input_size == output_size) {
+    return positions(output_size, like, at::kLong);
+  }
+  float step = source_scale(scale, input_size, output_size);
+  at::Tensor at_position = positions(output_size, like, at::kFloat);
+  if (exact) {
+    at_position = at_position + 0.5;
+  }
+  return at::floor(at_position * static_cast<double>(step)).to(at::kLong).clamp_max(input_size - 1);
+}
+
+// Linear interpolation's two taps along one dim: source indices and their weights.
+struct LinearTaps {
+  at::Tensor low;
+  at::Tensor high;
+  at::Tensor low_weight;
+  at::Tensor high_weight;
+};
+
+LinearTaps linear_taps(
+    int64_t input_size,
+    int64_t output_size,
+    bool align_corners,
+    std::optional<double> scale,
+    const at::Tensor& like) {
+  float step;
+  if (align_corners) {
+    step = output_size > 1 ? static_cast<float>(input_size - 1) / static_cast<float>(output_size - 1)
+                           : 0.0f;
+  } else {
+    step = source_scale(scale, input_size, output_size);
+  }
+  at::Tensor source = positions(output_size, like, at::kFloat);
+  if (align_corners) {
+    source = source * static_cast<double>(step);
+  } else {
+    source = ((source + 0.5) * static_cast<double>(step) - 0.5).clamp_min(0.0);
+  }
+  at::Tensor low = at::floor(source).to(at::kLong).clamp_max(input_size - 1);
+  at::Tensor lambda = (source - low.to(at::kFloat)).clamp(0.0, 1.0);
+  at::Tensor high = low + (low < input_size - 1).to(at::kLong);
+  return {low, high, 1.0 - lambda, lambda};
+}
+
+// `weights` ([n]) shaped to broadcast along `dim` of a `rank`-d tensor.
+at::Tensor along(const at::Tensor& weights, int64_t dim, int64_t rank) {
+  std::vector<int64_t> shape(rank, 1);
+  shape[dim] = weights.size(0);
+  return weights.view(shape);
+}
+
+at::Tensor interpolate(const at::Tensor& x, int64_t dim, const LinearTaps& taps) {
+  at::Tensor low = x.index_select(dim, taps.low) * along(taps.low_weight, dim, x.dim());
+  at::Tensor high = x.index_select(dim, taps.high) * along(taps.high_weight, dim, x.dim());
+  return low + high;
+}
+
+// The adjoint of `interpolate`: each output gradient goes back to its two taps.
+at::Tensor interpolate_backward(
+    const at::Tensor& grad,
+    int64_t dim,
+    int64_t input_size,
+    const LinearTaps& taps) {
+  std::vector<int64_t> shape = grad.sizes().vec();
+  shape[dim] = input_size;
+  at::Tensor weighted_low = grad * along(taps.low_weight, dim, grad.dim());
+  at::Tensor weighted_high = grad * along(taps.high_weight, dim, grad.dim());
+  at::Tensor zeros = at::zeros(shape, weighted_low.options());
+  return zeros.index_add(dim, taps.low, weighted_low).index_add(dim, taps.high, weighted_high);
+}
+
+at::Tensor scatter_back(
+    const at::Tensor& grad,
+    int64_t dim,
+    int64_t input_size,
+    const at::Tensor& source) {
+  std::vector<int64_t> shape = grad.sizes().vec();
+  shape[dim] = input_size;
+  return at::zeros(shape, grad.options()).index_add(dim, source, grad);
+}
+
+void check_resample(
+    const char* op,
+    const at::Tensor& self,
+    int64_t spatial,
+    at::IntArrayRef output_size) {
+  TORCH_CHECK(
+      self.dim() == spatial + 2,
+      op,
+      ": expected a ",
+      spatial + 2,
+      "-D input (batch, channels and ",
+      spatial,
+      " spatial dims), but got a tensor of shape ",
+      self.sizes());
+  TORCH_CHECK(
+      static_cast<int64_t>(output_size.size()) == spatial,
+      op,
+      ": expected ",
+      spatial,
+      " output sizes, but got ",
+      output_size);
+  for (int64_t i = 0; i < spatial; ++i) {
+    TORCH_CHECK(
+        self.size(i + 2) > 0 && output_size[i] > 0,
+        op,
+        ": input and output sizes should be greater than 0, but got input (",
+        self.sizes(),
+        ") output (",
+        output_size,
+        ")");
+  }
+}
+
+// ----- nearest ----------------------------------------------------------------------------------
+
+at::Tensor upsample_nearest(
+    const char* op,
+    const at::Tensor& self,
+    at::IntArrayRef output_size,
+    const std::vector<std::optional<double>>& scales,
+    bool exact) {
+  int64_t spatial = static_cast<int64_t>(scales.size());
+  check_resample(op, self, spatial, output_size);
+  at::Tensor result = self;
+  for (int64_t i = 0; i < spatial; ++i) {
+    int64_t dim = i + 2;
+    if (self.size(dim) == output_size[i]) {
+      continue;
+    }
+    result = result.index_select(
+        dim, nearest_source(self.size(dim), output_size[i], scales[i], exact, self));
+  }
+  return result.is_same(self) ? self.clone() : result;
+}
+
+at::Tensor upsample_nearest_backward(
+    const at::Tensor& grad_output,
+    at::IntArrayRef input_size,
+    const std::vector<std::optional<double>>& scales,
+    bool exact) {
+  int64_t spatial = static_cast<int64_t>(scales.size());
+  TORCH_CHECK(
+      static_cast<int64_t>(input_size.size()) == spatial + 2 && grad_output.dim() == spatial + 2,
+      "upsample_nearest_backward: expected a ",
+      spatial + 2,
+      "-D gradient and input size, but got a gradient of shape ",
+      grad_output.sizes(),
+      " and input size ",
+      input_size);
+  at::Tensor grad = grad_output;
+  for (int64_t i = spatial - 1; i >= 0; --i) {
+    int64_t dim = i + 2;
+    int64_t in = input_size[dim];
+    int64_t out = grad_output.size(dim);
+    if (in == out) {
+      continue;
+    }
+    grad = scatter_back(grad, dim, in, nearest_source(in, out, scales[i], exact, grad_output));
+  }
+  return grad.is_same(grad_output) ? grad_output.clone() : grad;
+}
+
+// ----- linear -----------------------------------------------------------------------------------
+
+at::Tensor upsample_linear(
+    const char* op,
+    const at::Tensor& self,
+    at::IntArrayRef output_size,
+    bool align_corners,
+    const std::vector<std::optional<double>>& scales) {
+  int64_t spatial = static_cast<int64_t>(scales.size());
+  check_resample(op, self, spatial, output_size);
+  TORCH_CHECK(
+      at::isFloatingType(self.scalar_type()),
+      "\"",
+      op,
+      "\" not implemented for '",
+      c10::toString(self.scalar_type()),
+      "': expected a floating-point input");
+  // Interpolated in float (bfloat16 and half in float, as PyTorch's CPU kernels do), rounded once.
+  at::Tensor result = self;
+  for (int64_t i = spatial - 1; i >= 0; --i) {
+    int64_t dim = i + 2;
+    result = interpolate(
+        result, dim, linear_taps(self.size(dim), output_size[i], align_corners, scales[i], self));
+  }
+  return result.to(self.scalar_type());
+}
+
+at::Tensor upsample_linear_backward(
+    const at::Tensor& grad_output,
+    at::IntArrayRef input_size,
+    bool align_corners,
+    const std::vector<std::optional<double>>& scales) {
+  int64_t spatial = static_cast<int64_t>(scales.size());
+  TORCH_CHECK(
+      static_cast<int64_t>(input_size.size()) == spatial + 2 && grad_output.dim() == spatial + 2,
+      "upsample_linear_backward: expected a ",
+      spatial + 2,
+      "-D gradient and input size, but got a gradient of shape ",
+      grad_output.sizes(),
+      " and input size ",
+      input_size);
+  at::Tensor grad = grad_output;
+  for (int64_t i = 0; i < spatial; ++i) {
+    int64_t dim = i + 2;
+    int64_t in = input_size[dim];
+    grad = interpolate_backward(
+        grad, dim, in, linear_taps(in, grad_output.size(dim), align_corners, scales[i], grad_output));
+  }
+  return grad.to(grad_output.scalar_type());
+}
+
+// ----- padding ----------------------------------------------------------------------------------
+
+enum class PadMode { Reflect, Replicate };
+
+const char* pad_name(PadMode mode) {
+  return mode == PadMode::Reflect ? "reflection_pad" : "replication_pad";
+}
+
+// The source index of each padded position along a dim of `size` with `before`/`after` padding.
+at::Tensor pad_source(int64_t size, int64_t before, int64_t after, PadMode mode, const at::Tensor& like) {
+  at::Tensor position = at::arange(-before, size + after, like.options().dtype(at::kLong));
+  if (mode == PadMode::Replicate) {
+    return position.clamp(0, size - 1);
+  }
+  // Reflection about the first and last elements: (n-1) - |(n-1) - |p||.
+  return (size - 1) - ((size - 1) - position.abs()).abs();
+}
+
+void check_pad(PadMode mode, const at::Tensor& self, int64_t spatial, at::IntArrayRef padding) {
+  TORCH_CHECK(
+      static_cast<int64_t>(padding.size()) == 2 * spatial,
+      pad_name(mode),
+      spatial,
+      "d: expected padding of length ",
+      2 * spatial,
+      ", but got ",
+      padding.size());
+  TORCH_CHECK(
+      self.dim() == spatial + 1 || self.dim() == spatial + 2,
+      pad_name(mode),
+      spatial,
+      "d: expected a ",
+      spatial + 1,
+      "-D or ",
+      spatial + 2,
+      "-D input, but got a tensor of shape ",
+      self.sizes());
+  for (int64_t i = 0; i < spatial; ++i) {
+    int64_t dim = self.dim() - 1 - i;
+    int64_t size = self.size(dim);
+    int64_t before = padding[2 * i];
+    int64_t after = padding[2 * i + 1];
+    if (mode == PadMode::Reflect) {
+      TORCH_CHECK(
+          before < size && after < size,
+          "Argument #4: Padding size should be less than the corresponding input dimension, but "
+          "got: padding (",
+          before,
+          ", ",
+          after,
+          ") at dimension ",
+          dim,
+          " of input ",
+          self.sizes());
+    } else {
+      TORCH_CHECK(
+          size > 0,
+          pad_name(mode),
+          spatial,
+          "d: expected a non-empty dim ",
+          dim,
+          " to replicate, but got input of shape ",
+          self.sizes());
+    }
+    TORCH_CHECK(
+        size + before + after > 0,
+        pad_name(mode),
+        spatial,
+        "d: input of shape ",
+        self.sizes(),
+        " padded by ",
+        padding,
+        " would have a dim of size ",
+        size + before + after,
+        "; the padded size must be positive");
+  }
+}
+
+at::Tensor pad(PadMode mode, int64_t spatial, const at::Tensor& self, at::IntArrayRef padding) {
+  check_pad(mode, self, spatial, padding);
+  at::Tensor result = self;
+  for (int64_t i = 0; i < spatial; ++i) {
+    int64_t dim = self.dim() - 1 - i;
+    result = result.index_select(
+        dim, pad_source(self.size(dim), padding[2 * i], padding[2 * i + 1], mode, self));
+  }
+  return result;
+}
+
+at::Tensor pad_backward(
+    PadMode mode,
+    int64_t spatial,
+    const at::Tensor& grad_output,
+    const at::Tensor& self,
+    at::IntArrayRef padding) {
+  check_pad(mode, self, spatial, padding);
+  at::Tensor grad = grad_output;
+  for (int64_t i = spatial - 1; i >= 0; --i) {
+    int64_t dim = self.dim() - 1 - i;
+    int64_t size = self.size(dim);
+    grad = scatter_back(grad, dim, size, pad_source(size, padding[2 * i], padding[2 * i + 1], mode, self));
+  }
+  return grad;
+}
+
+std::vector<int64_t> ints(c10::SymIntArrayRef sizes) {
+  return C10_AS_INTARRAYREF_SLOW(sizes).vec();
+}
+
+using Scale = std::optional<double>;
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  // nearest
+  m.impl("upsample_nearest1d", [](const at::Tensor& self, c10::SymIntArrayRef size, Scale s) {
+    return upsample_nearest("upsample_nearest1d", self, ints(size), {s}, false);
+  });
+  m.impl(
+      "upsample_nearest1d.out",
+      [](const at::Tensor& self, c10::SymIntArrayRef size, Scale s, at::Tensor& out) -> at::Tensor& {
+        return write_out(upsample_nearest("upsample_nearest1d", self, ints(size), {s}, false), out);
+      });
+  m.impl(
+      "upsample_nearest2d",
+      [](const at::Tensor& self, c10::SymIntArrayRef size, Scale h, Scale w) {
+        return upsample_nearest("upsample_nearest2d", self, ints(size), {h, w}, false);
+      });
+  m.impl(
+      "upsample_nearest2d.out",
+      [](const at::Tensor& self, c10::SymIntArrayRef size, Scale h, Scale w, at::Tensor& out)
+          -> at::Tensor& {
+        return write_out(upsample_nearest("upsample_nearest2d", self, ints(size), {h, w}, false), out);
+      });
+  m.impl(
+      "upsample_nearest3d",
+      [](const at::Tensor& self, c10::SymIntArrayRef size, Scale d, Scale h, Scale w) {
+        return upsample_nearest("upsample_nearest3d", self, ints(size), {d, h, w}, false);
+      });
+  m.impl(
+      "upsample_nearest3d.out",
+      [](const at::Tensor& self, c10::SymIntArrayRef size, Scale d, Scale h, Scale w, at::Tensor& out)
+          -> at::Tensor& {
+        return write_out(
+            upsample_nearest("upsample_nearest3d", self, ints(size), {d, h, w}, false), out);
+      });
+  m.impl("_upsample_nearest_exact1d", [](const at::Tensor& self, c10::SymIntArrayRef size, Scale s) {
+    return upsample_nearest("_upsample_nearest_exact1d", self, ints(size), {s}, true);
+  });
+  m.impl(
+      "_upsample_nearest_exact2d",
+      [](const at::Tensor& self, c10::SymIntArrayRef size, Scale h, Scale w) {
+        return upsample_nearest("_upsample_nearest_exact2d", self, ints(size), {h, w}, true);
+      });
+  m.impl(
+      "_upsample_nearest_exact3d",
+      [](const at::Tensor& self, c10::SymIntArrayRef size, Scale d, Scale h, Scale w) {
+        return upsample_nearest("_upsample_nearest_exact3d", self, ints(size), {d, h, w}, true);
+      });
+  m.impl(
+      "upsample_nearest1d_backward",
+      [](const at::Tensor& grad, c10::SymIntArrayRef, c10::SymIntArrayRef input_size, Scale s) {
+        return upsample_nearest_backward(grad, ints(input_size), {s}, false);
+      });
+  m.impl(
+      "upsample_nearest2d_backward",
+      [](const at::Tensor& grad, c10::SymIntArrayRef, c10::SymIntArrayRef input_size, Scale h, Scale w) {
+        return upsample_nearest_backward(grad, ints(input_size), {h, w}, false);
+      });
+  m.impl(
+      "upsample_nearest3d_backward",
+      [](const at::Tensor& grad,
+         c10::SymIntArrayRef,
+         c10::SymIntArrayRef input_size,
+         Scale d,
+         Scale h,
+         Scale w) { return upsample_nearest_backward(grad, ints(input_size), {d, h, w}, false); });
+  m.impl(
+      "_upsample_nearest_exact1d_backward",
+      [](const at::Tensor& grad, c10::SymIntArrayRef, c10::SymIntArrayRef input_size, Scale s) {
+        return upsample_nearest_backward(grad, ints(input_size), {s}, true);
+      });
+  m.impl(
+      "_upsample_nearest_exact2d_backward",
+      [](const at::Tensor& grad, c10::SymIntArrayRef, c10::SymIntArrayRef input_size, Scale h, Scale w) {
+        return upsample_nearest_backward(grad, ints(input_size), {h, w}, true);
+      });
+  m.impl(
+      "_upsample_nearest_exact3d_backward",
+      [](const at::Tensor& grad,
+         c10::SymIntArrayRef,
+         c10::SymIntArrayRef input_size,
+         Scale d,
+         Scale h,
+         Scale w) { return upsample_nearest_backward(grad, ints(input_size), {d, h, w}, true); });
+
+  // linear
+  m.impl(
+      "upsample_linear1d",
+      [](const at::Tensor& self, c10::SymIntArrayRef size, bool align_corners, Scale s) {
+        return upsample_linear("upsample_linear1d", self, ints(size), align_corners, {s});
+      });
+  m.impl(
+      "upsample_linear1d.out",
+      [](const at::Tensor& self, c10::SymIntArrayRef size, bool align_corners, Scale s, at::Tensor& out)
+          -> at::Tensor& {
+        return write_out(upsample_linear("upsample_linear1d", self, ints(size), align_corners, {s}), out);
+      });
+  m.impl(
+      "upsample_bilinear2d",
+      [](const at::Tensor& self, c10::SymIntArrayRef size, bool align_corners, Scale h, Scale w) {
+        return upsample_linear("upsample_bilinear2d", self, ints(size), align_corners, {h, w});
+      });
+  m.impl(
+      "upsample_bilinear2d.out",
+      [](const at::Tensor& self,
+         c10::SymIntArrayRef size,
+         bool align_corners,
+         Scale h,
+         Scale w,
+         at::Tensor& out) -> at::Tensor& {
+        return write_out(
+            upsample_linear("upsample_bilinear2d", self, ints(size), align_corners, {h, w}), out);
+      });
+  m.impl(
+      "upsample_trilinear3d",
+      [](const at::Tensor& self, c10::SymIntArrayRef size, bool align_corners, Scale d, Scale h, Scale w) {
+        return upsample_linear("upsample_trilinear3d", self, ints(size), align_corners, {d, h, w});
+      });
+  m.impl(
+      "upsample_trilinear3d.out",
+      [](const at::Tensor& self,
+         c10::SymIntArrayRef size,
+         bool align_corners,
+         Scale d,
+         Scale h,
+         Scale w,
+         at::Tensor& out) -> at::Tensor& {
+        return write_out(
+            upsample_linear("upsample_trilinear3d", self, ints(size), align_corners, {d, h, w}), out);
+      });
+  m.impl(
+      "upsample_trilinear3d_backward",
+      [](const at::Tensor& grad,
+         c10::SymIntArrayRef,
+         c10::SymIntArrayRef input_size,
+         bool align_corners,
+         Scale d,
+         Scale h,
+         Scale w) {
+        return upsample_linear_backward(grad, ints(input_size), align_corners, {d, h, w});
+      });
+  m.impl(
+      "upsample_linear1d_backward",
+      [](const at::Tensor& grad,
+         c10::SymIntArrayRef,
+         c10::SymIntArrayRef input_size,
+         bool align_corners,
+         Scale s) { return upsample_linear_backward(grad, ints(input_size), align_corners, {s}); });
+  m.impl(
+      "upsample_bilinear2d_backward",
+      [](const at::Tensor& grad,
+         c10::SymIntArrayRef,
+         c10::SymIntArrayRef input_size,
+         bool align_corners,
+         Scale h,
+         Scale w) {
+        return upsample_linear_backward(grad, ints(input_size), align_corners, {h, w});
+      });
+
+  // padding
+#define PJRT_PAD_KERNELS(name, mode, spatial)                                                      \
+  m.impl(#name, [](const at::Tensor& self, c10::SymIntArrayRef padding) {                         \
+    return pad(mode, spatial, self, ints(padding));                                               \
+  });                                                                                             \
+  m.impl(                                                                                         \
+      #name ".out",                                                                               \
+      [](const at::Tensor& self, c10::SymIntArrayRef padding, at::Tensor& out) -> at::Tensor& {   \
+        return write_out(pad(mode, spatial, self, ints(padding)), out);                           \
+      });                                                                                         \
+  m.impl(                                                                                         \
+      #name "_backward",                                                                          \
+      [](const at::Tensor& grad, const at::Tensor& self, c10::SymIntArrayRef padding) {           \
+        return pad_backward(mode, spatial, grad, self, ints(padding));                            \
+      });                                                                                         \
+  m.impl(                                                                                         \
+      #name "_backward.grad_input",                                                               \
+      [](const at::Tensor& grad,                                                                  \
+         const at::Tensor& self,                                                                  \
+         c10::SymIntArrayRef padding,                                                             \
+         at::Tensor& grad_input) -> at::Tensor& {                                                 \
+        return write_out(pad_backward(mode, spatial, grad, self, ints(padding)), grad_input);     \
+      });
+  PJRT_PAD_KERNELS(reflection_pad1d, PadMode::Reflect, 1)
+  PJRT_PAD_KERNELS(reflection_pad2d, PadMode::Reflect, 2)
+  PJRT_PAD_KERNELS(reflection_pad3d, PadMode::Reflect, 3)
+  PJRT_PAD_KERNELS(replication_pad1d, PadMode::Replicate, 1)
+  PJRT_PAD_KERNELS(replication_pad2d, PadMode::Replicate, 2)
+  PJRT_PAD_KERNELS(replication_pad3d, PadMode::Replicate, 3)
+#undef PJRT_PAD_KERNELS
+}
+
+}  // namespace torch_pjrt

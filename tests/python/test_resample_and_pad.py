@@ -1,0 +1,133 @@
+"""Upsampling (nearest, nearest-exact, linear, bilinear, trilinear) and reflection/replication
+padding on pjrt against the CPU, in every eager mode: values and input gradients, odd and
+fractional scales, align_corners, bfloat16, PyTorch's errors, and a U-Net-style block that fuses
+into one region. Nothing may fall back to the CPU."""
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import torch_pjrt
+from conftest import in_mode_without_fallbacks
+
+MODES = ["strict", "debug", "defer_and_fuse"]
+TOL = {"rtol": 1e-5, "atol": 1e-5}
+
+
+@pytest.fixture(params=MODES)
+def mode(request):
+    with in_mode_without_fallbacks(request.param):
+        yield request.param
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def check(fn, x, **tol):
+    tol = {**TOL, **tol}
+    results = []
+    for device in ("cpu", "pjrt"):
+        t = x.detach().to(device).requires_grad_()
+        y = fn(t)
+        y.backward(torch.randn(y.shape, generator=_gen(7)).to(device))
+        results.append((y.detach().cpu(), t.grad.cpu()))
+    (expected, expected_grad), (actual, actual_grad) = results
+    torch.testing.assert_close(actual, expected, **tol)
+    torch.testing.assert_close(actual_grad, expected_grad, **tol)
+
+
+X1 = torch.randn(2, 3, 7, generator=_gen(0))
+X2 = torch.randn(2, 3, 5, 6, generator=_gen(1))
+X3 = torch.randn(1, 2, 3, 4, 5, generator=_gen(2))
+
+RESAMPLE = {
+    "nearest_2x": (X2, lambda x: F.interpolate(x, scale_factor=2, mode="nearest")),
+    "nearest_size": (X2, lambda x: F.interpolate(x, size=(7, 4), mode="nearest")),
+    "nearest_fraction": (X2, lambda x: F.interpolate(x, scale_factor=1.7, mode="nearest")),
+    "nearest_1d": (X1, lambda x: F.interpolate(x, size=11, mode="nearest")),
+    "nearest_3d": (X3, lambda x: F.interpolate(x, scale_factor=(2, 1, 0.6), mode="nearest")),
+    "nearest_exact": (X2, lambda x: F.interpolate(x, size=(9, 4), mode="nearest-exact")),
+    "linear_1d": (X1, lambda x: F.interpolate(x, size=12, mode="linear")),
+    "bilinear": (X2, lambda x: F.interpolate(x, scale_factor=2, mode="bilinear")),
+    "bilinear_down": (X2, lambda x: F.interpolate(x, size=(3, 4), mode="bilinear")),
+    "bilinear_corners": (X2, lambda x: F.interpolate(x, size=(8, 9), mode="bilinear", align_corners=True)),
+    "bilinear_fraction": (X2, lambda x: F.interpolate(x, scale_factor=1.3, mode="bilinear",
+                                                     recompute_scale_factor=False)),
+    "trilinear": (X3, lambda x: F.interpolate(x, size=(5, 3, 7), mode="trilinear")),
+}
+
+
+@pytest.mark.parametrize("name", list(RESAMPLE))
+def test_upsampling_and_its_gradient(mode, name):
+    x, fn = RESAMPLE[name]
+    check(fn, x)
+
+
+def test_bilinear_upsampling_of_bfloat16_rounds_once(mode):
+    x = X2.bfloat16()
+    y = F.interpolate(x.to("pjrt"), scale_factor=2, mode="bilinear")
+    assert y.dtype == torch.bfloat16
+    torch.testing.assert_close(y.cpu(), F.interpolate(x, scale_factor=2, mode="bilinear"))
+
+
+PADS = {
+    "reflect_1d": (X1, lambda x: F.pad(x, (3, 2), mode="reflect")),
+    "reflect_2d": (X2, lambda x: F.pad(x, (1, 2, 4, 0), mode="reflect")),
+    "reflect_3d": (X3, lambda x: F.pad(x, (1, 1, 2, 0, 1, 2), mode="reflect")),
+    "replicate_1d": (X1, lambda x: F.pad(x, (4, 9), mode="replicate")),
+    "replicate_2d": (X2, lambda x: F.pad(x, (2, 2, 6, 1), mode="replicate")),
+    "replicate_3d": (X3, lambda x: F.pad(x, (0, 3, 1, 1, 2, 0), mode="replicate")),
+    "reflect_unbatched": (X2[0], lambda x: F.pad(x, (2, 1, 1, 3), mode="reflect")),
+    "reflection_module": (X2, nn.ReflectionPad2d(2)),
+    "replication_module": (X2, nn.ReplicationPad2d((1, 0, 2, 3))),
+}
+
+
+@pytest.mark.parametrize("name", list(PADS))
+def test_padding_and_its_gradient(mode, name):
+    x, fn = PADS[name]
+    check(fn, x)
+
+
+def test_reflection_padding_wider_than_the_input_is_refused(pjrt):
+    x = X2.to(pjrt)
+    with pytest.raises(RuntimeError, match="Padding size should be less than the corresponding input dimension"):
+        F.pad(x, (6, 0, 0, 0), mode="reflect")
+    with pytest.raises(RuntimeError, match=r"expected a 4-D input .* but got a tensor of shape \[2, 3, 7\]"):
+        torch.ops.aten.upsample_bilinear2d(X1.to(pjrt), [4, 4], False)
+    # The engine is still usable.
+    torch.testing.assert_close(F.pad(x, (1, 1, 1, 1), mode="reflect").cpu(),
+                               F.pad(X2, (1, 1, 1, 1), mode="reflect"))
+
+
+class UpBlock(nn.Module):
+    """A U-Net decoder step: reflection-padded convolution, then bilinear upsampling."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x):
+        y = self.conv(F.pad(x, (1, 1, 1, 1), mode="reflect")).relu()
+        return F.interpolate(y, scale_factor=2, mode="bilinear") + F.interpolate(y, scale_factor=2)
+
+
+def test_a_unet_block_trains_in_one_region_per_step():
+    def step(device):
+        torch.manual_seed(0)
+        block = UpBlock().to(device)
+        x = X2.to(device)
+        loss = block(x).square().mean()
+        loss.backward()
+        return loss.detach().cpu(), block.conv.weight.grad.cpu()
+
+    expected = step("cpu")
+    with in_mode_without_fallbacks("defer_and_fuse"):
+        actual = step("pjrt")
+        torch_pjrt.sync()
+        metrics = torch_pjrt.metrics()
+    for a, e in zip(actual, expected):
+        torch.testing.assert_close(a, e, **TOL)
+    assert metrics["regions"] == 1, metrics

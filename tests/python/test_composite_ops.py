@@ -264,3 +264,88 @@ def test_a_composed_activation_fuses_into_its_region():
         y.item()
         metrics = torch_pjrt.metrics()
     assert metrics["regions"] == 1, metrics
+
+
+# ---- elementwise functions without a native lowering ------------------------------------------
+
+UNIT = torch.cat([torch.rand(20, generator=_gen(12)) * 1.98 - 0.99, torch.tensor([0.0, 0.5, -0.999])])
+WIDE = torch.cat([torch.randn(20, generator=_gen(13)) * 5, torch.tensor([0.0, 1e-4, -30.0, 85.0])])
+ABOVE_ONE = 1.0 + torch.rand(20, generator=_gen(14)) * 50
+
+ELEMENTWISE = {
+    "atan": (torch.atan, WIDE),
+    "asin": (torch.asin, UNIT),
+    "acos": (torch.acos, UNIT),
+    "atanh": (torch.atanh, UNIT),
+    "sinh": (torch.sinh, WIDE),
+    "cosh": (torch.cosh, WIDE),
+    "asinh": (torch.asinh, WIDE),
+    "acosh": (torch.acosh, ABOVE_ONE),
+    "frac": (torch.frac, WIDE),
+}
+
+
+@pytest.mark.parametrize("name", list(ELEMENTWISE))
+def test_elementwise_function_and_its_gradient(mode, name):
+    fn, x = ELEMENTWISE[name]
+    check(fn, (x,), rtol=2e-5, atol=1e-5)
+
+
+def test_elementwise_functions_outside_their_domain_and_on_integers(mode):
+    edge = torch.tensor([1.0, -1.0, 1.5, -2.0, float("inf"), float("nan")])
+    for fn in (torch.asin, torch.acos, torch.atanh, torch.acosh, torch.asinh, torch.atan):
+        torch.testing.assert_close(fn(edge.to("pjrt")).cpu(), fn(edge), equal_nan=True)
+    ints = torch.tensor([0, 1, 2])
+    for fn in (torch.atan, torch.sinh, torch.asinh):
+        got = fn(ints.to("pjrt"))
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got.cpu(), fn(ints))
+    y = WIDE.to("pjrt")
+    y.sinh_()
+    torch.testing.assert_close(y.cpu(), WIDE.sinh(), rtol=2e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="can't be cast to the desired output type Long"):
+        ints.to("pjrt").atan_()
+
+
+A2 = torch.randn(3, 5, generator=_gen(15)) * 3
+B2 = torch.randn(3, 5, generator=_gen(16)) * 3
+
+
+@pytest.mark.parametrize("fn", [torch.logaddexp, torch.logaddexp2, torch.hypot],
+                         ids=["logaddexp", "logaddexp2", "hypot"])
+def test_binary_functions_and_their_gradients(mode, fn):
+    check(fn, (A2, B2), grads_of=(0, 1))
+
+
+def test_binary_functions_with_infinities_and_nans(mode):
+    inf, nan = float("inf"), float("nan")
+    a = torch.tensor([inf, -inf, inf, -inf, nan, 0.0, 1e30, 3.0])
+    b = torch.tensor([inf, -inf, -inf, 2.0, 1.0, 0.0, 1e30, 4.0])
+    for fn in (torch.logaddexp, torch.logaddexp2, torch.hypot):
+        torch.testing.assert_close(fn(a.to("pjrt"), b.to("pjrt")).cpu(), fn(a, b), equal_nan=True)
+    assert torch.hypot(torch.tensor([inf]).to("pjrt"), torch.tensor([nan]).to("pjrt")).item() == inf
+    with pytest.raises(NotImplementedError, match="not implemented for 'Long'"):
+        torch.logaddexp(torch.tensor([1]).to("pjrt"), torch.tensor([2]).to("pjrt"))
+
+
+# ---- index_copy, index_fill, channel_shuffle --------------------------------------------------
+
+def test_index_copy_and_fill_with_gradients(mode):
+    target = torch.randn(4, 5, 3, generator=_gen(17))
+    index = torch.tensor([3, 0])
+    source = torch.randn(4, 2, 3, generator=_gen(18))
+    check(lambda t, s: t.index_copy(1, index.to(t.device), s), (target, source), grads_of=(0, 1))
+    check(lambda t: t.index_fill(2, index[1:].to(t.device), -1.5), (target,))
+    check(lambda t: t.index_fill(0, index.to(t.device), 2.0), (target,))
+    row = torch.randn(1, 5, 3, generator=_gen(20))
+    in_place = target.to("pjrt")
+    in_place.index_copy_(0, torch.tensor([1]).to("pjrt"), row.to("pjrt"))
+    expected = target.clone()
+    expected.index_copy_(0, torch.tensor([1]), row)
+    torch.testing.assert_close(in_place.cpu(), expected)
+
+
+def test_channel_shuffle_matches_the_cpu(mode):
+    x = torch.randn(2, 6, 3, 3, generator=_gen(19))
+    check(lambda t: F.channel_shuffle(t, 3), (x,))
+    assert torch.equal(nn.ChannelShuffle(2)(x.to("pjrt")).cpu(), nn.ChannelShuffle(2)(x))

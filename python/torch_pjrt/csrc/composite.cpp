@@ -309,6 +309,205 @@ std::tuple<at::Tensor, at::Tensor> pjrt_std_mean(
   return {at::std(self, dim, correction, keepdim), at::mean(self, dim, keepdim)};
 }
 
+// ----- elementwise functions without a native lowering ------------------------------------------
+
+// Integer and bool inputs of a floating-point function are computed in the default float dtype,
+// as PyTorch does.
+at::Tensor as_floating(const at::Tensor& self) {
+  return at::isFloatingType(self.scalar_type())
+      ? self
+      : self.to(at::typeMetaToScalarType(at::get_default_dtype()));
+}
+
+constexpr double kLn2 = 0.69314718055994530942;
+
+at::Tensor pjrt_atan(const at::Tensor& self) {
+  at::Tensor x = as_floating(self);
+  return at::atan2(x, at::ones_like(x));
+}
+
+// sqrt(1 - x^2) as sqrt((1 - x)(1 + x)): exact near |x| = 1; NaN outside [-1, 1].
+at::Tensor cosine_of_asin(const at::Tensor& x) {
+  return at::sqrt((1 - x) * (1 + x));
+}
+
+at::Tensor pjrt_asin(const at::Tensor& self) {
+  at::Tensor x = as_floating(self);
+  return at::atan2(x, cosine_of_asin(x));
+}
+
+at::Tensor pjrt_acos(const at::Tensor& self) {
+  at::Tensor x = as_floating(self);
+  return at::atan2(cosine_of_asin(x), x);
+}
+
+// exp(|x|) / 2 without overflowing where exp(|x|) alone would.
+at::Tensor half_exp_abs(const at::Tensor& ax) {
+  return at::where(ax < 80, at::exp(ax) * 0.5, at::exp(ax - kLn2));
+}
+
+at::Tensor pjrt_sinh(const at::Tensor& self) {
+  at::Tensor x = as_floating(self);
+  at::Tensor ax = at::abs(x);
+  // Near 0 from expm1 (no cancellation), elsewhere exp(|x|)/2 - exp(-|x|)/2.
+  at::Tensor small = (at::expm1(ax) - at::expm1(-ax)) * 0.5;
+  at::Tensor large = half_exp_abs(ax) - at::exp(-ax) * 0.5;
+  return at::sign(x) * at::where(ax < 1, small, large);
+}
+
+at::Tensor pjrt_cosh(const at::Tensor& self) {
+  at::Tensor x = as_floating(self);
+  at::Tensor ax = at::abs(x);
+  return half_exp_abs(ax) + at::exp(-ax) * 0.5;
+}
+
+at::Tensor pjrt_asinh(const at::Tensor& self) {
+  at::Tensor x = as_floating(self);
+  at::Tensor ax = at::abs(x);
+  at::Tensor moderate = at::log1p(ax + ax * ax / (1 + at::sqrt(1 + ax * ax)));
+  at::Tensor huge = at::log(ax) + kLn2;  // where x^2 would overflow
+  return at::sign(x) * at::where(ax > 1e10, huge, moderate);
+}
+
+at::Tensor pjrt_acosh(const at::Tensor& self) {
+  at::Tensor x = as_floating(self);
+  at::Tensor above_one = x - 1;
+  at::Tensor moderate = at::log1p(above_one + at::sqrt(above_one * (x + 1)));
+  at::Tensor huge = at::log(x) + kLn2;
+  return at::where(x > 1e10, huge, moderate);
+}
+
+at::Tensor pjrt_atanh(const at::Tensor& self) {
+  at::Tensor x = as_floating(self);
+  return (at::log1p(x) - at::log1p(-x)) * 0.5;
+}
+
+at::Tensor pjrt_frac(const at::Tensor& self) {
+  require_floating("frac", self);
+  return self - at::trunc(self);
+}
+
+// log(exp(a) + exp(b)) (base 2 with `base_two`), with PyTorch's rule for equal infinities.
+at::Tensor log_add_exp(const at::Tensor& self, const at::Tensor& other, bool base_two) {
+  const char* op = base_two ? "logaddexp2" : "logaddexp";
+  at::ScalarType dtype = at::result_type(self, other);
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      at::isFloatingType(dtype),
+      "\"",
+      op,
+      "\" not implemented for '",
+      c10::toString(dtype),
+      "': expected floating-point tensors");
+  at::Tensor a = self.to(dtype);
+  at::Tensor b = other.to(dtype);
+  at::Tensor larger = at::maximum(a, b);
+  at::Tensor gap = -at::abs(a - b);
+  at::Tensor sum = base_two ? larger + at::log1p(at::exp2(gap)) / kLn2 : larger + at::log1p(at::exp(gap));
+  return at::where(at::isinf(a).logical_and(a == b), a, sum);
+}
+
+at::Tensor pjrt_hypot(const at::Tensor& self, const at::Tensor& other) {
+  at::ScalarType dtype = at::result_type(self, other);
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      at::isFloatingType(dtype),
+      "\"hypot\" not implemented for '",
+      c10::toString(dtype),
+      "': expected floating-point tensors");
+  at::Tensor a = at::abs(self.to(dtype));
+  at::Tensor b = at::abs(other.to(dtype));
+  // Scaled by the larger side so the squares cannot overflow; an infinite side wins over NaN.
+  at::Tensor larger = at::maximum(a, b);
+  at::Tensor smaller = at::minimum(a, b);
+  at::Tensor ratio = smaller / larger;
+  at::Tensor scaled = larger * at::sqrt(1 + ratio * ratio);
+  at::Tensor finite = at::where(larger == 0, at::zeros_like(larger), scaled);
+  at::Tensor infinite = at::isinf(a).logical_or(at::isinf(b));
+  return at::where(infinite, at::full_like(larger, std::numeric_limits<double>::infinity()), finite);
+}
+
+at::Tensor pjrt_channel_shuffle(const at::Tensor& self, int64_t groups) {
+  TORCH_CHECK(
+      self.dim() > 2,
+      "channel_shuffle expects input to have at least 3 dimensions, but got input with sizes ",
+      self.sizes());
+  TORCH_CHECK(groups > 0, "Number of groups to divide channels in must be positive. Value of groups:", groups);
+  int64_t channels = self.size(1);
+  TORCH_CHECK(
+      channels % groups == 0,
+      "Number of channels must be divisible by groups. Got ",
+      channels,
+      " channels and ",
+      groups,
+      " groups.");
+  std::vector<int64_t> grouped = {self.size(0), groups, channels / groups};
+  for (int64_t d = 2; d < self.dim(); ++d) {
+    grouped.push_back(self.size(d));
+  }
+  return self.reshape(grouped).transpose(1, 2).contiguous().view(self.sizes());
+}
+
+at::Tensor pjrt_index_copy(
+    const at::Tensor& self,
+    int64_t dim,
+    const at::Tensor& index,
+    const at::Tensor& source) {
+  int64_t wrapped = at::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));
+  TORCH_CHECK_INDEX(
+      index.dim() <= 1, "index_copy_(): Index should have dimension 1 or 0 (got ", index.dim(), ")");
+  TORCH_CHECK(
+      index.scalar_type() == at::kLong,
+      "index_copy_(): Expected a long tensor for index, but got ",
+      index.scalar_type());
+  TORCH_CHECK(
+      self.scalar_type() == source.scalar_type(),
+      "index_copy_(): self and source expected to have the same dtype, but got (self) ",
+      self.scalar_type(),
+      " and (source) ",
+      source.scalar_type());
+  if (self.dim() == 0) {
+    return source.reshape({}).clone();
+  }
+  c10::List<std::optional<at::Tensor>> indices;
+  for (int64_t d = 0; d < wrapped; ++d) {
+    indices.push_back(std::nullopt);
+  }
+  indices.push_back(index.reshape({-1}));
+  return at::index_put(self, indices, source, /*accumulate=*/false);
+}
+
+at::Tensor pjrt_index_fill(
+    const at::Tensor& self,
+    int64_t dim,
+    const at::Tensor& index,
+    const at::Tensor& value) {
+  TORCH_CHECK(
+      value.dim() == 0,
+      "index_fill_ only supports a 0-dimensional value tensor, but got tensor with ",
+      value.dim(),
+      " dimension(s).");
+  TORCH_CHECK_INDEX(
+      index.dim() <= 1, "index_fill_(): Index is supposed to be a vector, but got ", index.dim(), "-D");
+  TORCH_CHECK(
+      index.scalar_type() == at::kLong,
+      "index_fill_(): Expected dtype int64 for index, but got ",
+      index.scalar_type());
+  at::Tensor fill = value.to(self.device()).to(self.scalar_type());
+  if (self.dim() == 0) {
+    return index.numel() > 0 ? fill.clone() : self.clone();
+  }
+  int64_t wrapped = at::maybe_wrap_dim(dim, self.dim());
+  c10::List<std::optional<at::Tensor>> indices;
+  for (int64_t d = 0; d < wrapped; ++d) {
+    indices.push_back(std::nullopt);
+  }
+  indices.push_back(index.reshape({-1}));
+  return at::index_put(self, indices, fill, /*accumulate=*/false);
+}
+
+at::Tensor index_fill_scalar(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Scalar& value) {
+  return pjrt_index_fill(self, dim, index, at::scalar_tensor(value, self.options()));
+}
+
 // ----- matrix-vector product --------------------------------------------------------------------
 
 at::Tensor pjrt_addmv(
@@ -597,6 +796,79 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
       "norm.ScalarOpt_dtype",
       [](const at::Tensor& self, const std::optional<at::Scalar>& p, at::ScalarType dtype) {
         return pjrt_norm(self, p, {}, false, dtype);
+      });
+
+#define PJRT_FLOAT_UNARY(name, fn)                                                                 \
+  m.impl(#name, TORCH_FN(fn));                                                                    \
+  m.impl(#name ".out", [](const at::Tensor& self, at::Tensor& out) -> at::Tensor& {               \
+    return write_out(fn(self), out);                                                              \
+  });                                                                                             \
+  m.impl(#name "_", [](at::Tensor& self) -> at::Tensor& {                                         \
+    TORCH_CHECK(                                                                                  \
+        at::isFloatingType(self.scalar_type()),                                                   \
+        "result type Float can't be cast to the desired output type ",                            \
+        self.scalar_type());                                                                      \
+    return self.copy_(fn(self));                                                                  \
+  });
+  PJRT_FLOAT_UNARY(atan, pjrt_atan)
+  PJRT_FLOAT_UNARY(asin, pjrt_asin)
+  PJRT_FLOAT_UNARY(acos, pjrt_acos)
+  PJRT_FLOAT_UNARY(sinh, pjrt_sinh)
+  PJRT_FLOAT_UNARY(cosh, pjrt_cosh)
+  PJRT_FLOAT_UNARY(asinh, pjrt_asinh)
+  PJRT_FLOAT_UNARY(acosh, pjrt_acosh)
+  PJRT_FLOAT_UNARY(atanh, pjrt_atanh)
+  PJRT_FLOAT_UNARY(frac, pjrt_frac)
+#undef PJRT_FLOAT_UNARY
+
+#define PJRT_FLOAT_BINARY(name, expr)                                                              \
+  m.impl(#name, [](const at::Tensor& self, const at::Tensor& other) { return expr; });            \
+  m.impl(                                                                                         \
+      #name ".out",                                                                               \
+      [](const at::Tensor& self, const at::Tensor& other, at::Tensor& out) -> at::Tensor& {       \
+        return write_out(expr, out);                                                              \
+      });
+  PJRT_FLOAT_BINARY(logaddexp, log_add_exp(self, other, false))
+  PJRT_FLOAT_BINARY(logaddexp2, log_add_exp(self, other, true))
+  PJRT_FLOAT_BINARY(hypot, pjrt_hypot(self, other))
+#undef PJRT_FLOAT_BINARY
+  m.impl("hypot_", [](at::Tensor& self, const at::Tensor& other) -> at::Tensor& {
+    return self.copy_(pjrt_hypot(self, other));
+  });
+
+  m.impl("channel_shuffle", [](const at::Tensor& self, c10::SymInt groups) {
+    return pjrt_channel_shuffle(self, groups.expect_int());
+  });
+  m.impl("index_copy", TORCH_FN(pjrt_index_copy));
+  m.impl(
+      "index_copy.out",
+      [](const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& source, at::Tensor& out)
+          -> at::Tensor& { return write_out(pjrt_index_copy(self, dim, index, source), out); });
+  m.impl(
+      "index_copy_",
+      [](at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& source) -> at::Tensor& {
+        return self.copy_(pjrt_index_copy(self, dim, index, source));
+      });
+
+  m.impl("index_fill.int_Tensor", TORCH_FN(pjrt_index_fill));
+  m.impl("index_fill.int_Scalar", TORCH_FN(index_fill_scalar));
+  m.impl(
+      "index_fill.int_Tensor_out",
+      [](const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& value, at::Tensor& out)
+          -> at::Tensor& { return write_out(pjrt_index_fill(self, dim, index, value), out); });
+  m.impl(
+      "index_fill.int_Scalar_out",
+      [](const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Scalar& value, at::Tensor& out)
+          -> at::Tensor& { return write_out(index_fill_scalar(self, dim, index, value), out); });
+  m.impl(
+      "index_fill_.int_Tensor",
+      [](at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& value) -> at::Tensor& {
+        return self.copy_(pjrt_index_fill(self, dim, index, value));
+      });
+  m.impl(
+      "index_fill_.int_Scalar",
+      [](at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Scalar& value) -> at::Tensor& {
+        return self.copy_(index_fill_scalar(self, dim, index, value));
       });
 
   m.impl("var_mean.correction", TORCH_FN(pjrt_var_mean));

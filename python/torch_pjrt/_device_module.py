@@ -23,6 +23,16 @@ def is_initialized() -> bool:
     return _native.started()
 
 
+def __getattr__(name: str):
+    # `torch.utils.checkpoint` saves and restores a device's random state only when the device
+    # module's `_initialized` is true (as `torch.cuda._initialized` is once CUDA is in use).
+    # Without it, a checkpointed region's recomputation drew new dropout masks, so its gradients
+    # did not match its forward pass.
+    if name == "_initialized":
+        return _native.started()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def device_count() -> int:
     """The number of devices of the PJRT client (0 when the device cannot start)."""
     try:

@@ -645,8 +645,10 @@ class _SeededOps(TorchDispatchMode):
 class _StableTies(TorchDispatchMode):
     """Gives the CPU reference PyTorch's stable order for equal elements where its kernels leave
     that order unspecified (`sort` with stable=False and `topk` use std::sort and
-    std::nth_element on long rows): pjrt orders ties stably, and either order is a correct
-    result, but the indices (and the gradients, which follow them) differ."""
+    std::nth_element on long rows; `kthvalue` and `median` along a dim use quickselect, and
+    PyTorch documents their index among equal values as unspecified): pjrt orders ties stably,
+    and either order is a correct result, but the indices (and the gradients, which follow them)
+    differ."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -666,6 +668,20 @@ class _StableTies(TorchDispatchMode):
             if x.dim() > 0:
                 values, indices = values.narrow(dim, 0, k), indices.narrow(dim, 0, k)
             return values.contiguous(), indices.contiguous()
+        if func in (aten.kthvalue.default, aten.median.dim):
+            kth = func is aten.kthvalue.default
+            names = ("self", "k", "dim", "keepdim") if kth else ("self", "dim", "keepdim")
+            given = {**dict(zip(names, args)), **kwargs}
+            x = given["self"]
+            # A row with a NaN has its own rule (NaN, at its first NaN): the CPU's result stands.
+            if x.dim() > 0 and not (x.is_floating_point() and bool(torch.isnan(x).any())):
+                dim = given.get("dim", -1) % x.dim()
+                position = given["k"] - 1 if kth else (x.shape[dim] - 1) // 2
+                values, indices = aten.sort.stable(x, stable=True, dim=dim)
+                values, indices = values.narrow(dim, position, 1), indices.narrow(dim, position, 1)
+                if not given.get("keepdim", False):
+                    values, indices = values.squeeze(dim), indices.squeeze(dim)
+                return values.contiguous(), indices.contiguous()
         return func(*args, **kwargs)
 
 

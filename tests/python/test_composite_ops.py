@@ -349,3 +349,63 @@ def test_channel_shuffle_matches_the_cpu(mode):
     x = torch.randn(2, 6, 3, 3, generator=_gen(19))
     check(lambda t: F.channel_shuffle(t, 3), (x,))
     assert torch.equal(nn.ChannelShuffle(2)(x.to("pjrt")).cpu(), nn.ChannelShuffle(2)(x))
+
+
+# ---- order statistics, counting, creation ------------------------------------------------------
+
+S = torch.randn(5, 7, generator=_gen(21))
+
+
+@pytest.mark.parametrize("dim,keepdim", [(1, False), (0, True)])
+def test_median_and_kthvalue_with_indices_and_gradients(mode, dim, keepdim):
+    for fn in (lambda x: torch.median(x, dim, keepdim=keepdim),
+               lambda x: torch.kthvalue(x, 3, dim, keepdim=keepdim)):
+        check(lambda x: fn(x).values, (S,))
+        got, expected = fn(S.to("pjrt")), fn(S)
+        assert torch.equal(got.indices.cpu(), expected.indices)
+    check(torch.median, (S,))
+
+
+def test_median_of_a_row_with_nan_is_nan_at_its_first_nan(mode):
+    x = torch.tensor([[1.0, float("nan"), 3.0, float("nan")], [4.0, 2.0, 3.0, 1.0]])
+    got, expected = x.to("pjrt").median(1), x.median(1)
+    torch.testing.assert_close(got.values.cpu(), expected.values, equal_nan=True)
+    assert got.indices.cpu().tolist() == expected.indices.tolist()
+    assert torch.isnan(x.to("pjrt").median()).item()
+
+
+def test_bincount_and_histc_match_the_cpu(mode):
+    counts = torch.tensor([0, 3, 3, 1, 7])
+    weights = torch.tensor([0.5, 1.0, 2.0, 0.25, 1.5])
+    assert torch.equal(torch.bincount(counts.to("pjrt")).cpu(), torch.bincount(counts))
+    assert torch.equal(torch.bincount(counts.to("pjrt"), minlength=10).cpu(), torch.bincount(counts, minlength=10))
+    torch.testing.assert_close(torch.bincount(counts.to("pjrt"), weights.to("pjrt")).cpu(),
+                               torch.bincount(counts, weights))
+    values = torch.cat([torch.randn(50, generator=_gen(22)), torch.tensor([2.0, -2.0, 5.0, float("nan")])])
+    torch.testing.assert_close(torch.histc(values.to("pjrt"), bins=8, min=-2, max=2).cpu(),
+                               torch.histc(values, bins=8, min=-2, max=2))
+    finite = values[:-1]
+    torch.testing.assert_close(torch.histc(finite.to("pjrt"), bins=5).cpu(), torch.histc(finite, bins=5))
+    with pytest.raises(RuntimeError, match="non-negative integral"):
+        torch.bincount(torch.tensor([1, -1]).to("pjrt"))
+
+
+def test_trace_and_triangle_indices(mode):
+    check(torch.trace, (S[:, :5],))
+    assert torch.trace(torch.arange(9).view(3, 3).to("pjrt")).item() == 12
+    for offset in (-1, 0, 2):
+        assert torch.equal(torch.tril_indices(4, 5, offset, device="pjrt").cpu(), torch.tril_indices(4, 5, offset))
+        assert torch.equal(torch.triu_indices(4, 5, offset, device="pjrt").cpu(), torch.triu_indices(4, 5, offset))
+
+
+def test_randperm_is_a_seeded_permutation(mode):
+    torch.manual_seed(5)
+    a = torch.randperm(1000, device="pjrt")
+    torch.manual_seed(5)
+    b = torch.randperm(1000, device="pjrt")
+    assert a.dtype == torch.int64
+    assert torch.equal(a.cpu(), b.cpu())
+    assert torch.equal(a.sort().values.cpu(), torch.arange(1000))
+    assert not torch.equal(a.cpu(), torch.arange(1000))
+    g = torch.Generator(device="pjrt").manual_seed(9)
+    assert torch.equal(torch.randperm(6, generator=g, device="pjrt").sort().values.cpu(), torch.arange(6))

@@ -535,6 +535,33 @@ at::Tensor in_format_of(at::Tensor t, std::initializer_list<at::Tensor> like) {
   return r;
 }
 
+at::Tensor in_memory_format(
+    at::Tensor t,
+    std::optional<at::MemoryFormat> memory_format,
+    const at::Tensor& like) {
+  if (!t.defined()) {
+    return t;
+  }
+  at::MemoryFormat format = memory_format.value_or(at::MemoryFormat::Preserve);
+  if (format == at::MemoryFormat::Preserve) {
+    if (like.is_non_overlapping_and_dense()) {
+      if (t.strides() == like.strides()) {
+        return t;
+      }
+      at::Tensor r = at::empty_strided(like.sizes(), like.strides(), t.options());
+      copy_device_to_device(t, r);
+      return r;
+    }
+    format = like.suggest_memory_format();
+  }
+  if (t.is_contiguous(format)) {
+    return t;
+  }
+  at::Tensor r = at::empty(t.sizes(), t.options().memory_format(format));
+  copy_device_to_device(t, r);
+  return r;
+}
+
 // ===== one op call ==================================================================================
 
 namespace {
@@ -1166,6 +1193,10 @@ void pjrt_cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
 }
 
 }  // namespace
+
+void note_kernel_cpu_fallback(const std::string& name) {
+  note_cpu_fallback(name);
+}
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("empty.memory_format", TORCH_FN(pjrt_empty));

@@ -11,11 +11,16 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <cmath>
 #include <limits>
 #include <tuple>
 
 namespace torch_pjrt {
 namespace {
+
+bool present(const std::optional<at::Tensor>& t) {
+  return t.has_value() && t->defined();
+}
 
 // PyTorch's CPU kernels refuse integer and bool inputs for these activations.
 void require_floating(const char* op, const at::Tensor& self) {
@@ -508,14 +513,176 @@ at::Tensor index_fill_scalar(const at::Tensor& self, int64_t dim, const at::Tens
   return pjrt_index_fill(self, dim, index, at::scalar_tensor(value, self.options()));
 }
 
+// ----- order statistics -----------------------------------------------------------------------
+
+// The `k`-th smallest (0-based) along `dim`, NaN sorting last as in PyTorch's sort.
+std::tuple<at::Tensor, at::Tensor> order_statistic(const at::Tensor& self, int64_t k, int64_t dim, bool keepdim) {
+  if (self.dim() == 0) {
+    return {self.clone(), at::zeros({}, self.options().dtype(at::kLong))};
+  }
+  auto [values, indices] = at::sort(self, /*stable=*/true, dim, /*descending=*/false);
+  at::Tensor value = values.narrow(dim, k, 1);
+  at::Tensor index = indices.narrow(dim, k, 1);
+  if (!keepdim) {
+    value = value.squeeze(dim);
+    index = index.squeeze(dim);
+  }
+  // Contiguous results, as PyTorch's kernels return them.
+  return {value.contiguous(), index.contiguous()};
+}
+
+std::tuple<at::Tensor, at::Tensor> pjrt_kthvalue(const at::Tensor& self, c10::SymInt k_sym, int64_t dim, bool keepdim) {
+  int64_t k = k_sym.expect_int();
+  int64_t wrapped = at::maybe_wrap_dim(dim, self.dim());
+  int64_t size = self.dim() == 0 ? 1 : self.size(wrapped);
+  TORCH_CHECK(
+      k >= 1 && k <= size,
+      "kthvalue(): selected number k out of range for dimension ",
+      wrapped);
+  return order_statistic(self, k - 1, wrapped, keepdim);
+}
+
+// The lower median along `dim`; a row holding a NaN gives NaN and the index of its first NaN.
+std::tuple<at::Tensor, at::Tensor> pjrt_median_dim(const at::Tensor& self, int64_t dim, bool keepdim) {
+  int64_t wrapped = at::maybe_wrap_dim(dim, self.dim());
+  int64_t size = self.dim() == 0 ? 1 : self.size(wrapped);
+  TORCH_CHECK(
+      size > 0,
+      "median() cannot compute median for a dimension of size 0 because the operation does not "
+      "have an identity; reduce over a non-empty dimension instead");
+  auto [value, index] = order_statistic(self, (size - 1) / 2, wrapped, keepdim);
+  if (!at::isFloatingType(self.scalar_type()) || self.dim() == 0) {
+    return {value, index};
+  }
+  at::Tensor nan = at::isnan(self);
+  at::Tensor has_nan = nan.any(wrapped, keepdim);
+  at::Tensor first_nan = nan.to(at::kByte).argmax(wrapped, keepdim);
+  return {
+      at::where(has_nan, at::full_like(value, std::numeric_limits<double>::quiet_NaN()), value),
+      at::where(has_nan, first_nan, index)};
+}
+
+at::Tensor pjrt_median(const at::Tensor& self) {
+  TORCH_CHECK(
+      self.numel() > 0,
+      "median() input tensor cannot be empty: it has no median; check its size before the call");
+  return std::get<0>(pjrt_median_dim(self.reshape({-1}), 0, false));
+}
+
+// ----- counting --------------------------------------------------------------------------------
+
+// `torch.bincount` reads the largest value (and checks the smallest) on the host, as PyTorch's
+// own kernel does: the result's length depends on it.
+at::Tensor pjrt_bincount(const at::Tensor& self, const std::optional<at::Tensor>& weights, c10::SymInt minlength_sym) {
+  int64_t minlength = minlength_sym.expect_int();
+  TORCH_CHECK(minlength >= 0, "minlength should be >= 0");
+  TORCH_CHECK(
+      self.dim() == 1 && !at::isFloatingType(self.scalar_type()) && self.scalar_type() != at::kBool,
+      "bincount only supports 1-d non-negative integral inputs.");
+  bool weighted = present(weights);
+  if (weighted) {
+    TORCH_CHECK(
+        weights->dim() == 1 && weights->size(0) == self.size(0),
+        "weights should be 1-d and have the same length as input");
+  }
+  at::ScalarType dtype = weighted
+      ? (weights->scalar_type() == at::kFloat ? at::kFloat : at::kDouble)
+      : at::kLong;
+  if (self.numel() == 0) {
+    return at::zeros({minlength}, self.options().dtype(dtype));
+  }
+  TORCH_CHECK(self.min().item<int64_t>() >= 0, "bincount only supports 1-d non-negative integral inputs.");
+  int64_t length = std::max(minlength, self.max().item<int64_t>() + 1);
+  at::Tensor counts = weighted ? weights->to(dtype) : at::ones({self.size(0)}, self.options().dtype(dtype));
+  return at::zeros({length}, counts.options()).index_add(0, self.to(at::kLong), counts);
+}
+
+// `torch.histc`: `bins` equal bins over [min, max] (the data's range when both are 0); values
+// outside are not counted, and `max` itself falls in the last bin.
+at::Tensor pjrt_histc(const at::Tensor& self, int64_t bins, const at::Scalar& min, const at::Scalar& max) {
+  TORCH_CHECK(bins > 0, "torch.histc: bins must be > 0, but got ", bins);
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      at::isFloatingType(self.scalar_type()),
+      "\"histogram_cpu\" not implemented for '",
+      c10::toString(self.scalar_type()),
+      "'");
+  double low = min.toDouble();
+  double high = max.toDouble();
+  if (low == high && self.numel() > 0) {
+    low = self.min().item<double>();
+    high = self.max().item<double>();
+  }
+  if (low == high) {
+    low -= 1;
+    high += 1;
+  }
+  TORCH_CHECK(
+      !(std::isinf(low) || std::isinf(high) || std::isnan(low) || std::isnan(high)),
+      "torch.histc: range of [",
+      low,
+      ", ",
+      high,
+      "] is not finite");
+  TORCH_CHECK(low < high, "torch.histc: max must be larger than min");
+  at::Tensor x = self.reshape({-1});
+  at::Tensor inside = (x >= low).logical_and(x <= high);
+  // In the input's dtype, in PyTorch's order: (x - low) / (high - low) * bins.
+  at::Tensor position = ((x - low) / (high - low) * static_cast<double>(bins)).to(at::kLong);
+  at::Tensor bin = at::where(inside, position.clamp(0, bins - 1), at::zeros_like(position));
+  at::Tensor ones = inside.to(self.scalar_type());
+  return at::zeros({bins}, self.options()).index_add(0, bin, ones);
+}
+
+// ----- creation ----------------------------------------------------------------------------------
+
+at::Tensor pjrt_trace(const at::Tensor& self) {
+  TORCH_CHECK(self.dim() == 2, "trace: expected a matrix, but got tensor with dim ", self.dim());
+  at::Tensor diagonal = self.diagonal();
+  // Integers sum to int64, as in PyTorch.
+  return at::isIntegralType(self.scalar_type(), /*includeBool=*/true) ? diagonal.sum(at::kLong)
+                                                                      : diagonal.sum();
+}
+
+// The index lists are a function of the sizes alone: built on the host, uploaded once.
+at::Tensor triangle_indices(
+    bool lower,
+    int64_t row,
+    int64_t col,
+    int64_t offset,
+    std::optional<at::ScalarType> dtype,
+    std::optional<at::Device> device) {
+  at::TensorOptions host = at::TensorOptions().dtype(dtype.value_or(at::kLong));
+  at::Tensor indices = lower ? at::tril_indices(row, col, offset, host) : at::triu_indices(row, col, offset, host);
+  return indices.to(device.value_or(at::Device(c10::DeviceType::PrivateUse1, 0)));
+}
+
+// A random permutation: the order of n uniform float64 draws from pjrt's generator (53-bit keys,
+// so ties, which would bias the order, are vanishingly rare).
+at::Tensor pjrt_randperm(
+    c10::SymInt n_sym,
+    std::optional<at::Generator> generator,
+    std::optional<at::ScalarType> dtype,
+    std::optional<at::Device> device) {
+  int64_t n = n_sym.expect_int();
+  TORCH_CHECK(n >= 0, "n must be non-negative, got", n);
+  at::TensorOptions options =
+      at::TensorOptions().device(device.value_or(at::Device(c10::DeviceType::PrivateUse1, 0)));
+  at::Tensor keys = at::rand({n}, generator, options.dtype(at::kDouble));
+  return at::argsort(keys, /*stable=*/true, 0, false).to(dtype.value_or(at::kLong));
+}
+
 // ----- matrix-vector product --------------------------------------------------------------------
 
 at::Tensor pjrt_addmv(
     const at::Tensor& self,
     const at::Tensor& mat,
     const at::Tensor& vec,
-    const at::Scalar& beta,
-    const at::Scalar& alpha) {
+    const at::Scalar& beta_given,
+    const at::Scalar& alpha_given) {
+  // For integer operands PyTorch converts alpha and beta to the integer type (0.6 becomes 0).
+  bool integral = at::isIntegralType(mat.scalar_type(), /*includeBool=*/true);
+  at::Scalar beta = integral ? at::Scalar(beta_given.toLong()) : beta_given;
+  at::Scalar alpha = integral ? at::Scalar(alpha_given.toLong()) : alpha_given;
   TORCH_CHECK(
       mat.dim() == 2 && vec.dim() == 1,
       "vector + matrix @ vector expected, got ",
@@ -539,11 +706,13 @@ at::Tensor pjrt_addmv(
   if (!alpha.equal(1)) {
     product = product * alpha;
   }
-  // As in PyTorch, a zero beta ignores `self` (its NaNs included).
+  // As in PyTorch, a zero beta ignores `self` (its NaNs included). The result keeps the
+  // operands' dtype: integer products scaled by a float alpha or beta are cast back.
+  at::ScalarType dtype = mat.scalar_type();
   if (beta.equal(0)) {
-    return product;
+    return product.to(dtype);
   }
-  return beta.equal(1) ? self + product : self * beta + product;
+  return (beta.equal(1) ? self + product : self * beta + product).to(dtype);
 }
 
 at::Tensor& pjrt_addmv_out(
@@ -870,6 +1039,79 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
       [](at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Scalar& value) -> at::Tensor& {
         return self.copy_(index_fill_scalar(self, dim, index, value));
       });
+
+  m.impl("kthvalue", TORCH_FN(pjrt_kthvalue));
+  m.impl(
+      "kthvalue.values",
+      [](const at::Tensor& self, c10::SymInt k, int64_t dim, bool keepdim, at::Tensor& values, at::Tensor& indices)
+          -> std::tuple<at::Tensor&, at::Tensor&> {
+        auto [v, i] = pjrt_kthvalue(self, k, dim, keepdim);
+        write_out(v, values);
+        write_out(i, indices);
+        return {values, indices};
+      });
+  m.impl("median.dim", TORCH_FN(pjrt_median_dim));
+  m.impl(
+      "median.dim_values",
+      [](const at::Tensor& self, int64_t dim, bool keepdim, at::Tensor& values, at::Tensor& indices)
+          -> std::tuple<at::Tensor&, at::Tensor&> {
+        auto [v, i] = pjrt_median_dim(self, dim, keepdim);
+        write_out(v, values);
+        write_out(i, indices);
+        return {values, indices};
+      });
+  m.impl("median", TORCH_FN(pjrt_median));
+  m.impl("median.out", [](const at::Tensor& self, at::Tensor& out) -> at::Tensor& {
+    return write_out(pjrt_median(self), out);
+  });
+  m.impl("bincount", TORCH_FN(pjrt_bincount));
+  m.impl("histc", TORCH_FN(pjrt_histc));
+  m.impl(
+      "histc.out",
+      [](const at::Tensor& self, int64_t bins, const at::Scalar& min, const at::Scalar& max, at::Tensor& out)
+          -> at::Tensor& { return write_out(pjrt_histc(self, bins, min, max), out); });
+  m.impl("trace", TORCH_FN(pjrt_trace));
+  m.impl(
+      "tril_indices",
+      [](int64_t row,
+         int64_t col,
+         int64_t offset,
+         std::optional<at::ScalarType> dtype,
+         std::optional<at::Layout>,
+         std::optional<at::Device> device,
+         std::optional<bool>) { return triangle_indices(true, row, col, offset, dtype, device); });
+  m.impl(
+      "triu_indices",
+      [](int64_t row,
+         int64_t col,
+         int64_t offset,
+         std::optional<at::ScalarType> dtype,
+         std::optional<at::Layout>,
+         std::optional<at::Device> device,
+         std::optional<bool>) { return triangle_indices(false, row, col, offset, dtype, device); });
+  m.impl(
+      "randperm",
+      [](c10::SymInt n,
+         std::optional<at::ScalarType> dtype,
+         std::optional<at::Layout>,
+         std::optional<at::Device> device,
+         std::optional<bool>) { return pjrt_randperm(n, std::nullopt, dtype, device); });
+  m.impl(
+      "randperm.generator",
+      [](c10::SymInt n,
+         std::optional<at::Generator> generator,
+         std::optional<at::ScalarType> dtype,
+         std::optional<at::Layout>,
+         std::optional<at::Device> device,
+         std::optional<bool>) { return pjrt_randperm(n, generator, dtype, device); });
+  m.impl(
+      "randperm.generator_out",
+      [](c10::SymInt n, std::optional<at::Generator> generator, at::Tensor& out) -> at::Tensor& {
+        return write_out(pjrt_randperm(n, generator, out.scalar_type(), out.device()), out);
+      });
+  m.impl("randperm.out", [](c10::SymInt n, at::Tensor& out) -> at::Tensor& {
+    return write_out(pjrt_randperm(n, std::nullopt, out.scalar_type(), out.device()), out);
+  });
 
   m.impl("var_mean.correction", TORCH_FN(pjrt_var_mean));
   m.impl("std_mean.correction", TORCH_FN(pjrt_std_mean));

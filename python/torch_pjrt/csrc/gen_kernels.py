@@ -28,6 +28,8 @@ Recipe statements, separated by `;`:
              results whose bit is off are returned undefined, as PyTorch's kernels do
     fmt X..  4-d results are made channels-last when one of the tensors X.. is, as PyTorch's CPU
              kernels return them (the engine's results are contiguous); functional overloads only
+    mfmt F X the result takes the layout memory format F asks for, `Preserve` keeping tensor X's
+             (`clone`); functional overloads only
 
 Usage: gen_kernels.py OUTPUT_DIR [--shards N]
 """
@@ -91,7 +93,7 @@ TABLE += [
     ("addcmul", "addcmul", "t self; t tensor1; t tensor2; s1 value"),
     ("addcdiv", "addcdiv", "t self; t tensor1; t tensor2; s1 value"),
     # copies, fills and creation (the functional factories compose into these)
-    ("clone", "clone", "t self"),
+    ("clone", "clone", "t self; mfmt memory_format self"),
     ("fill_.Scalar", "full", "s value; p enc::code(self); pl self.sizes()"),
     ("fill_.Tensor", "fill_", "t self; ts value"),
     ("zero_", "zeros", "p enc::code(self); pl self.sizes()"),
@@ -489,7 +491,7 @@ def recipe_lines(recipe: str, arg_names: set[str], qualified: str) -> list[str]:
             lines.append(f"int64_t {rest}_bits = 0;")
             lines.append(f"for (size_t i = 0; i < {rest}.size(); ++i) {rest}_bits |= int64_t({rest}[i]) << i;")
             lines.append(f"c.param({rest}_bits);")
-        elif verb == "fmt":
+        elif verb in ("fmt", "mfmt"):
             for name in rest.split():
                 if name not in arg_names:
                     raise SystemExit(f"gen_kernels: {qualified}: recipe names '{name}', not an argument")
@@ -506,8 +508,12 @@ def kernel_code(o: Overload, sig: CppSig, op_index: int, recipe: str) -> str:
     body += ["  " + line for line in recipe_lines(recipe, names, o.qualified)]
     n_results = len(o.schema.returns)
     fmts = [s.split()[1:] for s in recipe.split(";") if s.split()[:1] == ["fmt"]]
+    mfmts = [s.split()[1:] for s in recipe.split(";") if s.split()[:1] == ["mfmt"]]
 
     def result(expr: str) -> str:
+        if mfmts:
+            memory_format, like = mfmts[0]
+            return f"in_memory_format({expr}, {memory_format}, {like})"
         if not fmts:
             return expr
         return f"in_format_of({expr}, {{{', '.join(fmts[0])}}})"

@@ -37,6 +37,11 @@ inline void check(int32_t code, const char* context) {
   }
 }
 
+// A kernel that hands one case of its op to the CPU (a dtype it has no device path for) calls this
+// first: it counts the fallback in the metrics and warns once, or raises NotImplementedError with
+// TORCH_PJRT_FALLBACK=error, as the boxed CPU fallback does.
+void note_kernel_cpu_fallback(const std::string& name);
+
 // ----- storages ---------------------------------------------------------------------------------
 
 at::Allocator* allocator();
@@ -76,6 +81,13 @@ void copy_device_to_device(const at::Tensor& src, const at::Tensor& dst);
 // the device: the engine's results are contiguous, and PyTorch's CPU kernels (pooling,
 // convolution) give such results in channels-last layout.
 at::Tensor in_format_of(at::Tensor t, std::initializer_list<at::Tensor> like);
+// `t` (a contiguous engine result) in the layout `memory_format` asks for: `Preserve` (or none)
+// keeps `like`'s strides when they are dense, else its suggested format; a copy on the device
+// when that is not `t`'s own layout. The layout `clone` and `contiguous` promise.
+at::Tensor in_memory_format(
+    at::Tensor t,
+    std::optional<at::MemoryFormat> memory_format,
+    const at::Tensor& like);
 
 // Engine op ids of the ops the backend itself uses (copies), resolved when the table arrives.
 int32_t builtin_op(const char* name);

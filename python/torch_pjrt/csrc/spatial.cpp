@@ -10,7 +10,10 @@
 #include <c10/core/SymIntArrayRef.h>
 #include <torch/library.h>
 
+#include "pjrt_backend.h"
+
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace torch_pjrt {
@@ -62,27 +65,41 @@ struct LinearTaps {
   at::Tensor high_weight;
 };
 
+// The arithmetic type PyTorch's CPU kernels interpolate in: double for double, float otherwise.
+at::ScalarType interpolation_type(const at::Tensor& x) {
+  return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
 LinearTaps linear_taps(
     int64_t input_size,
     int64_t output_size,
     bool align_corners,
     std::optional<double> scale,
     const at::Tensor& like) {
-  float step;
-  if (align_corners) {
-    step = output_size > 1 ? static_cast<float>(input_size - 1) / static_cast<float>(output_size - 1)
-                           : 0.0f;
+  at::ScalarType type = interpolation_type(like);
+  // PyTorch's `area_pixel_compute_scale` in that type.
+  double step;
+  if (type == at::kDouble) {
+    if (align_corners) {
+      step = output_size > 1 ? static_cast<double>(input_size - 1) / static_cast<double>(output_size - 1) : 0.0;
+    } else {
+      step = (scale.has_value() && *scale > 0.0) ? 1.0 / *scale
+                                                 : static_cast<double>(input_size) / static_cast<double>(output_size);
+    }
+  } else if (align_corners) {
+    step = output_size > 1 ? static_cast<double>(static_cast<float>(input_size - 1) / static_cast<float>(output_size - 1))
+                           : 0.0;
   } else {
-    step = source_scale(scale, input_size, output_size);
+    step = static_cast<double>(source_scale(scale, input_size, output_size));
   }
-  at::Tensor source = positions(output_size, like, at::kFloat);
+  at::Tensor source = positions(output_size, like, type);
   if (align_corners) {
-    source = source * static_cast<double>(step);
+    source = source * step;
   } else {
-    source = ((source + 0.5) * static_cast<double>(step) - 0.5).clamp_min(0.0);
+    source = ((source + 0.5) * step - 0.5).clamp_min(0.0);
   }
   at::Tensor low = at::floor(source).to(at::kLong).clamp_max(input_size - 1);
-  at::Tensor lambda = (source - low.to(at::kFloat)).clamp(0.0, 1.0);
+  at::Tensor lambda = (source - low.to(type)).clamp(0.0, 1.0);
   at::Tensor high = low + (low < input_size - 1).to(at::kLong);
   return {low, high, 1.0 - lambda, lambda};
 }
@@ -176,7 +193,9 @@ at::Tensor upsample_nearest(
     result = result.index_select(
         dim, nearest_source(self.size(dim), output_size[i], scales[i], exact, self));
   }
-  return result.is_same(self) ? self.clone() : result;
+  // A channels-last input gives a channels-last result, as on the CPU.
+  return result.is_same(self) ? self.clone(self.suggest_memory_format())
+                              : result.contiguous(self.suggest_memory_format());
 }
 
 at::Tensor upsample_nearest_backward(
@@ -216,21 +235,23 @@ at::Tensor upsample_linear(
     const std::vector<std::optional<double>>& scales) {
   int64_t spatial = static_cast<int64_t>(scales.size());
   check_resample(op, self, spatial, output_size);
-  TORCH_CHECK(
-      at::isFloatingType(self.scalar_type()),
-      "\"",
-      op,
-      "\" not implemented for '",
-      c10::toString(self.scalar_type()),
-      "': expected a floating-point input");
-  // Interpolated in float (bfloat16 and half in float, as PyTorch's CPU kernels do), rounded once.
+  // Interpolated in float (bfloat16 and half in float, as PyTorch's CPU kernels do, double in
+  // double), rounded once.
   at::Tensor result = self;
   for (int64_t i = spatial - 1; i >= 0; --i) {
     int64_t dim = i + 2;
     result = interpolate(
         result, dim, linear_taps(self.size(dim), output_size[i], align_corners, scales[i], self));
   }
-  return result.to(self.scalar_type());
+  return result.to(self.scalar_type()).contiguous(self.suggest_memory_format());
+}
+
+// uint8 images: PyTorch's CPU kernel interpolates them with its own fixed-point rounding, which
+// only the CPU reproduces, so that case goes to the CPU (counted as a fallback).
+template <typename Call>
+at::Tensor linear_on_the_cpu(const char* op, const at::Tensor& self, Call call) {
+  note_kernel_cpu_fallback(std::string("aten::") + op);
+  return call(self.cpu()).to(self.device());
 }
 
 at::Tensor upsample_linear_backward(
@@ -457,17 +478,27 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl(
       "upsample_linear1d",
       [](const at::Tensor& self, c10::SymIntArrayRef size, bool align_corners, Scale s) {
+        if (!at::isFloatingType(self.scalar_type())) {
+          return linear_on_the_cpu("upsample_linear1d", self, [&](const at::Tensor& x) {
+            return at::upsample_linear1d_symint(x, size, align_corners, s);
+          });
+        }
         return upsample_linear("upsample_linear1d", self, ints(size), align_corners, {s});
       });
   m.impl(
       "upsample_linear1d.out",
       [](const at::Tensor& self, c10::SymIntArrayRef size, bool align_corners, Scale s, at::Tensor& out)
           -> at::Tensor& {
-        return write_out(upsample_linear("upsample_linear1d", self, ints(size), align_corners, {s}), out);
+        return write_out(at::upsample_linear1d_symint(self, size, align_corners, s), out);
       });
   m.impl(
       "upsample_bilinear2d",
       [](const at::Tensor& self, c10::SymIntArrayRef size, bool align_corners, Scale h, Scale w) {
+        if (!at::isFloatingType(self.scalar_type())) {
+          return linear_on_the_cpu("upsample_bilinear2d", self, [&](const at::Tensor& x) {
+            return at::upsample_bilinear2d_symint(x, size, align_corners, h, w);
+          });
+        }
         return upsample_linear("upsample_bilinear2d", self, ints(size), align_corners, {h, w});
       });
   m.impl(
@@ -478,12 +509,16 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
          Scale h,
          Scale w,
          at::Tensor& out) -> at::Tensor& {
-        return write_out(
-            upsample_linear("upsample_bilinear2d", self, ints(size), align_corners, {h, w}), out);
+        return write_out(at::upsample_bilinear2d_symint(self, size, align_corners, h, w), out);
       });
   m.impl(
       "upsample_trilinear3d",
       [](const at::Tensor& self, c10::SymIntArrayRef size, bool align_corners, Scale d, Scale h, Scale w) {
+        if (!at::isFloatingType(self.scalar_type())) {
+          return linear_on_the_cpu("upsample_trilinear3d", self, [&](const at::Tensor& x) {
+            return at::upsample_trilinear3d_symint(x, size, align_corners, d, h, w);
+          });
+        }
         return upsample_linear("upsample_trilinear3d", self, ints(size), align_corners, {d, h, w});
       });
   m.impl(
@@ -495,8 +530,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
          Scale h,
          Scale w,
          at::Tensor& out) -> at::Tensor& {
-        return write_out(
-            upsample_linear("upsample_trilinear3d", self, ints(size), align_corners, {d, h, w}), out);
+        return write_out(at::upsample_trilinear3d_symint(self, size, align_corners, d, h, w), out);
       });
   m.impl(
       "upsample_trilinear3d_backward",

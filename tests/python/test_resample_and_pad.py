@@ -131,3 +131,27 @@ def test_a_unet_block_trains_in_one_region_per_step():
     for a, e in zip(actual, expected):
         torch.testing.assert_close(a, e, **TOL)
     assert metrics["regions"] == 1, metrics
+
+
+def test_layouts_follow_pytorchs_memory_format_rules(mode):
+    # clone keeps a dense input's strides; contiguous(memory_format=...) gives that format; and
+    # upsampling a channels-last batch gives a channels-last batch, as on the CPU.
+    cl = X2.contiguous(memory_format=torch.channels_last)
+    p = cl.to("pjrt")
+    assert p.clone().stride() == cl.clone().stride()
+    t = X2[0].transpose(1, 2)
+    assert t.to("pjrt").clone().stride() == t.clone().stride()
+    c = X2.to("pjrt").contiguous(memory_format=torch.channels_last)
+    assert c.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(c.cpu(), X2)
+    up = F.interpolate(p, scale_factor=2, mode="bilinear")
+    assert up.stride() == F.interpolate(cl, scale_factor=2, mode="bilinear").stride()
+    torch.testing.assert_close(up.cpu(), F.interpolate(cl, scale_factor=2, mode="bilinear"), **TOL)
+
+
+def test_uint8_bilinear_upsampling_takes_the_cpus_rounding(pjrt):
+    image = torch.randint(0, 256, (1, 3, 6, 5), dtype=torch.uint8, generator=_gen(8))
+    got = F.interpolate(image.to(pjrt), size=(9, 7), mode="bilinear")
+    assert torch.equal(got.cpu(), F.interpolate(image, size=(9, 7), mode="bilinear"))
+    # It is counted as a CPU fallback: the device has no uint8 fixed-point path.
+    assert torch_pjrt.metrics()["fallback_ops"].get("aten::upsample_bilinear2d", 0) >= 1

@@ -1,4 +1,4 @@
-"""Upsampling (nearest, nearest-exact, linear, bilinear, trilinear) and reflection/replication
+"""Upsampling (nearest, nearest-exact, linear, bilinear, trilinear, bicubic) and reflection/replication
 padding on pjrt against the CPU, in every eager mode: values and input gradients, odd and
 fractional scales, align_corners, bfloat16, PyTorch's errors, and a U-Net-style block that fuses
 into one region. Nothing may fall back to the CPU."""
@@ -56,6 +56,9 @@ RESAMPLE = {
     "bilinear_fraction": (X2, lambda x: F.interpolate(x, scale_factor=1.3, mode="bilinear",
                                                      recompute_scale_factor=False)),
     "trilinear": (X3, lambda x: F.interpolate(x, size=(5, 3, 7), mode="trilinear")),
+    "bicubic": (X2, lambda x: F.interpolate(x, scale_factor=2, mode="bicubic")),
+    "bicubic_down": (X2, lambda x: F.interpolate(x, size=(3, 4), mode="bicubic")),
+    "bicubic_corners": (X2, lambda x: F.interpolate(x, size=(8, 11), mode="bicubic", align_corners=True)),
 }
 
 
@@ -154,4 +157,4 @@ def test_uint8_bilinear_upsampling_takes_the_cpus_rounding(pjrt):
     got = F.interpolate(image.to(pjrt), size=(9, 7), mode="bilinear")
     assert torch.equal(got.cpu(), F.interpolate(image, size=(9, 7), mode="bilinear"))
     # It is counted as a CPU fallback: the device has no uint8 fixed-point path.
-    assert torch_pjrt.metrics()["fallback_ops"].get("aten::upsample_bilinear2d", 0) >= 1
+    assert torch_pjrt.metrics()["fallback_ops"].get("aten::upsample_bilinear2d for Byte inputs", 0) >= 1

@@ -1,5 +1,5 @@
 // Resampling and padding kernels composed from device ops (RFC 0019): nearest and
-// nearest-exact upsampling in 1, 2 and 3 dims, linear, bilinear and trilinear upsampling, and reflection
+// nearest-exact upsampling in 1, 2 and 3 dims, linear, bilinear, trilinear and bicubic upsampling, and reflection
 // and replication padding in 1, 2 and 3 dims, each with its backward op.
 //
 // Every one of them is a gather along each resampled dim: the source positions (and for linear
@@ -14,6 +14,7 @@
 
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace torch_pjrt {
@@ -57,12 +58,11 @@ at::Tensor nearest_source(
   return at::floor(at_position * static_cast<double>(step)).to(at::kLong).clamp_max(input_size - 1);
 }
 
-// Linear interpolation's two taps along one dim: source indices and their weights.
-struct LinearTaps {
-  at::Tensor low;
-  at::Tensor high;
-  at::Tensor low_weight;
-  at::Tensor high_weight;
+// The taps of an interpolation along one dim: for each tap, the source index of every output
+// position and its weight (two taps for linear, four for cubic).
+struct Taps {
+  std::vector<at::Tensor> index;
+  std::vector<at::Tensor> weight;
 };
 
 // The arithmetic type PyTorch's CPU kernels interpolate in: double for double, float otherwise.
@@ -70,14 +70,16 @@ at::ScalarType interpolation_type(const at::Tensor& x) {
   return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
 }
 
-LinearTaps linear_taps(
+// Each output position's real source position, as PyTorch's `area_pixel_compute_scale` and
+// `area_pixel_compute_source_index` compute it in `type` (cubic sources are not clamped at 0).
+at::Tensor source_positions(
     int64_t input_size,
     int64_t output_size,
     bool align_corners,
     std::optional<double> scale,
-    const at::Tensor& like) {
-  at::ScalarType type = interpolation_type(like);
-  // PyTorch's `area_pixel_compute_scale` in that type.
+    bool cubic,
+    const at::Tensor& like,
+    at::ScalarType type) {
   double step;
   if (type == at::kDouble) {
     if (align_corners) {
@@ -94,14 +96,53 @@ LinearTaps linear_taps(
   }
   at::Tensor source = positions(output_size, like, type);
   if (align_corners) {
-    source = source * step;
-  } else {
-    source = ((source + 0.5) * step - 0.5).clamp_min(0.0);
+    return source * step;
   }
-  at::Tensor low = at::floor(source).to(at::kLong).clamp_max(input_size - 1);
-  at::Tensor lambda = (source - low.to(type)).clamp(0.0, 1.0);
+  source = (source + 0.5) * step - 0.5;
+  return cubic ? source : source.clamp_min(0.0);
+}
+
+// PyTorch's `guard_index_and_lambda`: the tap below the source (at most the last index) and the
+// fraction past it, in [0, 1].
+std::pair<at::Tensor, at::Tensor> index_and_fraction(const at::Tensor& source, int64_t input_size, at::ScalarType type) {
+  at::Tensor index = at::floor(source).to(at::kLong).clamp_max(input_size - 1);
+  at::Tensor fraction = (source - index.to(type)).clamp(0.0, 1.0);
+  return {index, fraction};
+}
+
+Taps linear_taps(
+    int64_t input_size,
+    int64_t output_size,
+    bool align_corners,
+    std::optional<double> scale,
+    const at::Tensor& like) {
+  at::ScalarType type = interpolation_type(like);
+  at::Tensor source = source_positions(input_size, output_size, align_corners, scale, false, like, type);
+  auto [low, lambda] = index_and_fraction(source, input_size, type);
   at::Tensor high = low + (low < input_size - 1).to(at::kLong);
-  return {low, high, 1.0 - lambda, lambda};
+  return {{low, high}, {1.0 - lambda, lambda}};
+}
+
+// Keys' cubic convolution with a = -0.75, as PyTorch's bicubic kernels use: four taps around the
+// source, indices clamped to the edges.
+Taps cubic_taps(
+    int64_t input_size,
+    int64_t output_size,
+    bool align_corners,
+    std::optional<double> scale,
+    const at::Tensor& like) {
+  at::ScalarType type = interpolation_type(like);
+  at::Tensor source = source_positions(input_size, output_size, align_corners, scale, true, like, type);
+  auto [base, t] = index_and_fraction(source, input_size, type);
+  constexpr double a = -0.75;
+  auto near = [&](const at::Tensor& x) { return ((x * (a + 2) - (a + 3)) * x * x) + 1; };
+  auto far = [&](const at::Tensor& x) { return ((x * a - 5 * a) * x + 8 * a) * x - 4 * a; };
+  Taps taps;
+  taps.weight = {far(t + 1), near(t), near(1 - t), far(2 - t)};
+  for (int64_t k = 0; k < 4; ++k) {
+    taps.index.push_back((base + (k - 1)).clamp(0, input_size - 1));
+  }
+  return taps;
 }
 
 // `weights` ([n]) shaped to broadcast along `dim` of a `rank`-d tensor.
@@ -111,24 +152,32 @@ at::Tensor along(const at::Tensor& weights, int64_t dim, int64_t rank) {
   return weights.view(shape);
 }
 
-at::Tensor interpolate(const at::Tensor& x, int64_t dim, const LinearTaps& taps) {
-  at::Tensor low = x.index_select(dim, taps.low) * along(taps.low_weight, dim, x.dim());
-  at::Tensor high = x.index_select(dim, taps.high) * along(taps.high_weight, dim, x.dim());
-  return low + high;
+at::Tensor interpolate(const at::Tensor& x, int64_t dim, const Taps& taps) {
+  at::Tensor sum;
+  for (size_t k = 0; k < taps.index.size(); ++k) {
+    at::Tensor term = x.index_select(dim, taps.index[k]) * along(taps.weight[k], dim, x.dim());
+    sum = k == 0 ? term : sum + term;
+  }
+  return sum;
 }
 
-// The adjoint of `interpolate`: each output gradient goes back to its two taps.
+// The adjoint of `interpolate`: each output gradient goes back to its taps.
 at::Tensor interpolate_backward(
     const at::Tensor& grad,
     int64_t dim,
     int64_t input_size,
-    const LinearTaps& taps) {
+    const Taps& taps) {
   std::vector<int64_t> shape = grad.sizes().vec();
   shape[dim] = input_size;
-  at::Tensor weighted_low = grad * along(taps.low_weight, dim, grad.dim());
-  at::Tensor weighted_high = grad * along(taps.high_weight, dim, grad.dim());
-  at::Tensor zeros = at::zeros(shape, weighted_low.options());
-  return zeros.index_add(dim, taps.low, weighted_low).index_add(dim, taps.high, weighted_high);
+  at::Tensor result;
+  for (size_t k = 0; k < taps.index.size(); ++k) {
+    at::Tensor weighted = grad * along(taps.weight[k], dim, grad.dim());
+    if (k == 0) {
+      result = at::zeros(shape, weighted.options());
+    }
+    result = result.index_add(dim, taps.index[k], weighted);
+  }
+  return result;
 }
 
 at::Tensor scatter_back(
@@ -232,7 +281,8 @@ at::Tensor upsample_linear(
     const at::Tensor& self,
     at::IntArrayRef output_size,
     bool align_corners,
-    const std::vector<std::optional<double>>& scales) {
+    const std::vector<std::optional<double>>& scales,
+    bool cubic = false) {
   int64_t spatial = static_cast<int64_t>(scales.size());
   check_resample(op, self, spatial, output_size);
   // Interpolated in float (bfloat16 and half in float, as PyTorch's CPU kernels do, double in
@@ -240,8 +290,8 @@ at::Tensor upsample_linear(
   at::Tensor result = self;
   for (int64_t i = spatial - 1; i >= 0; --i) {
     int64_t dim = i + 2;
-    result = interpolate(
-        result, dim, linear_taps(self.size(dim), output_size[i], align_corners, scales[i], self));
+    auto taps = cubic ? cubic_taps : linear_taps;
+    result = interpolate(result, dim, taps(self.size(dim), output_size[i], align_corners, scales[i], self));
   }
   return result.to(self.scalar_type()).contiguous(self.suggest_memory_format());
 }
@@ -250,7 +300,8 @@ at::Tensor upsample_linear(
 // only the CPU reproduces, so that case goes to the CPU (counted as a fallback).
 template <typename Call>
 at::Tensor linear_on_the_cpu(const char* op, const at::Tensor& self, Call call) {
-  note_kernel_cpu_fallback(std::string("aten::") + op);
+  note_kernel_cpu_fallback(
+      std::string("aten::") + op + " for " + c10::toString(self.scalar_type()) + " inputs");
   return call(self.cpu()).to(self.device());
 }
 
@@ -258,7 +309,8 @@ at::Tensor upsample_linear_backward(
     const at::Tensor& grad_output,
     at::IntArrayRef input_size,
     bool align_corners,
-    const std::vector<std::optional<double>>& scales) {
+    const std::vector<std::optional<double>>& scales,
+    bool cubic = false) {
   int64_t spatial = static_cast<int64_t>(scales.size());
   TORCH_CHECK(
       static_cast<int64_t>(input_size.size()) == spatial + 2 && grad_output.dim() == spatial + 2,
@@ -272,8 +324,8 @@ at::Tensor upsample_linear_backward(
   for (int64_t i = 0; i < spatial; ++i) {
     int64_t dim = i + 2;
     int64_t in = input_size[dim];
-    grad = interpolate_backward(
-        grad, dim, in, linear_taps(in, grad_output.size(dim), align_corners, scales[i], grad_output));
+    auto taps = cubic ? cubic_taps : linear_taps;
+    grad = interpolate_backward(grad, dim, in, taps(in, grad_output.size(dim), align_corners, scales[i], grad_output));
   }
   return grad.to(grad_output.scalar_type());
 }
@@ -542,6 +594,36 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
          Scale h,
          Scale w) {
         return upsample_linear_backward(grad, ints(input_size), align_corners, {d, h, w});
+      });
+  m.impl(
+      "upsample_bicubic2d",
+      [](const at::Tensor& self, c10::SymIntArrayRef size, bool align_corners, Scale h, Scale w) {
+        if (!at::isFloatingType(self.scalar_type())) {
+          return linear_on_the_cpu("upsample_bicubic2d", self, [&](const at::Tensor& x) {
+            return at::upsample_bicubic2d_symint(x, size, align_corners, h, w);
+          });
+        }
+        return upsample_linear("upsample_bicubic2d", self, ints(size), align_corners, {h, w}, true);
+      });
+  m.impl(
+      "upsample_bicubic2d.out",
+      [](const at::Tensor& self,
+         c10::SymIntArrayRef size,
+         bool align_corners,
+         Scale h,
+         Scale w,
+         at::Tensor& out) -> at::Tensor& {
+        return write_out(at::upsample_bicubic2d_symint(self, size, align_corners, h, w), out);
+      });
+  m.impl(
+      "upsample_bicubic2d_backward",
+      [](const at::Tensor& grad,
+         c10::SymIntArrayRef,
+         c10::SymIntArrayRef input_size,
+         bool align_corners,
+         Scale h,
+         Scale w) {
+        return upsample_linear_backward(grad, ints(input_size), align_corners, {h, w}, true);
       });
   m.impl(
       "upsample_linear1d_backward",

@@ -150,3 +150,24 @@ def test_the_device_module_reports_itself_initialized(pjrt):
     assert torch.pjrt._initialized is True
     with pytest.raises(AttributeError):
         torch.pjrt.no_such_attribute
+
+
+def test_float16_autocast_trains_with_a_grad_scaler(mode):
+    torch.manual_seed(0)
+    model = Net().to("pjrt")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("pjrt")
+    x = torch.randn(16, 12, generator=_gen(7)).to("pjrt")
+    y = torch.randint(0, 5, (16,), generator=_gen(8)).to("pjrt")
+    losses = []
+    for _ in range(5):
+        with torch.autocast("pjrt", dtype=torch.float16):
+            loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        losses.append(loss.item())
+    assert scaler.get_scale() == 65536.0  # no overflow, so no back-off
+    assert all(p.grad.dtype == torch.float32 for p in model.parameters())
+    assert losses[-1] < losses[0]

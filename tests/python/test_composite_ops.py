@@ -409,3 +409,22 @@ def test_randperm_is_a_seeded_permutation(mode):
     assert not torch.equal(a.cpu(), torch.arange(1000))
     g = torch.Generator(device="pjrt").manual_seed(9)
     assert torch.equal(torch.randperm(6, generator=g, device="pjrt").sort().values.cpu(), torch.arange(6))
+
+
+def test_unique_with_inverse_and_counts(mode):
+    for x in (torch.tensor([[3, 1, 3], [2, 3, 1]]),
+              torch.tensor([float("nan"), 1.0, float("nan"), -2.0, 1.0]),
+              torch.tensor([True, False, True]),
+              torch.tensor([], dtype=torch.int64)):
+        expected = torch.unique(x, return_inverse=True, return_counts=True)
+        got = torch.unique(x.to("pjrt"), return_inverse=True, return_counts=True)
+        for a, e in zip(got, expected):
+            assert a.dtype == e.dtype and a.shape == e.shape
+            torch.testing.assert_close(a.cpu(), e, equal_nan=True)
+
+
+def test_unsorted_unique_is_a_counted_fallback(pjrt):
+    # The unsorted order comes from the CPU's hash set, which only the CPU reproduces.
+    got = torch.unique(torch.tensor([3, 1, 3]).to(pjrt), sorted=False)
+    assert sorted(got.cpu().tolist()) == [1, 3]
+    assert torch_pjrt.metrics()["fallback_ops"] == {"aten::_unique2 with sorted=False": 1}

@@ -11,6 +11,8 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include "pjrt_backend.h"
+
 #include <cmath>
 #include <limits>
 #include <tuple>
@@ -633,6 +635,46 @@ at::Tensor pjrt_histc(const at::Tensor& self, int64_t bins, const at::Scalar& mi
   return at::zeros({bins}, self.options()).index_add(0, bin, ones);
 }
 
+// `torch.unique` without a dim: a stable sort, a mask of where the value changes, and the runs it
+// delimits. The number of distinct values is read to the host (the result's length), as on the
+// CPU. NaNs are all distinct, as on the CPU.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> pjrt_unique2(
+    const at::Tensor& self,
+    bool sorted,
+    bool return_inverse,
+    bool return_counts) {
+  if (!sorted) {
+    // The CPU's unsorted order comes from its hash set, which only the CPU reproduces.
+    note_kernel_cpu_fallback("aten::_unique2 with sorted=False");
+    auto [values, inverse, counts] = at::_unique2(self.cpu(), false, return_inverse, return_counts);
+    return {values.to(self.device()), inverse.to(self.device()), counts.to(self.device())};
+  }
+  at::TensorOptions longs = self.options().dtype(at::kLong);
+  at::Tensor none = at::empty({0}, longs);
+  at::Tensor flat = self.reshape({-1});
+  int64_t n = flat.numel();
+  if (n == 0) {
+    return {flat.clone(), return_inverse ? at::zeros(self.sizes(), longs) : none, none};
+  }
+  auto [values, order] = at::sort(flat, /*stable=*/true, 0, /*descending=*/false);
+  at::Tensor is_new = at::cat({at::ones({1}, self.options().dtype(at::kBool)), values.slice(0, 1) != values.slice(0, 0, n - 1)});
+  at::Tensor starts = is_new.nonzero().squeeze(1);
+  at::Tensor distinct = values.index_select(0, starts);
+  at::Tensor inverse = none;
+  if (return_inverse) {
+    at::Tensor group = is_new.to(at::kLong).cumsum(0) - 1;
+    c10::List<std::optional<at::Tensor>> at_order;
+    at_order.push_back(order);
+    inverse = at::index_put(at::zeros({n}, longs), at_order, group).view(self.sizes());
+  }
+  at::Tensor counts = none;
+  if (return_counts) {
+    at::Tensor ends = at::cat({starts.slice(0, 1), at::full({1}, n, longs)});
+    counts = ends - starts;
+  }
+  return {distinct, inverse, counts};
+}
+
 // ----- creation ----------------------------------------------------------------------------------
 
 at::Tensor pjrt_trace(const at::Tensor& self) {
@@ -1064,6 +1106,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("median.out", [](const at::Tensor& self, at::Tensor& out) -> at::Tensor& {
     return write_out(pjrt_median(self), out);
   });
+  m.impl("_unique2", TORCH_FN(pjrt_unique2));
   m.impl("bincount", TORCH_FN(pjrt_bincount));
   m.impl("histc", TORCH_FN(pjrt_histc));
   m.impl(

@@ -428,3 +428,26 @@ def test_unsorted_unique_is_a_counted_fallback(pjrt):
     got = torch.unique(torch.tensor([3, 1, 3]).to(pjrt), sorted=False)
     assert sorted(got.cpu().tolist()) == [1, 3]
     assert torch_pjrt.metrics()["fallback_ops"] == {"aten::_unique2 with sorted=False": 1}
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean"])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_scatter_reduce_sum_and_mean_with_gradients(mode, reduce, include_self):
+    target = torch.randn(4, 6, generator=_gen(23))
+    source = torch.randn(4, 3, generator=_gen(24))
+    index = torch.tensor([[0, 2, 2], [5, 5, 5], [1, 0, 3], [4, 4, 0]])
+    check(lambda t, s: t.scatter_reduce(1, index.to(t.device), s, reduce, include_self=include_self),
+          (target, source), grads_of=(0, 1))
+    ints = torch.tensor([10, 20, 30])
+    got = ints.to("pjrt").scatter_reduce(0, torch.tensor([0, 0]).to("pjrt"), torch.tensor([1, 4]).to("pjrt"),
+                                         reduce, include_self=include_self)
+    expected = ints.scatter_reduce(0, torch.tensor([0, 0]), torch.tensor([1, 4]), reduce, include_self=include_self)
+    assert torch.equal(got.cpu(), expected)
+
+
+def test_scatter_reduce_with_another_combiner_is_a_counted_fallback(pjrt):
+    x = torch.zeros(3)
+    index, source = torch.tensor([0, 0, 2]), torch.tensor([1.0, 5.0, -2.0])
+    got = x.to(pjrt).scatter_reduce(0, index.to(pjrt), source.to(pjrt), "amax")
+    assert torch.equal(got.cpu(), x.scatter_reduce(0, index, source, "amax"))
+    assert torch_pjrt.metrics()["fallback_ops"] == {"aten::scatter_reduce with reduce=amax": 1}

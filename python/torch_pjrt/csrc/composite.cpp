@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <limits>
+#include <string>
 #include <tuple>
 
 namespace torch_pjrt {
@@ -675,6 +676,34 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> pjrt_unique2(
   return {distinct, inverse, counts};
 }
 
+// `scatter_reduce` with "sum" or "mean" on the device, from `scatter_add`: `include_self=False`
+// first zeroes the positions that receive values; "mean" divides by how many values each
+// position took (itself included), flooring for integers as PyTorch does. "prod", "amax" and
+// "amin" need a scatter with another combiner: they go to the CPU, counted as fallbacks.
+at::Tensor pjrt_scatter_reduce(
+    const at::Tensor& self,
+    int64_t dim,
+    const at::Tensor& index,
+    const at::Tensor& src,
+    c10::string_view reduce,
+    bool include_self) {
+  if (reduce == "sum" || reduce == "mean") {
+    at::Tensor base = include_self ? self : self.scatter(dim, index, 0);
+    at::Tensor total = base.scatter_add(dim, index, src.to(self.scalar_type()));
+    if (reduce == "sum") {
+      return total;
+    }
+    at::Tensor taken = (include_self ? at::ones_like(self) : at::zeros_like(self))
+                           .scatter_add(dim, index, at::ones_like(src, self.options()));
+    taken = taken.masked_fill(taken == 0, 1);
+    return at::isIntegralType(self.scalar_type(), /*includeBool=*/true) ? total.div(taken, "floor")
+                                                                        : total / taken;
+  }
+  note_kernel_cpu_fallback("aten::scatter_reduce with reduce=" + std::string(reduce));
+  return at::scatter_reduce(self.cpu(), dim, index.cpu(), src.cpu(), reduce, include_self)
+      .to(self.device());
+}
+
 // ----- creation ----------------------------------------------------------------------------------
 
 at::Tensor pjrt_trace(const at::Tensor& self) {
@@ -1107,6 +1136,18 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
     return write_out(pjrt_median(self), out);
   });
   m.impl("_unique2", TORCH_FN(pjrt_unique2));
+  m.impl("scatter_reduce.two", TORCH_FN(pjrt_scatter_reduce));
+  m.impl(
+      "scatter_reduce.two_out",
+      [](const at::Tensor& self,
+         int64_t dim,
+         const at::Tensor& index,
+         const at::Tensor& src,
+         c10::string_view reduce,
+         bool include_self,
+         at::Tensor& out) -> at::Tensor& {
+        return write_out(pjrt_scatter_reduce(self, dim, index, src, reduce, include_self), out);
+      });
   m.impl("bincount", TORCH_FN(pjrt_bincount));
   m.impl("histc", TORCH_FN(pjrt_histc));
   m.impl(

@@ -1198,6 +1198,18 @@ void note_kernel_cpu_fallback(const std::string& name) {
   note_cpu_fallback(name);
 }
 
+at::Tensor& write_out(const at::Tensor& result, at::Tensor& out) {
+  TORCH_CHECK(
+      c10::canCast(result.scalar_type(), out.scalar_type()),
+      "result type ",
+      result.scalar_type(),
+      " can't be cast to the desired output type ",
+      out.scalar_type());
+  at::native::resize_output(out, result.sizes());
+  out.copy_(result);
+  return out;
+}
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("empty.memory_format", TORCH_FN(pjrt_empty));
   m.impl("empty_strided", TORCH_FN(pjrt_empty_strided));
@@ -1229,10 +1241,6 @@ namespace {
 int32_t engine_op_named(const char* name) {
   int32_t id = -1;
   return api().op_id(name, &id) == TPJRT_OK ? id : -1;
-}
-
-bool present(const std::optional<at::Tensor>& t) {
-  return t.has_value() && t->defined();
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_impl(

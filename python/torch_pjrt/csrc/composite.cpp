@@ -21,9 +21,42 @@
 namespace torch_pjrt {
 namespace {
 
-bool present(const std::optional<at::Tensor>& t) {
-  return t.has_value() && t->defined();
-}
+// The `out=` and in-place forms of a functional kernel `Fn(self, rest...)`: the functional result
+// written into `out`, or copied into `self`.
+template <auto Fn, typename Signature = decltype(Fn)>
+struct Variants;
+
+template <auto Fn, typename... Rest>
+struct Variants<Fn, at::Tensor (*)(const at::Tensor&, Rest...)> {
+  static at::Tensor& out(const at::Tensor& self, Rest... rest, at::Tensor& out) {
+    return write_out(Fn(self, rest...), out);
+  }
+  static at::Tensor& in_place(at::Tensor& self, Rest... rest) {
+    return self.copy_(Fn(self, rest...));
+  }
+  // For a floating-point function: an integer `self` cannot hold its result.
+  static at::Tensor& in_place_floating(at::Tensor& self, Rest... rest) {
+    TORCH_CHECK(
+        at::isFloatingType(self.scalar_type()),
+        "result type Float can't be cast to the desired output type ",
+        self.scalar_type());
+    return in_place(self, rest...);
+  }
+};
+
+template <auto Fn, typename... Rest>
+struct Variants<Fn, std::tuple<at::Tensor, at::Tensor> (*)(const at::Tensor&, Rest...)> {
+  static std::tuple<at::Tensor&, at::Tensor&> out(
+      const at::Tensor& self,
+      Rest... rest,
+      at::Tensor& first,
+      at::Tensor& second) {
+    auto [a, b] = Fn(self, rest...);
+    write_out(a, first);
+    write_out(b, second);
+    return {first, second};
+  }
+};
 
 // PyTorch's CPU kernels refuse integer and bool inputs for these activations.
 void require_floating(const char* op, const at::Tensor& self) {
@@ -34,15 +67,6 @@ void require_floating(const char* op, const at::Tensor& self) {
       "\" not implemented for '",
       c10::toString(self.scalar_type()),
       "': expected a floating-point tensor; convert it first, e.g. with `.float()`");
-}
-
-// Writes `result` into `out` (resized when its shape differs, as `out=` does), returns `out`.
-at::Tensor& write_out(const at::Tensor& result, at::Tensor& out) {
-  if (out.sizes() != result.sizes()) {
-    out.resize_(result.sizes());
-  }
-  out.copy_(result);
-  return out;
 }
 
 // ----- activations ------------------------------------------------------------------------------
@@ -275,30 +299,6 @@ std::tuple<at::Tensor, at::Tensor> pjrt_min_dim(const at::Tensor& self, int64_t 
   return {at::amin(self, {dim}, keepdim), at::argmin(self, dim, keepdim)};
 }
 
-std::tuple<at::Tensor&, at::Tensor&> pjrt_max_dim_out(
-    const at::Tensor& self,
-    int64_t dim,
-    bool keepdim,
-    at::Tensor& values,
-    at::Tensor& indices) {
-  auto [v, i] = pjrt_max_dim(self, dim, keepdim);
-  write_out(v, values);
-  write_out(i, indices);
-  return {values, indices};
-}
-
-std::tuple<at::Tensor&, at::Tensor&> pjrt_min_dim_out(
-    const at::Tensor& self,
-    int64_t dim,
-    bool keepdim,
-    at::Tensor& values,
-    at::Tensor& indices) {
-  auto [v, i] = pjrt_min_dim(self, dim, keepdim);
-  write_out(v, values);
-  write_out(i, indices);
-  return {values, indices};
-}
-
 // ----- moments --------------------------------------------------------------------------------
 
 std::tuple<at::Tensor, at::Tensor> pjrt_var_mean(
@@ -412,6 +412,14 @@ at::Tensor log_add_exp(const at::Tensor& self, const at::Tensor& other, bool bas
   at::Tensor gap = -at::abs(a - b);
   at::Tensor sum = base_two ? larger + at::log1p(at::exp2(gap)) / kLn2 : larger + at::log1p(at::exp(gap));
   return at::where(at::isinf(a).logical_and(a == b), a, sum);
+}
+
+at::Tensor pjrt_logaddexp(const at::Tensor& self, const at::Tensor& other) {
+  return log_add_exp(self, other, false);
+}
+
+at::Tensor pjrt_logaddexp2(const at::Tensor& self, const at::Tensor& other) {
+  return log_add_exp(self, other, true);
 }
 
 at::Tensor pjrt_hypot(const at::Tensor& self, const at::Tensor& other) {
@@ -786,26 +794,6 @@ at::Tensor pjrt_addmv(
   return (beta.equal(1) ? self + product : self * beta + product).to(dtype);
 }
 
-at::Tensor& pjrt_addmv_out(
-    const at::Tensor& self,
-    const at::Tensor& mat,
-    const at::Tensor& vec,
-    const at::Scalar& beta,
-    const at::Scalar& alpha,
-    at::Tensor& out) {
-  return write_out(pjrt_addmv(self, mat, vec, beta, alpha), out);
-}
-
-at::Tensor& pjrt_addmv_(
-    at::Tensor& self,
-    const at::Tensor& mat,
-    const at::Tensor& vec,
-    const at::Scalar& beta,
-    const at::Scalar& alpha) {
-  self.copy_(pjrt_addmv(self, mat, vec, beta, alpha));
-  return self;
-}
-
 // ----- xlogy ------------------------------------------------------------------------------------
 
 // PyTorch's `x * log(y)`: NaN where y is NaN, else 0 where x is 0.
@@ -830,173 +818,40 @@ at::Tensor pjrt_xlogy_scalar_self(const at::Scalar& self, const at::Tensor& othe
 
 }  // namespace
 
-// Registers `name` (functional), `name_` (in-place) and `name.out` for a one-input activation
-// whose kernel is `fn(self, extra...)`.
-#define PJRT_ACTIVATION_VARIANTS(m, name, fn)                                                      \
-  m.impl(#name, TORCH_FN(fn));                                                                    \
-  m.impl(#name ".out", [](const at::Tensor& self, at::Tensor& out) -> at::Tensor& {               \
-    return write_out(fn(self), out);                                                              \
-  });
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("leaky_relu", TORCH_FN(pjrt_leaky_relu));
-  m.impl(
-      "leaky_relu.out",
-      [](const at::Tensor& self, const at::Scalar& slope, at::Tensor& out) -> at::Tensor& {
-        return write_out(pjrt_leaky_relu(self, slope), out);
-      });
-  m.impl("leaky_relu_", [](at::Tensor& self, const at::Scalar& slope) -> at::Tensor& {
-    return self.copy_(pjrt_leaky_relu(self, slope));
-  });
-  m.impl("leaky_relu_backward", TORCH_FN(pjrt_leaky_relu_backward));
-  m.impl(
-      "leaky_relu_backward.grad_input",
-      [](const at::Tensor& grad_output,
-         const at::Tensor& self,
-         const at::Scalar& slope,
-         bool self_is_result,
-         at::Tensor& grad_input) -> at::Tensor& {
-        return write_out(pjrt_leaky_relu_backward(grad_output, self, slope, self_is_result), grad_input);
-      });
+  // A functional kernel with its `out=` overload (named `out_name`) and, where PyTorch has one,
+  // its in-place overload.
+#define PJRT_WITH_OUT(name, out_name, fn)                                                          \
+  m.impl(name, TORCH_FN(fn));                                                                     \
+  m.impl(out_name, TORCH_FN(Variants<&fn>::out));
+#define PJRT_WITH_OUT_AND_IN_PLACE(name, out_name, in_place_name, fn)                              \
+  PJRT_WITH_OUT(name, out_name, fn)                                                               \
+  m.impl(in_place_name, TORCH_FN(Variants<&fn>::in_place));
 
-  m.impl("elu", TORCH_FN(pjrt_elu));
-  m.impl(
-      "elu.out",
-      [](const at::Tensor& self,
-         const at::Scalar& alpha,
-         const at::Scalar& scale,
-         const at::Scalar& input_scale,
-         at::Tensor& out) -> at::Tensor& {
-        return write_out(pjrt_elu(self, alpha, scale, input_scale), out);
-      });
-  m.impl(
-      "elu_",
-      [](at::Tensor& self,
-         const at::Scalar& alpha,
-         const at::Scalar& scale,
-         const at::Scalar& input_scale) -> at::Tensor& {
-        return self.copy_(pjrt_elu(self, alpha, scale, input_scale));
-      });
-  m.impl("elu_backward", TORCH_FN(pjrt_elu_backward));
-  m.impl(
-      "elu_backward.grad_input",
-      [](const at::Tensor& grad_output,
-         const at::Scalar& alpha,
-         const at::Scalar& scale,
-         const at::Scalar& input_scale,
-         bool is_result,
-         const at::Tensor& self_or_result,
-         at::Tensor& grad_input) -> at::Tensor& {
-        return write_out(
-            pjrt_elu_backward(grad_output, alpha, scale, input_scale, is_result, self_or_result),
-            grad_input);
-      });
-
-  m.impl("softplus", TORCH_FN(pjrt_softplus));
-  m.impl(
-      "softplus.out",
-      [](const at::Tensor& self,
-         const at::Scalar& beta,
-         const at::Scalar& threshold,
-         at::Tensor& out) -> at::Tensor& { return write_out(pjrt_softplus(self, beta, threshold), out); });
-  m.impl("softplus_backward", TORCH_FN(pjrt_softplus_backward));
-  m.impl(
-      "softplus_backward.grad_input",
-      [](const at::Tensor& grad_output,
-         const at::Tensor& self,
-         const at::Scalar& beta,
-         const at::Scalar& threshold,
-         at::Tensor& grad_input) -> at::Tensor& {
-        return write_out(pjrt_softplus_backward(grad_output, self, beta, threshold), grad_input);
-      });
-
-  PJRT_ACTIVATION_VARIANTS(m, hardswish, pjrt_hardswish)
-  m.impl("hardswish_", [](at::Tensor& self) -> at::Tensor& { return self.copy_(pjrt_hardswish(self)); });
-  m.impl("hardswish_backward", TORCH_FN(pjrt_hardswish_backward));
-  m.impl(
-      "hardswish_backward.out",
-      [](const at::Tensor& grad_output, const at::Tensor& self, at::Tensor& out) -> at::Tensor& {
-        return write_out(pjrt_hardswish_backward(grad_output, self), out);
-      });
-
-  PJRT_ACTIVATION_VARIANTS(m, hardsigmoid, pjrt_hardsigmoid)
-  m.impl("hardsigmoid_", [](at::Tensor& self) -> at::Tensor& {
-    return self.copy_(pjrt_hardsigmoid(self));
-  });
-  m.impl("hardsigmoid_backward", TORCH_FN(pjrt_hardsigmoid_backward));
-  m.impl(
-      "hardsigmoid_backward.grad_input",
-      [](const at::Tensor& grad_output, const at::Tensor& self, at::Tensor& grad_input)
-          -> at::Tensor& { return write_out(pjrt_hardsigmoid_backward(grad_output, self), grad_input); });
-
-  PJRT_ACTIVATION_VARIANTS(m, mish, pjrt_mish)
-  m.impl("mish_", [](at::Tensor& self) -> at::Tensor& { return self.copy_(pjrt_mish(self)); });
+  PJRT_WITH_OUT_AND_IN_PLACE("leaky_relu", "leaky_relu.out", "leaky_relu_", pjrt_leaky_relu)
+  PJRT_WITH_OUT("leaky_relu_backward", "leaky_relu_backward.grad_input", pjrt_leaky_relu_backward)
+  PJRT_WITH_OUT_AND_IN_PLACE("elu", "elu.out", "elu_", pjrt_elu)
+  PJRT_WITH_OUT("elu_backward", "elu_backward.grad_input", pjrt_elu_backward)
+  PJRT_WITH_OUT("softplus", "softplus.out", pjrt_softplus)
+  PJRT_WITH_OUT("softplus_backward", "softplus_backward.grad_input", pjrt_softplus_backward)
+  PJRT_WITH_OUT_AND_IN_PLACE("hardswish", "hardswish.out", "hardswish_", pjrt_hardswish)
+  PJRT_WITH_OUT("hardswish_backward", "hardswish_backward.out", pjrt_hardswish_backward)
+  PJRT_WITH_OUT_AND_IN_PLACE("hardsigmoid", "hardsigmoid.out", "hardsigmoid_", pjrt_hardsigmoid)
+  PJRT_WITH_OUT("hardsigmoid_backward", "hardsigmoid_backward.grad_input", pjrt_hardsigmoid_backward)
+  PJRT_WITH_OUT_AND_IN_PLACE("mish", "mish.out", "mish_", pjrt_mish)
   m.impl("mish_backward", TORCH_FN(pjrt_mish_backward));
-
-  m.impl("hardtanh", TORCH_FN(pjrt_hardtanh));
-  m.impl(
-      "hardtanh.out",
-      [](const at::Tensor& self, const at::Scalar& min_val, const at::Scalar& max_val, at::Tensor& out)
-          -> at::Tensor& { return write_out(pjrt_hardtanh(self, min_val, max_val), out); });
-  m.impl(
-      "hardtanh_",
-      [](at::Tensor& self, const at::Scalar& min_val, const at::Scalar& max_val) -> at::Tensor& {
-        return self.copy_(pjrt_hardtanh(self, min_val, max_val));
-      });
-  m.impl("hardtanh_backward", TORCH_FN(pjrt_hardtanh_backward));
-  m.impl(
-      "hardtanh_backward.grad_input",
-      [](const at::Tensor& grad_output,
-         const at::Tensor& self,
-         const at::Scalar& min_val,
-         const at::Scalar& max_val,
-         at::Tensor& grad_input) -> at::Tensor& {
-        return write_out(pjrt_hardtanh_backward(grad_output, self, min_val, max_val), grad_input);
-      });
-
-  m.impl("threshold", TORCH_FN(pjrt_threshold));
-  m.impl(
-      "threshold.out",
-      [](const at::Tensor& self, const at::Scalar& threshold, const at::Scalar& value, at::Tensor& out)
-          -> at::Tensor& { return write_out(pjrt_threshold(self, threshold, value), out); });
-  m.impl(
-      "threshold_",
-      [](at::Tensor& self, const at::Scalar& threshold, const at::Scalar& value) -> at::Tensor& {
-        return self.copy_(pjrt_threshold(self, threshold, value));
-      });
-  m.impl("hardshrink", TORCH_FN(pjrt_hardshrink));
-  m.impl(
-      "hardshrink.out",
-      [](const at::Tensor& self, const at::Scalar& lambd, at::Tensor& out) -> at::Tensor& {
-        return write_out(pjrt_hardshrink(self, lambd), out);
-      });
-  m.impl("softshrink", TORCH_FN(pjrt_softshrink));
-  m.impl(
-      "softshrink.out",
-      [](const at::Tensor& self, const at::Scalar& lambd, at::Tensor& out) -> at::Tensor& {
-        return write_out(pjrt_softshrink(self, lambd), out);
-      });
-  m.impl("hardshrink_backward", TORCH_FN(pjrt_shrink_backward));
-  m.impl("softshrink_backward", TORCH_FN(pjrt_shrink_backward));
-  m.impl(
-      "hardshrink_backward.grad_input",
-      [](const at::Tensor& grad, const at::Tensor& self, const at::Scalar& lambd, at::Tensor& out)
-          -> at::Tensor& { return write_out(pjrt_shrink_backward(grad, self, lambd), out); });
-  m.impl(
-      "softshrink_backward.grad_input",
-      [](const at::Tensor& grad, const at::Tensor& self, const at::Scalar& lambd, at::Tensor& out)
-          -> at::Tensor& { return write_out(pjrt_shrink_backward(grad, self, lambd), out); });
-
-  m.impl("glu", TORCH_FN(pjrt_glu));
-  m.impl("glu.out", [](const at::Tensor& self, int64_t dim, at::Tensor& out) -> at::Tensor& {
-    return write_out(pjrt_glu(self, dim), out);
-  });
-  m.impl("glu_backward", TORCH_FN(pjrt_glu_backward));
-  m.impl(
-      "glu_backward.grad_input",
-      [](const at::Tensor& grad, const at::Tensor& self, int64_t dim, at::Tensor& out) -> at::Tensor& {
-        return write_out(pjrt_glu_backward(grad, self, dim), out);
-      });
+  PJRT_WITH_OUT_AND_IN_PLACE("hardtanh", "hardtanh.out", "hardtanh_", pjrt_hardtanh)
+  PJRT_WITH_OUT("hardtanh_backward", "hardtanh_backward.grad_input", pjrt_hardtanh_backward)
+  PJRT_WITH_OUT_AND_IN_PLACE("threshold", "threshold.out", "threshold_", pjrt_threshold)
+  PJRT_WITH_OUT("hardshrink", "hardshrink.out", pjrt_hardshrink)
+  PJRT_WITH_OUT("softshrink", "softshrink.out", pjrt_softshrink)
+  PJRT_WITH_OUT("hardshrink_backward", "hardshrink_backward.grad_input", pjrt_shrink_backward)
+  PJRT_WITH_OUT("softshrink_backward", "softshrink_backward.grad_input", pjrt_shrink_backward)
+  PJRT_WITH_OUT("glu", "glu.out", pjrt_glu)
+  PJRT_WITH_OUT("glu_backward", "glu_backward.grad_input", pjrt_glu_backward)
+  m.impl("_prelu_kernel", TORCH_FN(pjrt_prelu_kernel));
+  m.impl("_prelu_kernel_backward", TORCH_FN(pjrt_prelu_kernel_backward));
 
   m.impl(
       "norm.ScalarOpt_dim",
@@ -1026,9 +881,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
          at::IntArrayRef dim,
          bool keepdim,
          at::ScalarType dtype,
-         at::Tensor& out) -> at::Tensor& {
-        return write_out(pjrt_norm(self, p, dim, keepdim, dtype), out);
-      });
+         at::Tensor& out) -> at::Tensor& { return write_out(pjrt_norm(self, p, dim, keepdim, dtype), out); });
   m.impl("norm.Scalar", [](const at::Tensor& self, const at::Scalar& p) {
     return pjrt_norm(self, p, {}, false, std::nullopt);
   });
@@ -1037,19 +890,12 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
       [](const at::Tensor& self, const std::optional<at::Scalar>& p, at::ScalarType dtype) {
         return pjrt_norm(self, p, {}, false, dtype);
       });
+  m.impl("var_mean.correction", TORCH_FN(pjrt_var_mean));
+  m.impl("std_mean.correction", TORCH_FN(pjrt_std_mean));
 
 #define PJRT_FLOAT_UNARY(name, fn)                                                                 \
-  m.impl(#name, TORCH_FN(fn));                                                                    \
-  m.impl(#name ".out", [](const at::Tensor& self, at::Tensor& out) -> at::Tensor& {               \
-    return write_out(fn(self), out);                                                              \
-  });                                                                                             \
-  m.impl(#name "_", [](at::Tensor& self) -> at::Tensor& {                                         \
-    TORCH_CHECK(                                                                                  \
-        at::isFloatingType(self.scalar_type()),                                                   \
-        "result type Float can't be cast to the desired output type ",                            \
-        self.scalar_type());                                                                      \
-    return self.copy_(fn(self));                                                                  \
-  });
+  PJRT_WITH_OUT(#name, #name ".out", fn)                                                          \
+  m.impl(#name "_", TORCH_FN(Variants<&fn>::in_place_floating));
   PJRT_FLOAT_UNARY(atan, pjrt_atan)
   PJRT_FLOAT_UNARY(asin, pjrt_asin)
   PJRT_FLOAT_UNARY(acos, pjrt_acos)
@@ -1060,100 +906,39 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   PJRT_FLOAT_UNARY(atanh, pjrt_atanh)
   PJRT_FLOAT_UNARY(frac, pjrt_frac)
 #undef PJRT_FLOAT_UNARY
-
-#define PJRT_FLOAT_BINARY(name, expr)                                                              \
-  m.impl(#name, [](const at::Tensor& self, const at::Tensor& other) { return expr; });            \
-  m.impl(                                                                                         \
-      #name ".out",                                                                               \
-      [](const at::Tensor& self, const at::Tensor& other, at::Tensor& out) -> at::Tensor& {       \
-        return write_out(expr, out);                                                              \
-      });
-  PJRT_FLOAT_BINARY(logaddexp, log_add_exp(self, other, false))
-  PJRT_FLOAT_BINARY(logaddexp2, log_add_exp(self, other, true))
-  PJRT_FLOAT_BINARY(hypot, pjrt_hypot(self, other))
-#undef PJRT_FLOAT_BINARY
-  m.impl("hypot_", [](at::Tensor& self, const at::Tensor& other) -> at::Tensor& {
-    return self.copy_(pjrt_hypot(self, other));
-  });
+  PJRT_WITH_OUT("logaddexp", "logaddexp.out", pjrt_logaddexp)
+  PJRT_WITH_OUT("logaddexp2", "logaddexp2.out", pjrt_logaddexp2)
+  PJRT_WITH_OUT_AND_IN_PLACE("hypot", "hypot.out", "hypot_", pjrt_hypot)
 
   m.impl("channel_shuffle", [](const at::Tensor& self, c10::SymInt groups) {
     return pjrt_channel_shuffle(self, groups.expect_int());
   });
-  m.impl("index_copy", TORCH_FN(pjrt_index_copy));
-  m.impl(
-      "index_copy.out",
-      [](const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& source, at::Tensor& out)
-          -> at::Tensor& { return write_out(pjrt_index_copy(self, dim, index, source), out); });
-  m.impl(
-      "index_copy_",
-      [](at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& source) -> at::Tensor& {
-        return self.copy_(pjrt_index_copy(self, dim, index, source));
-      });
+  PJRT_WITH_OUT_AND_IN_PLACE("index_copy", "index_copy.out", "index_copy_", pjrt_index_copy)
+  PJRT_WITH_OUT_AND_IN_PLACE(
+      "index_fill.int_Tensor", "index_fill.int_Tensor_out", "index_fill_.int_Tensor", pjrt_index_fill)
+  PJRT_WITH_OUT_AND_IN_PLACE(
+      "index_fill.int_Scalar", "index_fill.int_Scalar_out", "index_fill_.int_Scalar", index_fill_scalar)
 
-  m.impl("index_fill.int_Tensor", TORCH_FN(pjrt_index_fill));
-  m.impl("index_fill.int_Scalar", TORCH_FN(index_fill_scalar));
-  m.impl(
-      "index_fill.int_Tensor_out",
-      [](const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& value, at::Tensor& out)
-          -> at::Tensor& { return write_out(pjrt_index_fill(self, dim, index, value), out); });
-  m.impl(
-      "index_fill.int_Scalar_out",
-      [](const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Scalar& value, at::Tensor& out)
-          -> at::Tensor& { return write_out(index_fill_scalar(self, dim, index, value), out); });
-  m.impl(
-      "index_fill_.int_Tensor",
-      [](at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& value) -> at::Tensor& {
-        return self.copy_(pjrt_index_fill(self, dim, index, value));
-      });
-  m.impl(
-      "index_fill_.int_Scalar",
-      [](at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Scalar& value) -> at::Tensor& {
-        return self.copy_(index_fill_scalar(self, dim, index, value));
-      });
-
-  m.impl("kthvalue", TORCH_FN(pjrt_kthvalue));
-  m.impl(
-      "kthvalue.values",
-      [](const at::Tensor& self, c10::SymInt k, int64_t dim, bool keepdim, at::Tensor& values, at::Tensor& indices)
-          -> std::tuple<at::Tensor&, at::Tensor&> {
-        auto [v, i] = pjrt_kthvalue(self, k, dim, keepdim);
-        write_out(v, values);
-        write_out(i, indices);
-        return {values, indices};
-      });
-  m.impl("median.dim", TORCH_FN(pjrt_median_dim));
-  m.impl(
-      "median.dim_values",
-      [](const at::Tensor& self, int64_t dim, bool keepdim, at::Tensor& values, at::Tensor& indices)
-          -> std::tuple<at::Tensor&, at::Tensor&> {
-        auto [v, i] = pjrt_median_dim(self, dim, keepdim);
-        write_out(v, values);
-        write_out(i, indices);
-        return {values, indices};
-      });
-  m.impl("median", TORCH_FN(pjrt_median));
-  m.impl("median.out", [](const at::Tensor& self, at::Tensor& out) -> at::Tensor& {
-    return write_out(pjrt_median(self), out);
-  });
+  PJRT_WITH_OUT("max.dim", "max.dim_max", pjrt_max_dim)
+  PJRT_WITH_OUT("min.dim", "min.dim_min", pjrt_min_dim)
+  PJRT_WITH_OUT("kthvalue", "kthvalue.values", pjrt_kthvalue)
+  PJRT_WITH_OUT("median.dim", "median.dim_values", pjrt_median_dim)
+  PJRT_WITH_OUT("median", "median.out", pjrt_median)
   m.impl("_unique2", TORCH_FN(pjrt_unique2));
-  m.impl("scatter_reduce.two", TORCH_FN(pjrt_scatter_reduce));
+  PJRT_WITH_OUT("scatter_reduce.two", "scatter_reduce.two_out", pjrt_scatter_reduce)
+  PJRT_WITH_OUT_AND_IN_PLACE("addmv", "addmv.out", "addmv_", pjrt_addmv)
+  PJRT_WITH_OUT("xlogy.Tensor", "xlogy.OutTensor", pjrt_xlogy)
+  PJRT_WITH_OUT("xlogy.Scalar_Other", "xlogy.OutScalar_Other", pjrt_xlogy_scalar_other)
+  m.impl("xlogy.Scalar_Self", TORCH_FN(pjrt_xlogy_scalar_self));
   m.impl(
-      "scatter_reduce.two_out",
-      [](const at::Tensor& self,
-         int64_t dim,
-         const at::Tensor& index,
-         const at::Tensor& src,
-         c10::string_view reduce,
-         bool include_self,
-         at::Tensor& out) -> at::Tensor& {
-        return write_out(pjrt_scatter_reduce(self, dim, index, src, reduce, include_self), out);
+      "xlogy.OutScalar_Self",
+      [](const at::Scalar& self, const at::Tensor& other, at::Tensor& out) -> at::Tensor& {
+        return write_out(pjrt_xlogy_scalar_self(self, other), out);
       });
+  m.impl("xlogy_.Tensor", TORCH_FN(Variants<&pjrt_xlogy>::in_place));
+  m.impl("xlogy_.Scalar_Other", TORCH_FN(Variants<&pjrt_xlogy_scalar_other>::in_place));
   m.impl("bincount", TORCH_FN(pjrt_bincount));
-  m.impl("histc", TORCH_FN(pjrt_histc));
-  m.impl(
-      "histc.out",
-      [](const at::Tensor& self, int64_t bins, const at::Scalar& min, const at::Scalar& max, at::Tensor& out)
-          -> at::Tensor& { return write_out(pjrt_histc(self, bins, min, max), out); });
+  PJRT_WITH_OUT("histc", "histc.out", pjrt_histc)
   m.impl("trace", TORCH_FN(pjrt_trace));
   m.impl(
       "tril_indices",
@@ -1197,45 +982,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
     return write_out(pjrt_randperm(n, std::nullopt, out.scalar_type(), out.device()), out);
   });
 
-  m.impl("var_mean.correction", TORCH_FN(pjrt_var_mean));
-  m.impl("std_mean.correction", TORCH_FN(pjrt_std_mean));
-
-  m.impl("_prelu_kernel", TORCH_FN(pjrt_prelu_kernel));
-  m.impl("_prelu_kernel_backward", TORCH_FN(pjrt_prelu_kernel_backward));
-
-  m.impl("max.dim", TORCH_FN(pjrt_max_dim));
-  m.impl("max.dim_max", TORCH_FN(pjrt_max_dim_out));
-  m.impl("min.dim", TORCH_FN(pjrt_min_dim));
-  m.impl("min.dim_min", TORCH_FN(pjrt_min_dim_out));
-
-  m.impl("addmv", TORCH_FN(pjrt_addmv));
-  m.impl("addmv.out", TORCH_FN(pjrt_addmv_out));
-  m.impl("addmv_", TORCH_FN(pjrt_addmv_));
-
-  m.impl("xlogy.Tensor", TORCH_FN(pjrt_xlogy));
-  m.impl("xlogy.Scalar_Other", TORCH_FN(pjrt_xlogy_scalar_other));
-  m.impl("xlogy.Scalar_Self", TORCH_FN(pjrt_xlogy_scalar_self));
-  m.impl(
-      "xlogy.OutTensor",
-      [](const at::Tensor& self, const at::Tensor& other, at::Tensor& out) -> at::Tensor& {
-        return write_out(pjrt_xlogy(self, other), out);
-      });
-  m.impl(
-      "xlogy.OutScalar_Other",
-      [](const at::Tensor& self, const at::Scalar& other, at::Tensor& out) -> at::Tensor& {
-        return write_out(pjrt_xlogy_scalar_other(self, other), out);
-      });
-  m.impl(
-      "xlogy.OutScalar_Self",
-      [](const at::Scalar& self, const at::Tensor& other, at::Tensor& out) -> at::Tensor& {
-        return write_out(pjrt_xlogy_scalar_self(self, other), out);
-      });
-  m.impl("xlogy_.Tensor", [](at::Tensor& self, const at::Tensor& other) -> at::Tensor& {
-    return self.copy_(pjrt_xlogy(self, other));
-  });
-  m.impl("xlogy_.Scalar_Other", [](at::Tensor& self, const at::Scalar& other) -> at::Tensor& {
-    return self.copy_(pjrt_xlogy_scalar_other(self, other));
-  });
+#undef PJRT_WITH_OUT_AND_IN_PLACE
+#undef PJRT_WITH_OUT
 }
 
 }  // namespace torch_pjrt

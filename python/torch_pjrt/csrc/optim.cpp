@@ -30,10 +30,6 @@ int32_t engine_op(const char* name) {
 // The op ids, resolved once (the engine table is installed before any kernel runs).
 #define PJRT_OPTIM_OP(var, name) static const int32_t var = engine_op(name)
 
-bool present(const std::optional<at::Tensor>& t) {
-  return t.has_value() && t->defined();
-}
-
 void check_length(const char* op, at::TensorList list, size_t n, const char* what) {
   TORCH_CHECK(
       list.size() == n,

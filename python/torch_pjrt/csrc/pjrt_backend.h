@@ -37,6 +37,16 @@ inline void check(int32_t code, const char* context) {
   }
 }
 
+// Whether an optional tensor argument was given.
+inline bool present(const std::optional<at::Tensor>& t) {
+  return t.has_value() && t->defined();
+}
+
+// Writes a kernel's result into an `out=` tensor as the generated `.out` kernels do: the result
+// type must cast to `out`'s, `out` is resized as PyTorch's `resize_output` resizes it, then
+// copied into. Returns `out`.
+at::Tensor& write_out(const at::Tensor& result, at::Tensor& out);
+
 // A kernel that hands one case of its op to the CPU (a dtype it has no device path for) calls this
 // first: it counts the fallback in the metrics and warns once, or raises NotImplementedError with
 // TORCH_PJRT_FALLBACK=error, as the boxed CPU fallback does.

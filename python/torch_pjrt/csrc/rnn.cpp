@@ -13,12 +13,10 @@
 
 #include <tuple>
 
+#include "pjrt_backend.h"
+
 namespace torch_pjrt {
 namespace {
-
-bool present(const std::optional<at::Tensor>& t) {
-  return t.has_value() && t->defined();
-}
 
 // `gates` ([batch, chunks * hidden]) checked against the state `state` ([batch, hidden]).
 void check_gates(

@@ -20,14 +20,6 @@
 namespace torch_pjrt {
 namespace {
 
-at::Tensor& write_out(const at::Tensor& result, at::Tensor& out) {
-  if (out.sizes() != result.sizes()) {
-    out.resize_(result.sizes());
-  }
-  out.copy_(result);
-  return out;
-}
-
 // PyTorch's `compute_scales_value`: the input step per output step, in float.
 float source_scale(std::optional<double> scale, int64_t input_size, int64_t output_size) {
   if (scale.has_value() && *scale > 0.0) {

@@ -73,6 +73,44 @@ def in_mode_without_fallbacks(mode):
     assert fallbacks == {}, f"ops that fell back to the CPU: {fallbacks}"
 
 
+EAGER_MODES = ["strict", "debug", "defer_and_fuse"]
+
+
+@pytest.fixture(params=EAGER_MODES)
+def mode(request):
+    """Runs the test in each eager mode and checks that no op fell back to the CPU (a test
+    module may define its own `mode` fixture, or parametrize `mode`, instead)."""
+    with in_mode_without_fallbacks(request.param):
+        yield request.param
+
+
+def seeded(seed):
+    """A CPU generator seeded with `seed`: test inputs that do not depend on the test order."""
+    return torch.Generator().manual_seed(seed)
+
+
+def _run_on(fn, inputs, grads_of, device):
+    """`fn(*inputs)` on `device`, then backward of a fixed random cotangent: (output, grads)."""
+    ts = [t.to(device) if isinstance(t, torch.Tensor) else t for t in inputs]
+    for i in grads_of:
+        ts[i] = ts[i].detach().requires_grad_()
+    out = fn(*ts)
+    cotangent = torch.randn(out.shape, generator=seeded(7)).to(device)
+    out.backward(cotangent)
+    return out.detach().cpu(), [ts[i].grad.cpu() for i in grads_of]
+
+
+def check_against_cpu(fn, inputs, grads_of=(0,), **tol):
+    """`fn` on pjrt against the CPU: its output and the gradients of the inputs `grads_of`
+    (tolerances 1e-5 unless given)."""
+    tol = {"rtol": 1e-5, "atol": 1e-5, **tol}
+    expected, expected_grads = _run_on(fn, inputs, grads_of, "cpu")
+    actual, actual_grads = _run_on(fn, inputs, grads_of, "pjrt")
+    torch.testing.assert_close(actual, expected, **tol)
+    for a, e in zip(actual_grads, expected_grads):
+        torch.testing.assert_close(a, e, **tol)
+
+
 def assert_close(actual, expected, **kw):
     assert actual.device.type == "pjrt", actual.device
     kw.setdefault("equal_nan", True)

@@ -11,25 +11,13 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 import torch_pjrt
-from conftest import in_mode_without_fallbacks
-
-MODES = ["strict", "debug", "defer_and_fuse"]
-
-
-@pytest.fixture(params=MODES)
-def mode(request):
-    with in_mode_without_fallbacks(request.param):
-        yield request.param
-
-
-def _gen(seed):
-    return torch.Generator().manual_seed(seed)
+from conftest import in_mode_without_fallbacks, seeded
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_autocast_casts_products_down_and_sensitive_ops_up(mode, dtype):
-    x = torch.randn(4, 8, generator=_gen(0)).to("pjrt")
-    w = torch.randn(8, 8, generator=_gen(1)).to("pjrt")
+    x = torch.randn(4, 8, generator=seeded(0)).to("pjrt")
+    w = torch.randn(8, 8, generator=seeded(1)).to("pjrt")
     with torch.autocast("pjrt", dtype=dtype):
         assert torch.is_autocast_enabled("pjrt")
         product = x @ w
@@ -51,14 +39,14 @@ def test_autocast_casts_products_down_and_sensitive_ops_up(mode, dtype):
 
 
 def test_autocast_promotes_mixed_inputs(mode):
-    a = torch.randn(5, generator=_gen(2)).to("pjrt")
+    a = torch.randn(5, generator=seeded(2)).to("pjrt")
     with torch.autocast("pjrt", dtype=torch.bfloat16):
         out = torch.addcmul(a, a.bfloat16(), a)
     assert out.dtype == torch.float32
 
 
 def test_binary_cross_entropy_is_refused_under_autocast(mode):
-    p = torch.rand(4, generator=_gen(3)).to("pjrt")
+    p = torch.rand(4, generator=seeded(3)).to("pjrt")
     with torch.autocast("pjrt", dtype=torch.bfloat16):
         with pytest.raises(RuntimeError, match="binary_cross_entropy_with_logits"):
             F.binary_cross_entropy(p, p)
@@ -80,8 +68,8 @@ def _train_autocast(device, steps=6):
     torch.manual_seed(0)
     model = Net().to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    x = torch.randn(16, 12, generator=_gen(4)).to(device)
-    y = torch.randint(0, 5, (16,), generator=_gen(5)).to(device)
+    x = torch.randn(16, 12, generator=seeded(4)).to(device)
+    y = torch.randint(0, 5, (16,), generator=seeded(5)).to(device)
     losses = []
     for _ in range(steps):
         with torch.autocast(device, dtype=torch.bfloat16):
@@ -136,7 +124,7 @@ def _checkpointed_grads(block, x0, how):
 def test_checkpointed_dropout_recomputes_the_forward_mask(mode, how):
     torch.manual_seed(0)
     block = nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.5), nn.GELU(), nn.Linear(16, 8)).to("pjrt")
-    x0 = torch.randn(6, 8, generator=_gen(6))
+    x0 = torch.randn(6, 8, generator=seeded(6))
     plain = _checkpointed_grads(block, x0, "plain")
     checkpointed = _checkpointed_grads(block, x0, how)
     assert torch.equal(checkpointed[0], plain[0])
@@ -157,8 +145,8 @@ def test_float16_autocast_trains_with_a_grad_scaler(mode):
     model = Net().to("pjrt")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     scaler = torch.amp.GradScaler("pjrt")
-    x = torch.randn(16, 12, generator=_gen(7)).to("pjrt")
-    y = torch.randint(0, 5, (16,), generator=_gen(8)).to("pjrt")
+    x = torch.randn(16, 12, generator=seeded(7)).to("pjrt")
+    y = torch.randint(0, 5, (16,), generator=seeded(8)).to("pjrt")
     losses = []
     for _ in range(5):
         with torch.autocast("pjrt", dtype=torch.float16):

@@ -10,43 +10,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import torch_pjrt
-from conftest import in_mode_without_fallbacks
+from conftest import check_against_cpu as check, in_mode_without_fallbacks, seeded
 
-MODES = ["strict", "debug", "defer_and_fuse"]
 TOL = {"rtol": 1e-5, "atol": 1e-5}
 
 
-@pytest.fixture(params=MODES)
-def mode(request):
-    with in_mode_without_fallbacks(request.param):
-        yield request.param
-
-
-def _gen(seed):
-    return torch.Generator().manual_seed(seed)
-
-
-def _run(fn, inputs, grads_of, device):
-    ts = [t.to(device) if isinstance(t, torch.Tensor) else t for t in inputs]
-    for i in grads_of:
-        ts[i] = ts[i].detach().requires_grad_()
-    out = fn(*ts)
-    if grads_of:
-        out.backward(torch.randn(out.shape, generator=_gen(7)).to(device))
-    return out.detach().cpu(), [ts[i].grad.cpu() for i in grads_of]
-
-
-def check(fn, inputs, grads_of=(0,), **tol):
-    tol = {**TOL, **tol}
-    expected, expected_grads = _run(fn, inputs, grads_of, "cpu")
-    actual, actual_grads = _run(fn, inputs, grads_of, "pjrt")
-    torch.testing.assert_close(actual, expected, **tol)
-    for a, e in zip(actual_grads, expected_grads):
-        torch.testing.assert_close(a, e, **tol)
-
-
 # Values around every branch point: the activations' kinks at 0 and ±3, softplus's threshold.
-X = torch.cat([torch.randn(30, generator=_gen(0)) * 4, torch.tensor([0.0, 3.0, -3.0, 25.0, -25.0])])
+X = torch.cat([torch.randn(30, generator=seeded(0)) * 4, torch.tensor([0.0, 3.0, -3.0, 25.0, -25.0])])
 
 ACTIVATIONS = {
     "leaky_relu": F.leaky_relu,
@@ -95,7 +65,7 @@ def test_in_place_activations_inside_modules_train(mode):
                               nn.ELU(inplace=True), nn.Linear(8, 8), nn.Hardswish(inplace=True),
                               nn.Linear(8, 8), nn.ReLU6(inplace=True), nn.Linear(8, 2)).to(device)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        x = torch.randn(5, 6, generator=_gen(1)).to(device)
+        x = torch.randn(5, 6, generator=seeded(1)).to(device)
         losses = []
         for _ in range(4):
             loss = model(x).square().mean()
@@ -123,9 +93,9 @@ def test_prelu_module_and_weight_gradient(mode):
     def run(device):
         torch.manual_seed(0)
         layer = nn.Sequential(nn.Conv2d(2, 3, 1), nn.PReLU(3)).to(device)
-        x = torch.randn(2, 2, 4, 4, generator=_gen(2)).to(device).requires_grad_()
+        x = torch.randn(2, 2, 4, 4, generator=seeded(2)).to(device).requires_grad_()
         y = layer(x)
-        y.backward(torch.randn(y.shape, generator=_gen(3)).to(device))
+        y.backward(torch.randn(y.shape, generator=seeded(3)).to(device))
         return y.detach().cpu(), x.grad.cpu(), layer[1].weight.grad.cpu()
 
     for a, e in zip(run("pjrt"), run("cpu")):
@@ -151,7 +121,7 @@ def test_glu_of_an_odd_dim_is_refused(pjrt):
 
 # ---- norms and moments -----------------------------------------------------------------------
 
-N3 = torch.randn(4, 5, 6, generator=_gen(11))
+N3 = torch.randn(4, 5, 6, generator=seeded(11))
 
 NORMS = {
     "p2_dim": lambda x: torch.norm(x, 2, dim=1),
@@ -173,7 +143,7 @@ def test_norms_and_moments_with_gradients(mode, name):
 
 # ---- max/min along a dim ---------------------------------------------------------------------
 
-M = torch.randn(4, 6, 5, generator=_gen(4))
+M = torch.randn(4, 6, 5, generator=seeded(4))
 M[1, 2, :] = 7.0  # ties along dim 1: the first index wins on both devices
 
 
@@ -211,16 +181,16 @@ def test_max_along_a_dim_writes_out_tensors(mode):
 
 # ---- matrix-vector products ------------------------------------------------------------------
 
-A = torch.randn(7, 5, generator=_gen(5))
-V = torch.randn(5, generator=_gen(6))
-BIAS = torch.randn(7, generator=_gen(7))
+A = torch.randn(7, 5, generator=seeded(5))
+V = torch.randn(5, generator=seeded(6))
+BIAS = torch.randn(7, generator=seeded(7))
 
 
 def test_matrix_vector_products_and_gradients(mode):
     check(torch.mv, (A, V), grads_of=(0, 1))
     check(lambda a, v: a @ v, (A, V), grads_of=(0, 1))
     check(lambda b, a, v: torch.addmv(b, a, v, beta=0.5, alpha=2.0), (BIAS, A, V), grads_of=(0, 1, 2))
-    check(lambda x, v: x @ v, (torch.randn(3, 7, 5, generator=_gen(8)), V), grads_of=(0, 1))
+    check(lambda x, v: x @ v, (torch.randn(3, 7, 5, generator=seeded(8)), V), grads_of=(0, 1))
 
 
 def test_addmv_with_zero_beta_ignores_nans_in_the_input(mode):
@@ -250,8 +220,8 @@ def test_xlogy_follows_pytorchs_zero_and_nan_rules(mode):
 
 
 def test_kl_div_and_its_gradient(mode):
-    logits = torch.randn(4, 6, generator=_gen(9))
-    target = torch.softmax(torch.randn(4, 6, generator=_gen(10)), 1)
+    logits = torch.randn(4, 6, generator=seeded(9))
+    target = torch.softmax(torch.randn(4, 6, generator=seeded(10)), 1)
     check(lambda p, t: F.kl_div(p.log_softmax(1), t, reduction="batchmean"), (logits, target),
           grads_of=(0, 1))
 
@@ -268,9 +238,9 @@ def test_a_composed_activation_fuses_into_its_region():
 
 # ---- elementwise functions without a native lowering ------------------------------------------
 
-UNIT = torch.cat([torch.rand(20, generator=_gen(12)) * 1.98 - 0.99, torch.tensor([0.0, 0.5, -0.999])])
-WIDE = torch.cat([torch.randn(20, generator=_gen(13)) * 5, torch.tensor([0.0, 1e-4, -30.0, 85.0])])
-ABOVE_ONE = 1.0 + torch.rand(20, generator=_gen(14)) * 50
+UNIT = torch.cat([torch.rand(20, generator=seeded(12)) * 1.98 - 0.99, torch.tensor([0.0, 0.5, -0.999])])
+WIDE = torch.cat([torch.randn(20, generator=seeded(13)) * 5, torch.tensor([0.0, 1e-4, -30.0, 85.0])])
+ABOVE_ONE = 1.0 + torch.rand(20, generator=seeded(14)) * 50
 
 ELEMENTWISE = {
     "atan": (torch.atan, WIDE),
@@ -307,8 +277,8 @@ def test_elementwise_functions_outside_their_domain_and_on_integers(mode):
         ints.to("pjrt").atan_()
 
 
-A2 = torch.randn(3, 5, generator=_gen(15)) * 3
-B2 = torch.randn(3, 5, generator=_gen(16)) * 3
+A2 = torch.randn(3, 5, generator=seeded(15)) * 3
+B2 = torch.randn(3, 5, generator=seeded(16)) * 3
 
 
 @pytest.mark.parametrize("fn", [torch.logaddexp, torch.logaddexp2, torch.hypot],
@@ -331,13 +301,13 @@ def test_binary_functions_with_infinities_and_nans(mode):
 # ---- index_copy, index_fill, channel_shuffle --------------------------------------------------
 
 def test_index_copy_and_fill_with_gradients(mode):
-    target = torch.randn(4, 5, 3, generator=_gen(17))
+    target = torch.randn(4, 5, 3, generator=seeded(17))
     index = torch.tensor([3, 0])
-    source = torch.randn(4, 2, 3, generator=_gen(18))
+    source = torch.randn(4, 2, 3, generator=seeded(18))
     check(lambda t, s: t.index_copy(1, index.to(t.device), s), (target, source), grads_of=(0, 1))
     check(lambda t: t.index_fill(2, index[1:].to(t.device), -1.5), (target,))
     check(lambda t: t.index_fill(0, index.to(t.device), 2.0), (target,))
-    row = torch.randn(1, 5, 3, generator=_gen(20))
+    row = torch.randn(1, 5, 3, generator=seeded(20))
     in_place = target.to("pjrt")
     in_place.index_copy_(0, torch.tensor([1]).to("pjrt"), row.to("pjrt"))
     expected = target.clone()
@@ -346,14 +316,14 @@ def test_index_copy_and_fill_with_gradients(mode):
 
 
 def test_channel_shuffle_matches_the_cpu(mode):
-    x = torch.randn(2, 6, 3, 3, generator=_gen(19))
+    x = torch.randn(2, 6, 3, 3, generator=seeded(19))
     check(lambda t: F.channel_shuffle(t, 3), (x,))
     assert torch.equal(nn.ChannelShuffle(2)(x.to("pjrt")).cpu(), nn.ChannelShuffle(2)(x))
 
 
 # ---- order statistics, counting, creation ------------------------------------------------------
 
-S = torch.randn(5, 7, generator=_gen(21))
+S = torch.randn(5, 7, generator=seeded(21))
 
 
 @pytest.mark.parametrize("dim,keepdim", [(1, False), (0, True)])
@@ -381,7 +351,7 @@ def test_bincount_and_histc_match_the_cpu(mode):
     assert torch.equal(torch.bincount(counts.to("pjrt"), minlength=10).cpu(), torch.bincount(counts, minlength=10))
     torch.testing.assert_close(torch.bincount(counts.to("pjrt"), weights.to("pjrt")).cpu(),
                                torch.bincount(counts, weights))
-    values = torch.cat([torch.randn(50, generator=_gen(22)), torch.tensor([2.0, -2.0, 5.0, float("nan")])])
+    values = torch.cat([torch.randn(50, generator=seeded(22)), torch.tensor([2.0, -2.0, 5.0, float("nan")])])
     torch.testing.assert_close(torch.histc(values.to("pjrt"), bins=8, min=-2, max=2).cpu(),
                                torch.histc(values, bins=8, min=-2, max=2))
     finite = values[:-1]
@@ -433,8 +403,8 @@ def test_unsorted_unique_is_a_counted_fallback(pjrt):
 @pytest.mark.parametrize("reduce", ["sum", "mean"])
 @pytest.mark.parametrize("include_self", [True, False])
 def test_scatter_reduce_sum_and_mean_with_gradients(mode, reduce, include_self):
-    target = torch.randn(4, 6, generator=_gen(23))
-    source = torch.randn(4, 3, generator=_gen(24))
+    target = torch.randn(4, 6, generator=seeded(23))
+    source = torch.randn(4, 3, generator=seeded(24))
     index = torch.tensor([[0, 2, 2], [5, 5, 5], [1, 0, 3], [4, 4, 0]])
     check(lambda t, s: t.scatter_reduce(1, index.to(t.device), s, reduce, include_self=include_self),
           (target, source), grads_of=(0, 1))

@@ -11,20 +11,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import torch_pjrt
-from conftest import in_mode_without_fallbacks
+from conftest import in_mode_without_fallbacks, seeded
 
-MODES = ["strict", "debug", "defer_and_fuse"]
 TOL = {"rtol": 1e-5, "atol": 1e-5}
-
-
-@pytest.fixture(params=MODES)
-def mode(request):
-    with in_mode_without_fallbacks(request.param):
-        yield request.param
-
-
-def _gen(seed):
-    return torch.Generator().manual_seed(seed)
 
 
 def _run_module(make, inputs, device):
@@ -36,7 +25,7 @@ def _run_module(make, inputs, device):
     out = module(*ts)
     flat = [o for o in (out if isinstance(out, tuple) else (out,))]
     flat = [x for o in flat for x in (o if isinstance(o, tuple) else (o,))]
-    loss = sum((o * torch.randn(o.shape, generator=_gen(10 + i)).to(device)).sum()
+    loss = sum((o * torch.randn(o.shape, generator=seeded(10 + i)).to(device)).sum()
                for i, o in enumerate(flat))
     loss.backward()
     return (
@@ -60,7 +49,7 @@ def check_module(make, inputs, **tol):
 
 
 SEQ, BATCH, FEATURES, HIDDEN = 5, 3, 4, 6
-X = torch.randn(SEQ, BATCH, FEATURES, generator=_gen(0))
+X = torch.randn(SEQ, BATCH, FEATURES, generator=seeded(0))
 
 
 @pytest.mark.parametrize("kind", ["LSTM", "GRU"])
@@ -83,8 +72,8 @@ def test_a_recurrent_layer_matches_the_cpu_forward_and_backward(mode, kind, opti
 
 @pytest.mark.parametrize("kind", ["LSTM", "GRU"])
 def test_a_recurrent_layer_takes_initial_states(mode, kind):
-    h0 = torch.randn(1, BATCH, HIDDEN, generator=_gen(1))
-    c0 = torch.randn(1, BATCH, HIDDEN, generator=_gen(2))
+    h0 = torch.randn(1, BATCH, HIDDEN, generator=seeded(1))
+    c0 = torch.randn(1, BATCH, HIDDEN, generator=seeded(2))
 
     class WithState(nn.Module):
         def __init__(self):
@@ -98,8 +87,8 @@ def test_a_recurrent_layer_takes_initial_states(mode, kind):
 
 
 def test_cells_match_the_cpu_forward_and_backward(mode):
-    hx = torch.randn(BATCH, HIDDEN, generator=_gen(3))
-    cx = torch.randn(BATCH, HIDDEN, generator=_gen(4))
+    hx = torch.randn(BATCH, HIDDEN, generator=seeded(3))
+    cx = torch.randn(BATCH, HIDDEN, generator=seeded(4))
 
     class Cells(nn.Module):
         def __init__(self):
@@ -158,7 +147,7 @@ def _train_lstm(device, steps=6):
     torch.manual_seed(0)
     model = LstmLanguageModel().to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    data = torch.randint(0, 11, (4, 9), generator=_gen(5))
+    data = torch.randint(0, 11, (4, 9), generator=seeded(5))
     losses = []
     for _ in range(steps):
         tokens = data.to(device)

@@ -9,20 +9,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import torch_pjrt
-from conftest import in_mode_without_fallbacks
+from conftest import in_mode_without_fallbacks, seeded
 
-MODES = ["strict", "debug", "defer_and_fuse"]
 TOL = {"rtol": 1e-5, "atol": 1e-5}
-
-
-@pytest.fixture(params=MODES)
-def mode(request):
-    with in_mode_without_fallbacks(request.param):
-        yield request.param
-
-
-def _gen(seed):
-    return torch.Generator().manual_seed(seed)
 
 
 def check(fn, x, **tol):
@@ -31,16 +20,16 @@ def check(fn, x, **tol):
     for device in ("cpu", "pjrt"):
         t = x.detach().to(device).requires_grad_()
         y = fn(t)
-        y.backward(torch.randn(y.shape, generator=_gen(7)).to(device))
+        y.backward(torch.randn(y.shape, generator=seeded(7)).to(device))
         results.append((y.detach().cpu(), t.grad.cpu()))
     (expected, expected_grad), (actual, actual_grad) = results
     torch.testing.assert_close(actual, expected, **tol)
     torch.testing.assert_close(actual_grad, expected_grad, **tol)
 
 
-X1 = torch.randn(2, 3, 7, generator=_gen(0))
-X2 = torch.randn(2, 3, 5, 6, generator=_gen(1))
-X3 = torch.randn(1, 2, 3, 4, 5, generator=_gen(2))
+X1 = torch.randn(2, 3, 7, generator=seeded(0))
+X2 = torch.randn(2, 3, 5, 6, generator=seeded(1))
+X3 = torch.randn(1, 2, 3, 4, 5, generator=seeded(2))
 
 RESAMPLE = {
     "nearest_2x": (X2, lambda x: F.interpolate(x, scale_factor=2, mode="nearest")),
@@ -153,7 +142,7 @@ def test_layouts_follow_pytorchs_memory_format_rules(mode):
 
 
 def test_uint8_bilinear_upsampling_takes_the_cpus_rounding(pjrt):
-    image = torch.randint(0, 256, (1, 3, 6, 5), dtype=torch.uint8, generator=_gen(8))
+    image = torch.randint(0, 256, (1, 3, 6, 5), dtype=torch.uint8, generator=seeded(8))
     got = F.interpolate(image.to(pjrt), size=(9, 7), mode="bilinear")
     assert torch.equal(got.cpu(), F.interpolate(image, size=(9, 7), mode="bilinear"))
     # It is counted as a CPU fallback: the device has no uint8 fixed-point path.

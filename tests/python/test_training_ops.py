@@ -9,57 +9,25 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import torch_pjrt
-from conftest import in_mode_without_fallbacks
+from conftest import check_against_cpu as check, in_mode_without_fallbacks, seeded
 
-MODES = ["strict", "debug", "defer_and_fuse"]
 TOL = {"rtol": 1e-5, "atol": 1e-5}
-
-
-@pytest.fixture(params=MODES)
-def mode(request):
-    """Runs the test in one eager mode and checks that no op fell back to the CPU."""
-    with in_mode_without_fallbacks(request.param):
-        yield request.param
-
-
-def _gen(seed):
-    return torch.Generator().manual_seed(seed)
-
-
-def _run(fn, inputs, grads_of, device):
-    """`fn(*inputs)` on `device`, then backward of a fixed random cotangent: (output, grads)."""
-    ts = [t.to(device) if isinstance(t, torch.Tensor) else t for t in inputs]
-    for i in grads_of:
-        ts[i] = ts[i].detach().requires_grad_()
-    out = fn(*ts)
-    cotangent = torch.randn(out.shape, generator=_gen(7)).to(device)
-    out.backward(cotangent)
-    return out.detach().cpu(), [ts[i].grad.cpu() for i in grads_of]
-
-
-def check(fn, inputs, grads_of=(0,), **tol):
-    tol = {**TOL, **tol}
-    expected, expected_grads = _run(fn, inputs, grads_of, "cpu")
-    actual, actual_grads = _run(fn, inputs, grads_of, "pjrt")
-    torch.testing.assert_close(actual, expected, **tol)
-    for a, e in zip(actual_grads, expected_grads):
-        torch.testing.assert_close(a, e, **tol)
 
 
 # ---- losses ----------------------------------------------------------------------------------
 
 N, C = 6, 5
-LOGITS = torch.randn(N, C, generator=_gen(0))
-TARGET = torch.randint(0, C, (N,), generator=_gen(1))
+LOGITS = torch.randn(N, C, generator=seeded(0))
+TARGET = torch.randint(0, C, (N,), generator=seeded(1))
 IGNORED = TARGET.clone().index_fill_(0, torch.tensor([1, 4]), -100)
-CLASS_WEIGHT = torch.rand(C, generator=_gen(2)) + 0.5
-PROBS = torch.softmax(torch.randn(N, C, generator=_gen(3)), 1)
-SPATIAL = torch.randn(2, C, 3, 4, generator=_gen(4))
-SPATIAL_TARGET = torch.randint(0, C, (2, 3, 4), generator=_gen(5)).index_put_(
+CLASS_WEIGHT = torch.rand(C, generator=seeded(2)) + 0.5
+PROBS = torch.softmax(torch.randn(N, C, generator=seeded(3)), 1)
+SPATIAL = torch.randn(2, C, 3, 4, generator=seeded(4))
+SPATIAL_TARGET = torch.randint(0, C, (2, 3, 4), generator=seeded(5)).index_put_(
     (torch.tensor([0]), torch.tensor([1]), torch.tensor([2])), torch.tensor(-100)
 )
-REAL = torch.randn(N, C, generator=_gen(6))
-UNIT = torch.rand(N, C, generator=_gen(8))
+REAL = torch.randn(N, C, generator=seeded(6))
+UNIT = torch.rand(N, C, generator=seeded(8))
 
 LOSSES = {
     "ce": (F.cross_entropy, (LOGITS, TARGET)),
@@ -145,18 +113,18 @@ ACTIVATIONS = {
 
 @pytest.mark.parametrize("name", list(ACTIVATIONS))
 def test_activation_gradient(mode, name):
-    x = torch.randn(4, 7, generator=_gen(9)) * 3
+    x = torch.randn(4, 7, generator=seeded(9)) * 3
     check(ACTIVATIONS[name], (x,))
 
 
 # ---- attention -------------------------------------------------------------------------------
 
-Q = torch.randn(2, 2, 4, 8, generator=_gen(10))
-K = torch.randn(2, 2, 6, 8, generator=_gen(11))
-V = torch.randn(2, 2, 6, 8, generator=_gen(12))
-BOOL_MASK = torch.rand(4, 6, generator=_gen(13)) > 0.3
+Q = torch.randn(2, 2, 4, 8, generator=seeded(10))
+K = torch.randn(2, 2, 6, 8, generator=seeded(11))
+V = torch.randn(2, 2, 6, 8, generator=seeded(12))
+BOOL_MASK = torch.rand(4, 6, generator=seeded(13)) > 0.3
 BOOL_MASK[:, 0] = True
-FLOAT_MASK = torch.randn(2, 1, 4, 6, generator=_gen(14))
+FLOAT_MASK = torch.randn(2, 1, 4, 6, generator=seeded(14))
 ROW_MASKED = BOOL_MASK.clone()
 ROW_MASKED[2] = False
 
@@ -179,7 +147,7 @@ def test_attention_layer_trains(mode):
     # nn.MultiheadAttention reaches the same decomposition through its own projections.
     torch.manual_seed(0)
     layer = nn.MultiheadAttention(8, 2, batch_first=True)
-    x = torch.randn(2, 5, 8, generator=_gen(15))
+    x = torch.randn(2, 5, 8, generator=seeded(15))
 
     def loss(module, inp):
         out, _ = module(inp, inp, inp, need_weights=False)
@@ -208,7 +176,7 @@ def _train(device, make_opt, steps, schedule=None):
     model = _mlp().to(device)
     opt = make_opt(model.parameters())
     sched = schedule(opt) if schedule else None
-    g = _gen(20)
+    g = seeded(20)
     for _ in range(steps):
         x = torch.randn(8, 6, generator=g).to(device)
         y = torch.randn(8, 3, generator=g).to(device)
@@ -250,7 +218,7 @@ def test_optimizer_matches_cpu(mode, name, impl):
 
 
 def test_fused_adam_tensor_lr_and_found_inf(mode):
-    params = [torch.randn(3, 4, generator=_gen(30)), torch.randn(5, generator=_gen(31))]
+    params = [torch.randn(3, 4, generator=seeded(30)), torch.randn(5, generator=seeded(31))]
     grads = [torch.randn_like(p) for p in params]
 
     def run(device, found_inf):
@@ -283,7 +251,7 @@ def test_grad_scaler(mode, make_opt):
         model = _mlp().to(device)
         opt = make_opt(model.parameters())
         scaler = torch.amp.GradScaler(device, init_scale=2.0**10, growth_interval=2)
-        g = _gen(60)
+        g = seeded(60)
         for step in range(5):
             x = torch.randn(8, 6, generator=g)
             if step == 2:
@@ -304,7 +272,7 @@ def test_grad_scaler(mode, make_opt):
 @pytest.mark.parametrize("kw", [{}, {"foreach": False}, {"norm_type": float("inf")}, {"norm_type": 1.0}],
                          ids=["foreach", "for_loop", "inf", "l1"])
 def test_clip_grad_norm(mode, kw):
-    x = torch.randn(8, 6, generator=_gen(40))
+    x = torch.randn(8, 6, generator=seeded(40))
 
     def grads(device):
         model = _mlp().to(device)
@@ -343,7 +311,7 @@ def test_learning_rate_schedule_never_recompiles(make_opt, schedule):
         model = _mlp().to("pjrt")
         opt = make_opt(model.parameters())
         lr_sched = sched(opt)
-        g = _gen(50)
+        g = seeded(50)
         lrs = set()
         for step in range(30):
             if step == 3:

@@ -124,6 +124,238 @@ impl Region {
     }
 }
 
+/// The order a region's ops are emitted in, and what each write into a donated buffer waits
+/// for, so that XLA can update donated buffers in place.
+///
+/// An argument donated to an output (`Region::aliases`) is written where it lies. XLA keeps that
+/// write in place only if its data dependencies prove that every other read of the argument
+/// happens first; otherwise it copies the whole argument at the start. A read it cannot order
+/// is one whose result only reaches outputs the write does not depend on: the loss reads the
+/// last layer's bias, the backward pass of an SGD step reads a weight the update then writes.
+/// So the outputs that read donated arguments and depend on no write ("settled" outputs) are
+/// computed first, and each write reads its argument through a data dependency on the settled
+/// outputs it does not already depend on (`after`: an `or` with a zero XLA cannot fold;
+/// `optimization_barrier` would not do, XLA CPU drops it before ordering anything). The
+/// producers of settled outputs are emitted first, the other ops after them, each group in
+/// capture order (the first group holds all its members' producers).
+#[derive(Debug, Default, PartialEq)]
+struct WriteOrder {
+    /// Node indices in emission order.
+    emission: Vec<u32>,
+    /// Position in `emission` of the first op after the settled outputs; past the end: none.
+    writes_from: usize,
+    /// Each donated argument read after `writes_from`, with the settled outputs its reads
+    /// there wait for (never empty).
+    waits: Vec<(u32, Vec<Operand>)>,
+}
+
+impl WriteOrder {
+    fn plan(region: &Region) -> WriteOrder {
+        let n = region.nodes.len();
+        let in_order = WriteOrder {
+            emission: (0..n as u32).collect(),
+            writes_from: usize::MAX,
+            ..WriteOrder::default()
+        };
+        let node_of = |o: Operand| match o {
+            Operand::Node { node, .. } => Some(node as usize),
+            Operand::Arg(_) => None,
+        };
+        let inputs_of = |i: usize| {
+            region.nodes[i]
+                .inputs
+                .iter()
+                .filter_map(|r| node_of(r.operand))
+        };
+        // The node that writes each donated argument.
+        let mut write_of: Vec<Option<usize>> = vec![None; region.args.len()];
+        for &(arg, output) in &region.aliases {
+            if let Some(node) = region
+                .outputs
+                .get(output as usize)
+                .and_then(|&o| node_of(o))
+            {
+                write_of[arg as usize] = Some(node);
+            }
+        }
+        if write_of.iter().all(Option::is_none) {
+            return in_order;
+        }
+        let donated = |a: u32| write_of[a as usize].is_some();
+        // Forward: which nodes depend on a write, and which on a read of a donated argument.
+        let mut after_write = vec![false; n];
+        let mut after_read = vec![false; n];
+        for (i, node) in region.nodes.iter().enumerate() {
+            let mut w = write_of.contains(&Some(i));
+            let mut r = node
+                .inputs
+                .iter()
+                .any(|input| matches!(input.operand, Operand::Arg(a) if donated(a)));
+            for j in inputs_of(i) {
+                w |= after_write[j];
+                r |= after_read[j];
+            }
+            after_write[i] = w;
+            after_read[i] = r;
+        }
+        let aliased_outputs: Vec<u32> = region.aliases.iter().map(|&(_, o)| o).collect();
+        let mut settled: Vec<Operand> = Vec::new();
+        for (index, &o) in region.outputs.iter().enumerate() {
+            let Some(node) = node_of(o) else { continue };
+            if !after_write[node]
+                && after_read[node]
+                && !aliased_outputs.contains(&(index as u32))
+                && !settled.contains(&o)
+            {
+                settled.push(o);
+            }
+        }
+        if settled.is_empty() {
+            return in_order;
+        }
+        // Backward: every producer of a settled output goes first.
+        let mut before = vec![false; n];
+        for &o in &settled {
+            before[node_of(o).unwrap()] = true;
+        }
+        for i in (0..n).rev() {
+            if before[i] {
+                for j in inputs_of(i) {
+                    before[j] = true;
+                }
+            }
+        }
+        let mut waits: Vec<(u32, Vec<Operand>)> = Vec::new();
+        for (a, write) in write_of.iter().enumerate() {
+            let Some(write) = *write else { continue };
+            let read_after = region.nodes.iter().enumerate().any(|(i, node)| {
+                !before[i]
+                    && node
+                        .inputs
+                        .iter()
+                        .any(|input| input.operand == Operand::Arg(a as u32))
+            });
+            if !read_after {
+                continue;
+            }
+            // The nodes whose XLA fusion may read `a`: its readers, and the consumers a
+            // pointwise reader may be duplicated into (not a product taking it as a matrix
+            // operand: a dot's operands are computed before it).
+            let mut may_read = vec![false; n];
+            for (i, node) in region.nodes.iter().enumerate() {
+                may_read[i] =
+                    node.inputs
+                        .iter()
+                        .enumerate()
+                        .any(|(k, input)| match input.operand {
+                            Operand::Arg(x) => x == a as u32,
+                            Operand::Node { node: j, .. } => {
+                                may_read[j as usize]
+                                    && matches!(region.nodes[j as usize].op,
+                                    RegionOp::Aten(op) if op.is_pointwise())
+                                    && !is_product_operand(&node.op, k)
+                            }
+                        });
+            }
+            // Those the write does not depend on, and what depends on them.
+            let mut feeds_write = vec![false; n];
+            feeds_write[write] = true;
+            for i in (0..=write).rev() {
+                if feeds_write[i] {
+                    for j in inputs_of(i) {
+                        feeds_write[j] = true;
+                    }
+                }
+            }
+            let mut unordered_read = vec![false; n];
+            for i in 0..n {
+                unordered_read[i] =
+                    (may_read[i] && !feeds_write[i]) || inputs_of(i).any(|j| unordered_read[j]);
+            }
+            let unordered: Vec<Operand> = settled
+                .iter()
+                .copied()
+                .filter(|&o| unordered_read[node_of(o).unwrap()])
+                .collect();
+            if !unordered.is_empty() {
+                waits.push((a as u32, unordered));
+            }
+        }
+        if waits.is_empty() {
+            return in_order;
+        }
+        let mut emission: Vec<u32> = (0..n as u32).filter(|&i| before[i as usize]).collect();
+        let writes_from = emission.len();
+        emission.extend((0..n as u32).filter(|&i| !before[i as usize]));
+        WriteOrder {
+            emission,
+            writes_from,
+            waits,
+        }
+    }
+}
+
+/// Whether input `k` of `op` is a matrix operand of a product: XLA reads it inside the product
+/// and never duplicates that read into the product's consumers.
+fn is_product_operand(op: &RegionOp, k: usize) -> bool {
+    match op {
+        RegionOp::Aten(OpId::Mm | OpId::Bmm | OpId::Dot | OpId::Matmul) => true,
+        RegionOp::Aten(OpId::Addmm | OpId::Baddbmm) => k > 0,
+        RegionOp::Aten(OpId::Convolution | OpId::ConvolutionBackward) => true,
+        _ => false,
+    }
+}
+
+/// An `i32` zero that XLA cannot fold away, computed from `v`'s first element: a data
+/// dependency on `v` that changes no value. (`optimization_barrier` does not order anything: XLA
+/// CPU drops it before scheduling.) `None` for an empty `v`.
+fn runtime_zero(e: &mut Emitter, v: Value) -> Option<Value> {
+    let numel = e.ty(v).numel();
+    if numel == 0 {
+        return None;
+    }
+    let flat = e.reshape(v, &[numel]);
+    let first = e.slice(flat, &[0], &[1], &[1]);
+    let first = e.reshape(first, &[]);
+    let bits = match e.dtype(first) {
+        DType::F32 => bitcast(e, first, DType::I32),
+        DType::F64 => bitcast(e, first, DType::I64),
+        DType::F16 | DType::BF16 => bitcast(e, first, DType::I16),
+        _ => first,
+    };
+    let bits = e.convert(bits, DType::I32);
+    // Two logical shifts by 16 clear all 32 bits.
+    let sixteen = e.scalar_constant(DType::I32, ops::ScalarValue::Int(16));
+    let half = e.binary("stablehlo.shift_right_logical", bits, sixteen);
+    Some(e.binary("stablehlo.shift_right_logical", half, sixteen))
+}
+
+/// `v` unchanged, bit for bit, but computed after `zero` (an `i32` zero from `runtime_zero`).
+fn after(e: &mut Emitter, v: Value, zero: Value) -> Value {
+    let dtype = e.dtype(v);
+    let shape = e.shape(v).to_vec();
+    let as_int = match dtype {
+        DType::F32 => Some(DType::I32),
+        DType::F64 => Some(DType::I64),
+        DType::F16 | DType::BF16 => Some(DType::I16),
+        _ => None,
+    };
+    let int = as_int.map_or(v, |int| bitcast(e, v, int));
+    let z = e.convert(zero, e.dtype(int));
+    let z = e.broadcast_to(z, &shape);
+    let tied = e.or(int, z);
+    if as_int.is_some() {
+        bitcast(e, tied, dtype)
+    } else {
+        tied
+    }
+}
+
+fn bitcast(e: &mut Emitter, v: Value, to: DType) -> Value {
+    let ty = e.ty(v).with_dtype(to);
+    e.op("stablehlo.bitcast_convert", &[v], "", ty)
+}
+
 /// `len` elements of the flat `base` from the runtime `offset` (always in bounds: the view was
 /// checked against the storage at capture).
 fn dynamic_window(e: &mut Emitter, base: Value, offset: Value, len: i64) -> Value {
@@ -160,25 +392,29 @@ pub fn build_module(region: &Region) -> Result<String, OpError> {
         .iter()
         .map(|&(dtype, count)| (dtype, e.argument(TensorType::new(dtype, &[count as i64]))))
         .collect();
-    let mut results: Vec<SmallVec<[Value; 1]>> = Vec::with_capacity(region.nodes.len());
-    let resolve =
-        |results: &Vec<SmallVec<[Value; 1]>>, operand: Operand| -> Result<Value, OpError> {
-            match operand {
-                Operand::Arg(i) => args.get(i as usize).copied(),
-                Operand::Node { node, output } => results
-                    .get(node as usize)
-                    .and_then(|outs| outs.get(output as usize))
-                    .copied(),
-            }
-            .ok_or_else(|| {
-                OpError::runtime(format!(
+    let order = WriteOrder::plan(region);
+    let mut results: Vec<SmallVec<[Value; 1]>> = vec![SmallVec::new(); region.nodes.len()];
+    let mut resolved_args = args.clone();
+    let resolve = |results: &Vec<SmallVec<[Value; 1]>>,
+                   args: &[Value],
+                   operand: Operand|
+     -> Result<Value, OpError> {
+        match operand {
+            Operand::Arg(i) => args.get(i as usize).copied(),
+            Operand::Node { node, output } => results
+                .get(node as usize)
+                .and_then(|outs| outs.get(output as usize))
+                .copied(),
+        }
+        .ok_or_else(|| {
+            OpError::runtime(format!(
                 "internal error: region operand {operand:?} refers to nothing (region has {} args, \
-                 {} ops emitted so far)",
+                 {} ops)",
                 args.len(),
                 results.len()
             ))
-            })
-        };
+        })
+    };
     let scalar = |e: &mut Emitter, slot: &crate::ScalarSlot| -> Result<Value, OpError> {
         let pack = packs
             .iter()
@@ -194,10 +430,44 @@ pub fn build_module(region: &Region) -> Result<String, OpError> {
         let one = e.slice(pack, &[i], &[i + 1], &[1]);
         Ok(e.reshape(one, &[]))
     };
-    for node in &region.nodes {
+    for (position, &index) in order.emission.iter().enumerate() {
+        if position == order.writes_from {
+            // Each write into a donated buffer waits for the settled outputs it does not
+            // already depend on (see `WriteOrder`); one zero per distinct set.
+            let mut zeros: Vec<(&[Operand], Option<Value>)> = Vec::new();
+            for (a, outputs) in order.waits.iter() {
+                let zero = match zeros.iter().find(|(set, _)| *set == outputs.as_slice()) {
+                    Some(&(_, zero)) => zero,
+                    None => {
+                        let mut zero: Option<Value> = None;
+                        for &o in outputs {
+                            let v = resolve(&results, &args, o)?;
+                            if let Some(z) = runtime_zero(&mut e, v) {
+                                zero = Some(match zero {
+                                    Some(acc) => e.or(acc, z),
+                                    None => z,
+                                });
+                            }
+                        }
+                        zeros.push((outputs, zero));
+                        zero
+                    }
+                };
+                if let Some(zero) = zero {
+                    resolved_args[*a as usize] = after(&mut e, args[*a as usize], zero);
+                }
+            }
+        }
+        let node = &region.nodes[index as usize];
+        // Nodes emitted after the barrier read donated arguments through it.
+        let node_args: &[Value] = if position >= order.writes_from {
+            &resolved_args
+        } else {
+            &args
+        };
         let mut inputs: SmallVec<[Value; 3]> = SmallVec::new();
         for input in &node.inputs {
-            let mut v = resolve(&results, input.operand)?;
+            let mut v = resolve(&results, node_args, input.operand)?;
             if let Some(view) = &input.view {
                 if let (Some(len), Some(slot)) = (view.window, &input.offset) {
                     let offset = scalar(&mut e, slot)?;
@@ -258,12 +528,12 @@ pub fn build_module(region: &Region) -> Result<String, OpError> {
                 SmallVec::from_elem(flat, 1)
             }
         };
-        results.push(outs);
+        results[index as usize] = outs;
     }
     let outputs: Vec<Value> = region
         .outputs
         .iter()
-        .map(|&o| resolve(&results, o))
+        .map(|&o| resolve(&results, &args, o))
         .collect::<Result<_, _>>()?;
     Ok(e.finish(&outputs))
 }

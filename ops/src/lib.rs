@@ -121,6 +121,33 @@ enum Family {
     Optim,
 }
 
+impl OpId {
+    /// Whether the op computes each output element from the matching input elements (or moves
+    /// elements without arithmetic), so XLA may fuse it into each of its consumers, reading
+    /// its inputs there.
+    pub fn is_pointwise(self) -> bool {
+        use OpId::*;
+        family(self) == Family::Elementwise
+            || matches!(
+                self,
+                Convert
+                    | Clone
+                    | Copy
+                    | Expand
+                    | Reshape
+                    | Permute
+                    | Transpose
+                    | Slice
+                    | Select
+                    | ThresholdBackward
+                    | GeluBackward
+                    | TanhBackward
+                    | SigmoidBackward
+                    | MaskedFill
+            )
+    }
+}
+
 fn family(op: OpId) -> Family {
     use OpId::*;
     match op {

@@ -40,6 +40,7 @@ sources = [
     os.path.join(CSRC, "rnn.cpp"),
     os.path.join(CSRC, "composite.cpp"),
     os.path.join(CSRC, "spatial.cpp"),
+    os.path.join(CSRC, "sampling.cpp"),
     os.path.join(CSRC, "autocast.cpp"),
 ]
 if not METADATA_ONLY:

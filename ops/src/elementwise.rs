@@ -74,6 +74,9 @@ fn is_float_unary(op: OpId) -> bool {
             | Tanh
             | Sigmoid
             | Erf
+            | Erfinv
+            | Lgamma
+            | Digamma
             | Reciprocal
     )
 }
@@ -626,6 +629,19 @@ pub(crate) fn erf(e: &mut Emitter, x: Value) -> Value {
     e.unary("chlo.erf", x)
 }
 
+/// `digamma` in the input's float dtype; ±0 gives ∓inf (the limit from zero's side), as PyTorch.
+fn digamma(e: &mut Emitter, x: Value) -> Value {
+    let d = e.unary("chlo.digamma", x);
+    let zero = e.compare_const(Cmp::Eq, x, 0.0);
+    let one = k(e, x, 1.0);
+    let inv = e.div(one, x);
+    let negative_zero = e.compare_const(Cmp::Lt, inv, 0.0);
+    let pinf = k(e, x, f64::INFINITY);
+    let ninf = k(e, x, f64::NEG_INFINITY);
+    let at_zero = e.select(negative_zero, pinf, ninf);
+    e.select(zero, at_zero, d)
+}
+
 fn lower_unary(e: &mut Emitter, a: &LowerArgs) -> Result<Value, OpError> {
     use OpId::*;
     let x = a.inputs[0];
@@ -717,6 +733,9 @@ fn unary_float(e: &mut Emitter, a: &LowerArgs, x: Value) -> Result<Value, OpErro
             e.div(x, den)
         }
         Erf => erf(e, x),
+        Erfinv => e.unary("chlo.erf_inv", x),
+        Lgamma => e.unary("chlo.lgamma", x),
+        Digamma => digamma(e, x),
         Floor => e.floor(x),
         Ceil => e.unary("stablehlo.ceil", x),
         Trunc => trunc(e, x),

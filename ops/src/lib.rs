@@ -193,6 +193,8 @@ fn family(op: OpId) -> Family {
         | NativeGroupNormBackward
         | EmbeddingDenseBackward
         | Cumsum
+        | Cumprod
+        | Logcumsumexp
         | MaskedFill => Family::Normalization,
         // attention, sorting, indexing and optimizer ops
         Sort | TopK | Nonzero | MaskedSelect | MaskedScatter | Index | IndexPut => Family::Indexing,

@@ -386,7 +386,16 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
                 vec![],
             ))
         }
-        Cumsum => {
+        Logcumsumexp => {
+            a.expect_counts(1..=1, 0..=0)?;
+            let x = &i[0];
+            if !x.dtype.is_float() {
+                return Err(not_implemented_for("logcumsumexp_out_cpu", x.dtype));
+            }
+            wrap_dim(p.get(0)?, x.rank())?;
+            Ok(Meta::single(x.clone(), vec![]))
+        }
+        Cumsum | Cumprod => {
             a.expect_counts(1..=1, 0..=0)?;
             let x = &i[0];
             let dtype = p.dtype_opt(1)?.unwrap_or(if x.dtype.is_integral(true) {
@@ -537,7 +546,7 @@ pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpErro
         NativeGroupNorm => lower_group_norm(e, a),
         NativeGroupNormBackward => lower_group_norm_backward(e, a),
         EmbeddingDenseBackward => lower_embedding_backward(e, a),
-        Cumsum => lower_cumsum(e, a),
+        Cumsum | Cumprod | Logcumsumexp => lower_scan(e, a),
         MaskedFill => {
             let out = a.out(0).clone();
             let value = a.inputs.get(2).copied().unwrap_or_else(|| a.scalars[0]);
@@ -958,7 +967,9 @@ fn lower_embedding_backward(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>
     Ok(vec![e.convert(sum, out.dtype)])
 }
 
-fn lower_cumsum(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+/// Inclusive scans along a dim: `cumsum`, `cumprod` and `logcumsumexp`. Each output reduces
+/// the window of the n elements ending at it (the identity padded in front).
+fn lower_scan(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
     let out = a.out(0).clone();
     let x = cast_like_pytorch(e, a.inputs[0], out.dtype);
     if out.rank() == 0 || out.numel() == 0 {
@@ -968,17 +979,46 @@ fn lower_cumsum(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
     let acc = out.dtype.compute_dtype();
     let x = e.convert(x, acc);
     let n = out.shape[dim];
-    // Each output sums the window of the n elements ending at it (zeros padded in front).
     let window: Vec<i64> = (0..out.rank())
         .map(|d| if d == dim { n } else { 1 })
         .collect();
     let padding: Vec<String> = (0..out.rank())
         .map(|d| format!("[{}, 0]", if d == dim { n - 1 } else { 0 }))
         .collect();
-    let init = e.f64_constant(acc, 0.0);
+    let op = a.op;
+    let identity = match op {
+        OpId::Cumprod => 1.0,
+        OpId::Logcumsumexp => f64::NEG_INFINITY,
+        _ => 0.0,
+    };
+    let init = e.f64_constant(acc, identity);
     let scalar = TensorType::scalar(acc);
     let region = e.region(&[scalar.clone(), scalar], |e, args| {
-        vec![e.add(args[0], args[1])]
+        let (l, r) = (args[0], args[1]);
+        vec![match op {
+            OpId::Cumprod => e.mul(l, r),
+            OpId::Logcumsumexp => {
+                // max + log1p(exp(-|l - r|)); an infinite max (both -inf, or one +inf) is the
+                // answer itself.
+                let m = e.max(l, r);
+                let d = e.sub(l, r);
+                let d = e.abs(d);
+                let nd = e.neg(d);
+                let ex = e.exp(nd);
+                let lp = e.unary("stablehlo.log_plus_one", ex);
+                let sum = e.add(m, lp);
+                let am = e.abs(m);
+                let inf = e.compare_const(Cmp::Eq, am, f64::INFINITY);
+                let v = e.select(inf, m, sum);
+                // XLA's `maximum` may drop a NaN: carry it explicitly.
+                let l_nan = e.compare(Cmp::Ne, l, l);
+                let r_nan = e.compare(Cmp::Ne, r, r);
+                let nan = e.or(l_nan, r_nan);
+                let nan_value = e.add(l, r);
+                e.select(nan, nan_value, v)
+            }
+            _ => e.add(l, r),
+        }]
     });
     let attrs = format!(
         "window_dimensions = {}, window_strides = {}, padding = dense<[{}]> : tensor<{}x2xi64>",

@@ -58,6 +58,9 @@ op_catalogue! {
     Gelu = "gelu", inputs: "self", scalars: "", params: "[approximate?: 0 = none (default), 1 = tanh]";
     Silu = "silu", inputs: "self", scalars: "", params: "";
     Erf = "erf", inputs: "self", scalars: "", params: "";
+    Erfinv = "erfinv", inputs: "self", scalars: "", params: "";
+    Lgamma = "lgamma", inputs: "self", scalars: "", params: "";
+    Digamma = "digamma", inputs: "self", scalars: "", params: "";
     Floor = "floor", inputs: "self", scalars: "", params: "";
     Ceil = "ceil", inputs: "self", scalars: "", params: "";
     Round = "round", inputs: "self", scalars: "", params: "[decimals?: default 0]";
@@ -262,6 +265,8 @@ op_catalogue! {
     EmbeddingDenseBackward = "embedding_dense_backward", inputs: "grad_output, indices", scalars: "",
         params: "[num_weights, padding_idx, scale_grad_by_freq]";
     Cumsum = "cumsum", inputs: "self", scalars: "", params: "[dim, dtype (-1 = none)]";
+    Cumprod = "cumprod", inputs: "self", scalars: "", params: "[dim, dtype (-1 = none)]";
+    Logcumsumexp = "logcumsumexp", inputs: "self", scalars: "", params: "[dim]";
     MaskedFill = "masked_fill", inputs: "self, mask, value? (0-d tensor)",
         scalars: "value (when not an input)", params: "";
 

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 
 UNARY = [
     "neg", "abs", "exp", "exp2", "log", "log2", "log10", "log1p", "expm1", "sqrt", "rsqrt",
-    "sin", "cos", "tan", "tanh", "sigmoid", "silu", "erf", "floor", "ceil", "trunc", "sign",
+    "sin", "cos", "tan", "tanh", "sigmoid", "silu", "erf", "erfinv", "lgamma", "digamma", "floor", "ceil", "trunc", "sign",
     "reciprocal", "logical_not", "bitwise_not", "relu", "isnan", "isinf",
 ]
 BINARY = [
@@ -235,6 +235,8 @@ TABLE += [
      "t grad_output; t indices; p enc::sym1(num_weights); p enc::sym1(padding_idx); "
      "p enc::b(scale_grad_by_freq)"),
     ("cumsum", "cumsum", "t self; p dim; p enc::dt(dtype)"),
+    ("cumprod", "cumprod", "t self; p dim; p enc::dt(dtype)"),
+    ("_logcumsumexp", "logcumsumexp", "t self; p dim"),
     ("masked_fill.Scalar", "masked_fill", "t self; t mask; s value"),
     ("masked_fill.Tensor", "masked_fill", "t self; t mask; ts value"),
 ]

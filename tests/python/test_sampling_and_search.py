@@ -311,3 +311,22 @@ def test_count_nonzero_aminmax_and_cross(mode):
     with pytest.raises(RuntimeError, match="must have length 3"):
         torch.linalg.cross(torch.zeros(2, 4, device="pjrt"), torch.zeros(2, 4, device="pjrt"))
     torch.pjrt.synchronize()
+
+
+@pytest.mark.parametrize("p", [2.0, 1.0, 0.0, 3.0, inf, 0.5])
+def test_cdist_and_its_gradient_match_the_cpu(mode, p):
+    a = torch.randn(2, 5, 3, generator=seeded(11))
+    b = torch.randn(2, 4, 3, generator=seeded(12))
+    b[0, 0] = a[0, 0]  # a zero distance, where the gradient's formula divides by zero
+    check(lambda u, v: torch.cdist(u, v, p), [a, b], grads_of=(0, 1), rtol=1e-4, atol=1e-5)
+    # Broadcast batch dims.
+    c = torch.randn(1, 6, 3, generator=seeded(13))
+    assert_close(torch.cdist(a.to("pjrt"), c.to("pjrt"), p), torch.cdist(a, c, p), rtol=1e-5, atol=1e-5)
+
+
+def test_cdist_refuses_what_the_cpu_refuses(mode):
+    with pytest.raises(RuntimeError, match="cdist only supports non-negative p values"):
+        torch.cdist(torch.zeros(2, 3, device="pjrt"), torch.zeros(2, 3, device="pjrt"), -1.0)
+    with pytest.raises(RuntimeError, match="X1 and X2 must have the same number of columns"):
+        torch.cdist(torch.zeros(2, 3, device="pjrt"), torch.zeros(2, 4, device="pjrt"))
+    torch.pjrt.synchronize()

@@ -2,7 +2,7 @@
 // distributions drawn from uniform and normal numbers (`exponential_`, `geometric_`,
 // `log_normal_`, `cauchy_`) and `multinomial`; `searchsorted` and `bucketize`; and small
 // elementwise and reduction ops (`signbit`, `copysign`, `logit`, `sinc`, `heaviside`,
-// `count_nonzero`, `aminmax`, `linalg_cross`).
+// `count_nonzero`, `aminmax`, `linalg_cross`); and `cdist`'s direct form with its gradient.
 //
 // As in composite.cpp, each kernel composes device ops with PyTorch's CPU formulas, and the
 // random ones draw from the device generator (random.cpp) through `uniform_` and `normal_`, so
@@ -383,6 +383,64 @@ at::Tensor& pjrt_linalg_cross_out(
   return write_out(pjrt_linalg_cross(self, other, dim), out);
 }
 
+// ----- distances --------------------------------------------------------------------------------
+
+void check_cdist(const at::Tensor& x1, const at::Tensor& x2, double p) {
+  TORCH_CHECK(
+      at::isFloatingType(x1.scalar_type()),
+      "cdist only supports floating-point dtypes, X1 got: ",
+      x1.scalar_type());
+  TORCH_CHECK(
+      at::isFloatingType(x2.scalar_type()),
+      "cdist only supports floating-point dtypes, X2 got: ",
+      x2.scalar_type());
+  TORCH_CHECK(p >= 0, "cdist only supports non-negative p values");
+  TORCH_CHECK(x1.dim() >= 2, "cdist only supports at least 2D tensors, X1 got: ", x1.dim(), "D");
+  TORCH_CHECK(x2.dim() >= 2, "cdist only supports at least 2D tensors, X2 got: ", x2.dim(), "D");
+  TORCH_CHECK(
+      x1.size(-1) == x2.size(-1),
+      "X1 and X2 must have the same number of columns. X1: ",
+      x1.size(-1),
+      " X2: ",
+      x2.size(-1));
+}
+
+// The p-norm distance of every row of x1 to every row of x2, from the differences (the direct
+// computation PyTorch's `_cdist_forward` makes; the matrix-product form for p = 2 and large
+// inputs is decided earlier, in `cdist`, and composes from other ops).
+at::Tensor pjrt_cdist_forward(
+    const at::Tensor& x1, const at::Tensor& x2, double p, std::optional<int64_t> compute_mode) {
+  check_cdist(x1, x2, p);
+  at::Tensor diff = x1.unsqueeze(-2) - x2.unsqueeze(-3);
+  return at::linalg_vector_norm(diff, p, {-1});
+}
+
+at::Tensor pjrt_cdist_backward(
+    const at::Tensor& grad,
+    const at::Tensor& x1,
+    const at::Tensor& x2,
+    double p,
+    const at::Tensor& cdist) {
+  at::Tensor diff = x1.unsqueeze(-2) - x2.unsqueeze(-3);
+  at::Tensor dist = cdist.unsqueeze(-1);
+  at::Tensor term;
+  if (p == 0.0) {
+    return at::zeros_like(x1);
+  } else if (p == 1.0) {
+    term = at::sign(diff);
+  } else if (std::isinf(p)) {
+    term = at::sign(diff) * (at::abs(diff) == dist);
+  } else if (p == 2.0) {
+    term = at::where(dist == 0, at::zeros_like(diff), diff / dist);
+  } else {
+    term = at::where(
+        dist == 0,
+        at::zeros_like(diff),
+        at::sign(diff) * at::pow(at::abs(diff), p - 1) / at::pow(dist, p - 1));
+  }
+  return (grad.unsqueeze(-1) * term).sum(-2);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
@@ -450,6 +508,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("aminmax.out", TORCH_FN(pjrt_aminmax_out));
   m.impl("linalg_cross", TORCH_FN(pjrt_linalg_cross));
   m.impl("linalg_cross.out", TORCH_FN(pjrt_linalg_cross_out));
+  m.impl("_cdist_forward", TORCH_FN(pjrt_cdist_forward));
+  m.impl("_cdist_backward", TORCH_FN(pjrt_cdist_backward));
 }
 
 }  // namespace torch_pjrt

@@ -21,43 +21,6 @@
 namespace torch_pjrt {
 namespace {
 
-// The `out=` and in-place forms of a functional kernel `Fn(self, rest...)`: the functional result
-// written into `out`, or copied into `self`.
-template <auto Fn, typename Signature = decltype(Fn)>
-struct Variants;
-
-template <auto Fn, typename... Rest>
-struct Variants<Fn, at::Tensor (*)(const at::Tensor&, Rest...)> {
-  static at::Tensor& out(const at::Tensor& self, Rest... rest, at::Tensor& out) {
-    return write_out(Fn(self, rest...), out);
-  }
-  static at::Tensor& in_place(at::Tensor& self, Rest... rest) {
-    return self.copy_(Fn(self, rest...));
-  }
-  // For a floating-point function: an integer `self` cannot hold its result.
-  static at::Tensor& in_place_floating(at::Tensor& self, Rest... rest) {
-    TORCH_CHECK(
-        at::isFloatingType(self.scalar_type()),
-        "result type Float can't be cast to the desired output type ",
-        self.scalar_type());
-    return in_place(self, rest...);
-  }
-};
-
-template <auto Fn, typename... Rest>
-struct Variants<Fn, std::tuple<at::Tensor, at::Tensor> (*)(const at::Tensor&, Rest...)> {
-  static std::tuple<at::Tensor&, at::Tensor&> out(
-      const at::Tensor& self,
-      Rest... rest,
-      at::Tensor& first,
-      at::Tensor& second) {
-    auto [a, b] = Fn(self, rest...);
-    write_out(a, first);
-    write_out(b, second);
-    return {first, second};
-  }
-};
-
 // PyTorch's CPU kernels refuse integer and bool inputs for these activations.
 void require_floating(const char* op, const at::Tensor& self) {
   TORCH_CHECK_NOT_IMPLEMENTED(
@@ -318,14 +281,6 @@ std::tuple<at::Tensor, at::Tensor> pjrt_std_mean(
 }
 
 // ----- elementwise functions without a native lowering ------------------------------------------
-
-// Integer and bool inputs of a floating-point function are computed in the default float dtype,
-// as PyTorch does.
-at::Tensor as_floating(const at::Tensor& self) {
-  return at::isFloatingType(self.scalar_type())
-      ? self
-      : self.to(at::typeMetaToScalarType(at::get_default_dtype()));
-}
 
 constexpr double kLn2 = 0.69314718055994530942;
 
@@ -798,10 +753,7 @@ at::Tensor pjrt_addmv(
 
 // PyTorch's `x * log(y)`: NaN where y is NaN, else 0 where x is 0.
 at::Tensor pjrt_xlogy(const at::Tensor& self, const at::Tensor& other) {
-  at::ScalarType dtype = at::result_type(self, other);
-  if (!at::isFloatingType(dtype)) {
-    dtype = at::typeMetaToScalarType(at::get_default_dtype());
-  }
+  at::ScalarType dtype = floating_dtype(at::result_type(self, other));
   at::Tensor x = self.to(dtype);
   at::Tensor y = other.to(dtype);
   at::Tensor product = at::where(x == 0, at::zeros_like(x), x * at::log(y));
@@ -820,15 +772,6 @@ at::Tensor pjrt_xlogy_scalar_self(const at::Scalar& self, const at::Tensor& othe
 
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  // A functional kernel with its `out=` overload (named `out_name`) and, where PyTorch has one,
-  // its in-place overload.
-#define PJRT_WITH_OUT(name, out_name, fn)                                                          \
-  m.impl(name, TORCH_FN(fn));                                                                     \
-  m.impl(out_name, TORCH_FN(Variants<&fn>::out));
-#define PJRT_WITH_OUT_AND_IN_PLACE(name, out_name, in_place_name, fn)                              \
-  PJRT_WITH_OUT(name, out_name, fn)                                                               \
-  m.impl(in_place_name, TORCH_FN(Variants<&fn>::in_place));
-
   PJRT_WITH_OUT_AND_IN_PLACE("leaky_relu", "leaky_relu.out", "leaky_relu_", pjrt_leaky_relu)
   PJRT_WITH_OUT("leaky_relu_backward", "leaky_relu_backward.grad_input", pjrt_leaky_relu_backward)
   PJRT_WITH_OUT_AND_IN_PLACE("elu", "elu.out", "elu_", pjrt_elu)
@@ -982,8 +925,6 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
     return write_out(pjrt_randperm(n, std::nullopt, out.scalar_type(), out.device()), out);
   });
 
-#undef PJRT_WITH_OUT_AND_IN_PLACE
-#undef PJRT_WITH_OUT
 }
 
 }  // namespace torch_pjrt

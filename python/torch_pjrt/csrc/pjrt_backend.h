@@ -9,6 +9,7 @@
 
 #include <optional>
 #include <string>
+#include <tuple>
 
 #include "torch_pjrt_engine.h"
 
@@ -46,6 +47,64 @@ inline bool present(const std::optional<at::Tensor>& t) {
 // type must cast to `out`'s, `out` is resized as PyTorch's `resize_output` resizes it, then
 // copied into. Returns `out`.
 at::Tensor& write_out(const at::Tensor& result, at::Tensor& out);
+
+// The `out=` and in-place forms of a functional kernel `Fn(self, rest...)`: the functional result
+// written into `out`, or copied into `self`.
+template <auto Fn, typename Signature = decltype(Fn)>
+struct Variants;
+
+template <auto Fn, typename... Rest>
+struct Variants<Fn, at::Tensor (*)(const at::Tensor&, Rest...)> {
+  static at::Tensor& out(const at::Tensor& self, Rest... rest, at::Tensor& out) {
+    return write_out(Fn(self, rest...), out);
+  }
+  static at::Tensor& in_place(at::Tensor& self, Rest... rest) {
+    return self.copy_(Fn(self, rest...));
+  }
+  // For a floating-point function: an integer `self` cannot hold its result.
+  static at::Tensor& in_place_floating(at::Tensor& self, Rest... rest) {
+    TORCH_CHECK(
+        at::isFloatingType(self.scalar_type()),
+        "result type Float can't be cast to the desired output type ",
+        self.scalar_type());
+    return in_place(self, rest...);
+  }
+};
+
+template <auto Fn, typename... Rest>
+struct Variants<Fn, std::tuple<at::Tensor, at::Tensor> (*)(const at::Tensor&, Rest...)> {
+  static std::tuple<at::Tensor&, at::Tensor&> out(
+      const at::Tensor& self,
+      Rest... rest,
+      at::Tensor& first,
+      at::Tensor& second) {
+    auto [a, b] = Fn(self, rest...);
+    write_out(a, first);
+    write_out(b, second);
+    return {first, second};
+  }
+};
+
+// Inside a `TORCH_LIBRARY_IMPL` body: registers a functional kernel and its `out=` form (and its
+// in-place form).
+#define PJRT_WITH_OUT(name, out_name, fn)                                                          \
+  m.impl(name, TORCH_FN(fn));                                                                     \
+  m.impl(out_name, TORCH_FN(::torch_pjrt::Variants<&fn>::out));
+#define PJRT_WITH_OUT_AND_IN_PLACE(name, out_name, in_place_name, fn)                              \
+  PJRT_WITH_OUT(name, out_name, fn)                                                               \
+  m.impl(in_place_name, TORCH_FN(::torch_pjrt::Variants<&fn>::in_place));
+
+// The dtype a floating-point function computes in: `dtype` itself when it is floating, else (an
+// integer or bool input) the default float dtype, as PyTorch does.
+inline at::ScalarType floating_dtype(at::ScalarType dtype) {
+  return at::isFloatingType(dtype) ? dtype
+                                   : at::typeMetaToScalarType(at::get_default_dtype());
+}
+
+// `self` in the dtype a floating-point function computes it in.
+inline at::Tensor as_floating(const at::Tensor& self) {
+  return self.to(floating_dtype(self.scalar_type()));
+}
 
 // A kernel that hands one case of its op to the CPU (a dtype it has no device path for) calls this
 // first: it counts the fallback in the metrics and warns once, or raises NotImplementedError with

@@ -123,15 +123,6 @@ at::Tensor pjrt_multinomial(
   return below.sum(-1).clamp_max(categories - 1);
 }
 
-at::Tensor& pjrt_multinomial_out(
-    const at::Tensor& self,
-    int64_t n_sample,
-    bool replacement,
-    std::optional<at::Generator> gen,
-    at::Tensor& out) {
-  return write_out(pjrt_multinomial(self, n_sample, replacement, gen), out);
-}
-
 // ----- searching sorted sequences ---------------------------------------------------------------
 
 // For each value, how many elements of its row of `sorted` come before it: those not at least it
@@ -191,17 +182,6 @@ at::Tensor pjrt_searchsorted(
   return before.sum(-1, /*keepdim=*/false, out_int32 ? at::kInt : at::kLong);
 }
 
-at::Tensor& pjrt_searchsorted_out(
-    const at::Tensor& sorted_sequence,
-    const at::Tensor& self,
-    bool out_int32,
-    bool right,
-    std::optional<std::string_view> side,
-    const std::optional<at::Tensor>& sorter,
-    at::Tensor& out) {
-  return write_out(pjrt_searchsorted(sorted_sequence, self, out_int32, right, side, sorter), out);
-}
-
 at::Tensor pjrt_searchsorted_scalar(
     const at::Tensor& sorted_sequence,
     const at::Scalar& self,
@@ -228,15 +208,6 @@ at::Tensor pjrt_bucketize(
   return pjrt_searchsorted(boundaries, self, out_int32, right, std::nullopt, std::nullopt);
 }
 
-at::Tensor& pjrt_bucketize_out(
-    const at::Tensor& self,
-    const at::Tensor& boundaries,
-    bool out_int32,
-    bool right,
-    at::Tensor& out) {
-  return write_out(pjrt_bucketize(self, boundaries, out_int32, right), out);
-}
-
 at::Tensor pjrt_bucketize_scalar(
     const at::Scalar& self, const at::Tensor& boundaries, bool out_int32, bool right) {
   return pjrt_bucketize(
@@ -256,34 +227,19 @@ at::Tensor pjrt_signbit(const at::Tensor& self) {
   return (self < 0) | ((self == 0) & (at::reciprocal(self) < 0));
 }
 
-at::Tensor& pjrt_signbit_out(const at::Tensor& self, at::Tensor& out) {
-  return write_out(pjrt_signbit(self), out);
-}
-
-at::ScalarType float_result(const at::Tensor& a, const at::Tensor& b) {
-  at::ScalarType t = at::result_type(a, b);
-  return at::isFloatingType(t) ? t : c10::typeMetaToScalarType(at::get_default_dtype());
-}
-
 at::Tensor pjrt_copysign(const at::Tensor& self, const at::Tensor& other) {
-  at::ScalarType dtype = float_result(self, other);
+  at::ScalarType dtype = floating_dtype(at::result_type(self, other));
   at::Tensor magnitude = at::abs(self.to(dtype));
   return at::where(pjrt_signbit(other.to(dtype)), -magnitude, magnitude);
 }
 
 at::Tensor pjrt_copysign_scalar(const at::Tensor& self, const at::Scalar& other) {
-  at::ScalarType dtype = at::isFloatingType(self.scalar_type())
-      ? self.scalar_type()
-      : c10::typeMetaToScalarType(at::get_default_dtype());
-  at::Tensor magnitude = at::abs(self.to(dtype));
+  at::Tensor magnitude = at::abs(as_floating(self));
   return std::signbit(other.toDouble()) ? -magnitude : magnitude;
 }
 
 at::Tensor pjrt_logit(const at::Tensor& self, std::optional<double> eps) {
-  at::ScalarType dtype = at::isFloatingType(self.scalar_type())
-      ? self.scalar_type()
-      : c10::typeMetaToScalarType(at::get_default_dtype());
-  at::Tensor x = self.to(dtype);
+  at::Tensor x = as_floating(self);
   if (eps.has_value() && *eps >= 0) {
     x = at::clamp(x, *eps, 1 - *eps);
   }
@@ -300,10 +256,7 @@ at::Tensor pjrt_logit_backward(
 }
 
 at::Tensor pjrt_sinc(const at::Tensor& self) {
-  at::ScalarType dtype = at::isFloatingType(self.scalar_type())
-      ? self.scalar_type()
-      : c10::typeMetaToScalarType(at::get_default_dtype());
-  at::Tensor x = self.to(dtype);
+  at::Tensor x = as_floating(self);
   at::Tensor product = x * M_PI;
   return at::where(x == 0, at::ones_like(x), at::sin(product) / product);
 }
@@ -340,18 +293,6 @@ std::tuple<at::Tensor, at::Tensor> pjrt_aminmax(
   return {lo, hi};
 }
 
-std::tuple<at::Tensor&, at::Tensor&> pjrt_aminmax_out(
-    const at::Tensor& self,
-    std::optional<int64_t> dim,
-    bool keepdim,
-    at::Tensor& min,
-    at::Tensor& max) {
-  auto [lo, hi] = pjrt_aminmax(self, dim, keepdim);
-  write_out(lo, min);
-  write_out(hi, max);
-  return {min, max};
-}
-
 at::Tensor pjrt_linalg_cross(const at::Tensor& self, const at::Tensor& other, int64_t dim) {
   TORCH_CHECK(
       self.scalar_type() == other.scalar_type(),
@@ -376,11 +317,6 @@ at::Tensor pjrt_linalg_cross(const at::Tensor& self, const at::Tensor& other, in
   at::Tensor b = other.expand(shape);
   // Component i is a[i+1] b[i+2] - a[i+2] b[i+1] (indices mod 3).
   return at::roll(a, -1, d) * at::roll(b, -2, d) - at::roll(a, -2, d) * at::roll(b, -1, d);
-}
-
-at::Tensor& pjrt_linalg_cross_out(
-    const at::Tensor& self, const at::Tensor& other, int64_t dim, at::Tensor& out) {
-  return write_out(pjrt_linalg_cross(self, other, dim), out);
 }
 
 // ----- distances --------------------------------------------------------------------------------
@@ -444,70 +380,34 @@ at::Tensor pjrt_cdist_backward(
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+
   m.impl("exponential_", TORCH_FN(pjrt_exponential_));
   m.impl("geometric_", TORCH_FN(pjrt_geometric_));
   m.impl("log_normal_", TORCH_FN(pjrt_log_normal_));
   m.impl("cauchy_", TORCH_FN(pjrt_cauchy_));
-  m.impl("multinomial", TORCH_FN(pjrt_multinomial));
-  m.impl("multinomial.out", TORCH_FN(pjrt_multinomial_out));
+  PJRT_WITH_OUT("multinomial", "multinomial.out", pjrt_multinomial)
 
-  m.impl("searchsorted.Tensor", TORCH_FN(pjrt_searchsorted));
-  m.impl("searchsorted.Tensor_out", TORCH_FN(pjrt_searchsorted_out));
+  PJRT_WITH_OUT("searchsorted.Tensor", "searchsorted.Tensor_out", pjrt_searchsorted)
   m.impl("searchsorted.Scalar", TORCH_FN(pjrt_searchsorted_scalar));
-  m.impl("bucketize.Tensor", TORCH_FN(pjrt_bucketize));
-  m.impl("bucketize.Tensor_out", TORCH_FN(pjrt_bucketize_out));
+  PJRT_WITH_OUT("bucketize.Tensor", "bucketize.Tensor_out", pjrt_bucketize)
   m.impl("bucketize.Scalar", TORCH_FN(pjrt_bucketize_scalar));
 
-  m.impl("signbit", TORCH_FN(pjrt_signbit));
-  m.impl("signbit.out", TORCH_FN(pjrt_signbit_out));
-  m.impl("copysign.Tensor", TORCH_FN(pjrt_copysign));
-  m.impl("copysign.out", [](const at::Tensor& self, const at::Tensor& other, at::Tensor& out)
-             -> at::Tensor& { return write_out(pjrt_copysign(self, other), out); });
-  m.impl("copysign_.Tensor", [](at::Tensor& self, const at::Tensor& other) -> at::Tensor& {
-    return write_out(pjrt_copysign(self, other), self);
-  });
+  PJRT_WITH_OUT("signbit", "signbit.out", pjrt_signbit)
+  PJRT_WITH_OUT("copysign.Tensor", "copysign.out", pjrt_copysign)
+  m.impl("copysign_.Tensor", TORCH_FN(Variants<&pjrt_copysign>::in_place_floating));
   m.impl("copysign.Scalar", TORCH_FN(pjrt_copysign_scalar));
-  m.impl("copysign_.Scalar", [](at::Tensor& self, const at::Scalar& other) -> at::Tensor& {
-    return write_out(pjrt_copysign_scalar(self, other), self);
-  });
-  m.impl("logit", TORCH_FN(pjrt_logit));
-  m.impl(
-      "logit.out",
-      [](const at::Tensor& self, std::optional<double> eps, at::Tensor& out) -> at::Tensor& {
-        return write_out(pjrt_logit(self, eps), out);
-      });
-  m.impl("logit_", [](at::Tensor& self, std::optional<double> eps) -> at::Tensor& {
-    return write_out(pjrt_logit(self, eps), self);
-  });
-  m.impl("logit_backward", TORCH_FN(pjrt_logit_backward));
-  m.impl(
-      "logit_backward.grad_input",
-      [](const at::Tensor& grad_output,
-         const at::Tensor& self,
-         std::optional<double> eps,
-         at::Tensor& grad_input) -> at::Tensor& {
-        return write_out(pjrt_logit_backward(grad_output, self, eps), grad_input);
-      });
-  m.impl("sinc", TORCH_FN(pjrt_sinc));
-  m.impl("sinc.out", [](const at::Tensor& self, at::Tensor& out) -> at::Tensor& {
-    return write_out(pjrt_sinc(self), out);
-  });
-  m.impl("sinc_", [](at::Tensor& self) -> at::Tensor& { return write_out(pjrt_sinc(self), self); });
-  m.impl("heaviside", TORCH_FN(pjrt_heaviside));
-  m.impl(
-      "heaviside.out",
-      [](const at::Tensor& self, const at::Tensor& values, at::Tensor& out) -> at::Tensor& {
-        return write_out(pjrt_heaviside(self, values), out);
-      });
-  m.impl("heaviside_", [](at::Tensor& self, const at::Tensor& values) -> at::Tensor& {
-    return write_out(pjrt_heaviside(self, values), self);
-  });
+  m.impl("copysign_.Scalar", TORCH_FN(Variants<&pjrt_copysign_scalar>::in_place_floating));
+  PJRT_WITH_OUT("logit", "logit.out", pjrt_logit)
+  m.impl("logit_", TORCH_FN(Variants<&pjrt_logit>::in_place_floating));
+  PJRT_WITH_OUT("logit_backward", "logit_backward.grad_input", pjrt_logit_backward)
+  PJRT_WITH_OUT("sinc", "sinc.out", pjrt_sinc)
+  m.impl("sinc_", TORCH_FN(Variants<&pjrt_sinc>::in_place_floating));
+  PJRT_WITH_OUT("heaviside", "heaviside.out", pjrt_heaviside)
+  m.impl("heaviside_", TORCH_FN(Variants<&pjrt_heaviside>::in_place));
 
   m.impl("count_nonzero.dim_IntList", TORCH_FN(pjrt_count_nonzero));
-  m.impl("aminmax", TORCH_FN(pjrt_aminmax));
-  m.impl("aminmax.out", TORCH_FN(pjrt_aminmax_out));
-  m.impl("linalg_cross", TORCH_FN(pjrt_linalg_cross));
-  m.impl("linalg_cross.out", TORCH_FN(pjrt_linalg_cross_out));
+  PJRT_WITH_OUT("aminmax", "aminmax.out", pjrt_aminmax)
+  PJRT_WITH_OUT("linalg_cross", "linalg_cross.out", pjrt_linalg_cross)
   m.impl("_cdist_forward", TORCH_FN(pjrt_cdist_forward));
   m.impl("_cdist_backward", TORCH_FN(pjrt_cdist_backward));
 }

@@ -167,8 +167,9 @@ impl WriteOrder {
                 .iter()
                 .filter_map(|r| node_of(r.operand))
         };
-        // The node that writes each donated argument.
+        // The node that writes each donated argument, and whether each node is such a write.
         let mut write_of: Vec<Option<usize>> = vec![None; region.args.len()];
+        let mut is_write = vec![false; n];
         for &(arg, output) in &region.aliases {
             if let Some(node) = region
                 .outputs
@@ -176,6 +177,7 @@ impl WriteOrder {
                 .and_then(|&o| node_of(o))
             {
                 write_of[arg as usize] = Some(node);
+                is_write[node] = true;
             }
         }
         if write_of.iter().all(Option::is_none) {
@@ -186,7 +188,7 @@ impl WriteOrder {
         let mut after_write = vec![false; n];
         let mut after_read = vec![false; n];
         for (i, node) in region.nodes.iter().enumerate() {
-            let mut w = write_of.contains(&Some(i));
+            let mut w = is_write[i];
             let mut r = node
                 .inputs
                 .iter()

@@ -47,8 +47,14 @@ venv: $(STAMPS)/venv
 $(STAMPS)/venv: requirements.txt
 	@mkdir -p $(STAMPS)
 	@test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check --no-cache-dir -r requirements.txt
+	$(PIP_TMP) $(PY) -m pip install -q --disable-pip-version-check --no-cache-dir -r requirements.txt
 	@touch $@
+
+# pip holds every downloaded wheel (about 3 GiB, torch and its CUDA libraries) until it has installed
+# them all; on a short disk that peak fails the install, so the downloads go to RAM when /dev/shm
+# has room for them.
+SHM_FREE_KIB := $(shell df -Pk /dev/shm 2>/dev/null | awk 'NR==2 {print $$4}')
+PIP_TMP := $(if $(shell [ "$(SHM_FREE_KIB)" -gt 6291456 ] 2>/dev/null && echo y),TMPDIR=/dev/shm,)
 
 lint: deps
 	$(CARGO) fmt --all --check
@@ -105,7 +111,7 @@ venv-peer: $(STAMPS)/venv-peer
 $(STAMPS)/venv-peer: requirements-peer.txt
 	@mkdir -p $(STAMPS)
 	@test -x $(PEER_PY) || python3 -m venv $(PEER_VENV)
-	$(PEER_PY) -m pip install -q --disable-pip-version-check --no-cache-dir -r requirements-peer.txt
+	$(PIP_TMP) $(PEER_PY) -m pip install -q --disable-pip-version-check --no-cache-dir -r requirements-peer.txt
 	@touch $@
 
 # The OpInfo sweep (the longest file, mostly XLA compile time) runs beside the rest of the suite:

@@ -41,6 +41,7 @@ sources = [
     os.path.join(CSRC, "composite.cpp"),
     os.path.join(CSRC, "spatial.cpp"),
     os.path.join(CSRC, "sampling.cpp"),
+    os.path.join(CSRC, "bags_and_windows.cpp"),
     os.path.join(CSRC, "autocast.cpp"),
 ]
 if not METADATA_ONLY:

@@ -52,7 +52,14 @@ fn is_logical(op: OpId) -> bool {
 }
 
 fn is_bitwise(op: OpId) -> bool {
-    matches!(op, OpId::BitwiseAnd | OpId::BitwiseOr | OpId::BitwiseXor)
+    matches!(
+        op,
+        OpId::BitwiseAnd
+            | OpId::BitwiseOr
+            | OpId::BitwiseXor
+            | OpId::BitwiseLeftShift
+            | OpId::BitwiseRightShift
+    )
 }
 
 /// Ops that map integers and bools to the default float dtype.
@@ -285,10 +292,13 @@ fn binary_meta(a: &MetaArgs) -> Result<Meta, OpError> {
         Atan2 => to_float(common),
         op if is_comparison(op) || is_logical(op) => DType::Bool,
         op if is_bitwise(op) => {
-            if common.is_float() {
+            let shift = matches!(op, BitwiseLeftShift | BitwiseRightShift);
+            if common.is_float() || (shift && common == DType::Bool) {
                 let kernel = match op {
                     BitwiseAnd => "bitwise_and_cpu",
                     BitwiseOr => "bitwise_or_cpu",
+                    BitwiseLeftShift => "lshift_cpu",
+                    BitwiseRightShift => "rshift_cpu",
                     _ => "bitwise_xor_cpu",
                 };
                 return Err(not_implemented_for(kernel, common));
@@ -900,6 +910,19 @@ fn lower_binary(e: &mut Emitter, a: &LowerArgs) -> Result<Value, OpError> {
         Mul => e.mul(xc, yc),
         Maximum if cd == DType::Bool => e.or(xc, yc),
         Minimum if cd == DType::Bool => e.and(xc, yc),
+        // XLA CPU's fast min/max returns the first operand when the second is NaN; PyTorch's
+        // propagate a NaN from either side.
+        Maximum | Minimum if cd.is_float() => {
+            let m = if a.op == Maximum {
+                e.max(xc, yc)
+            } else {
+                e.min(xc, yc)
+            };
+            let y_nan = is_nan(e, yc);
+            let m = e.select(y_nan, yc, m);
+            let x_nan = is_nan(e, xc);
+            e.select(x_nan, xc, m)
+        }
         Maximum => e.max(xc, yc),
         Minimum => e.min(xc, yc),
         Div => {
@@ -941,6 +964,11 @@ fn lower_binary(e: &mut Emitter, a: &LowerArgs) -> Result<Value, OpError> {
         BitwiseAnd => e.and(xc, yc),
         BitwiseOr => e.or(xc, yc),
         BitwiseXor => e.xor(xc, yc),
+        // StableHLO's shifts read the amount as unsigned, so a negative amount is out of range
+        // too: left shifts give 0 and arithmetic right shifts the sign, as PyTorch's kernels.
+        BitwiseLeftShift => e.binary("stablehlo.shift_left", xc, yc),
+        BitwiseRightShift if cd == DType::U8 => e.binary("stablehlo.shift_right_logical", xc, yc),
+        BitwiseRightShift => e.binary("stablehlo.shift_right_arithmetic", xc, yc),
         op => return Err(OpError::runtime(format!("{}: not a binary op", op.name()))),
     };
     Ok(e.convert(r, out.dtype))

@@ -106,6 +106,10 @@ op_catalogue! {
     BitwiseAnd = "bitwise_and", inputs: "self, other", scalars: "other (when not an input)", params: "";
     BitwiseOr = "bitwise_or", inputs: "self, other", scalars: "other (when not an input)", params: "";
     BitwiseXor = "bitwise_xor", inputs: "self, other", scalars: "other (when not an input)", params: "";
+    /// `self << other`; shifts of the bit width or more, or negative, give 0 (as PyTorch's).
+    BitwiseLeftShift = "bitwise_left_shift", inputs: "self, other", scalars: "other (when not an input)", params: "";
+    /// `self >> other`, arithmetic for signed dtypes; out-of-range shifts fill with the sign bit.
+    BitwiseRightShift = "bitwise_right_shift", inputs: "self, other", scalars: "other (when not an input)", params: "";
 
     // ---- ternary elementwise -----------------------------------------------------------
     Where = "where", inputs: "condition, self?, other?", scalars: "self?, other?",

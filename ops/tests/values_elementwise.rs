@@ -376,6 +376,11 @@ fn binary_ref(op: OpId, a: f64, b: f64, params: &[i64], integral: bool) -> f64 {
         BitwiseAnd => (a as i64 & b as i64) as f64,
         BitwiseOr => (a as i64 | b as i64) as f64,
         BitwiseXor => (a as i64 ^ b as i64) as f64,
+        // The reference for int32, as PyTorch's kernels: out-of-range amounts give 0 or the sign.
+        BitwiseLeftShift if !(0.0..32.0).contains(&b) => 0.0,
+        BitwiseLeftShift => ((a as i32 as u32) << b as u32) as i32 as f64,
+        BitwiseRightShift if !(0.0..31.0).contains(&b) => (a as i32 >> 31) as f64,
+        BitwiseRightShift => (a as i32 >> b as u32) as f64,
         op => panic!("no reference for {op}"),
     }
 }
@@ -424,6 +429,8 @@ fn binary_tensor_tensor() {
         (BitwiseAnd, &[]),
         (BitwiseOr, &[]),
         (BitwiseXor, &[]),
+        (BitwiseLeftShift, &[]),
+        (BitwiseRightShift, &[]),
         (LogicalAnd, &[]),
     ];
     let av = [
@@ -438,7 +445,7 @@ fn binary_tensor_tensor() {
         f64::NAN,
         f64::INFINITY,
     ];
-    let bv = [2.0, -3.0, 0.5, -2.0, 1.5];
+    let bv = [2.0, -3.0, f64::NAN, -2.0, 1.5];
     let ai = [-7.0, -3.0, -1.0, 0.0, 1.0, 2.0, 3.0, 7.0, 9.0, -9.0];
     let bi = [2.0, -3.0, 1.0, -2.0, 4.0];
     let mut failures = Vec::new();

@@ -67,6 +67,17 @@ TABLE += [
 TABLE += [(name, name, "t self; ts other") for name in BINARY]
 for name in BINARY_TENSOR_SCALAR:
     TABLE += [(f"{name}.Tensor", name, "t self; ts other"), (f"{name}.Scalar", name, "t self; s other")]
+# Shifts: `bitwise_*_shift.Tensor` brings its in-place and out= forms; the dunder forms are separate
+# overloads with their own CPU kernels (the Scalar ones composite over these).
+for name, op in [("left", "lshift"), ("right", "rshift")]:
+    engine_op = f"bitwise_{name}_shift"
+    TABLE += [
+        (f"{engine_op}.Tensor", engine_op, "t self; ts other"),
+        (f"__{op}__.Tensor", engine_op, "t self; ts other"),
+        (f"__{op}__.Scalar", engine_op, "t self; s other"),
+        (f"__i{op}__.Tensor", engine_op, "t self; ts other"),
+        (f"__i{op}__.Scalar", engine_op, "t self; s other"),
+    ]
 for name in ["add", "sub", "rsub"]:
     TABLE += [
         (f"{name}.Tensor", name, "t self; ts other; s1 alpha"),
@@ -421,7 +432,9 @@ class Headers:
         self.cache: dict[str, dict[tuple[str, str], CppSig]] = {}
 
     def _load(self, packet: str) -> dict[tuple[str, str], CppSig]:
-        for stem in (packet, packet.rstrip("_")):
+        # `__lshift__` and its in-place `__ilshift__` both live in lshift_ops.h.
+        dunder = re.sub(r"^i", "", packet.strip("_")) if packet.startswith("__i") else packet.strip("_")
+        for stem in (packet, packet.rstrip("_"), dunder):
             path = os.path.join(self.include_dir, "ATen", "ops", f"{stem}_ops.h")
             if os.path.exists(path):
                 break

@@ -212,6 +212,19 @@ def test_unfold_and_fold_refuse_what_the_cpu_refuses(mode):
     assert F.unfold(torch.ones(0, 2, 3, 3, device="pjrt"), 2).shape == (0, 8, 4)
 
 
+@pytest.mark.parametrize("dim,size,step", [(1, 3, 1), (1, 4, 3), (0, 2, 1), (-1, 10, 1), (1, 1, 5)])
+def test_tensor_unfold_is_a_view_with_a_gradient(mode, dim, size, step):
+    x = torch.randn(3, 10, generator=seeded(23))
+    check(lambda t: t.unfold(dim, size, step), [x])
+    base = x.to("pjrt")
+    windows = base.unfold(dim, size, step)
+    assert windows._base is base
+    assert windows.stride() == x.unfold(dim, size, step).stride()
+    # Sliding windows for a moving average.
+    assert_close(base[0].unfold(0, 4, 1).mean(-1), x[0].unfold(0, 4, 1).mean(-1))
+    assert torch.equal(torch.tensor(2.0).to("pjrt").unfold(0, 1, 1).cpu(), torch.tensor([2.0]))
+
+
 # ---- embedding_bag -----------------------------------------------------------------------------
 
 WEIGHT = torch.tensor([[1.0, 5.0], [3.0, 5.0], [nan, 0.0], [2.0, 7.0], [-inf, 1.0]])

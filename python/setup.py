@@ -42,6 +42,7 @@ sources = [
     os.path.join(CSRC, "spatial.cpp"),
     os.path.join(CSRC, "sampling.cpp"),
     os.path.join(CSRC, "bags_and_windows.cpp"),
+    os.path.join(CSRC, "grid_sample.cpp"),
     os.path.join(CSRC, "autocast.cpp"),
 ]
 if not METADATA_ONLY:

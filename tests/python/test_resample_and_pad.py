@@ -1,7 +1,8 @@
-"""Upsampling (nearest, nearest-exact, linear, bilinear, trilinear, bicubic) and reflection/replication
-padding on pjrt against the CPU, in every eager mode: values and input gradients, odd and
-fractional scales, align_corners, bfloat16, PyTorch's errors, and a U-Net-style block that fuses
-into one region. Nothing may fall back to the CPU."""
+"""Upsampling (nearest, nearest-exact, linear, bilinear, trilinear, bicubic), reflection/replication
+padding and grid sampling (`F.grid_sample` on 4-d inputs) on pjrt against the CPU, in every eager
+mode: values and input gradients (and the grid's), odd and fractional scales, align_corners,
+bfloat16, PyTorch's errors, and a U-Net-style block that fuses into one region. Nothing may fall
+back to the CPU."""
 
 import pytest
 import torch
@@ -147,3 +148,84 @@ def test_uint8_bilinear_upsampling_takes_the_cpus_rounding(pjrt):
     assert torch.equal(got.cpu(), F.interpolate(image, size=(9, 7), mode="bilinear"))
     # It is counted as a CPU fallback: the device has no uint8 fixed-point path.
     assert torch_pjrt.metrics()["fallback_ops"].get("aten::upsample_bilinear2d for Byte inputs", 0) >= 1
+
+
+# ---- grid sampling -------------------------------------------------------------------------------
+
+def grid_for(shape, seed):
+    # Inside and outside [-1, 1], the corners, the centre, and far and non-finite coordinates.
+    g = torch.rand(*shape, 2, generator=seeded(seed), dtype=torch.float64) * 3 - 1.5
+    flat = g.view(-1, 2)
+    edges = [[1.0, -1.0], [-1.0, -1.0], [0.0, 0.0], [0.999, -0.25], [1e4, -3e3],
+             [float("nan"), 0.0], [float("inf"), 0.2], [-float("inf"), 0.5]]
+    flat[: len(edges)] = torch.tensor(edges, dtype=torch.float64)
+    return g
+
+
+@pytest.mark.parametrize("interpolation", ["bilinear", "nearest", "bicubic"])
+@pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_grid_sample_and_its_gradients(mode, interpolation, padding_mode, align_corners):
+    kwargs = dict(mode=interpolation, padding_mode=padding_mode, align_corners=align_corners)
+    for dtype in (torch.float32, torch.float64):
+        x = torch.randn(2, 3, 5, 7, generator=seeded(30), dtype=dtype)
+        grid = grid_for((2, 4, 6), 31).to(dtype)
+        # Values everywhere, non-finite coordinates included.
+        expected = F.grid_sample(x, grid, **kwargs)
+        got = F.grid_sample(x.to("pjrt"), grid.to("pjrt"), **kwargs)
+        torch.testing.assert_close(got.cpu(), expected, rtol=1e-4, atol=1e-4, equal_nan=True)
+        # Gradients of the input and the grid at finite coordinates.
+        finite = torch.rand(2, 4, 6, 2, generator=seeded(32), dtype=dtype) * 3 - 1.5
+        finite[0, 0] = torch.tensor([[1.0, -1.0], [0.0, 0.0], [-1.0, 1.0], [0.5, 0.25], [2.0, -2.0], [1e4, 1.0]],
+                                    dtype=dtype)
+        results = []
+        for device in ("cpu", "pjrt"):
+            xs = x.detach().to(device).requires_grad_()
+            gs = finite.detach().to(device).requires_grad_()
+            out = F.grid_sample(xs, gs, **kwargs)
+            out.backward(torch.randn(out.shape, generator=seeded(33), dtype=dtype).to(device))
+            results.append([t.detach().cpu() for t in (out, xs.grad, gs.grad)])
+        for a, e in zip(results[1], results[0]):
+            torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4)
+
+
+def test_grid_sample_refuses_what_the_cpu_refuses(mode):
+    x = torch.randn(1, 2, 4, 4)
+    for device in ("cpu", "pjrt"):
+        with pytest.raises(RuntimeError, match="same batch size"):
+            F.grid_sample(x.to(device), torch.zeros(2, 3, 3, 2).to(device), align_corners=False)
+        with pytest.raises(RuntimeError, match="same dtype|expected scalar type Float"):
+            F.grid_sample(x.to(device), torch.zeros(1, 3, 3, 2, dtype=torch.float64).to(device),
+                          align_corners=False)
+    assert F.grid_sample(x.to("pjrt"), torch.zeros(1, 3, 3, 2).to("pjrt"), align_corners=False).shape \
+        == (1, 2, 3, 3)
+
+
+def test_a_spatial_transformer_step_runs_in_one_region():
+    # affine_grid, then grid_sample, then a convolution: forward and backward on pjrt, against
+    # the CPU, with the whole step in one region.
+    def step(device, theta_init):
+        torch.manual_seed(0)
+        conv = nn.Conv2d(3, 4, 3, padding=1).to(device)
+        theta = theta_init.clone().to(device).requires_grad_()
+        x = torch.randn(2, 3, 8, 8, generator=seeded(34)).to(device)
+        grid = F.affine_grid(theta, (2, 3, 8, 8), align_corners=False)
+        y = conv(F.grid_sample(x, grid, align_corners=False))
+        loss = y.square().mean()
+        loss.backward()
+        return loss.item(), theta.grad.cpu(), conv.weight.grad.cpu()
+
+    # Off the pixel grid: where a coordinate lands exactly on a pixel, the grid's gradient
+    # is one-sided, and a last-bit difference in affine_grid would pick the other side.
+    theta = torch.tensor([[[0.93, 0.07, 0.031], [-0.11, 1.07, 0.013]]]).repeat(2, 1, 1)
+    expected = step("cpu", theta)
+    with in_mode_without_fallbacks("defer_and_fuse"):
+        step("pjrt", theta)  # compile
+        torch_pjrt.sync()
+        torch_pjrt.reset_metrics()
+        got = step("pjrt", theta)
+        regions = torch_pjrt.metrics()["regions"]
+    assert got[0] == pytest.approx(expected[0], rel=1e-5)
+    torch.testing.assert_close(got[1], expected[1], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got[2], expected[2], rtol=1e-4, atol=1e-5)
+    assert regions == 1, regions

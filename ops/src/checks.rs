@@ -74,6 +74,7 @@ pub fn has_index_checks(op: OpId) -> bool {
             | Gather
             | Scatter
             | ScatterAdd
+            | ScatterReduce
             | IndexSelect
             | Embedding
             | NllLoss
@@ -113,7 +114,7 @@ pub fn index_checks(op: OpId, shapes: &[&[i64]], params: &[i64]) -> SmallVec<[In
                 });
             }
         }
-        Gather | Scatter | ScatterAdd | IndexSelect => {
+        Gather | Scatter | ScatterAdd | ScatterReduce | IndexSelect => {
             let rank = shapes[0].len();
             let Some(&raw) = params.first() else {
                 return out;

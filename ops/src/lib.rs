@@ -158,8 +158,8 @@ fn family(op: OpId) -> Family {
         | Norm | Softmax | LogSoftmax | Isin => Family::Reduce,
         Mm | Bmm | Addmm | Baddbmm | Dot | Matmul => Family::Linalg,
         Cat | Stack | Flip | Roll | ConstantPadNd | Repeat | Tril | Triu | Gather | IndexSelect
-        | Scatter | ScatterAdd | Embedding | Expand | SumToSize | Reshape | Permute | Transpose
-        | Slice | Select => Family::Shape,
+        | Scatter | ScatterAdd | ScatterReduce | Embedding | Expand | SumToSize | Reshape
+        | Permute | Transpose | Slice | Select => Family::Shape,
         ThresholdBackward | LogSoftmaxBackward | SoftmaxBackward | NllLoss | NllLossBackward => {
             Family::Backward
         }

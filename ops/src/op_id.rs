@@ -173,6 +173,10 @@ op_catalogue! {
     IndexSelect = "index_select", inputs: "self, index", scalars: "", params: "[dim]";
     Scatter = "scatter", inputs: "self, index, src?", scalars: "value (when no src)", params: "[dim]";
     ScatterAdd = "scatter_add", inputs: "self, index, src", scalars: "", params: "[dim]";
+    /// `src` combined into `self` at `index` along `dim` with a reduction other than a sum; a
+    /// NaN wins in `amax` and `amin`, as in PyTorch's kernels.
+    ScatterReduce = "scatter_reduce", inputs: "self, index, src", scalars: "",
+        params: "[dim, combiner]: 1 = prod, 2 = amax, 3 = amin";
     Embedding = "embedding", inputs: "weight, indices", scalars: "", params: "";
     Expand = "expand", inputs: "self", scalars: "", params: "[sizes...] (-1 keeps a size)";
     SumToSize = "sum_to_size", inputs: "self", scalars: "", params: "[sizes...]";

@@ -213,7 +213,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
                 shape,
             })
         }
-        Scatter | ScatterAdd => {
+        Scatter | ScatterAdd | ScatterReduce => {
             let has_src = i.len() == 3;
             if has_src {
                 a.expect_counts(3..=3, 0..=0)?;
@@ -631,7 +631,7 @@ pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpErro
                 index_select(e, x, idx, dim)
             }
         }
-        Scatter | ScatterAdd => {
+        Scatter | ScatterAdd | ScatterReduce => {
             let x = a.inputs[0];
             let mut index = a.inputs[1];
             if e.ty(index).numel() == 0 {
@@ -659,7 +659,21 @@ pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpErro
                 let v = e.cast(a.scalars[0], out.dtype);
                 e.broadcast_to(v, &index_shape)
             };
-            scatter_along(e, x, index, updates, dim, a.op == ScatterAdd)
+            let combiner = match a.op {
+                ScatterAdd => Combiner::Sum,
+                ScatterReduce => match p.get(1)? {
+                    1 => Combiner::Prod,
+                    2 => Combiner::Max,
+                    3 => Combiner::Min,
+                    c => {
+                        return Err(OpError::runtime(format!(
+                            "scatter_reduce: unknown combiner {c}"
+                        )))
+                    }
+                },
+                _ => Combiner::Replace,
+            };
+            scatter_along(e, x, index, updates, dim, combiner)
         }
         Embedding => {
             let (w, idx) = (a.inputs[0], a.inputs[1]);
@@ -822,39 +836,35 @@ fn scatter_along(
     index: Value,
     updates: Value,
     dim: usize,
-    add: bool,
+    combiner: Combiner,
 ) -> Value {
     let r = e.rank(x);
     if e.ty(index).numel() == 0 {
         return x;
     }
+    let dtype = e.dtype(x);
     if r == 0 {
-        // Every index is 0: scatter_add sums all updates in, scatter keeps the last one (the
-        // CPU kernel writes in order).
+        // Every index is 0: the updates fold into the scalar in order (scatter keeps the last
+        // one, as the CPU kernel writes in order).
         let n = e.ty(updates).numel();
         let flat = e.reshape(updates, &[n]);
-        return if add {
-            let total = e.reduce_sum(flat, &[0]);
-            e.add(x, total)
-        } else {
+        if combiner == Combiner::Replace {
             let last = e.slice(flat, &[n - 1], &[n], &[1]);
-            e.reshape(last, &[])
-        };
+            return e.reshape(last, &[]);
+        }
+        let mut acc = x;
+        for k in 0..n {
+            let one = e.slice(flat, &[k], &[k + 1], &[1]);
+            let one = e.reshape(one, &[]);
+            acc = combiner.combine(e, dtype, acc, one);
+        }
+        return acc;
     }
     let indices = full_indices(e, index, dim);
     let all: Vec<i64> = (0..r as i64).collect();
-    let dtype = e.dtype(x);
     let region = e.region(
         &[TensorType::scalar(dtype), TensorType::scalar(dtype)],
-        |e, args| {
-            if !add {
-                vec![args[1]]
-            } else if dtype == DType::Bool {
-                vec![e.or(args[0], args[1])]
-            } else {
-                vec![e.add(args[0], args[1])]
-            }
-        },
+        |e, args| vec![combiner.combine(e, dtype, args[0], args[1])],
     );
     let attrs = format!(
         "scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = {}, scatter_dims_to_operand_dims = {}, index_vector_dim = {}>, indices_are_sorted = false, unique_indices = false",
@@ -870,6 +880,43 @@ fn scatter_along(
         &attrs,
         vec![ty],
     )[0]
+}
+
+/// How a scatter combines an update with the value already there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Combiner {
+    Replace,
+    Sum,
+    Prod,
+    Max,
+    Min,
+}
+
+impl Combiner {
+    fn combine(self, e: &mut Emitter, dtype: DType, old: Value, new: Value) -> Value {
+        match (self, dtype) {
+            (Combiner::Replace, _) => new,
+            (Combiner::Sum | Combiner::Max, DType::Bool) => e.or(old, new),
+            (Combiner::Prod | Combiner::Min, DType::Bool) => e.and(old, new),
+            (Combiner::Sum, _) => e.add(old, new),
+            (Combiner::Prod, _) => e.mul(old, new),
+            (Combiner::Max | Combiner::Min, _) => {
+                let m = if self == Combiner::Max {
+                    e.max(old, new)
+                } else {
+                    e.min(old, new)
+                };
+                if !dtype.is_float() {
+                    return m;
+                }
+                // XLA CPU's fast max/min drops a NaN in its second operand; PyTorch's keep it.
+                let new_nan = e.compare(Cmp::Ne, new, new);
+                let m = e.select(new_nan, new, m);
+                let old_nan = e.compare(Cmp::Ne, old, old);
+                e.select(old_nan, old, m)
+            }
+        }
+    }
 }
 
 /// Sum `x` down to `shape` (leading dims and dims where `shape` has 1).

@@ -10,7 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import torch_pjrt
-from conftest import check_against_cpu as check, in_mode_without_fallbacks, seeded
+from conftest import assert_close, check_against_cpu as check, in_mode_without_fallbacks, seeded
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
 
@@ -415,9 +415,53 @@ def test_scatter_reduce_sum_and_mean_with_gradients(mode, reduce, include_self):
     assert torch.equal(got.cpu(), expected)
 
 
-def test_scatter_reduce_with_another_combiner_is_a_counted_fallback(pjrt):
-    x = torch.zeros(3)
-    index, source = torch.tensor([0, 0, 2]), torch.tensor([1.0, 5.0, -2.0])
-    got = x.to(pjrt).scatter_reduce(0, index.to(pjrt), source.to(pjrt), "amax")
-    assert torch.equal(got.cpu(), x.scatter_reduce(0, index, source, "amax"))
-    assert torch_pjrt.metrics()["fallback_ops"] == {"aten::scatter_reduce with reduce=amax": 1}
+@pytest.mark.parametrize("reduce", ["prod", "amax", "amin"])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_scatter_reduce_prod_amax_amin_with_gradients(mode, reduce, include_self):
+    # The engine's scatter with that combiner; where `self` is left out, the receiving positions
+    # start from the combiner's identity.
+    target = torch.randn(4, 6, generator=seeded(25), dtype=torch.float64)
+    source = torch.randn(4, 3, generator=seeded(26), dtype=torch.float64)
+    index = torch.tensor([[0, 2, 2], [5, 5, 5], [1, 0, 3], [4, 4, 0]])
+    check(lambda t, s: t.scatter_reduce(1, index.to(t.device), s, reduce, include_self=include_self),
+          (target, source), grads_of=(0, 1))
+    # A NaN wins amax and amin; integer and bool extremes.
+    with_nan = source.clone()
+    with_nan[1, 1] = float("nan")
+    for dtype in [torch.float32, torch.bfloat16, torch.int32, torch.int64, torch.uint8, torch.bool]:
+        t = (target * 4).to(dtype) if dtype != torch.uint8 else (target.abs() * 4).to(dtype)
+        s = (with_nan * 4).to(dtype) if dtype.is_floating_point else (source.abs() * 4).to(dtype)
+        if dtype == torch.bool and reduce == "prod":
+            continue  # the CPU refuses a bool product
+        expected = t.scatter_reduce(1, index, s, reduce, include_self=include_self)
+        got = t.to("pjrt").scatter_reduce(1, index.to("pjrt"), s.to("pjrt"), reduce, include_self=include_self)
+        assert torch.equal(got.cpu().isnan() if dtype.is_floating_point else got.cpu(),
+                           expected.isnan() if dtype.is_floating_point else expected), (dtype, got, expected)
+        assert_close(got, expected, rtol=1e-2 if dtype == torch.bfloat16 else 1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("reduce", ["prod", "mean", "amax", "amin"])
+def test_index_reduce_matches_the_cpu(mode, reduce):
+    target = torch.randn(3, 6, generator=seeded(27))
+    source = torch.randn(3, 5, generator=seeded(28))
+    index = torch.tensor([0, 2, 2, 5, 0])
+    for include_self in (True, False):
+        check(lambda t, s: t.index_reduce(1, index.to(t.device), s, reduce, include_self=include_self),
+              (target, source), grads_of=(0, 1))
+        y = target.to("pjrt")
+        y.index_reduce_(1, index.to("pjrt"), source.to("pjrt"), reduce, include_self=include_self)
+        assert_close(y, target.index_reduce(1, index, source, reduce, include_self=include_self))
+
+
+def test_graph_max_pooling_by_scatter_reduce(mode):
+    # Message passing as graph networks write it: node features gathered along edges, then the
+    # largest message per destination node.
+    features = torch.randn(6, 4, generator=seeded(29))
+    edges = torch.tensor([[0, 1, 2, 3, 4, 5, 0, 2], [1, 1, 3, 3, 3, 0, 5, 5]])
+
+    def pool(x):
+        messages = x[edges[0].to(x.device)]
+        destination = edges[1].to(x.device).unsqueeze(1).expand_as(messages)
+        return torch.zeros_like(x).scatter_reduce(0, destination, messages, "amax", include_self=False)
+
+    check(pool, [features])

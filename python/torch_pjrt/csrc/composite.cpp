@@ -639,10 +639,29 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> pjrt_unique2(
   return {distinct, inverse, counts};
 }
 
-// `scatter_reduce` with "sum" or "mean" on the device, from `scatter_add`: `include_self=False`
+// The value `reduce` ("prod", "amax", "amin") leaves unchanged: where `scatter_reduce` with
+// `include_self=False` starts the positions that receive values.
+at::Scalar reduction_identity(at::ScalarType dtype, c10::string_view reduce) {
+  if (reduce == "prod") {
+    return 1;
+  }
+  bool for_max = reduce == "amax";
+  at::Scalar identity;
+  AT_DISPATCH_ALL_TYPES_AND3(at::kHalf, at::kBFloat16, at::kBool, dtype, "reduction_identity", [&] {
+    using limits = std::numeric_limits<scalar_t>;
+    if constexpr (limits::has_infinity) {
+      identity = for_max ? -limits::infinity() : limits::infinity();
+    } else {
+      identity = for_max ? limits::lowest() : limits::max();
+    }
+  });
+  return identity;
+}
+
+// `scatter_reduce` on the device. "sum" and "mean" come from `scatter_add`: `include_self=False`
 // first zeroes the positions that receive values; "mean" divides by how many values each
 // position took (itself included), flooring for integers as PyTorch does. "prod", "amax" and
-// "amin" need a scatter with another combiner: they go to the CPU, counted as fallbacks.
+// "amin" are the engine's scatter with that combiner, from the identity where `self` is left out.
 at::Tensor pjrt_scatter_reduce(
     const at::Tensor& self,
     int64_t dim,
@@ -662,9 +681,53 @@ at::Tensor pjrt_scatter_reduce(
     return at::isIntegralType(self.scalar_type(), /*includeBool=*/true) ? total.div(taken, "floor")
                                                                         : total / taken;
   }
-  note_kernel_cpu_fallback("aten::scatter_reduce with reduce=" + std::string(reduce));
-  return at::scatter_reduce(self.cpu(), dim, index.cpu(), src.cpu(), reduce, include_self)
-      .to(self.device());
+  int64_t combiner = reduce == "prod" ? 1 : reduce == "amax" ? 2 : reduce == "amin" ? 3 : 0;
+  TORCH_CHECK(
+      combiner != 0,
+      "reduce argument must be either sum, prod, mean, amax or amin, got ", reduce);
+  at::Tensor base =
+      include_self ? self : self.scatter(dim, index, reduction_identity(self.scalar_type(), reduce));
+  static const int32_t op = engine_op("scatter_reduce");
+  OpCall c(op, "aten::scatter_reduce.two");
+  c.input(base);
+  c.input(index);
+  c.input(src.to(self.scalar_type()));
+  c.param(dim);
+  c.param(combiner);
+  return c.run_functional();
+}
+
+// `index_reduce` is `scatter_reduce` with the index spread over `source`'s other dimensions.
+at::Tensor pjrt_index_reduce(
+    const at::Tensor& self,
+    int64_t dim,
+    const at::Tensor& index,
+    const at::Tensor& source,
+    c10::string_view reduce,
+    bool include_self) {
+  TORCH_CHECK(
+      reduce == "prod" || reduce == "mean" || reduce == "amax" || reduce == "amin",
+      "index_reduce(): Expected reduce to be one of prod, mean, amax or amin but got ", reduce, ".");
+  TORCH_CHECK(index.dim() <= 1, "index_reduce_(): Index is supposed to be a vector");
+  TORCH_CHECK(
+      index.scalar_type() == at::kLong || index.scalar_type() == at::kInt,
+      "index_reduce_(): Expected dtype int32/int64 for index");
+  TORCH_CHECK(
+      self.scalar_type() == source.scalar_type(),
+      "index_reduce_(): self (", self.scalar_type(), ") and source (", source.scalar_type(),
+      ") must have the same scalar type");
+  if (source.dim() == 0) {
+    return pjrt_scatter_reduce(self, dim, index.reshape({1}), source.reshape({1}), reduce, include_self);
+  }
+  dim = at::maybe_wrap_dim(dim, source.dim());
+  TORCH_CHECK(
+      index.numel() == source.size(dim),
+      "index_reduce_(): Number of indices (", index.numel(), ") should be equal to source.size(dim) (",
+      source.size(dim), ")");
+  std::vector<int64_t> shape(source.dim(), 1);
+  shape[dim] = index.numel();
+  at::Tensor spread = index.to(at::kLong).reshape(shape).expand(source.sizes());
+  return pjrt_scatter_reduce(self, dim, spread, source, reduce, include_self);
 }
 
 // ----- creation ----------------------------------------------------------------------------------
@@ -869,6 +932,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   PJRT_WITH_OUT("median", "median.out", pjrt_median)
   m.impl("_unique2", TORCH_FN(pjrt_unique2));
   PJRT_WITH_OUT("scatter_reduce.two", "scatter_reduce.two_out", pjrt_scatter_reduce)
+  PJRT_WITH_OUT_AND_IN_PLACE("index_reduce", "index_reduce.out", "index_reduce_", pjrt_index_reduce)
   PJRT_WITH_OUT_AND_IN_PLACE("addmv", "addmv.out", "addmv_", pjrt_addmv)
   PJRT_WITH_OUT("xlogy.Tensor", "xlogy.OutTensor", pjrt_xlogy)
   PJRT_WITH_OUT("xlogy.Scalar_Other", "xlogy.OutScalar_Other", pjrt_xlogy_scalar_other)

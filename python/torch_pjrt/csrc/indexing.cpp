@@ -17,12 +17,6 @@
 namespace torch_pjrt {
 namespace {
 
-int32_t engine_op(const char* name) {
-  int32_t id = -1;
-  check(api().op_id(name, &id), name);
-  return id;
-}
-
 // The op ids, resolved once (the engine table is installed before any kernel runs).
 #define PJRT_INDEXING_OP(var, name) static const int32_t var = engine_op(name)
 

@@ -172,6 +172,14 @@ at::Generator new_generator(c10::DeviceIndex index);
 
 // Builds one `TpjrtOpCall` from ATen arguments, following the engine's per-op layout (inputs,
 // value scalars, static params, outs), and runs it. Generated kernels drive it.
+// The engine's id for the op named `name` (its name in the op catalogue); raises when the engine
+// has no such op. Kernels resolve ids once: `static const int32_t op = engine_op("...")`.
+inline int32_t engine_op(const char* name) {
+  int32_t id = -1;
+  check(api().op_id(name, &id), name);
+  return id;
+}
+
 class OpCall {
  public:
   OpCall(int32_t op, const char* aten_name) : op_(op), name_(aten_name) {}

@@ -126,12 +126,6 @@ int64_t next_key(const std::optional<at::Generator>& gen, const at::Tensor& like
   return g.get<PjrtGeneratorImpl>()->next_key();
 }
 
-int32_t engine_op(const char* name) {
-  int32_t id = -1;
-  check(api().op_id(name, &id), name);
-  return id;
-}
-
 // The op ids, resolved once (the engine table is installed before any kernel runs).
 #define PJRT_RANDOM_OP(var, name) static const int32_t var = engine_op(name)
 

@@ -10,7 +10,7 @@ use crate::key::{CacheKey, FingerprintInputs};
 use crate::mappings::MappingBudget;
 use crate::tier1::{KeyMap, Tier1};
 use crossbeam_channel::{Receiver, Sender};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use pjrt::LoadedExecutable;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
@@ -206,6 +206,18 @@ struct Shared {
     inflight: Mutex<KeyMap<CompileHandle>>,
     counters: Counters,
     last_disk_problem: Mutex<Option<String>>,
+    /// Whether the pool still takes jobs, and how many it is running now.
+    exit: Mutex<ExitState>,
+    /// Signalled whenever a running job ends.
+    job_ended: Condvar,
+}
+
+/// The pool's progress toward a process exit.
+#[derive(Default)]
+struct ExitState {
+    /// Set by [`Compiler::close_for_exit`]: later jobs are answered with `ShutDown`.
+    closing: bool,
+    running: usize,
 }
 
 /// Compiles StableHLO modules on a thread pool and caches the executables in three tiers:
@@ -301,6 +313,8 @@ impl Compiler {
             inflight: Mutex::new(KeyMap::default()),
             counters: Counters::default(),
             last_disk_problem: Mutex::new(None),
+            exit: Mutex::new(ExitState::default()),
+            job_ended: Condvar::new(),
         });
         let (sender, receiver) = crossbeam_channel::unbounded::<Job>();
         let mut threads = Vec::new();
@@ -446,6 +460,28 @@ impl Compiler {
         }
     }
 
+    /// Readies the process to exit: requests not yet started are answered with
+    /// [`CompileError::ShutDown`] instead of compiled, and the compiles running now are waited
+    /// for, at most `limit`. A compile must not be running while the process tears down the
+    /// runtime's (LLVM's) global state: that crashes it. Returns whether the pool is idle.
+    /// Call it only in the process that made the compiler (a forked child has no pool threads).
+    pub fn close_for_exit(&self, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        let mut exit = self.shared.exit.lock();
+        exit.closing = true;
+        while exit.running > 0 {
+            if self
+                .shared
+                .job_ended
+                .wait_until(&mut exit, deadline)
+                .timed_out()
+            {
+                return exit.running == 0;
+            }
+        }
+        true
+    }
+
     /// Zeroes every counter (`tier1_entries` reports the live count and is not a counter).
     pub fn reset_stats(&self) {
         let c = &self.shared.counters;
@@ -488,9 +524,20 @@ impl Drop for Compiler {
 fn serve(shared: &Shared, jobs: &Receiver<Job>) {
     let mut busy_since_trim = Duration::ZERO;
     for job in jobs.iter() {
+        {
+            let mut exit = shared.exit.lock();
+            if exit.closing {
+                drop(exit);
+                shared.refuse(job);
+                continue;
+            }
+            exit.running += 1;
+        }
         let started = Instant::now();
         shared.run(job);
         busy_since_trim += started.elapsed();
+        shared.exit.lock().running -= 1;
+        shared.job_ended.notify_all();
         // XLA frees what a compile allocated, but the allocator keeps the pages: a large
         // module's compile left about 1 GB resident for good. Handing them back takes a walk
         // over the heap, so it is done only once the queue is empty, and only after enough
@@ -553,6 +600,13 @@ impl Shared {
         }
         self.inflight.lock().remove(&key);
         handle.fill(result);
+    }
+
+    /// Answers a job the closing pool will not run.
+    fn refuse(&self, job: Job) {
+        let Job { key, handle, .. } = job;
+        self.inflight.lock().remove(&key);
+        handle.fill(Err(CompileError::ShutDown { key }));
     }
 
     fn obtain(&self, key: CacheKey, build: BuildFn) -> CompileResult {

@@ -507,3 +507,37 @@ fn an_idle_pool_hands_freed_heap_back_after_enough_compiling() {
     compiler.reset_stats();
     assert_eq!(compiler.stats().heap_trims, 0);
 }
+
+#[test]
+fn closing_for_exit_waits_for_running_compiles_and_refuses_later_ones() {
+    let compiler = Arc::new(compiler(config()));
+    let (started_tx, started_rx) = std::sync::mpsc::channel::<()>();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let running = compiler.request(key(&compiler, 40), move || {
+        started_tx.send(()).unwrap();
+        release_rx.recv().unwrap();
+        Ok(module(2.0))
+    });
+    started_rx.recv().unwrap();
+    // The pool is not idle while that compile runs.
+    assert!(!compiler.close_for_exit(Duration::from_millis(50)));
+    let closer = {
+        let compiler = compiler.clone();
+        std::thread::spawn(move || compiler.close_for_exit(Duration::from_secs(120)))
+    };
+    release_tx.send(()).unwrap();
+    assert!(
+        closer.join().unwrap(),
+        "the pool is idle once the running compile ends"
+    );
+    check_runs(&running.wait().unwrap(), 2.0);
+    // Later requests are answered without compiling; what is cached is still served.
+    let calls = Arc::new(AtomicUsize::new(0));
+    let later = compiler.request(key(&compiler, 41), counted_build(module(3.0), &calls));
+    assert!(
+        matches!(later.wait(), Err(CompileError::ShutDown { .. })),
+        "a request after closing is refused"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    assert!(compiler.lookup(&key(&compiler, 40)).is_some());
+}

@@ -44,6 +44,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "tpjrt_last_error": (c_char_p, []),
         "tpjrt_sync": (c_int, []),
         "tpjrt_wait_warm_up": (c_int, []),
+        "tpjrt_prepare_exit": (c_int, []),
         "tpjrt_mode_push": (c_int, [c_int]),
         "tpjrt_mode_pop": (c_int, []),
         "tpjrt_mode_set": (c_int, [c_int]),
@@ -88,9 +89,9 @@ def load() -> None:
                 raise RuntimeError("tpjrt_api() returned no table")
             native._set_engine_api(table)
             _lib = lib
-            # The runtime's background warm-up must not be mid-compile when the process tears
-            # the runtime down.
-            atexit.register(lib.tpjrt_wait_warm_up)
+            # Neither the runtime's background warm-up nor a region's compile may be running
+            # when the process tears the runtime down.
+            atexit.register(lib.tpjrt_prepare_exit)
         except (OSError, AttributeError, RuntimeError) as e:
             _unavailable = (
                 f"the torch-pjrt engine library {path} could not be loaded ({e}); rebuild it "

@@ -4,6 +4,7 @@ not paid in the user's first step. It leaves no trace in the metrics or the memo
 `TORCH_PJRT_WARM_UP=0` turns it off."""
 
 import json
+import time
 
 from conftest import run_python
 
@@ -60,3 +61,26 @@ def test_a_forked_child_exits_without_waiting_for_the_parents_warm_up():
     waited, status = proc.stdout.split()
     assert int(status) == 0
     assert float(waited) < 5, waited  # the exit hook waits up to 10 s for a warm-up it owns
+
+
+EXIT_WHILE_COMPILING = """
+import torch, torch_pjrt
+x = torch.randn(5, 9).to("pjrt")
+a = torch.cummax(x, 1)
+b = torch.cumsum(x * 3 + 1, 0).sin()
+print("queued")
+"""
+
+
+def test_the_process_exits_cleanly_while_regions_compile(tmp_path):
+    # Exiting right after launching ops used to crash about every other time (a segfault or an
+    # abort in the compiler's code generation): the exit tore the runtime's global state down
+    # under the compiles still running. The exit hook now waits for those and refuses the rest.
+    for run_index in range(4):
+        cache = tmp_path / str(run_index)  # an empty cache: every op compiles
+        start = time.perf_counter()
+        proc = run_python(EXIT_WHILE_COMPILING, {"TORCH_PJRT_CACHE_DIR": str(cache)})
+        took = time.perf_counter() - start
+        assert proc.returncode == 0, (run_index, proc.returncode, proc.stderr[-3000:])
+        assert "queued" in proc.stdout
+        assert took < 120, took

@@ -232,6 +232,12 @@ int32_t tpjrt_read_host(const struct TpjrtTensor *src, void *data, uint64_t nbyt
 int32_t tpjrt_wait_warm_up(void);
 
 /**
+ * Readies the process to exit (the Python package calls it from `atexit`): waits for the
+ * warm-up and the compiles running now, and refuses later compiles.
+ */
+int32_t tpjrt_prepare_exit(void);
+
+/**
  * Materializes everything pending and waits for the device.
  */
 int32_t tpjrt_sync(void);

@@ -463,6 +463,18 @@ pub extern "C" fn tpjrt_wait_warm_up() -> i32 {
     })
 }
 
+/// Readies the process to exit (the Python package calls it from `atexit`): waits for the
+/// warm-up and the compiles running now, and refuses later compiles.
+#[no_mangle]
+pub extern "C" fn tpjrt_prepare_exit() -> i32 {
+    guarded(|| {
+        if let Some(engine) = global::running() {
+            engine.prepare_exit(std::time::Duration::from_secs(30));
+        }
+        Ok(())
+    })
+}
+
 /// Materializes everything pending and waits for the device.
 #[no_mangle]
 pub extern "C" fn tpjrt_sync() -> i32 {

@@ -253,6 +253,8 @@ fn runtime_error(context: &str, e: impl std::fmt::Display) -> EngineError {
 pub struct Engine {
     client: pjrt::Client,
     compiler: Arc<Compiler>,
+    /// The process that made the engine (and its threads).
+    started_by: u32,
     queue: ExecQueue,
     options_key: u64,
     graph: Mutex<Graph<DeviceValue>>,
@@ -295,6 +297,7 @@ impl Engine {
         Ok(Engine {
             client,
             compiler: Arc::new(compiler),
+            started_by: std::process::id(),
             queue: ExecQueue::new()
                 .map_err(|e| runtime_error("cannot start the execution thread", e))?,
             options_key,
@@ -343,6 +346,18 @@ impl Engine {
             });
         if spawned.is_ok() {
             *slot = Some((std::process::id(), finished));
+        }
+    }
+
+    /// Readies the process that made the engine to exit: waits, at most `limit` each, for the
+    /// warm-up and for the compiles running now; requests not yet compiled are refused (their
+    /// values fail; nothing can read them any more). The runtime's global state is torn down
+    /// after this, and a compile running then crashes the process. A forked child, which has
+    /// no compile threads, returns at once.
+    pub fn prepare_exit(&self, limit: std::time::Duration) {
+        self.wait_warm_up(limit);
+        if self.started_by == std::process::id() {
+            self.compiler.close_for_exit(limit);
         }
     }
 

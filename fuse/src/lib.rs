@@ -3,6 +3,7 @@
 
 mod hash;
 mod module;
+mod remat;
 mod scalars;
 mod view_lowering;
 

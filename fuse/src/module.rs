@@ -1,6 +1,7 @@
 //! Builds the StableHLO module of a region: arguments (the region's external values, then one
 //! packed buffer per scalar dtype), every op lowered through `ops`, and the live outputs.
 
+use crate::remat::RematPlan;
 use crate::scalars::{ScalarPack, ScalarSlot};
 use crate::view_lowering::{lower_read, lower_write};
 use ops::{DType, Emitter, Meta, OpError, OpId, Shape, TensorType, Value};
@@ -372,6 +373,90 @@ fn dynamic_window(e: &mut Emitter, base: Value, offset: Value, len: i64) -> Valu
     )
 }
 
+/// One packed scalar, as a 0-d value.
+fn read_scalar(
+    e: &mut Emitter,
+    packs: &[(DType, Value)],
+    slot: &crate::ScalarSlot,
+) -> Result<Value, OpError> {
+    let pack = packs
+        .iter()
+        .find(|(d, _)| *d == slot.dtype)
+        .map(|(_, v)| *v)
+        .ok_or_else(|| {
+            OpError::runtime(format!(
+                "internal error: no packed scalar buffer of dtype {}",
+                slot.dtype.name()
+            ))
+        })?;
+    let i = slot.index as i64;
+    let one = e.slice(pack, &[i], &[i + 1], &[1]);
+    Ok(e.reshape(one, &[]))
+}
+
+/// Emits one node from the values of its operands (each read through its view or reshape);
+/// with `tie`, the first input is read after that runtime zero (see `after`).
+fn emit_node(
+    e: &mut Emitter,
+    node: &RegionNode,
+    operands: &[Value],
+    packs: &[(DType, Value)],
+    tie: Option<Value>,
+) -> Result<SmallVec<[Value; 1]>, OpError> {
+    let mut inputs: SmallVec<[Value; 3]> = SmallVec::new();
+    for (input, &operand) in node.inputs.iter().zip(operands) {
+        let mut v = operand;
+        if let Some(view) = &input.view {
+            if let (Some(len), Some(slot)) = (view.window, &input.offset) {
+                let offset = read_scalar(e, packs, slot)?;
+                v = dynamic_window(e, v, offset, len);
+            }
+            v = lower_read(e, v, &view.chain, view.view_dtype, view.base_dtype);
+        } else if let Some(shape) = &input.reshape_to {
+            if e.shape(v) != shape.as_slice() {
+                v = e.reshape(v, shape);
+            }
+        }
+        inputs.push(v);
+    }
+    if let (Some(zero), Some(first)) = (tie, inputs.first_mut()) {
+        *first = after(e, *first, zero);
+    }
+    let mut scalars: SmallVec<[Value; 2]> = SmallVec::new();
+    for slot in &node.scalars {
+        scalars.push(read_scalar(e, packs, slot)?);
+    }
+    Ok(match &node.op {
+        RegionOp::Aten(op) => ops::lower(*op, e, &inputs, &scalars, &node.params, &node.meta)?
+            .into_iter()
+            .collect(),
+        RegionOp::WriteView(w) => {
+            if inputs.len() != 2 {
+                return Err(OpError::runtime(format!(
+                    "internal error: a write through a view takes 2 inputs, got {}",
+                    inputs.len()
+                )));
+            }
+            let base = e.reshape(inputs[0], &[w.base_len]);
+            let flat = match (w.window, scalars.first()) {
+                (Some(len), Some(&offset)) => {
+                    let window = dynamic_window(e, base, offset, len);
+                    let written =
+                        lower_write(e, window, inputs[1], &w.program, w.view_dtype, w.base_dtype);
+                    let written = e.reshape(written, &[len]);
+                    crate::view_lowering::blend_update_slice(e, base, written, &[offset])
+                }
+                _ => {
+                    let new_base =
+                        lower_write(e, base, inputs[1], &w.program, w.view_dtype, w.base_dtype);
+                    e.reshape(new_base, &[w.base_len])
+                }
+            };
+            SmallVec::from_elem(flat, 1)
+        }
+    })
+}
+
 /// Emits the region as one `func.func public @main` module.
 pub fn build_module(region: &Region) -> Result<String, OpError> {
     let mut e = Emitter::new();
@@ -417,21 +502,8 @@ pub fn build_module(region: &Region) -> Result<String, OpError> {
             ))
         })
     };
-    let scalar = |e: &mut Emitter, slot: &crate::ScalarSlot| -> Result<Value, OpError> {
-        let pack = packs
-            .iter()
-            .find(|(d, _)| *d == slot.dtype)
-            .map(|(_, v)| *v)
-            .ok_or_else(|| {
-                OpError::runtime(format!(
-                    "internal error: no packed scalar buffer of dtype {}",
-                    slot.dtype.name()
-                ))
-            })?;
-        let i = slot.index as i64;
-        let one = e.slice(pack, &[i], &[i + 1], &[1]);
-        Ok(e.reshape(one, &[]))
-    };
+    let remat = RematPlan::plan(region, &order.emission);
+    let mut copies: Vec<Option<SmallVec<[Value; 1]>>> = vec![None; region.nodes.len()];
     for (position, &index) in order.emission.iter().enumerate() {
         if position == order.writes_from {
             // Each write into a donated buffer waits for the settled outputs it does not
@@ -467,70 +539,53 @@ pub fn build_module(region: &Region) -> Result<String, OpError> {
         } else {
             &args
         };
-        let mut inputs: SmallVec<[Value; 3]> = SmallVec::new();
+        let mut operands: SmallVec<[Value; 3]> = SmallVec::new();
         for input in &node.inputs {
-            let mut v = resolve(&results, node_args, input.operand)?;
-            if let Some(view) = &input.view {
-                if let (Some(len), Some(slot)) = (view.window, &input.offset) {
-                    let offset = scalar(&mut e, slot)?;
-                    v = dynamic_window(&mut e, v, offset, len);
-                }
-                v = lower_read(&mut e, v, &view.chain, view.view_dtype, view.base_dtype);
-            } else if let Some(shape) = &input.reshape_to {
-                if e.shape(v) != shape.as_slice() {
-                    v = e.reshape(v, shape);
-                }
-            }
-            inputs.push(v);
-        }
-        let mut scalars: SmallVec<[Value; 2]> = SmallVec::new();
-        for slot in &node.scalars {
-            scalars.push(scalar(&mut e, slot)?);
-        }
-        let outs: SmallVec<[Value; 1]> = match &node.op {
-            RegionOp::Aten(op) => {
-                ops::lower(*op, &mut e, &inputs, &scalars, &node.params, &node.meta)?
-                    .into_iter()
-                    .collect()
-            }
-            RegionOp::WriteView(w) => {
-                if inputs.len() != 2 {
-                    return Err(OpError::runtime(format!(
-                        "internal error: a write through a view takes 2 inputs, got {}",
-                        inputs.len()
-                    )));
-                }
-                let base = e.reshape(inputs[0], &[w.base_len]);
-                let flat = match (w.window, scalars.first()) {
-                    (Some(len), Some(&offset)) => {
-                        let window = dynamic_window(&mut e, base, offset, len);
-                        let written = lower_write(
-                            &mut e,
-                            window,
-                            inputs[1],
-                            &w.program,
-                            w.view_dtype,
-                            w.base_dtype,
-                        );
-                        let written = e.reshape(written, &[len]);
-                        crate::view_lowering::blend_update_slice(&mut e, base, written, &[offset])
+            let v = match input.operand {
+                Operand::Node { node: j, output } if remat.reads_copy(j, position) => {
+                    if copies[j as usize].is_none() {
+                        // The copy is computed after a value this reader waits for anyway
+                        // (its other operand, else the op emitted before it), so XLA neither
+                        // merges it with the original nor computes it early.
+                        let other = node.inputs.iter().find_map(|other| match other.operand {
+                            Operand::Node { node: k, .. }
+                                if k != j && !remat.reads_copy(k, position) =>
+                            {
+                                Some(other.operand)
+                            }
+                            _ => None,
+                        });
+                        let tie = match other {
+                            Some(o) => Some(resolve(&results, node_args, o)?),
+                            None => order.emission[..position]
+                                .iter()
+                                .rev()
+                                .find_map(|&p| results[p as usize].first().copied()),
+                        };
+                        let zero = tie.and_then(|t| runtime_zero(&mut e, t));
+                        let source = &region.nodes[j as usize];
+                        let mut source_operands: SmallVec<[Value; 3]> = SmallVec::new();
+                        for input in &source.inputs {
+                            source_operands.push(resolve(&results, node_args, input.operand)?);
+                        }
+                        copies[j as usize] =
+                            Some(emit_node(&mut e, source, &source_operands, &packs, zero)?);
                     }
-                    _ => {
-                        let new_base = lower_write(
-                            &mut e,
-                            base,
-                            inputs[1],
-                            &w.program,
-                            w.view_dtype,
-                            w.base_dtype,
-                        );
-                        e.reshape(new_base, &[w.base_len])
-                    }
-                };
-                SmallVec::from_elem(flat, 1)
-            }
-        };
-        results[index as usize] = outs;
+                    copies[j as usize]
+                        .as_ref()
+                        .and_then(|outs| outs.get(output as usize))
+                        .copied()
+                        .ok_or_else(|| {
+                            OpError::runtime(format!(
+                                "internal error: recomputed node {j} has no output {output}"
+                            ))
+                        })?
+                }
+                operand => resolve(&results, node_args, operand)?,
+            };
+            operands.push(v);
+        }
+        results[index as usize] = emit_node(&mut e, node, &operands, &packs, None)?;
     }
     let outputs: Vec<Value> = region
         .outputs

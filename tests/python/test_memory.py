@@ -189,17 +189,19 @@ def test_a_fused_transformer_step_keeps_gelu_terms_out_of_the_forward_pass(pjrt)
     # results before it runs). GELU's gradient is computed once, after the incoming gradient
     # exists; before that the step held GELU's erf and exp terms from the forward pass to the
     # backward pass, and peaked at 236,876 B. With the gradient clip's small norms taken as
-    # products (no squares written out) it peaks at 199,564 B, below Debug's op-by-op peak
-    # (203,076 B). Strict's peak depends on how far its execution thread lags the caller
-    # (measured from 177,088 B to 201,364 B), so the fused step is not yet at or below it
-    # everywhere: the bounds guard the gains, the second is not the issue's target.
+    # products (no squares written out) it peaked at 199,564 B; with GELU's output, the layer
+    # norms' outputs and the residual sums recomputed where the backward pass reads them (RFC
+    # 0022) it peaks at 182,540 B, well below Debug's op-by-op peak (203,076 B). Strict's peak
+    # depends on how far its execution thread lags the caller (measured from 177,088 B to
+    # 201,364 B), so the fused step is not yet at or below it everywhere: the bounds guard the
+    # gains, the second is not the issue's target.
     from test_train_models import train_gpt
 
     debug = model_step_peak(train_gpt, "debug")
     strict = model_step_peak(train_gpt, "strict")
     fused = model_step_peak(train_gpt, "defer_and_fuse")
-    assert fused <= debug, (fused, debug)
-    assert fused <= strict * 1.2, (fused, strict)
+    assert fused <= 0.92 * debug, (fused, debug)
+    assert fused <= strict * 1.1, (fused, strict)
 
 
 COMPILE_GARBAGE_PROBE = """

@@ -253,7 +253,8 @@ fn runtime_error(context: &str, e: impl std::fmt::Display) -> EngineError {
 pub struct Engine {
     client: pjrt::Client,
     compiler: Arc<Compiler>,
-    /// The process that made the engine (and its threads).
+    /// The process that made the engine, its threads and its warm-up; a forked child has none
+    /// of those threads to wait for.
     started_by: u32,
     queue: ExecQueue,
     options_key: u64,
@@ -271,9 +272,9 @@ pub struct Engine {
     seen_structures: Mutex<HashMap<u64, u64>>,
     recompiles: std::sync::atomic::AtomicU64,
     last_recompile_reason: Mutex<Option<String>>,
-    /// Signalled when the runtime's warm-up (started by [`Engine::start_warm_up`]) ends, with
-    /// the id of the process that started it.
-    warm_up: Mutex<Option<(u32, std::sync::mpsc::Receiver<()>)>>,
+    /// Signalled when the runtime's warm-up (started by [`Engine::start_warm_up`] in the process
+    /// that made the engine) ends.
+    warm_up: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
     /// How long the warm-up took, in nanoseconds, once it has succeeded (0 before).
     warm_up_nanos: Arc<std::sync::atomic::AtomicU64>,
 }
@@ -323,7 +324,8 @@ impl Engine {
     /// Starts the device runtime's warm-up ([`pjrt::Client::warm_up`]) on a background thread,
     /// once: the runtime's one-time set-up of matrix products then overlaps the user's imports
     /// and model building instead of landing in the first step. It leaves no trace in the
-    /// metrics or the memory figures; a failure only forgoes the gain.
+    /// metrics or the memory figures; a failure only forgoes the gain. The process that made
+    /// the engine calls it (`global.rs`, right after making it): only that one waits for it.
     pub fn start_warm_up(&self) {
         let mut slot = self.warm_up.lock();
         if slot.is_some() {
@@ -345,7 +347,7 @@ impl Engine {
                 let _ = done.send(());
             });
         if spawned.is_ok() {
-            *slot = Some((std::process::id(), finished));
+            *slot = Some(finished);
         }
     }
 
@@ -355,21 +357,23 @@ impl Engine {
     /// after this, and a compile running then crashes the process. A forked child, which has
     /// no compile threads, returns at once.
     pub fn prepare_exit(&self, limit: std::time::Duration) {
-        self.wait_warm_up(limit);
-        if self.started_by == std::process::id() {
-            self.compiler.close_for_exit(limit);
+        if self.started_by != std::process::id() {
+            return;
         }
+        self.wait_warm_up(limit);
+        self.compiler.close_for_exit(limit);
     }
 
     /// Waits, at most `limit`, for a warm-up in progress. The process calls it before exiting,
     /// so that the runtime is not torn down under a running compile.
     /// A child forked from the starting process has no warm-up thread: it does not wait.
     pub fn wait_warm_up(&self, limit: std::time::Duration) {
+        if self.started_by != std::process::id() {
+            return;
+        }
         let finished = self.warm_up.lock().take();
-        if let Some((starter, finished)) = finished {
-            if starter == std::process::id() {
-                let _ = finished.recv_timeout(limit);
-            }
+        if let Some(finished) = finished {
+            let _ = finished.recv_timeout(limit);
         }
     }
 

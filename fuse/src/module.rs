@@ -457,6 +457,65 @@ fn emit_node(
     })
 }
 
+/// The value of `operand`: an argument, or an output of a node emitted already.
+fn resolve(
+    results: &[SmallVec<[Value; 1]>],
+    args: &[Value],
+    operand: Operand,
+) -> Result<Value, OpError> {
+    match operand {
+        Operand::Arg(i) => args.get(i as usize).copied(),
+        Operand::Node { node, output } => results
+            .get(node as usize)
+            .and_then(|outs| outs.get(output as usize))
+            .copied(),
+    }
+    .ok_or_else(|| {
+        OpError::runtime(format!(
+            "internal error: region operand {operand:?} refers to nothing (region has {} args, \
+             {} ops)",
+            args.len(),
+            results.len()
+        ))
+    })
+}
+
+/// Emits node `j` again for its late reader `reader` at emission `position` (see
+/// `RematPlan`). The copy is computed after a value the reader waits for anyway (its other
+/// operand, else the op emitted before it), so XLA neither merges it with the original nor
+/// computes it early.
+#[allow(clippy::too_many_arguments)]
+fn emit_copy(
+    e: &mut Emitter,
+    region: &Region,
+    emitted: &[u32],
+    results: &[SmallVec<[Value; 1]>],
+    args: &[Value],
+    packs: &[(DType, Value)],
+    reader: &RegionNode,
+    j: u32,
+    reads_copy: impl Fn(u32) -> bool,
+) -> Result<SmallVec<[Value; 1]>, OpError> {
+    let other = reader.inputs.iter().find_map(|other| match other.operand {
+        Operand::Node { node: k, .. } if k != j && !reads_copy(k) => Some(other.operand),
+        _ => None,
+    });
+    let tie = match other {
+        Some(o) => Some(resolve(results, args, o)?),
+        None => emitted
+            .iter()
+            .rev()
+            .find_map(|&p| results[p as usize].first().copied()),
+    };
+    let zero = tie.and_then(|t| runtime_zero(e, t));
+    let source = &region.nodes[j as usize];
+    let mut operands: SmallVec<[Value; 3]> = SmallVec::new();
+    for input in &source.inputs {
+        operands.push(resolve(results, args, input.operand)?);
+    }
+    emit_node(e, source, &operands, packs, zero)
+}
+
 /// Emits the region as one `func.func public @main` module.
 pub fn build_module(region: &Region) -> Result<String, OpError> {
     let mut e = Emitter::new();
@@ -482,26 +541,6 @@ pub fn build_module(region: &Region) -> Result<String, OpError> {
     let order = WriteOrder::plan(region);
     let mut results: Vec<SmallVec<[Value; 1]>> = vec![SmallVec::new(); region.nodes.len()];
     let mut resolved_args = args.clone();
-    let resolve = |results: &Vec<SmallVec<[Value; 1]>>,
-                   args: &[Value],
-                   operand: Operand|
-     -> Result<Value, OpError> {
-        match operand {
-            Operand::Arg(i) => args.get(i as usize).copied(),
-            Operand::Node { node, output } => results
-                .get(node as usize)
-                .and_then(|outs| outs.get(output as usize))
-                .copied(),
-        }
-        .ok_or_else(|| {
-            OpError::runtime(format!(
-                "internal error: region operand {operand:?} refers to nothing (region has {} args, \
-                 {} ops)",
-                args.len(),
-                results.len()
-            ))
-        })
-    };
     let remat = RematPlan::plan(region, &order.emission);
     let mut copies: Vec<Option<SmallVec<[Value; 1]>>> = vec![None; region.nodes.len()];
     for (position, &index) in order.emission.iter().enumerate() {
@@ -544,32 +583,17 @@ pub fn build_module(region: &Region) -> Result<String, OpError> {
             let v = match input.operand {
                 Operand::Node { node: j, output } if remat.reads_copy(j, position) => {
                     if copies[j as usize].is_none() {
-                        // The copy is computed after a value this reader waits for anyway
-                        // (its other operand, else the op emitted before it), so XLA neither
-                        // merges it with the original nor computes it early.
-                        let other = node.inputs.iter().find_map(|other| match other.operand {
-                            Operand::Node { node: k, .. }
-                                if k != j && !remat.reads_copy(k, position) =>
-                            {
-                                Some(other.operand)
-                            }
-                            _ => None,
-                        });
-                        let tie = match other {
-                            Some(o) => Some(resolve(&results, node_args, o)?),
-                            None => order.emission[..position]
-                                .iter()
-                                .rev()
-                                .find_map(|&p| results[p as usize].first().copied()),
-                        };
-                        let zero = tie.and_then(|t| runtime_zero(&mut e, t));
-                        let source = &region.nodes[j as usize];
-                        let mut source_operands: SmallVec<[Value; 3]> = SmallVec::new();
-                        for input in &source.inputs {
-                            source_operands.push(resolve(&results, node_args, input.operand)?);
-                        }
-                        copies[j as usize] =
-                            Some(emit_node(&mut e, source, &source_operands, &packs, zero)?);
+                        copies[j as usize] = Some(emit_copy(
+                            &mut e,
+                            region,
+                            &order.emission[..position],
+                            &results,
+                            node_args,
+                            &packs,
+                            node,
+                            j,
+                            |k| remat.reads_copy(k, position),
+                        )?);
                     }
                     copies[j as usize]
                         .as_ref()

@@ -5,6 +5,7 @@
 //! a device buffer), so every rule here is testable with plain values.
 
 mod graph;
+mod memory_cut;
 mod mode;
 mod storage;
 

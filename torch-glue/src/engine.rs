@@ -57,6 +57,10 @@ pub struct EngineConfig {
     /// runs one while the host captures the next (`defer::Graph::repeat_cut`);
     /// `TORCH_PJRT_REPEAT_CUTS=0` leaves regions to the syncs and the size cap.
     pub repeat_cuts: bool,
+    /// Whether DeferAndFuse runs a whole flush as two regions where one would allocate a late,
+    /// large result while earlier scratch is live (`defer::Graph::memory_cut`, RFC 0023);
+    /// `TORCH_PJRT_MEMORY_CUTS=0` runs every flush as one region.
+    pub memory_cuts: bool,
 }
 
 /// Parses `key=value,key=value` client options: `true`/`false` are booleans, integers are
@@ -209,6 +213,7 @@ impl EngineConfig {
             warm_up: !matches!(env("TORCH_PJRT_WARM_UP").as_deref(), Some("0")),
             host_heap_reuse: !matches!(env("TORCH_PJRT_HOST_HEAP_REUSE").as_deref(), Some("0")),
             repeat_cuts: !matches!(env("TORCH_PJRT_REPEAT_CUTS").as_deref(), Some("0")),
+            memory_cuts: !matches!(env("TORCH_PJRT_MEMORY_CUTS").as_deref(), Some("0")),
         })
     }
 }
@@ -263,6 +268,7 @@ pub struct Engine {
     counters: Counters,
     max_region_ops: usize,
     repeat_cuts: bool,
+    memory_cuts: bool,
     /// The outputs of the newest launched region, awaited by `sync` (weakly: holding them would
     /// keep them from being donated; released work is awaited through the queue's events).
     last_outputs: Mutex<Vec<WeakDeviceValue>>,
@@ -311,6 +317,7 @@ impl Engine {
             counters: Counters::default(),
             max_region_ops: config.max_region_ops,
             repeat_cuts: config.repeat_cuts,
+            memory_cuts: config.memory_cuts,
             last_outputs: Mutex::new(Vec::new()),
             pending_checks: Mutex::new(Vec::new()),
             seen_structures: Mutex::new(HashMap::new()),
@@ -508,8 +515,33 @@ impl Engine {
     }
 
     /// Plans and launches a flush; returns the launched outputs. Runs under the graph lock so
-    /// regions reach the ordered queue in capture order.
+    /// regions reach the ordered queue in capture order. In DeferAndFuse a whole flush may run
+    /// as several regions, cut where one would need more memory (RFC 0023).
     fn flush_locked(
+        &self,
+        graph: &mut Graph<DeviceValue>,
+        request: FlushRequest<'_>,
+    ) -> Result<FlushedValues, EngineError> {
+        if self.memory_cuts
+            && matches!(request, FlushRequest::All)
+            && self.modes.current() == Mode::DeferAndFuse
+        {
+            let mut done = 0;
+            for cut in graph.memory_cuts() {
+                let before = graph.pending_len();
+                self.flush_region(graph, FlushRequest::Prefix(cut - done))?;
+                if before - graph.pending_len() != cut - done {
+                    break; // the prefix was not cut as planned: run the rest as one region
+                }
+                done = cut;
+                Counters::bump(&self.counters.memory_cuts, 1);
+            }
+        }
+        self.flush_region(graph, request)
+    }
+
+    /// Plans and launches one region.
+    fn flush_region(
         &self,
         graph: &mut Graph<DeviceValue>,
         request: FlushRequest<'_>,
@@ -830,6 +862,7 @@ impl Engine {
         v.insert("executions", Counters::get(&c.executions) as f64);
         v.insert("donated_buffers", Counters::get(&c.donated_buffers) as f64);
         v.insert("repeat_cuts", Counters::get(&c.repeat_cuts) as f64);
+        v.insert("memory_cuts", Counters::get(&c.memory_cuts) as f64);
         v.insert("ops", Counters::get(&c.ops) as f64);
         v.insert("deferred_ops", graph.deferred_ops as f64);
         v.insert("pending_ops", pending_ops as f64);

@@ -17,6 +17,8 @@ pub struct Counters {
     pub donated_buffers: AtomicU64,
     /// Regions cut between two repetitions of a loop body (DeferAndFuse's repeat cuts).
     pub repeat_cuts: AtomicU64,
+    /// Whole flushes cut where one region would need more memory (DeferAndFuse's memory cuts).
+    pub memory_cuts: AtomicU64,
     pub fallback_ops: Mutex<BTreeMap<String, u64>>,
 }
 
@@ -40,6 +42,7 @@ impl Counters {
             &self.execute_errors,
             &self.donated_buffers,
             &self.repeat_cuts,
+            &self.memory_cuts,
         ] {
             c.store(0, Ordering::Relaxed);
         }

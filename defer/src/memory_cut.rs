@@ -147,26 +147,40 @@ pub(crate) fn plan_cuts(values: &[ValueLife], ops: usize) -> Vec<usize> {
         .chain(candidates(values, ops))
         .chain(std::iter::once(ops))
         .collect();
-    // best[k]: the lowest (peak, executions) of running ops `0..points[k]`, and the point
-    // before its last execution.
-    let mut best: Vec<(u64, usize, usize)> = vec![(0, 0, 0); points.len()];
-    for k in 1..points.len() {
-        best[k] = (0..k)
-            .map(|i| {
-                let peak = best[i].0.max(segment_peak(values, points[i], points[k]));
-                (peak, best[i].1 + 1, i)
-            })
+    let n = points.len();
+    // peaks[i][k]: ops `points[i]..points[k]` as one execution.
+    let mut peaks = vec![vec![0u64; n]; n];
+    for i in 0..n {
+        for k in i + 1..n {
+            peaks[i][k] = segment_peak(values, points[i], points[k]);
+        }
+    }
+    // The lowest plan peak for ops `0..points[k]`, then the fewest executions reaching it.
+    let mut lowest = vec![u64::MAX; n];
+    lowest[0] = 0;
+    for k in 1..n {
+        lowest[k] = (0..k)
+            .map(|i| lowest[i].max(peaks[i][k]))
             .min()
             .expect("a first point");
     }
-    let (peak, executions, _) = best[points.len() - 1];
-    if executions <= 1 || whole.saturating_sub(peak) < MIN_GAIN_BYTES.max(whole / 64) {
+    let peak = lowest[n - 1];
+    if whole.saturating_sub(peak) < MIN_GAIN_BYTES.max(whole / 64) {
         return Vec::new();
     }
-    let mut cuts = Vec::with_capacity(executions - 1);
-    let mut k = points.len() - 1;
-    while best[k].2 != 0 {
-        k = best[k].2;
+    let mut fewest: Vec<(usize, usize)> = vec![(usize::MAX, 0); n];
+    fewest[0] = (0, 0);
+    for k in 1..n {
+        for i in 0..k {
+            if fewest[i].0 != usize::MAX && peaks[i][k] <= peak && fewest[i].0 + 1 < fewest[k].0 {
+                fewest[k] = (fewest[i].0 + 1, i);
+            }
+        }
+    }
+    let mut cuts = Vec::new();
+    let mut k = n - 1;
+    while fewest[k].1 != 0 {
+        k = fewest[k].1;
         cuts.push(points[k]);
     }
     cuts.reverse();

@@ -40,10 +40,15 @@ def test_compilations_stop_growing_after_warm_up(pjrt, schedule, optimizer):
             opt.step()
             sched.step()
             loss.item()
-            counts.append(torch_pjrt.metrics()["compilations"])
-    m = torch_pjrt.metrics()
+            m = torch_pjrt.metrics()
+            counts.append(m["compilations"])
+            if step == 10:
+                warm = m
     assert counts[-1] == counts[10], f"compilations grew after warm-up: {counts[10]} -> {counts[-1]}"
-    assert m["recompiles"] == 0, m
+    # No step after warm-up compiles a known structure anew. (During warm-up one may: a memory
+    # cut's region, such as the optimizer update alone, can have the structure of another
+    # model's, with other dimensions; RFC 0023.)
+    assert m["recompiles"] == warm["recompiles"], m.get("last_recompile_reason")
     assert m["fallback_ops"] == {}
     # The learning rate really changed: the schedule moved it by more than a factor of two.
     assert sched.get_last_lr()[0] < 0.5 * opt.defaults["lr"]

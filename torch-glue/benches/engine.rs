@@ -1,8 +1,8 @@
 //! Engine benchmarks: per-op host cost through the C ABI (Strict, warm cache), execution-queue
 //! throughput, capture cost per op in DeferAndFuse, liveness + fusion planning and key lookup
-//! versus region size, and 16-op elementwise chains over 4M floats, DeferAndFuse vs Strict: a
-//! mix of transcendental functions through the engine API, and the Python suite's arithmetic
-//! chain through the C ABI.
+//! versus region size, memory-cut planning (cold and remembered), and 16-op elementwise chains
+//! over 4M floats, DeferAndFuse vs Strict: a mix of transcendental functions through the engine
+//! API, and the Python suite's arithmetic chain through the C ABI.
 //!
 //! Run: `cargo bench -p torch-glue --bench engine -- --warm-up-time 1 --measurement-time 3`.
 
@@ -328,6 +328,46 @@ fn planning(c: &mut Criterion) {
     group.finish();
 }
 
+/// A pending chain of `n` `[32, 32]` matrix products (4 KiB results, so each is a candidate
+/// memory cut), every eighth result held and the others released.
+fn pending_product_chain(n: usize) -> Graph<u32> {
+    let mut g: Graph<u32> = Graph::new();
+    let x = TensorRef::contiguous(g.new_storage(4096), DType::F32, &[32, 32]);
+    g.write_device(&x, 1).unwrap();
+    let mut t = x.clone();
+    for i in 0..n {
+        let inputs = [t.clone(), x.clone()];
+        let captured = g.capture(OpId::Mm, &inputs, &[], &[], &[]).unwrap();
+        let next = TensorRef::contiguous(captured.outputs[0].0, DType::F32, &[32, 32]);
+        if t.storage != x.storage && i % 8 != 0 {
+            g.release_storage(t.storage).unwrap();
+        }
+        t = next;
+    }
+    g
+}
+
+fn memory_cuts(c: &mut Criterion) {
+    let mut group = c.benchmark_group("memory_cuts");
+    group.sample_size(20);
+    for n in [10usize, 100, 1000] {
+        group.throughput(Throughput::Elements(n as u64));
+        group.bench_with_input(BenchmarkId::new("plan", n), &n, |bench, &n| {
+            bench.iter_batched(
+                || pending_product_chain(n),
+                |mut g| g.memory_cuts(),
+                BatchSize::PerIteration,
+            )
+        });
+        group.bench_with_input(BenchmarkId::new("remembered", n), &n, |bench, &n| {
+            let mut g = pending_product_chain(n);
+            g.memory_cuts();
+            bench.iter(|| g.memory_cuts())
+        });
+    }
+    group.finish();
+}
+
 fn key_lookup(c: &mut Criterion) {
     let name = pjrt::configured_plugin_name();
     let plugin = pjrt::Plugin::load(&name).expect("the plugin TORCH_PJRT_PLUGIN names");
@@ -491,6 +531,7 @@ criterion_group!(
     capture,
     execute_queue,
     planning,
+    memory_cuts,
     key_lookup,
     chain_4m,
     chain16_abi_4m

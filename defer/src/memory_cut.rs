@@ -37,7 +37,7 @@ pub(crate) enum Role {
 
 /// A plan of several executions is taken only when it is estimated to peak lower than one by
 /// at least this much (or a sixty-fourth of one's peak), worth the extra launches.
-const MIN_GAIN_BYTES: u64 = 4096;
+const MIN_GAIN_BYTES: u64 = 2048;
 
 /// Only a value at least this large places a candidate cut (before a result, after a last
 /// read).

@@ -191,10 +191,11 @@ def test_a_fused_transformer_step_keeps_gelu_terms_out_of_the_forward_pass(pjrt)
     # backward pass, and peaked at 236,876 B. With the gradient clip's small norms taken as
     # products (no squares written out) it peaked at 199,564 B; with GELU's output, the layer
     # norms' outputs and the residual sums recomputed where the backward pass reads them (RFC
-    # 0022) it peaks at 182,540 B, well below Debug's op-by-op peak (203,076 B). Strict's peak
-    # depends on how far its execution thread lags the caller (measured from 177,084 B to
-    # 203,156 B), so the fused step is not yet at or below it everywhere: the bounds guard the
-    # gains, the second is not the issue's target.
+    # 0022), at 182,540 B; run as two regions cut in the backward pass (RFC 0023), at 180,452 B,
+    # well below Debug's op-by-op peak (203,076 B). Strict's peak depends on how far its
+    # execution thread lags the caller (measured from 177,084 B to 203,156 B), so the fused step
+    # is not yet at or below it everywhere: the bounds guard the gains, the second is not the
+    # issue's target.
     from test_train_models import train_gpt
 
     debug = model_step_peak(train_gpt, "debug")

@@ -620,7 +620,7 @@ impl<V: Clone> Graph<V> {
                     out.storage
                 }
                 None => {
-                    let nbytes = ty.numel() as u64 * ty.dtype.size_bytes() as u64;
+                    let nbytes = ty.nbytes();
                     self.insert_storage(nbytes, Some(ty.dtype), installed, 1)
                 }
             };
@@ -966,7 +966,7 @@ impl<V: Clone> Graph<V> {
             let count = self.pending.back().expect("just pushed").meta.outputs.len();
             for i in 0..count {
                 let ty = self.pending.back().expect("just pushed").meta.outputs[i].clone();
-                let nbytes = ty.numel() as u64 * ty.dtype.size_bytes() as u64;
+                let nbytes = ty.nbytes();
                 let storage = self.new_pending_storage(nbytes, ty.dtype, id.output(i as u32));
                 outputs.push((storage, ty));
             }
@@ -1391,7 +1391,7 @@ impl<V: Clone> Graph<V> {
             }
             if let Some(ext) = self.externals.get(e) {
                 values.push(ValueLife {
-                    bytes: ext.ty.numel().max(0) as u64 * ext.ty.dtype.size_bytes() as u64,
+                    bytes: ext.ty.nbytes(),
                     def: 0,
                     last_read: Some(last),
                     role: MemoryRole::Argument,
@@ -1417,7 +1417,7 @@ impl<V: Clone> Graph<V> {
                     },
                 };
                 values.push(ValueLife {
-                    bytes: ty.numel().max(0) as u64 * ty.dtype.size_bytes() as u64,
+                    bytes: ty.nbytes(),
                     def: p,
                     last_read: last_read[s],
                     role,

@@ -1,11 +1,12 @@
-//! Where to cut a region in two so that its late results are not allocated while its early
-//! scratch is live: a memory model of one execution, and the search for the cut it favours.
+//! Where to cut a flush into several regions so that its late results are not allocated while
+//! its early scratch is live: a memory model of an execution, and the search for the cuts it
+//! favours.
 //!
 //! PJRT allocates every result of an execution before the execution starts. A training step
 //! run as one region therefore holds every new gradient from its first op on, while the
 //! forward pass's activations and the backward pass's scratch are live; op by op, the first
 //! layer's weight gradient only exists once that scratch is gone. Running the ops before a
-//! late, large result as a region of their own, and the rest as a second, gives the step op by
+//! late, large result as a region of their own, and the rest after it, gives the step op by
 //! op's peak where that is lower, and keeps everything else fused (RFC 0023).
 
 /// What a value of the planned ops costs, and when.

@@ -244,6 +244,11 @@ impl TensorType {
         self.shape.iter().product()
     }
 
+    /// Bytes of a contiguous tensor of this type.
+    pub fn nbytes(&self) -> u64 {
+        self.numel() as u64 * self.dtype.size_bytes() as u64
+    }
+
     pub fn with_dtype(&self, dtype: DType) -> Self {
         TensorType {
             dtype,

@@ -279,7 +279,7 @@ fn write_outputs(
                 dtype: ty.dtype.code(),
                 ndim: ty.shape.len() as i32,
                 sizes,
-                nbytes: ty.numel() as u64 * ty.dtype.size_bytes() as u64,
+                nbytes: ty.nbytes(),
             };
         }
     }

@@ -57,8 +57,8 @@ pub struct EngineConfig {
     /// runs one while the host captures the next (`defer::Graph::repeat_cut`);
     /// `TORCH_PJRT_REPEAT_CUTS=0` leaves regions to the syncs and the size cap.
     pub repeat_cuts: bool,
-    /// Whether DeferAndFuse runs a whole flush as two regions where one would allocate a late,
-    /// large result while earlier scratch is live (`defer::Graph::memory_cut`, RFC 0023);
+    /// Whether DeferAndFuse runs a whole flush as several regions where one would allocate a
+    /// late, large result while earlier scratch is live (`defer::Graph::memory_cuts`, RFC 0023);
     /// `TORCH_PJRT_MEMORY_CUTS=0` runs every flush as one region.
     pub memory_cuts: bool,
 }

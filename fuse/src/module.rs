@@ -394,6 +394,87 @@ fn read_scalar(
     Ok(e.reshape(one, &[]))
 }
 
+/// The shape a pointwise node can compute in without reshaping its operands: the one shape all
+/// its tensor operands have (the reshapes it reads them through all start from it), when that
+/// is not its own. A product's `[rows, n]` result read as `[batch, seq, n]` is the usual case.
+/// Computed in the operands' shape, XLA can write the result into an operand's buffer; across
+/// a reshape it allocates another (GELU's gradient: a second activation-sized buffer at the
+/// start of each block's backward pass).
+fn unreshaped_shape(e: &Emitter, node: &RegionNode, operands: &[Value]) -> Option<Shape> {
+    let RegionOp::Aten(op) = node.op else {
+        return None;
+    };
+    let layout_op = matches!(
+        op,
+        OpId::Expand
+            | OpId::Reshape
+            | OpId::Permute
+            | OpId::Transpose
+            | OpId::Slice
+            | OpId::Select
+            | OpId::MaskedFill
+    );
+    if !op.is_pointwise() || layout_op || node.inputs.len() != operands.len() {
+        return None;
+    }
+    let out = node.meta.outputs.first()?;
+    if node.meta.outputs.iter().any(|t| t.shape != out.shape) {
+        return None;
+    }
+    let mut shape: Option<Shape> = None;
+    let mut reshaped = false;
+    for (input, &v) in node.inputs.iter().zip(operands) {
+        if input.view.is_some() || input.offset.is_some() {
+            return None;
+        }
+        let s = e.shape(v);
+        let read_as = input.reshape_to.as_ref().map_or(s, |r| r.as_slice());
+        if s.is_empty() && read_as.is_empty() {
+            continue; // a 0-d tensor broadcasts in either shape
+        }
+        if read_as != out.shape.as_slice() {
+            return None;
+        }
+        reshaped |= s != read_as;
+        match &shape {
+            Some(known) if known.as_slice() != s => return None,
+            Some(_) => {}
+            None => shape = Some(Shape::from_slice(s)),
+        }
+    }
+    shape.filter(|s| reshaped && s.as_slice() != out.shape.as_slice())
+}
+
+/// `node` lowered in `shape` (see `unreshaped_shape`), its results reshaped to its own shape.
+fn emit_unreshaped(
+    e: &mut Emitter,
+    node: &RegionNode,
+    operands: &[Value],
+    scalars: &[Value],
+    tie: Option<Value>,
+    shape: &Shape,
+) -> Result<SmallVec<[Value; 1]>, OpError> {
+    let RegionOp::Aten(op) = node.op else {
+        return Err(OpError::runtime(
+            "internal error: only aten ops are lowered in their operands' shape",
+        ));
+    };
+    let mut inputs: SmallVec<[Value; 3]> = operands.iter().copied().collect();
+    if let (Some(zero), Some(first)) = (tie, inputs.first_mut()) {
+        *first = after(e, *first, zero);
+    }
+    let mut meta = node.meta.clone();
+    for t in &mut meta.outputs {
+        *t = t.with_shape(shape);
+    }
+    let results = ops::lower(op, e, &inputs, scalars, &node.params, &meta)?;
+    Ok(results
+        .into_iter()
+        .zip(&node.meta.outputs)
+        .map(|(r, t)| e.reshape(r, &t.shape))
+        .collect())
+}
+
 /// Emits one node from the values of its operands (each read through its view or reshape);
 /// with `tie`, the first input is read after that runtime zero (see `after`).
 fn emit_node(
@@ -403,6 +484,13 @@ fn emit_node(
     packs: &[(DType, Value)],
     tie: Option<Value>,
 ) -> Result<SmallVec<[Value; 1]>, OpError> {
+    if let Some(shape) = unreshaped_shape(e, node, operands) {
+        let mut scalars: SmallVec<[Value; 2]> = SmallVec::new();
+        for slot in &node.scalars {
+            scalars.push(read_scalar(e, packs, slot)?);
+        }
+        return emit_unreshaped(e, node, operands, &scalars, tie, &shape);
+    }
     let mut inputs: SmallVec<[Value; 3]> = SmallVec::new();
     for (input, &operand) in node.inputs.iter().zip(operands) {
         let mut v = operand;
@@ -617,4 +705,93 @@ pub fn build_module(region: &Region) -> Result<String, OpError> {
         .map(|&o| resolve(&results, &args, o))
         .collect::<Result<_, _>>()?;
     Ok(e.finish(&outputs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ops::TensorType;
+    use smallvec::smallvec;
+
+    fn f32s(shape: &[i64]) -> TensorType {
+        TensorType::new(DType::F32, shape)
+    }
+
+    fn node(op: OpId, inputs: Vec<InputRef>, input_types: &[TensorType]) -> RegionNode {
+        RegionNode {
+            op: RegionOp::Aten(op),
+            params: smallvec![],
+            inputs: inputs.into_iter().collect(),
+            scalars: smallvec![],
+            meta: ops::meta(op, input_types, &[], &[]).unwrap(),
+        }
+    }
+
+    fn read_as(operand: Operand, shape: &[i64]) -> InputRef {
+        InputRef {
+            reshape_to: Some(Shape::from_slice(shape)),
+            ..InputRef::plain(operand)
+        }
+    }
+
+    /// A `[32, 64]` product, then `op` on it (and on `other`) read as `[4, 8, 64]`.
+    fn product_then(op: OpId, other: Option<InputRef>) -> Region {
+        let batched = f32s(&[4, 8, 64]);
+        let product = Operand::Node { node: 0, output: 0 };
+        let mut inputs = vec![read_as(product, &[4, 8, 64])];
+        inputs.extend(other);
+        let types = vec![batched.clone(); inputs.len()];
+        Region {
+            args: vec![f32s(&[32, 16]), f32s(&[16, 64]), f32s(&[4, 8, 64])],
+            nodes: vec![
+                node(
+                    OpId::Mm,
+                    vec![
+                        InputRef::plain(Operand::Arg(0)),
+                        InputRef::plain(Operand::Arg(1)),
+                    ],
+                    &[f32s(&[32, 16]), f32s(&[16, 64])],
+                ),
+                node(op, inputs, &types),
+            ],
+            outputs: vec![Operand::Node { node: 1, output: 0 }],
+            ..Region::default()
+        }
+    }
+
+    #[test]
+    fn a_pointwise_op_on_a_reshaped_product_computes_in_the_products_shape() {
+        let module = build_module(&product_then(OpId::Tanh, None)).unwrap();
+        let tanh_line = module
+            .lines()
+            .find(|l| l.contains("stablehlo.tanh"))
+            .unwrap();
+        assert!(
+            tanh_line.contains("(tensor<32x64xf32>) -> tensor<32x64xf32>"),
+            "{module}"
+        );
+        // Two operands reshaped from the same shape: still computed in it.
+        let product = Operand::Node { node: 0, output: 0 };
+        let both = product_then(OpId::Mul, Some(read_as(product, &[4, 8, 64])));
+        let module = build_module(&both).unwrap();
+        let mul_line = module
+            .lines()
+            .find(|l| l.contains("stablehlo.multiply"))
+            .unwrap();
+        assert!(mul_line.contains("tensor<32x64xf32>"), "{mul_line}");
+    }
+
+    #[test]
+    fn operands_of_other_shapes_keep_the_op_in_its_own_shape() {
+        // The second operand is an argument already `[4, 8, 64]`: no common operand shape.
+        let mixed = product_then(OpId::Mul, Some(InputRef::plain(Operand::Arg(2))));
+        let module = build_module(&mixed).unwrap();
+        let mul_line = module
+            .lines()
+            .find(|l| l.contains("stablehlo.multiply"))
+            .unwrap();
+        assert!(mul_line.contains("tensor<4x8x64xf32>"), "{mul_line}");
+        // A product is not pointwise: it reads its reshaped operands as they are read.
+        assert!(unreshaped_shape(&Emitter::new(), &mixed.nodes[0], &[]).is_none());
+    }
 }

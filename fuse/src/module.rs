@@ -445,29 +445,21 @@ fn unreshaped_shape(e: &Emitter, node: &RegionNode, operands: &[Value]) -> Optio
     shape.filter(|s| reshaped && s.as_slice() != out.shape.as_slice())
 }
 
-/// `node` lowered in `shape` (see `unreshaped_shape`), its results reshaped to its own shape.
-fn emit_unreshaped(
+/// `op` of `node` lowered on `inputs` of `shape` (see `unreshaped_shape`), its results
+/// reshaped to the node's own shape.
+fn lower_in_shape(
     e: &mut Emitter,
+    op: OpId,
     node: &RegionNode,
-    operands: &[Value],
+    inputs: &[Value],
     scalars: &[Value],
-    tie: Option<Value>,
     shape: &Shape,
 ) -> Result<SmallVec<[Value; 1]>, OpError> {
-    let RegionOp::Aten(op) = node.op else {
-        return Err(OpError::runtime(
-            "internal error: only aten ops are lowered in their operands' shape",
-        ));
-    };
-    let mut inputs: SmallVec<[Value; 3]> = operands.iter().copied().collect();
-    if let (Some(zero), Some(first)) = (tie, inputs.first_mut()) {
-        *first = after(e, *first, zero);
-    }
     let mut meta = node.meta.clone();
     for t in &mut meta.outputs {
         *t = t.with_shape(shape);
     }
-    let results = ops::lower(op, e, &inputs, scalars, &node.params, &meta)?;
+    let results = ops::lower(op, e, inputs, scalars, &node.params, &meta)?;
     Ok(results
         .into_iter()
         .zip(&node.meta.outputs)
@@ -484,17 +476,13 @@ fn emit_node(
     packs: &[(DType, Value)],
     tie: Option<Value>,
 ) -> Result<SmallVec<[Value; 1]>, OpError> {
-    if let Some(shape) = unreshaped_shape(e, node, operands) {
-        let mut scalars: SmallVec<[Value; 2]> = SmallVec::new();
-        for slot in &node.scalars {
-            scalars.push(read_scalar(e, packs, slot)?);
-        }
-        return emit_unreshaped(e, node, operands, &scalars, tie, &shape);
-    }
+    let unreshaped = unreshaped_shape(e, node, operands);
     let mut inputs: SmallVec<[Value; 3]> = SmallVec::new();
     for (input, &operand) in node.inputs.iter().zip(operands) {
         let mut v = operand;
-        if let Some(view) = &input.view {
+        if unreshaped.is_some() {
+            // Every operand is read in the shape it has.
+        } else if let Some(view) = &input.view {
             if let (Some(len), Some(slot)) = (view.window, &input.offset) {
                 let offset = read_scalar(e, packs, slot)?;
                 v = dynamic_window(e, v, offset, len);
@@ -515,9 +503,12 @@ fn emit_node(
         scalars.push(read_scalar(e, packs, slot)?);
     }
     Ok(match &node.op {
-        RegionOp::Aten(op) => ops::lower(*op, e, &inputs, &scalars, &node.params, &node.meta)?
-            .into_iter()
-            .collect(),
+        RegionOp::Aten(op) => match &unreshaped {
+            Some(shape) => lower_in_shape(e, *op, node, &inputs, &scalars, shape)?,
+            None => ops::lower(*op, e, &inputs, &scalars, &node.params, &node.meta)?
+                .into_iter()
+                .collect(),
+        },
         RegionOp::WriteView(w) => {
             if inputs.len() != 2 {
                 return Err(OpError::runtime(format!(
@@ -734,6 +725,11 @@ mod tests {
         }
     }
 
+    /// The line of `module` that applies `op`.
+    fn line_of<'m>(module: &'m str, op: &str) -> &'m str {
+        module.lines().find(|l| l.contains(op)).unwrap()
+    }
+
     /// A `[32, 64]` product, then `op` on it (and on `other`) read as `[4, 8, 64]`.
     fn product_then(op: OpId, other: Option<InputRef>) -> Region {
         let batched = f32s(&[4, 8, 64]);
@@ -762,10 +758,7 @@ mod tests {
     #[test]
     fn a_pointwise_op_on_a_reshaped_product_computes_in_the_products_shape() {
         let module = build_module(&product_then(OpId::Tanh, None)).unwrap();
-        let tanh_line = module
-            .lines()
-            .find(|l| l.contains("stablehlo.tanh"))
-            .unwrap();
+        let tanh_line = line_of(&module, "stablehlo.tanh");
         assert!(
             tanh_line.contains("(tensor<32x64xf32>) -> tensor<32x64xf32>"),
             "{module}"
@@ -774,10 +767,7 @@ mod tests {
         let product = Operand::Node { node: 0, output: 0 };
         let both = product_then(OpId::Mul, Some(read_as(product, &[4, 8, 64])));
         let module = build_module(&both).unwrap();
-        let mul_line = module
-            .lines()
-            .find(|l| l.contains("stablehlo.multiply"))
-            .unwrap();
+        let mul_line = line_of(&module, "stablehlo.multiply");
         assert!(mul_line.contains("tensor<32x64xf32>"), "{mul_line}");
     }
 
@@ -786,10 +776,7 @@ mod tests {
         // The second operand is an argument already `[4, 8, 64]`: no common operand shape.
         let mixed = product_then(OpId::Mul, Some(InputRef::plain(Operand::Arg(2))));
         let module = build_module(&mixed).unwrap();
-        let mul_line = module
-            .lines()
-            .find(|l| l.contains("stablehlo.multiply"))
-            .unwrap();
+        let mul_line = line_of(&module, "stablehlo.multiply");
         assert!(mul_line.contains("tensor<4x8x64xf32>"), "{mul_line}");
         // A product is not pointwise: it reads its reshaped operands as they are read.
         assert!(unreshaped_shape(&Emitter::new(), &mixed.nodes[0], &[]).is_none());

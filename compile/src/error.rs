@@ -20,6 +20,9 @@ pub enum CompileError {
     /// A configuration value is unusable (a bad variable, a cache directory that cannot be made).
     #[error("{0}")]
     Config(String),
+    /// The engine declined to compile (a recompile past the user's limit); `message` says why.
+    #[error("{message}")]
+    Refused { key: CacheKey, message: String },
     /// The compiler was dropped before the request could be served.
     #[error("the compiler shut down before key {key} was compiled")]
     ShutDown { key: CacheKey },
@@ -32,6 +35,7 @@ impl CompileError {
             CompileError::Build { key, .. }
             | CompileError::Compile { key, .. }
             | CompileError::Panicked { key, .. }
+            | CompileError::Refused { key, .. }
             | CompileError::ShutDown { key } => Some(*key),
             CompileError::Config(_) => None,
         }

@@ -2,6 +2,9 @@
 //! storages' values, and the planning of a flush into one fused region with its key.
 
 use crate::memory_cut::{plan_cuts, Role as MemoryRole, ValueLife};
+use crate::signature::{
+    self, InputOrigin, InputSignature, OpSignature, RegionSignature, ScalarKind,
+};
 use crate::storage::{Storage, StorageId, StorageSlots, StorageValue};
 use fuse::{InputRef, InputView, Operand, Region, RegionNode, RegionOp, StableHasher, WriteView};
 use liveness::{ExternalId, NodeId, NodeIdSequence, NodeOutput, PendingNode, Request, ValueRef};
@@ -241,6 +244,60 @@ impl RegionSource {
     /// (argument, output) pairs whose buffers the executable shares.
     pub fn aliases(&self) -> &[(u32, u32)] {
         &self.aliases
+    }
+
+    /// What the region is built for, op by op (taken on a compile, to explain a recompile).
+    pub fn signature(&self) -> RegionSignature {
+        let mut operands = self.operands.iter();
+        let type_of = |operand: &Operand, ops: &[OpSignature]| match *operand {
+            Operand::Arg(i) => (self.arg_types[i as usize].clone(), InputOrigin::Argument(i)),
+            Operand::Node { node, output } => (
+                ops[node as usize].outputs[output as usize].clone(),
+                InputOrigin::Op {
+                    position: node,
+                    output,
+                },
+            ),
+        };
+        let mut ops: Vec<OpSignature> = Vec::with_capacity(self.nodes.len());
+        for node in &self.nodes {
+            let mut inputs = SmallVec::new();
+            for input in &node.inputs {
+                let operand = operands.next().expect("one operand per input");
+                let (stored, source) = type_of(operand, &ops);
+                let (ty, view) = match (&input.view, &input.reshape_to) {
+                    (Some(view), _) => (
+                        signature::view_result(view).unwrap_or(stored),
+                        Some(signature::describe_view(view)),
+                    ),
+                    (None, Some(shape)) => (TensorType::new(stored.dtype, shape), None),
+                    (None, None) => (stored, None),
+                };
+                inputs.push(InputSignature { ty, source, view });
+            }
+            ops.push(OpSignature {
+                op: node.op.clone(),
+                params: node.params.clone(),
+                scalar_kinds: node.scalars.iter().map(ScalarKind::of).collect(),
+                variant: node.meta.variant,
+                inputs,
+                outputs: node.meta.outputs.clone(),
+            });
+        }
+        let outputs = self
+            .outputs
+            .iter()
+            .map(|o| match *o {
+                Operand::Node { node, output } => (node, output),
+                Operand::Arg(i) => (u32::MAX, i),
+            })
+            .collect();
+        RegionSignature {
+            skeleton: signature::skeleton(self.nodes.iter().map(|n| &n.op)),
+            ops,
+            outputs,
+            aliases: self.aliases.to_vec(),
+        }
     }
 
     /// The region to emit.

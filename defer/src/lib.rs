@@ -7,6 +7,7 @@
 mod graph;
 mod memory_cut;
 mod mode;
+pub mod signature;
 mod storage;
 
 pub use graph::{
@@ -14,4 +15,5 @@ pub use graph::{
     GraphStats, OpCall, ReadSource, RegionSource, TensorRef,
 };
 pub use mode::{Mode, ModeStack};
+pub use signature::{Change, RegionSignature};
 pub use storage::StorageId;

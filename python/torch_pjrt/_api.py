@@ -56,6 +56,33 @@ def get_eager_mode() -> str:
     return EAGER_MODES[code.value]
 
 
+class recompile_limit(contextlib.ContextDecorator):
+    """Allows at most ``n`` recompiles (compiles of a program structure already compiled with
+    other shapes, dtypes or static parameters) while active; the next one raises a
+    ``RuntimeError`` that says what changed (``action="warn"``: prints a warning instead and
+    compiles). Enter it after warm-up; contexts nest, and each counts its own recompiles. The
+    process-wide form is ``TORCH_PJRT_RECOMPILE_LIMIT=<n>`` (or ``<n>:warn``)."""
+
+    def __init__(self, n: int, action: str = "raise"):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"recompile_limit: expected a non-negative int, got {n!r}")
+        if action not in ("raise", "warn"):
+            raise ValueError(
+                f"recompile_limit: unknown action {action!r}: expected 'raise' or 'warn'"
+            )
+        self.n = n
+        self.action = action
+
+    def __enter__(self) -> "recompile_limit":
+        engine = _native.ensure_started()
+        _native.check(engine.tpjrt_recompile_limit_push(self.n, int(self.action == "warn")))
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        _native.check(_native.lib().tpjrt_recompile_limit_pop())
+        return False
+
+
 def sync() -> None:
     """Materializes everything pending and waits for the device."""
     _native.check(_native.ensure_started().tpjrt_sync())
@@ -75,8 +102,10 @@ def _metrics_json() -> str:
 
 def metrics() -> dict:
     """The engine's counters: ``compilations``, ``cache_hits``, ``executions``, ``deferred_ops``,
-    ``materializations``, ``host_to_device``, ``device_to_host`` and more, plus ``fallback_ops``
-    (ATen op name -> number of CPU fallbacks)."""
+    ``materializations``, ``host_to_device``, ``device_to_host``, ``recompiles`` and more, plus
+    ``fallback_ops`` (ATen op name -> number of CPU fallbacks) and ``recompile_reasons`` (the
+    latest recompiles, oldest first: each a dict with ``op``, ``op_index``, ``what``, ``old``,
+    ``new``, ``location``, ``message`` and every kept change under ``changes``)."""
     return json.loads(_metrics_json())
 
 
@@ -89,7 +118,8 @@ def metrics_report() -> str:
     """The metrics as human-readable text."""
     m = metrics()
     fallbacks = m.pop("fallback_ops", {}) or {}
-    reason = m.pop("last_recompile_reason", None)
+    m.pop("last_recompile_reason", None)
+    reasons = m.pop("recompile_reasons", []) or []
     lines = ["torch-pjrt metrics"]
     width = max([len(k) for k in m] + [12])
     for key in sorted(m):
@@ -102,6 +132,8 @@ def metrics_report() -> str:
             lines.append(f"    {op:<{width}}  {count}")
     else:
         lines.append(f"  {'fallback_ops':<{width}}  none")
-    if reason:
-        lines.append(f"  last recompile: {reason}")
+    if reasons:
+        lines.append("  recent recompiles (oldest first):")
+        for r in reasons:
+            lines.append(f"    {r['message']}")
     return "\n".join(lines) + "\n"

@@ -36,6 +36,48 @@ def engine_library_path() -> str:
     return os.environ.get("TORCH_PJRT_ENGINE_LIBRARY") or os.path.join(_PACKAGE_DIR, _ENGINE_FILE)
 
 
+# `size_t hook(char *buffer, uint64_t capacity)`: the user's Python line, for recompile reasons.
+_LOCATION_HOOK_TYPE = ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_void_p, ctypes.c_uint64)
+_TORCH_DIR = None
+
+
+def _is_library_frame(filename: str) -> bool:
+    global _TORCH_DIR
+    if _TORCH_DIR is None:
+        import torch
+
+        _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+    return filename.startswith(_TORCH_DIR) or filename.startswith(_PACKAGE_DIR + os.sep)
+
+
+def user_location(frame=None) -> str | None:
+    """``file:line`` of the innermost frame outside torch and torch_pjrt (None if none)."""
+    import sys
+
+    frame = frame or sys._getframe(1)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not filename.startswith("<") and not _is_library_frame(os.path.abspath(filename)):
+            return f"{filename}:{frame.f_lineno}"
+        frame = frame.f_back
+    return None
+
+
+def _location_hook(buffer, capacity):
+    try:
+        where = user_location()
+        if not where:
+            return 0
+        data = where.encode("utf-8", "replace")[: int(capacity)]
+        ctypes.memmove(buffer, data, len(data))
+        return len(data)
+    except Exception:  # never let an exception escape into the engine
+        return 0
+
+
+_location_hook_fn = _LOCATION_HOOK_TYPE(_location_hook)
+
+
 def _declare(lib: ctypes.CDLL) -> None:
     c_int, c_u64, c_char_p = ctypes.c_int32, ctypes.c_uint64, ctypes.c_char_p
     signatures = {
@@ -52,6 +94,9 @@ def _declare(lib: ctypes.CDLL) -> None:
         "tpjrt_device_count": (c_int, [ctypes.POINTER(c_int)]),
         "tpjrt_metrics_json": (c_int, [ctypes.c_char_p, c_u64, ctypes.POINTER(c_u64)]),
         "tpjrt_reset_metrics": (c_int, []),
+        "tpjrt_recompile_limit_push": (c_int, [c_u64, c_int]),
+        "tpjrt_recompile_limit_pop": (c_int, []),
+        "tpjrt_set_location_hook": (c_int, [_LOCATION_HOOK_TYPE]),
     }
     for name, (restype, argtypes) in signatures.items():
         fn = getattr(lib, name)
@@ -88,6 +133,7 @@ def load() -> None:
             if not table:
                 raise RuntimeError("tpjrt_api() returned no table")
             native._set_engine_api(table)
+            lib.tpjrt_set_location_hook(_location_hook_fn)
             _lib = lib
             # Neither the runtime's background warm-up nor a region's compile may be running
             # when the process tears the runtime down.

@@ -66,6 +66,13 @@
 #define DEFAULT_MAX_REGION_OPS 1000
 
 /**
+ * How many recent reasons `metrics()["recompile_reasons"]` keeps.
+ */
+#define REASONS_KEPT 32
+
+typedef struct Option_TpjrtLocationHook Option_TpjrtLocationHook;
+
+/**
  * A tensor: a strided window `(sizes, strides, offset)` in elements of `dtype` on `storage`.
  * `dtype` is PyTorch's ScalarType code.
  */
@@ -146,6 +153,23 @@ typedef struct TpjrtApi {
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
+
+/**
+ * Installs (or, with NULL, removes) the function that names the user's Python line in a
+ * recompile's reason. It is called only after a recompile, with no engine lock held.
+ */
+int32_t tpjrt_set_location_hook(struct Option_TpjrtLocationHook hook);
+
+/**
+ * Enters a recompile budget: while it is active, a compile past `limit` recompiles fails with
+ * its explanation (`warn` != 0: prints a warning instead).
+ */
+int32_t tpjrt_recompile_limit_push(uint64_t limit, int32_t warn);
+
+/**
+ * Leaves the innermost recompile budget.
+ */
+int32_t tpjrt_recompile_limit_pop(void);
 
 /**
  * Starts the engine if it is not running: `plugin` is `cpu`, `cuda`, `tpu` or a path (NULL:

@@ -100,7 +100,16 @@ fn code_of(kind: ErrorKind) -> i32 {
 
 /// Runs `f`, turning errors and panics into a status code and the thread's last error.
 fn guarded(f: impl FnOnce() -> Result<(), EngineError>) -> i32 {
-    match catch_unwind(AssertUnwindSafe(f)) {
+    let ran = catch_unwind(AssertUnwindSafe(f));
+    if crate::recompile::awaits_location_here() {
+        // Every engine lock is released now: the hook may take Python's interpreter lock.
+        let _ = catch_unwind(|| {
+            if let Some(engine) = global::running() {
+                engine.locate_recompiles(user_location);
+            }
+        });
+    }
+    match ran {
         Ok(Ok(())) => TPJRT_OK,
         Ok(Err(e)) => {
             set_last_error(&e.message);
@@ -119,6 +128,61 @@ fn guarded(f: impl FnOnce() -> Result<(), EngineError>) -> i32 {
             TPJRT_RUNTIME_ERROR
         }
     }
+}
+
+/// Writes the user's current Python `file:line` into a buffer of the given capacity and
+/// returns its length (0: none known). Installed by the Python package.
+pub type TpjrtLocationHook = unsafe extern "C" fn(*mut c_char, u64) -> u64;
+
+static LOCATION_HOOK: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+fn user_location() -> Option<String> {
+    let hook = LOCATION_HOOK.load(std::sync::atomic::Ordering::Acquire);
+    if hook == 0 {
+        return None;
+    }
+    // SAFETY: only `tpjrt_set_location_hook` stores here, and it stores a function pointer.
+    let hook: TpjrtLocationHook = unsafe { std::mem::transmute::<usize, TpjrtLocationHook>(hook) };
+    let mut buffer = vec![0u8; 512];
+    // SAFETY: the hook writes at most `capacity` bytes into the buffer.
+    let len = unsafe { hook(buffer.as_mut_ptr().cast(), buffer.len() as u64) } as usize;
+    if len == 0 || len > buffer.len() {
+        return None;
+    }
+    buffer.truncate(len);
+    Some(String::from_utf8_lossy(&buffer).into_owned())
+}
+
+/// Installs (or, with NULL, removes) the function that names the user's Python line in a
+/// recompile's reason. It is called only after a recompile, with no engine lock held.
+#[no_mangle]
+pub extern "C" fn tpjrt_set_location_hook(hook: Option<TpjrtLocationHook>) -> i32 {
+    LOCATION_HOOK.store(
+        hook.map_or(0, |h| h as usize),
+        std::sync::atomic::Ordering::Release,
+    );
+    TPJRT_OK
+}
+
+/// Enters a recompile budget: while it is active, a compile past `limit` recompiles fails with
+/// its explanation (`warn` != 0: prints a warning instead).
+#[no_mangle]
+pub extern "C" fn tpjrt_recompile_limit_push(limit: u64, warn: i32) -> i32 {
+    guarded(|| {
+        let action = if warn != 0 {
+            crate::recompile::BudgetAction::Warn
+        } else {
+            crate::recompile::BudgetAction::Raise
+        };
+        global::engine()?.push_recompile_limit(crate::recompile::Budget { limit, action });
+        Ok(())
+    })
+}
+
+/// Leaves the innermost recompile budget.
+#[no_mangle]
+pub extern "C" fn tpjrt_recompile_limit_pop() -> i32 {
+    guarded(|| global::engine()?.pop_recompile_limit())
 }
 
 fn invalid(message: String) -> EngineError {

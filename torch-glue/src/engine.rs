@@ -2,9 +2,10 @@
 //! ordered execution queue (`compile`) and transfers (`pjrt`), under the process-wide eager mode.
 
 use crate::metrics::{Counters, MetricsSnapshot};
+use crate::recompile::{Budget, RecompileTracker, Verdict};
 use compile::{
-    CacheKey, CompileConfig, CompileHandle, Compiler, DeviceValue, ExecJob, ExecQueue,
-    HostArgument, WeakDeviceValue,
+    CacheKey, CompileConfig, CompileError, CompileHandle, Compiler, DeviceValue, ExecJob,
+    ExecQueue, HostArgument, WeakDeviceValue,
 };
 use defer::{
     Captured, EngineError, ErrorKind, Flush, FlushRequest, Graph, Mode, ModeStack, OpCall,
@@ -12,7 +13,6 @@ use defer::{
 };
 use ops::{DType, OpId, ScalarArg};
 use parking_lot::Mutex;
-use std::collections::HashMap;
 use std::sync::Arc;
 
 /// The values a flush produced: inline for the one or two results of an op-by-op flush.
@@ -61,6 +61,11 @@ pub struct EngineConfig {
     /// late, large result while earlier scratch is live (`defer::Graph::memory_cuts`, RFC 0023);
     /// `TORCH_PJRT_MEMORY_CUTS=0` runs every flush as one region.
     pub memory_cuts: bool,
+    /// The process's recompile budget (`TORCH_PJRT_RECOMPILE_LIMIT=<n>[:warn]`): past `n`
+    /// recompiles a compile fails with its explanation (or warns).
+    pub recompile_budget: Option<Budget>,
+    /// `TORCH_PJRT_LOG_RECOMPILES=1`: every recompile's reason is printed as it happens.
+    pub log_recompiles: bool,
 }
 
 /// Parses `key=value,key=value` client options: `true`/`false` are booleans, integers are
@@ -214,6 +219,15 @@ impl EngineConfig {
             host_heap_reuse: !matches!(env("TORCH_PJRT_HOST_HEAP_REUSE").as_deref(), Some("0")),
             repeat_cuts: !matches!(env("TORCH_PJRT_REPEAT_CUTS").as_deref(), Some("0")),
             memory_cuts: !matches!(env("TORCH_PJRT_MEMORY_CUTS").as_deref(), Some("0")),
+            recompile_budget: env("TORCH_PJRT_RECOMPILE_LIMIT")
+                .filter(|v| !v.trim().is_empty())
+                .map(|v| Budget::parse_env(&v))
+                .transpose()
+                .map_err(|m| EngineError::new(ErrorKind::Value, m))?,
+            log_recompiles: matches!(
+                env("TORCH_PJRT_LOG_RECOMPILES").as_deref(),
+                Some(v) if !v.is_empty() && v != "0"
+            ),
         })
     }
 }
@@ -274,10 +288,8 @@ pub struct Engine {
     last_outputs: Mutex<Vec<WeakDeviceValue>>,
     /// Verdicts of launched `_assert_async` checks, verified at the next materialization point.
     pending_checks: Mutex<Vec<(DeviceValue, String)>>,
-    /// The dimensions digest last compiled for each structure, to name why a recompile happened.
-    seen_structures: Mutex<HashMap<u64, u64>>,
-    recompiles: std::sync::atomic::AtomicU64,
-    last_recompile_reason: Mutex<Option<String>>,
+    /// Which compiles rebuild a structure, why, and the recompile budgets.
+    recompiles: Mutex<RecompileTracker>,
     /// Signalled when the runtime's warm-up (started by [`Engine::start_warm_up`] in the process
     /// that made the engine) ends.
     warm_up: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
@@ -320,9 +332,10 @@ impl Engine {
             memory_cuts: config.memory_cuts,
             last_outputs: Mutex::new(Vec::new()),
             pending_checks: Mutex::new(Vec::new()),
-            seen_structures: Mutex::new(HashMap::new()),
-            recompiles: Default::default(),
-            last_recompile_reason: Mutex::new(None),
+            recompiles: Mutex::new(RecompileTracker::new(
+                config.recompile_budget,
+                config.log_recompiles,
+            )),
             warm_up: Mutex::new(None),
             warm_up_nanos: Default::default(),
         })
@@ -588,11 +601,34 @@ impl Engine {
         let handle: CompileHandle = match (cached, flush.region) {
             (Some(exe), _) => CompileHandle::ready(key, exe),
             (None, Some(source)) => {
-                self.note_miss(&key, &flush.label);
-                // The region is built on the compile thread, from the captured ops.
-                self.compiler.request(key, move || {
-                    fuse::build_module(&source.build()).map_err(|e| e.message)
-                })
+                let verdict = self.recompiles.lock().on_compile(
+                    source.signature(),
+                    &flush.label,
+                    self.modes.current(),
+                    (key.shapeless, key.dims),
+                );
+                match verdict {
+                    Verdict::Refuse(e) => {
+                        // The region's values fail with the explanation, as a failed compile's
+                        // do: the materialization that needs them raises it.
+                        CompileHandle::failed(
+                            key,
+                            CompileError::Refused {
+                                key,
+                                message: e.message,
+                            },
+                        )
+                    }
+                    verdict => {
+                        if let Verdict::Warn(text) = verdict {
+                            eprintln!("torch-pjrt: warning: {text}");
+                        }
+                        // The region is built on the compile thread, from the captured ops.
+                        self.compiler.request(key, move || {
+                            fuse::build_module(&source.build()).map_err(|e| e.message)
+                        })
+                    }
+                }
             }
             (None, None) => {
                 return Err(EngineError::runtime(format!(
@@ -628,19 +664,27 @@ impl Engine {
         Ok(flush.outputs)
     }
 
-    fn note_miss(&self, key: &CacheKey, label: &str) {
-        let mut seen = self.seen_structures.lock();
-        if let Some(old_dims) = seen.insert(key.shapeless, key.dims) {
-            if old_dims != key.dims {
-                self.recompiles
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                *self.last_recompile_reason.lock() = Some(format!(
-                    "{label}: same structure (shapeless key {:016x}) with new dimensions \
-                     (dims key {old_dims:016x} -> {:016x})",
-                    key.shapeless, key.dims
-                ));
+    /// Gives the recompiles this thread recorded the user's line, from `locate` (called with no
+    /// engine lock held: it may take Python's interpreter lock), and logs them when asked to.
+    pub fn locate_recompiles(&self, locate: impl FnOnce() -> Option<String>) {
+        let location = locate();
+        let mut tracker = self.recompiles.lock();
+        let messages = tracker.locate(location);
+        if tracker.log {
+            for message in messages {
+                eprintln!("torch-pjrt: {message}");
             }
         }
+    }
+
+    /// Enters a recompile budget (`torch_pjrt.recompile_limit`): while it is active, a compile
+    /// past `budget.limit` recompiles fails with its explanation (or warns).
+    pub fn push_recompile_limit(&self, budget: Budget) {
+        self.recompiles.lock().push_budget(budget);
+    }
+
+    pub fn pop_recompile_limit(&self) -> Result<(), EngineError> {
+        self.recompiles.lock().pop_budget()
     }
 
     /// Waits until a value is computed on the device; returns the error of what produced it.
@@ -855,10 +899,14 @@ impl Engine {
             "deserialize_seconds",
             compile.deserialize_time_total.as_secs_f64(),
         );
-        v.insert(
-            "recompiles",
-            self.recompiles.load(std::sync::atomic::Ordering::Relaxed) as f64,
-        );
+        let (recompile_count, recompile_reasons) = {
+            let tracker = self.recompiles.lock();
+            (
+                tracker.count(),
+                tracker.reasons().cloned().collect::<Vec<_>>(),
+            )
+        };
+        v.insert("recompiles", recompile_count as f64);
         v.insert("executions", Counters::get(&c.executions) as f64);
         v.insert("donated_buffers", Counters::get(&c.donated_buffers) as f64);
         v.insert("repeat_cuts", Counters::get(&c.repeat_cuts) as f64);
@@ -893,7 +941,8 @@ impl Engine {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        s.last_recompile_reason = self.last_recompile_reason.lock().clone();
+        s.last_recompile_reason = recompile_reasons.last().map(|r| r.message());
+        s.recompile_reasons = recompile_reasons;
         s
     }
 
@@ -901,9 +950,7 @@ impl Engine {
         self.counters.reset();
         self.graph.lock().reset_stats();
         self.compiler.reset_stats();
-        self.recompiles
-            .store(0, std::sync::atomic::Ordering::Relaxed);
-        *self.last_recompile_reason.lock() = None;
+        self.recompiles.lock().reset();
         self.client.reset_peak_memory();
     }
 }

@@ -13,6 +13,7 @@ pub mod engine;
 pub mod global;
 pub mod host_heap;
 pub mod metrics;
+pub mod recompile;
 
 pub use engine::{element_type, Engine, EngineConfig, ENGINE_VERSION};
 pub use metrics::MetricsSnapshot;

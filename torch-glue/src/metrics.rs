@@ -4,6 +4,8 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
+use crate::recompile::{mode_name, RecompileReason};
+
 /// Counters updated on the hot path (atomics) plus the fallback table.
 #[derive(Default, Debug)]
 pub struct Counters {
@@ -59,6 +61,8 @@ pub struct MetricsSnapshot {
     pub values: BTreeMap<&'static str, f64>,
     pub fallback_ops: BTreeMap<String, u64>,
     pub last_recompile_reason: Option<String>,
+    /// The recent recompiles' reasons, oldest first.
+    pub recompile_reasons: Vec<RecompileReason>,
 }
 
 impl MetricsSnapshot {
@@ -79,7 +83,10 @@ impl MetricsSnapshot {
             .map(|(k, v)| format!("{}:{v}", json_string(k)))
             .collect();
         out.push_str(&entries.join(","));
-        out.push_str("},\"last_recompile_reason\":");
+        out.push_str("},\"recompile_reasons\":[");
+        let reasons: Vec<String> = self.recompile_reasons.iter().map(reason_json).collect();
+        out.push_str(&reasons.join(","));
+        out.push_str("],\"last_recompile_reason\":");
         match &self.last_recompile_reason {
             Some(r) => out.push_str(&json_string(r)),
             None => out.push_str("null"),
@@ -102,11 +109,56 @@ impl MetricsSnapshot {
                 out.push_str(&format!("    {k:<26} {v}\n"));
             }
         }
-        if let Some(r) = &self.last_recompile_reason {
-            out.push_str(&format!("  last recompile: {r}\n"));
+        if !self.recompile_reasons.is_empty() {
+            out.push_str("  recent recompiles\n");
+            for r in &self.recompile_reasons {
+                out.push_str(&format!("    {}\n", r.message()));
+            }
         }
         out
     }
+}
+
+/// One reason as a JSON object: the first change's fields at the top (`op`, `op_index`,
+/// `what`, `old`, `new`), every kept change under `changes`.
+fn reason_json(r: &RecompileReason) -> String {
+    let change_json = |c: &defer::Change| {
+        format!(
+            "{{\"op\":{},\"op_index\":{},\"what\":{},\"old\":{},\"new\":{}}}",
+            json_string(&c.op),
+            c.op_index.map_or("null".to_string(), |i| i.to_string()),
+            json_string(&c.what),
+            json_string(&c.old),
+            json_string(&c.new)
+        )
+    };
+    let mut out = format!(
+        "{{\"number\":{},\"region\":{},\"mode\":{},\"message\":{},\"location\":{},\
+         \"shapeless_key\":\"{:016x}\",\"dims_key\":\"{:016x}\",\"total_changes\":{},",
+        r.number,
+        json_string(&r.region),
+        json_string(mode_name(r.mode)),
+        json_string(&r.message()),
+        r.location
+            .as_deref()
+            .map_or("null".to_string(), json_string),
+        r.shapeless_key,
+        r.dims_key,
+        r.total_changes,
+    );
+    match r.changes.first() {
+        Some(c) => {
+            let first = change_json(c);
+            // The first change's fields, without its braces.
+            out.push_str(&first[1..first.len() - 1]);
+        }
+        None => {
+            out.push_str("\"op\":null,\"op_index\":null,\"what\":null,\"old\":null,\"new\":null")
+        }
+    }
+    let changes: Vec<String> = r.changes.iter().map(change_json).collect();
+    out.push_str(&format!(",\"changes\":[{}]}}", changes.join(",")));
+    out
 }
 
 fn json_string(s: &str) -> String {

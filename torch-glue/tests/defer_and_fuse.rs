@@ -271,10 +271,20 @@ fn new_dimensions_compile_and_are_named_as_such() {
         );
     }
     assert_eq!(m(&e).compilations, 3.0, "one compilation per distinct size");
-    let reason = e.metrics().last_recompile_reason.unwrap();
+    let metrics = e.metrics();
+    let reason = metrics.recompile_reasons.last().unwrap();
+    assert!(reason.region.starts_with("region of 16 ops"), "{reason:?}");
+    // The earliest op that differs is named first; every op's input and output changed.
+    let first = &reason.changes[0];
+    assert_eq!(first.op_index, Some(0), "{reason:?}");
+    assert_eq!(first.what, "input 0 (self) dim 0");
+    assert_eq!((first.old.as_str(), first.new.as_str()), ("9", "16"));
+    assert_eq!(reason.total_changes, 32, "{reason:?}");
+    let text = metrics.last_recompile_reason.unwrap();
     assert!(
-        reason.contains("region of 16 ops") && reason.contains("same structure"),
-        "{reason}"
+        text.contains("defer_and_fuse mode of region of 16 ops")
+            && text.contains("changed 9 -> 16"),
+        "{text}"
     );
 }
 

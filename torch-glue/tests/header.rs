@@ -2,8 +2,10 @@
 
 use std::path::PathBuf;
 
-const REGENERATE: &str = "cd torch-glue && cbindgen --config cbindgen.toml --crate torch-glue \
-                          --output include/torch_pjrt_engine.h";
+const REGENERATE: &str =
+    "HEADER_BLESS=1 cargo test -p torch-glue --test header (or: cd torch-glue && \
+                          cbindgen --config cbindgen.toml --crate torch-glue --output \
+                          include/torch_pjrt_engine.h)";
 
 /// The first line where two texts differ, for the failure message.
 fn first_difference(a: &str, b: &str) -> String {
@@ -32,6 +34,9 @@ fn header_is_up_to_date() {
     bindings.write(&mut generated);
     let generated = String::from_utf8(generated).expect("utf-8 header");
     let path = dir.join("include/torch_pjrt_engine.h");
+    if std::env::var_os("HEADER_BLESS").is_some() {
+        std::fs::write(&path, &generated).expect("writing include/torch_pjrt_engine.h");
+    }
     let checked_in = std::fs::read_to_string(&path).expect("include/torch_pjrt_engine.h");
     assert!(
         generated == checked_in,

@@ -54,13 +54,24 @@ fn strict_and_debug_agree_and_share_executables() {
     let _ = read(&e, &w);
     assert_eq!(metric(&e, "compilations"), 1.0);
     assert_eq!(metric(&e, "recompiles"), 1.0);
-    let reason = e
-        .metrics()
-        .last_recompile_reason
+    let metrics = e.metrics();
+    let reason = metrics
+        .recompile_reasons
+        .last()
         .expect("a recompile reason");
+    let first = &reason.changes[0];
+    assert_eq!(
+        (first.op.as_str(), first.op_index, first.what.as_str()),
+        ("aten::tanh", Some(0), "input 0 (self) shape")
+    );
+    assert_eq!((first.old.as_str(), first.new.as_str()), ("[4, 4]", "[8]"));
+    assert_eq!(reason.total_changes, 2, "the input's and the output's dim");
+    let text = metrics.last_recompile_reason.expect("the reason's text");
     assert!(
-        reason.contains("tanh") && reason.contains("new dimensions"),
-        "{reason}"
+        text.contains(
+            "strict mode of tanh: op 0 (aten::tanh): input 0 (self) shape changed [4, 4] -> [8]"
+        ),
+        "{text}"
     );
 }
 

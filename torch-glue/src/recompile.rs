@@ -1,0 +1,396 @@
+//! Recompiles: which compiles rebuild a program structure already built, why (the changes
+//! `defer::signature::explain` names), the recent reasons kept for `metrics()`, their log, and
+//! the recompile budget that refuses (or warns about) one past its limit.
+
+use defer::signature::{self, Change, RegionSignature};
+use defer::{EngineError, ErrorKind, Mode};
+use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
+
+thread_local! {
+    /// Recompiles recorded on this thread whose reasons still lack the user's Python line: the
+    /// C ABI fills them in once the engine's locks are released (the line comes from Python,
+    /// which needs the interpreter lock).
+    static AWAITING_LOCATION: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Whether this thread recorded a recompile whose reason still lacks the user's line.
+pub fn awaits_location_here() -> bool {
+    AWAITING_LOCATION.with(|w| !w.borrow().is_empty())
+}
+
+/// How many recent reasons `metrics()["recompile_reasons"]` keeps.
+pub const REASONS_KEPT: usize = 32;
+
+/// Structures remembered to compare a compile against (cleared when full: a program whose
+/// distinct structures outnumber this is not one a recompile budget would help).
+const SIGNATURES_KEPT: usize = 1024;
+
+/// Changes kept per reason (the first names the cause; the count says how many there were).
+const CHANGES_KEPT: usize = 8;
+
+/// What a recompile budget does past its limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BudgetAction {
+    Raise,
+    Warn,
+}
+
+/// A recompile budget: at most `limit` recompiles while it is active.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Budget {
+    pub limit: u64,
+    pub action: BudgetAction,
+}
+
+impl Budget {
+    /// `TORCH_PJRT_RECOMPILE_LIMIT`: `<n>` (raise past it) or `<n>:warn` / `<n>:raise`.
+    pub fn parse_env(text: &str) -> Result<Budget, String> {
+        let (count, action) = match text.trim().split_once(':') {
+            Some((count, action)) => (count.trim(), action.trim()),
+            None => (text.trim(), "raise"),
+        };
+        let limit = count.parse::<u64>().map_err(|_| {
+            format!(
+                "TORCH_PJRT_RECOMPILE_LIMIT={text}: expected a number of recompiles, \
+                 optionally followed by ':warn' or ':raise' (e.g. 8 or 8:warn)"
+            )
+        })?;
+        let action = match action {
+            "raise" => BudgetAction::Raise,
+            "warn" => BudgetAction::Warn,
+            other => {
+                return Err(format!(
+                    "TORCH_PJRT_RECOMPILE_LIMIT={text}: unknown action '{other}': expected \
+                     'raise' or 'warn'"
+                ))
+            }
+        };
+        Ok(Budget { limit, action })
+    }
+}
+
+/// Why one compile rebuilt a structure already built.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RecompileReason {
+    /// 1 for the process's first recompile (not reset by `reset_metrics`).
+    pub number: u64,
+    /// The region's label (`add`, `region of 107 ops: clone, ...`).
+    pub region: String,
+    pub mode: Mode,
+    /// The first changes, earliest op first.
+    pub changes: Vec<Change>,
+    pub total_changes: usize,
+    /// The user's Python line that ran the op (op-by-op modes) or asked for the value
+    /// (DeferAndFuse), when the Python package told the engine.
+    pub location: Option<String>,
+    pub shapeless_key: u64,
+    pub dims_key: u64,
+}
+
+impl RecompileReason {
+    /// One line: the region, the first change, how many more, where.
+    pub fn message(&self) -> String {
+        let mut out = format!(
+            "recompile {} in {} mode of {}: ",
+            self.number,
+            mode_name(self.mode),
+            self.region
+        );
+        match self.changes.first() {
+            Some(first) => out.push_str(&first.to_string()),
+            None => out.push_str("no change recorded"),
+        }
+        let more = self.total_changes.saturating_sub(1);
+        if more > 0 {
+            out.push_str(&format!(
+                " (and {more} more change{})",
+                if more == 1 { "" } else { "s" }
+            ));
+        }
+        if let Some(at) = &self.location {
+            let role = if self.mode == Mode::DeferAndFuse {
+                "materialized at"
+            } else {
+                "at"
+            };
+            out.push_str(&format!(", {role} {at}"));
+        }
+        out
+    }
+}
+
+pub fn mode_name(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Strict => "strict",
+        Mode::Debug => "debug",
+        Mode::DeferAndFuse => "defer_and_fuse",
+    }
+}
+
+/// What the engine does with a compile the tracker was told of.
+#[derive(Debug, PartialEq)]
+pub enum Verdict {
+    /// Compile it.
+    Compile,
+    /// Compile it, after warning with this text.
+    Warn(String),
+    /// Do not compile: fail the region with this error.
+    Refuse(EngineError),
+}
+
+/// The engine's recompile bookkeeping (behind one lock; touched only on a compile).
+#[derive(Debug, Default)]
+pub struct RecompileTracker {
+    signatures: HashMap<u64, RegionSignature>,
+    /// Recompiles since the process started (reasons are numbered by it).
+    total: u64,
+    /// Recompiles since the metrics were last reset.
+    counted: u64,
+    reasons: VecDeque<RecompileReason>,
+    /// The environment's budget: counts every recompile of the process.
+    env_budget: Option<Budget>,
+    /// Budgets pushed by `torch_pjrt.recompile_limit` (innermost last), each with the
+    /// recompiles seen since it was pushed.
+    budgets: Vec<(Budget, u64)>,
+    pub log: bool,
+}
+
+impl RecompileTracker {
+    pub fn new(env_budget: Option<Budget>, log: bool) -> Self {
+        RecompileTracker {
+            env_budget,
+            log,
+            ..Default::default()
+        }
+    }
+
+    /// Told of every compile (a tier-1 miss) with its region's signature: a recompile when the
+    /// same op sequence was compiled before. The verdict says whether it may compile.
+    pub fn on_compile(
+        &mut self,
+        signature: RegionSignature,
+        region: &str,
+        mode: Mode,
+        keys: (u64, u64),
+    ) -> Verdict {
+        if self.signatures.len() >= SIGNATURES_KEPT
+            && !self.signatures.contains_key(&signature.skeleton)
+        {
+            self.signatures.clear();
+        }
+        let Some(previous) = self.signatures.insert(signature.skeleton, signature) else {
+            return Verdict::Compile;
+        };
+        let current = &self.signatures[&previous.skeleton];
+        let mut changes = signature::explain(&previous, current);
+        if changes.is_empty() {
+            // The very program again: a request while its twin was still compiling, or one
+            // evicted from tier 1. Not a new build of the structure.
+            return Verdict::Compile;
+        }
+        let total_changes = changes.len();
+        changes.truncate(CHANGES_KEPT);
+        self.total += 1;
+        self.counted += 1;
+        let reason = RecompileReason {
+            number: self.total,
+            region: region.to_string(),
+            mode,
+            changes,
+            total_changes,
+            location: None,
+            shapeless_key: keys.0,
+            dims_key: keys.1,
+        };
+        let message = reason.message();
+        if self.reasons.len() == REASONS_KEPT {
+            self.reasons.pop_front();
+        }
+        self.reasons.push_back(reason);
+        AWAITING_LOCATION.with(|w| w.borrow_mut().push(self.total));
+        for (_, used) in self.budgets.iter_mut() {
+            *used += 1;
+        }
+        // The innermost exceeded budget decides; the environment's counts every recompile.
+        let exceeded = self
+            .budgets
+            .iter()
+            .rev()
+            .find(|(budget, used)| *used > budget.limit)
+            .map(|(budget, _)| *budget)
+            .or(self.env_budget.filter(|b| self.total > b.limit));
+        match exceeded {
+            None => Verdict::Compile,
+            Some(budget) => {
+                let text = format!(
+                    "recompile limit of {} exceeded: {message}. Programs that change shape every \
+                     step recompile every step: keep shapes fixed (pad to a few sizes, a static \
+                     KV cache), mark a growing dimension with torch_pjrt.mark_dynamic, or raise \
+                     the limit (torch_pjrt.recompile_limit, TORCH_PJRT_RECOMPILE_LIMIT).",
+                    budget.limit
+                );
+                match budget.action {
+                    BudgetAction::Raise => {
+                        Verdict::Refuse(EngineError::new(ErrorKind::Runtime, text))
+                    }
+                    BudgetAction::Warn => Verdict::Warn(text),
+                }
+            }
+        }
+    }
+
+    /// Gives the reasons recorded on this thread since its last call the user's line (or
+    /// none); returns their messages, for the log.
+    pub fn locate(&mut self, location: Option<String>) -> Vec<String> {
+        let waiting = AWAITING_LOCATION.with(|w| std::mem::take(&mut *w.borrow_mut()));
+        let mut messages = Vec::new();
+        for reason in self.reasons.iter_mut() {
+            if waiting.contains(&reason.number) {
+                if reason.location.is_none() {
+                    reason.location = location.clone();
+                }
+                messages.push(reason.message());
+            }
+        }
+        messages
+    }
+
+    pub fn push_budget(&mut self, budget: Budget) {
+        self.budgets.push((budget, 0));
+    }
+
+    pub fn pop_budget(&mut self) -> Result<(), EngineError> {
+        self.budgets.pop().map(|_| ()).ok_or_else(|| {
+            EngineError::new(
+                ErrorKind::Runtime,
+                "recompile_limit: no recompile limit is active to leave",
+            )
+        })
+    }
+
+    pub fn count(&self) -> u64 {
+        self.counted
+    }
+
+    pub fn reasons(&self) -> impl Iterator<Item = &RecompileReason> {
+        self.reasons.iter()
+    }
+
+    /// Zeroes the count and forgets the reasons; the structures stay known (they are what a
+    /// later compile is compared with, like the caches `reset_metrics` keeps).
+    pub fn reset(&mut self) {
+        self.counted = 0;
+        self.reasons.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use defer::signature::{InputOrigin, InputSignature, OpSignature};
+    use fuse::RegionOp;
+    use ops::{DType, OpId, TensorType};
+
+    fn neg(n: i64) -> RegionSignature {
+        let ty = TensorType::new(DType::F32, &[n]);
+        let ops = vec![OpSignature {
+            op: RegionOp::Aten(OpId::Neg),
+            params: Default::default(),
+            scalar_kinds: Default::default(),
+            variant: 0,
+            inputs: smallvec::smallvec![InputSignature {
+                ty: ty.clone(),
+                source: InputOrigin::Argument(0),
+                view: None,
+            }],
+            outputs: smallvec::smallvec![ty],
+        }];
+        RegionSignature {
+            skeleton: signature::skeleton(ops.iter().map(|o| &o.op)),
+            ops,
+            outputs: vec![(0, 0)],
+            aliases: vec![],
+        }
+    }
+
+    #[test]
+    fn a_second_build_is_a_recompile_with_its_reason() {
+        let mut t = RecompileTracker::new(None, false);
+        assert_eq!(
+            t.on_compile(neg(4), "neg", Mode::Strict, (1, 2)),
+            Verdict::Compile
+        );
+        assert_eq!(t.count(), 0);
+        assert_eq!(
+            t.on_compile(neg(5), "neg", Mode::Strict, (1, 3)),
+            Verdict::Compile
+        );
+        assert_eq!(t.count(), 1);
+        let reason = t.reasons().last().unwrap().clone();
+        assert_eq!(reason.changes[0].what, "input 0 (self) dim 0");
+        assert_eq!(reason.total_changes, 2);
+        assert!(awaits_location_here());
+        let messages = t.locate(Some("train.py:12".into()));
+        assert_eq!(
+            messages,
+            [
+                "recompile 1 in strict mode of neg: op 0 (aten::neg): input 0 (self) dim 0 \
+              changed 4 -> 5 (and 1 more change), at train.py:12"
+            ]
+        );
+        assert!(!awaits_location_here());
+    }
+
+    #[test]
+    fn a_budget_refuses_past_its_limit_and_stops_counting_when_left() {
+        let mut t = RecompileTracker::new(None, false);
+        t.on_compile(neg(1), "neg", Mode::DeferAndFuse, (0, 0));
+        t.push_budget(Budget {
+            limit: 1,
+            action: BudgetAction::Raise,
+        });
+        assert_eq!(
+            t.on_compile(neg(2), "neg", Mode::DeferAndFuse, (0, 0)),
+            Verdict::Compile
+        );
+        let Verdict::Refuse(e) = t.on_compile(neg(3), "neg", Mode::DeferAndFuse, (0, 0)) else {
+            panic!("the second recompile under a limit of 1 must be refused")
+        };
+        assert!(e.message.contains("recompile limit of 1 exceeded"), "{e}");
+        assert!(
+            e.message.contains("input 0 (self) dim 0 changed 2 -> 3"),
+            "{e}"
+        );
+        t.pop_budget().unwrap();
+        assert_eq!(
+            t.on_compile(neg(4), "neg", Mode::DeferAndFuse, (0, 0)),
+            Verdict::Compile
+        );
+        assert!(t.pop_budget().is_err());
+    }
+
+    #[test]
+    fn the_environment_budget_counts_the_whole_process_and_can_warn() {
+        let budget = Budget::parse_env("1:warn").unwrap();
+        assert_eq!(budget.action, BudgetAction::Warn);
+        let mut t = RecompileTracker::new(Some(budget), false);
+        t.on_compile(neg(1), "neg", Mode::Strict, (0, 0));
+        assert_eq!(
+            t.on_compile(neg(2), "neg", Mode::Strict, (0, 0)),
+            Verdict::Compile
+        );
+        t.reset();
+        assert!(matches!(
+            t.on_compile(neg(3), "neg", Mode::Strict, (0, 0)),
+            Verdict::Warn(_)
+        ));
+        assert_eq!(Budget::parse_env("3").unwrap().action, BudgetAction::Raise);
+        assert!(Budget::parse_env("many")
+            .unwrap_err()
+            .contains("expected a number"));
+        assert!(Budget::parse_env("2:loud")
+            .unwrap_err()
+            .contains("unknown action"));
+    }
+}

@@ -1,7 +1,7 @@
 //! `Compiler`: the compile thread pool in front of the three cache tiers, with in-flight
 //! deduplication, and the `CompileHandle` every request returns.
 
-use crate::config::CompileConfig;
+use crate::config::{CompileConfig, Effort};
 use crate::cpu::cpu_features_hash;
 use crate::disk::{DiskTier, EntryRead, KeyLock};
 use crate::error::{panic_message, CompileError};
@@ -153,6 +153,10 @@ pub struct CompileStats {
     pub disk_errors: u64,
     /// Times a compile thread, idle after compiling, handed freed heap pages back to the system.
     pub heap_trims: u64,
+    /// The latest compiles, oldest first (at most [`RECENT_COMPILES_KEPT`]).
+    pub recent: Vec<CompiledProgram>,
+    /// The longest compile.
+    pub slowest: Option<CompiledProgram>,
 }
 
 #[derive(Default)]
@@ -190,13 +194,30 @@ enum Tier {
 
 struct Job {
     key: CacheKey,
+    label: Arc<str>,
     build: BuildFn,
     handle: CompileHandle,
+}
+
+/// How many recent compiles [`CompileStats::recent`] lists.
+pub const RECENT_COMPILES_KEPT: usize = 32;
+
+/// One program compiled from its module text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CompiledProgram {
+    /// What the caller named it (a region's label), empty when unnamed.
+    pub label: Arc<str>,
+    pub key: CacheKey,
+    pub time: Duration,
+    /// Compiled with the fast-compile options ([`crate::Effort::Fast`]).
+    pub fast: bool,
 }
 
 struct Shared {
     client: pjrt::Client,
     compile_options: pjrt::CompileOptions,
+    /// `compile_options` plus the fast-compile overrides, and the options word of its keys.
+    fast_options: Option<(u64, pjrt::CompileOptions)>,
     dump_dir: Option<PathBuf>,
     tier1: Tier1<Arc<LoadedExecutable>>,
     /// Tier 1 also shrinks when the process's memory mappings near the kernel's cap.
@@ -205,6 +226,11 @@ struct Shared {
     tier3: Option<DiskTier>,
     inflight: Mutex<KeyMap<CompileHandle>>,
     counters: Counters,
+    /// The latest compiles and the slowest one, since the stats were reset.
+    compiled: Mutex<(
+        std::collections::VecDeque<CompiledProgram>,
+        Option<CompiledProgram>,
+    )>,
     last_disk_problem: Mutex<Option<String>>,
     /// Whether the pool still takes jobs, and how many it is running now.
     exit: Mutex<ExitState>,
@@ -228,6 +254,7 @@ pub struct Compiler {
     sender: Option<Sender<Job>>,
     threads: Vec<JoinHandle<()>>,
     options_fingerprint: u64,
+    fast_options_fingerprint: u64,
     cpu_features: String,
     cache_dir_name: String,
 }
@@ -271,6 +298,27 @@ impl Compiler {
             &config.engine_version,
         );
         inputs.cpu_features = config.cpu_features.clone();
+        let fast_options = (!config.fast_overrides.is_empty()).then(|| {
+            let mut options = config.compile_options.clone();
+            let user_names: Vec<String> =
+                options.overrides.iter().map(|(n, _)| n.clone()).collect();
+            let added: Vec<_> = config
+                .fast_overrides
+                .iter()
+                .filter(|(name, _)| !user_names.contains(name))
+                .cloned()
+                .collect();
+            // Ahead of the user's options: a later entry for a name wins.
+            options.overrides.splice(0..0, added);
+            let mut fast_inputs = FingerprintInputs::gather(
+                client.plugin(),
+                &client,
+                &options,
+                &config.engine_version,
+            );
+            fast_inputs.cpu_features = config.cpu_features.clone();
+            (fast_inputs.fingerprint(), options)
+        });
         let cache_dir_name = format!(
             "torch-pjrt-{}-{}-plugin{:016x}-cpu{:016x}",
             path_safe(&config.engine_version),
@@ -305,6 +353,7 @@ impl Compiler {
         let shared = Arc::new(Shared {
             client,
             compile_options: config.compile_options.clone(),
+            fast_options: fast_options.clone(),
             dump_dir: config.dump_dir.clone(),
             tier1: Tier1::new(config.tier1_capacity),
             mappings: MappingBudget::from_system(),
@@ -312,6 +361,7 @@ impl Compiler {
             tier3,
             inflight: Mutex::new(KeyMap::default()),
             counters: Counters::default(),
+            compiled: Mutex::new(Default::default()),
             last_disk_problem: Mutex::new(None),
             exit: Mutex::new(ExitState::default()),
             job_ended: Condvar::new(),
@@ -332,14 +382,26 @@ impl Compiler {
             sender: Some(sender),
             threads,
             options_fingerprint: inputs.fingerprint(),
+            fast_options_fingerprint: fast_options
+                .as_ref()
+                .map_or_else(|| inputs.fingerprint(), |(word, _)| *word),
             cpu_features: config.cpu_features,
             cache_dir_name,
         })
     }
 
-    /// The `options` word to put in every [`CacheKey`] this compiler serves.
+    /// The `options` word to put in every [`CacheKey`] of a [`Effort::Full`] compile.
     pub fn options_fingerprint(&self) -> u64 {
         self.options_fingerprint
+    }
+
+    /// The `options` word of keys compiled with `effort`; the key's word picks the options a
+    /// compile uses, so the two efforts never share an entry in any tier.
+    pub fn options_fingerprint_for(&self, effort: Effort) -> u64 {
+        match effort {
+            Effort::Full => self.options_fingerprint,
+            Effort::Fast => self.fast_options_fingerprint,
+        }
     }
 
     /// The CPU features string this compiler names its entries with.
@@ -396,6 +458,14 @@ impl Compiler {
     where
         F: FnOnce() -> Result<String, String> + Send + 'static,
     {
+        self.request_named(key, Arc::from(""), build)
+    }
+
+    /// [`Compiler::request`], naming the program (a region's label) in [`CompileStats::recent`].
+    pub fn request_named<F>(&self, key: CacheKey, label: Arc<str>, build: F) -> CompileHandle
+    where
+        F: FnOnce() -> Result<String, String> + Send + 'static,
+    {
         let counters = &self.shared.counters;
         if let Some(executable) = self.shared.tier1.get(&key) {
             bump(&counters.tier1_hits);
@@ -417,6 +487,7 @@ impl Compiler {
         drop(inflight);
         let job = Job {
             key,
+            label,
             build: Box::new(build),
             handle: handle.clone(),
         };
@@ -440,6 +511,10 @@ impl Compiler {
     pub fn stats(&self) -> CompileStats {
         let c = &self.shared.counters;
         let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        let (recent, slowest) = {
+            let compiled = self.shared.compiled.lock();
+            (compiled.0.iter().cloned().collect(), compiled.1.clone())
+        };
         CompileStats {
             compilations: load(&c.compilations),
             tier1_hits: load(&c.tier1_hits),
@@ -457,6 +532,8 @@ impl Compiler {
             invalid_entries: load(&c.invalid_entries),
             disk_errors: load(&c.disk_errors),
             heap_trims: load(&c.heap_trims),
+            recent,
+            slowest,
         }
     }
 
@@ -504,6 +581,7 @@ impl Compiler {
         ] {
             counter.store(0, Ordering::Relaxed);
         }
+        *self.shared.compiled.lock() = Default::default();
     }
 }
 
@@ -586,9 +664,14 @@ impl Shared {
     }
 
     fn run(&self, job: Job) {
-        let Job { key, build, handle } = job;
-        let result =
-            catch_unwind(AssertUnwindSafe(|| self.obtain(key, build))).unwrap_or_else(|payload| {
+        let Job {
+            key,
+            label,
+            build,
+            handle,
+        } = job;
+        let result = catch_unwind(AssertUnwindSafe(|| self.obtain(key, label, build)))
+            .unwrap_or_else(|payload| {
                 Err(CompileError::Panicked {
                     key,
                     message: panic_message(payload.as_ref()),
@@ -609,7 +692,7 @@ impl Shared {
         handle.fill(Err(CompileError::ShutDown { key }));
     }
 
-    fn obtain(&self, key: CacheKey, build: BuildFn) -> CompileResult {
+    fn obtain(&self, key: CacheKey, label: Arc<str>, build: BuildFn) -> CompileResult {
         // The tier-2 lock makes a second process on this host wait for the first one's compile
         // and then load its entry, instead of compiling the same key at the same time.
         let _lock: Option<KeyLock> = self.tier2.as_ref().and_then(|tier2| {
@@ -632,7 +715,7 @@ impl Shared {
             self.store(Tier::Shared, &key, &bytes);
             return Ok(executable);
         }
-        self.compile_and_store(key, build)
+        self.compile_and_store(key, label, build)
     }
 
     fn tier(&self, tier: Tier) -> Option<&DiskTier> {
@@ -688,15 +771,34 @@ impl Shared {
         *self.last_disk_problem.lock() = Some(message);
     }
 
-    fn compile_and_store(&self, key: CacheKey, build: BuildFn) -> CompileResult {
+    fn compile_and_store(&self, key: CacheKey, label: Arc<str>, build: BuildFn) -> CompileResult {
         bump(&self.counters.misses);
         let text = build().map_err(|message| CompileError::Build { key, message })?;
         self.dump(&key, &text);
+        let (options, fast) = match &self.fast_options {
+            Some((word, fast)) if *word == key.options => (fast, true),
+            _ => (&self.compile_options, false),
+        };
         let start = Instant::now();
-        let compiled = self
-            .client
-            .compile_with_options(&text, &self.compile_options);
+        let compiled = self.client.compile_with_options(&text, options);
         add_time(&self.counters.compile_nanos, start);
+        let program = CompiledProgram {
+            label,
+            key,
+            time: start.elapsed(),
+            fast,
+        };
+        {
+            let mut compiled = self.compiled.lock();
+            let (recent, slowest) = &mut *compiled;
+            if slowest.as_ref().is_none_or(|s| s.time < program.time) {
+                *slowest = Some(program.clone());
+            }
+            if recent.len() == RECENT_COMPILES_KEPT {
+                recent.pop_front();
+            }
+            recent.push_back(program);
+        }
         let executable = compiled.map_err(|e| {
             let message = e.to_string();
             self.dump_error(&key, &message);

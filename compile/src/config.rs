@@ -33,6 +33,9 @@ pub struct CompileConfig {
     /// an older engine's executables.
     pub engine_version: String,
     pub compile_options: pjrt::CompileOptions,
+    /// Options added, for [`Effort::Fast`] compiles, on top of `compile_options` (which win
+    /// where both name an option). Empty: fast compiles are full ones.
+    pub fast_overrides: Vec<(String, pjrt::CompileOverride)>,
     /// The host identity used for naming cache entries; leave it at
     /// [`cpu::host_cpu_features`] (it does not change what XLA compiles for).
     pub cpu_features: String,
@@ -49,8 +52,32 @@ impl Default for CompileConfig {
             dump_dir: None,
             engine_version: env!("CARGO_PKG_VERSION").to_string(),
             compile_options: pjrt::CompileOptions::default(),
+            fast_overrides: Vec::new(),
             cpu_features: cpu::host_cpu_features().to_string(),
         }
+    }
+}
+
+/// How hard a compile optimizes. Chosen per program by the caller; each has its own options
+/// word in the [`crate::CacheKey`] (see [`crate::Compiler::options_fingerprint_for`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Effort {
+    /// The plugin's default optimization: fused regions, whose run time matters.
+    Full,
+    /// A program of one or a few ops (Strict's and Debug's): options that compile faster and,
+    /// measured per op kind, run no slower (RFC 0025).
+    Fast,
+}
+
+/// The fast-compile options for a plugin platform (`cpu`, `cuda`, ...). XLA CPU's fusion
+/// emitters cost a third of a one-op program's compile and gain it nothing (RFC 0025).
+pub fn fast_overrides_for(platform: &str) -> Vec<(String, pjrt::CompileOverride)> {
+    match platform {
+        "cpu" | "host" => vec![(
+            "xla_cpu_use_fusion_emitters".to_string(),
+            pjrt::CompileOverride::Bool(false),
+        )],
+        _ => Vec::new(),
     }
 }
 

@@ -21,8 +21,10 @@ mod key;
 mod mappings;
 mod tier1;
 
-pub use compiler::{CompileHandle, CompileStats, Compiler};
-pub use config::{CompileConfig, DEFAULT_SHARED_DIR, DEFAULT_TIER1_CAPACITY};
+pub use compiler::{CompileHandle, CompileStats, CompiledProgram, Compiler, RECENT_COMPILES_KEPT};
+pub use config::{
+    fast_overrides_for, CompileConfig, Effort, DEFAULT_SHARED_DIR, DEFAULT_TIER1_CAPACITY,
+};
 pub use cpu::{cpu_features_hash, host_cpu_features, host_cpu_features_hash};
 pub use error::{CompileError, ExecError};
 pub use exec::{

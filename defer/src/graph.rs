@@ -538,7 +538,7 @@ impl<V: Clone> Graph<V> {
 
     /// Strict's direct path, for an op that reads whole device values and writes new storages
     /// or one whole `out` tensor, while nothing is pending: keys the one-op region a capture
-    /// and flush of it would build (aliases included), and when `has_program(shapeless, dims)`
+    /// and flush of it would build (aliases included), and when `has_program(shapeless, dims, 1)`
     /// knows that key, installs the results and returns the region ready to launch, without a
     /// node, externals or a liveness plan, with the storages that hold its results. `None`:
     /// capture and flush it instead (no program for its key yet, or not an op this path
@@ -547,7 +547,7 @@ impl<V: Clone> Graph<V> {
         &mut self,
         call: OpCall<'_>,
         mut make_output: impl FnMut(&TensorType) -> V,
-        has_program: impl FnOnce(u64, u64) -> bool,
+        has_program: impl FnOnce(u64, u64, usize) -> bool,
     ) -> Result<Option<(Captured, Flush<V>)>, EngineError> {
         let OpCall {
             op,
@@ -640,7 +640,7 @@ impl<V: Clone> Graph<V> {
         key_s.u64(0);
         let shapeless = finish_shapeless_key(&mut key_s, &aliases);
         let dims = StableHasher::new().u64(fuse::combine(0, d)).finish();
-        if !has_program(shapeless, dims) {
+        if !has_program(shapeless, dims, 1) {
             #[cfg(debug_assertions)]
             {
                 self.direct_key_check = Some((shapeless, dims));
@@ -1678,17 +1678,17 @@ impl<V: Clone> Graph<V> {
         request: FlushRequest<'_>,
         make_output: impl FnMut(&TensorType) -> V,
     ) -> Result<Option<Flush<V>>, EngineError> {
-        self.flush_with(request, make_output, |_, _| false)
+        self.flush_with(request, make_output, |_, _, _| false)
     }
 
-    /// [`Graph::flush`], asking `has_program(shapeless, dims)` once the key is known: when it
+    /// [`Graph::flush`], asking `has_program(shapeless, dims, ops)` once the key is known: when it
     /// answers yes, the region's source is not assembled (a warm flush needs only the key, the
     /// arguments and the outputs).
     pub fn flush_with(
         &mut self,
         request: FlushRequest<'_>,
         mut make_output: impl FnMut(&TensorType) -> V,
-        has_program: impl FnOnce(u64, u64) -> bool,
+        has_program: impl FnOnce(u64, u64, usize) -> bool,
     ) -> Result<Option<Flush<V>>, EngineError> {
         if self.pending.is_empty() {
             return Ok(None);
@@ -1943,7 +1943,7 @@ impl<V: Clone> Graph<V> {
             nodes => Arc::from(region_label(nodes)),
         };
         let ops = nodes.len();
-        let region = (!has_program(shapeless, dims)).then(|| {
+        let region = (!has_program(shapeless, dims, ops)).then(|| {
             Box::new(RegionSource {
                 nodes,
                 operands,
@@ -2160,8 +2160,9 @@ fn op_digests<'a>(
             s.u32(0xffff)
                 .dtype(w.view_dtype)
                 .dtype(w.base_dtype)
-                .i64(w.base_len);
-            views::hash_write_program(&w.program, &mut s);
+                .u32(u32::from(w.window.is_some()));
+            d.i64(w.base_len).i64(w.window.unwrap_or(-1));
+            views::hash_write_program_split(&w.program, &mut s, &mut d);
         }
     }
     let sizes_from = match op {
@@ -2200,8 +2201,9 @@ fn op_digests<'a>(
                 s.u32(2)
                     .dtype(view.view_dtype)
                     .dtype(view.base_dtype)
-                    .i64(view.window.unwrap_or(-1));
-                views::hash_chain(&view.chain, &mut s);
+                    .u32(u32::from(view.window.is_some()));
+                d.i64(view.window.unwrap_or(-1));
+                views::hash_chain_split(&view.chain, &mut s, &mut d);
             }
             (Some(shape), None) => {
                 s.u32(1);

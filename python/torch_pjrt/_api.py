@@ -105,7 +105,9 @@ def metrics() -> dict:
     ``materializations``, ``host_to_device``, ``device_to_host``, ``recompiles`` and more, plus
     ``fallback_ops`` (ATen op name -> number of CPU fallbacks) and ``recompile_reasons`` (the
     latest recompiles, oldest first: each a dict with ``op``, ``op_index``, ``what``, ``old``,
-    ``new``, ``location``, ``message`` and every kept change under ``changes``)."""
+    ``new``, ``location``, ``message`` and every kept change under ``changes``) and
+    ``compiled_programs`` (the latest compiles, oldest first: ``region``, ``seconds``, ``fast``;
+    ``compile_seconds`` is the total and ``compile_seconds_max`` the slowest)."""
     return json.loads(_metrics_json())
 
 
@@ -120,6 +122,7 @@ def metrics_report() -> str:
     fallbacks = m.pop("fallback_ops", {}) or {}
     m.pop("last_recompile_reason", None)
     reasons = m.pop("recompile_reasons", []) or []
+    programs = m.pop("compiled_programs", []) or []
     lines = ["torch-pjrt metrics"]
     width = max([len(k) for k in m] + [12])
     for key in sorted(m):
@@ -132,6 +135,11 @@ def metrics_report() -> str:
             lines.append(f"    {op:<{width}}  {count}")
     else:
         lines.append(f"  {'fallback_ops':<{width}}  none")
+    if programs:
+        lines.append("  latest compiles (seconds, oldest first):")
+        for p in programs:
+            effort = " [fast]" if p["fast"] else ""
+            lines.append(f"    {p['seconds']:8.4f}  {p['region']}{effort}")
     if reasons:
         lines.append("  recent recompiles (oldest first):")
         for r in reasons:

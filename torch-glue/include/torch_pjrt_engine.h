@@ -66,6 +66,12 @@
 #define DEFAULT_MAX_REGION_OPS 1000
 
 /**
+ * Programs of at most this many ops (Strict's and Debug's op, with its index checks) compile
+ * with [`Effort::Fast`]; larger regions get the plugin's full optimization (RFC 0025).
+ */
+#define FAST_COMPILE_MAX_OPS 3
+
+/**
  * How many recent reasons `metrics()["recompile_reasons"]` keeps.
  */
 #define REASONS_KEPT 32

@@ -4,7 +4,7 @@
 use crate::metrics::{Counters, MetricsSnapshot};
 use crate::recompile::{Budget, RecompileTracker, Verdict};
 use compile::{
-    CacheKey, CompileConfig, CompileError, CompileHandle, Compiler, DeviceValue, ExecJob,
+    CacheKey, CompileConfig, CompileError, CompileHandle, Compiler, DeviceValue, Effort, ExecJob,
     ExecQueue, HostArgument, WeakDeviceValue,
 };
 use defer::{
@@ -19,7 +19,7 @@ use std::sync::Arc;
 type FlushedValues = smallvec::SmallVec<[DeviceValue; 2]>;
 
 /// The engine version: part of every cache key and cache directory name.
-pub const ENGINE_VERSION: &str = concat!("torch-pjrt-", env!("CARGO_PKG_VERSION"), "+hlo9");
+pub const ENGINE_VERSION: &str = concat!("torch-pjrt-", env!("CARGO_PKG_VERSION"), "+hlo10");
 
 /// Above this many pending ops DeferAndFuse flushes on its own. Compile time grows ~0.7 ms per op
 /// past a hundred on the CPU plugin (0.5 s at 1,500 ops), so a cap near a thousand keeps any
@@ -31,6 +31,10 @@ pub const DEFAULT_MAX_REGION_OPS: usize = 1000;
 /// of tiny ops stays one region up to the size cap).
 const REPEAT_MIN_OPS: usize = 32;
 const REPEAT_MIN_WORK: u64 = 1 << 20;
+
+/// Programs of at most this many ops (Strict's and Debug's op, with its index checks) compile
+/// with [`Effort::Fast`]; larger regions get the plugin's full optimization (RFC 0025).
+pub const FAST_COMPILE_MAX_OPS: usize = 3;
 
 /// Everything the environment configures.
 #[derive(Clone, Debug)]
@@ -66,6 +70,10 @@ pub struct EngineConfig {
     pub recompile_budget: Option<Budget>,
     /// `TORCH_PJRT_LOG_RECOMPILES=1`: every recompile's reason is printed as it happens.
     pub log_recompiles: bool,
+    /// Whether programs of a few ops compile with the plugin's fast-compile options
+    /// ([`compile::fast_overrides_for`]); `TORCH_PJRT_FAST_COMPILE=0` compiles every program
+    /// with the full ones.
+    pub fast_compile: bool,
 }
 
 /// Parses `key=value,key=value` client options: `true`/`false` are booleans, integers are
@@ -224,6 +232,7 @@ impl EngineConfig {
                 .map(|v| Budget::parse_env(&v))
                 .transpose()
                 .map_err(|m| EngineError::new(ErrorKind::Value, m))?,
+            fast_compile: !matches!(env("TORCH_PJRT_FAST_COMPILE").as_deref(), Some("0")),
             log_recompiles: matches!(
                 env("TORCH_PJRT_LOG_RECOMPILES").as_deref(),
                 Some(v) if !v.is_empty() && v != "0"
@@ -276,7 +285,9 @@ pub struct Engine {
     /// of those threads to wait for.
     started_by: u32,
     queue: ExecQueue,
+    /// The options words of full and fast compiles' keys ([`Engine::options_for`]).
     options_key: u64,
+    fast_options_key: u64,
     graph: Mutex<Graph<DeviceValue>>,
     modes: ModeStack,
     counters: Counters,
@@ -310,9 +321,13 @@ impl Engine {
         }
         let mut compile_config = config.compile.clone();
         compile_config.engine_version = ENGINE_VERSION.to_string();
+        if config.fast_compile {
+            compile_config.fast_overrides = compile::fast_overrides_for(client.platform_name());
+        }
         let compiler = Compiler::new(client.clone(), compile_config)
             .map_err(|e| runtime_error("cannot start the compiler", e))?;
         let options_key = compiler.options_fingerprint();
+        let fast_options_key = compiler.options_fingerprint_for(Effort::Fast);
         Ok(Engine {
             client,
             compiler: Arc::new(compiler),
@@ -320,6 +335,7 @@ impl Engine {
             queue: ExecQueue::new()
                 .map_err(|e| runtime_error("cannot start the execution thread", e))?,
             options_key,
+            fast_options_key,
             graph: Mutex::new({
                 let mut graph = Graph::new();
                 graph.set_donation(config.donate);
@@ -454,8 +470,8 @@ impl Engine {
             let run = graph.run_if_compiled(
                 call,
                 |_| DeviceValue::pending(),
-                |shapeless, dims| {
-                    cached = self.lookup_program(shapeless, dims);
+                |shapeless, dims, ops| {
+                    cached = self.lookup_program(shapeless, dims, ops);
                     cached.is_some()
                 },
             )?;
@@ -562,8 +578,8 @@ impl Engine {
         // Tier 1 is asked as soon as the key is known: on a hit the region's source is never
         // assembled.
         let mut cached = None;
-        let has_program = |shapeless, dims| {
-            cached = self.lookup_program(shapeless, dims);
+        let has_program = |shapeless, dims, ops| {
+            cached = self.lookup_program(shapeless, dims, ops);
             cached.is_some()
         };
         let Some(flush) = graph.flush_with(request, |_| DeviceValue::pending(), has_program)?
@@ -574,12 +590,27 @@ impl Engine {
     }
 
     /// Tier 1's program for a region key from the graph (this engine's options added).
-    fn lookup_program(&self, shapeless: u64, dims: u64) -> Option<Arc<pjrt::LoadedExecutable>> {
+    fn lookup_program(
+        &self,
+        shapeless: u64,
+        dims: u64,
+        ops: usize,
+    ) -> Option<Arc<pjrt::LoadedExecutable>> {
         self.compiler.lookup(&CacheKey {
             shapeless,
             dims,
-            options: self.options_key,
+            options: self.options_for(ops),
         })
+    }
+
+    /// The options word of a program of `ops` ops: fast compiles for the few-op programs of
+    /// the op-by-op modes, full optimization for fused regions.
+    fn options_for(&self, ops: usize) -> u64 {
+        if ops <= FAST_COMPILE_MAX_OPS {
+            self.fast_options_key
+        } else {
+            self.options_key
+        }
     }
 
     fn launch(
@@ -594,7 +625,7 @@ impl Engine {
         let key = CacheKey {
             shapeless: flush.shapeless,
             dims: flush.dims,
-            options: self.options_key,
+            options: self.options_for(flush.ops),
         };
         Counters::bump(&self.counters.donated_buffers, flush.aliases.len() as u64);
         let donated = flush.aliases.iter().map(|&(arg, _)| arg as usize);
@@ -624,9 +655,10 @@ impl Engine {
                             eprintln!("torch-pjrt: warning: {text}");
                         }
                         // The region is built on the compile thread, from the captured ops.
-                        self.compiler.request(key, move || {
-                            fuse::build_module(&source.build()).map_err(|e| e.message)
-                        })
+                        self.compiler
+                            .request_named(key, flush.label.clone(), move || {
+                                fuse::build_module(&source.build()).map_err(|e| e.message)
+                            })
                     }
                 }
             }
@@ -884,6 +916,13 @@ impl Engine {
         v.insert("cache_hits_tier3", compile.tier3_hits as f64);
         v.insert("compile_failures", compile.failures as f64);
         v.insert("compile_seconds", compile.compile_time_total.as_secs_f64());
+        v.insert(
+            "compile_seconds_max",
+            compile
+                .slowest
+                .as_ref()
+                .map_or(0.0, |p| p.time.as_secs_f64()),
+        );
         v.insert("heap_trims", compile.heap_trims as f64);
         v.insert(
             "host_heap_reuse",
@@ -941,6 +980,7 @@ impl Engine {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
+        s.compiled_programs = compile.recent.clone();
         s.last_recompile_reason = recompile_reasons.last().map(|r| r.message());
         s.recompile_reasons = recompile_reasons;
         s

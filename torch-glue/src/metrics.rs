@@ -63,6 +63,8 @@ pub struct MetricsSnapshot {
     pub last_recompile_reason: Option<String>,
     /// The recent recompiles' reasons, oldest first.
     pub recompile_reasons: Vec<RecompileReason>,
+    /// The latest programs compiled, oldest first, with their compile times.
+    pub compiled_programs: Vec<compile::CompiledProgram>,
 }
 
 impl MetricsSnapshot {
@@ -86,6 +88,21 @@ impl MetricsSnapshot {
         out.push_str("},\"recompile_reasons\":[");
         let reasons: Vec<String> = self.recompile_reasons.iter().map(reason_json).collect();
         out.push_str(&reasons.join(","));
+        out.push_str("],\"compiled_programs\":[");
+        let programs: Vec<String> = self
+            .compiled_programs
+            .iter()
+            .map(|p| {
+                format!(
+                    "{{\"region\":{},\"seconds\":{},\"fast\":{},\"key\":\"{}\"}}",
+                    json_string(&p.label),
+                    p.time.as_secs_f64(),
+                    p.fast,
+                    p.key
+                )
+            })
+            .collect();
+        out.push_str(&programs.join(","));
         out.push_str("],\"last_recompile_reason\":");
         match &self.last_recompile_reason {
             Some(r) => out.push_str(&json_string(r)),
@@ -107,6 +124,17 @@ impl MetricsSnapshot {
             out.push_str("  fallback_ops\n");
             for (k, v) in &self.fallback_ops {
                 out.push_str(&format!("    {k:<26} {v}\n"));
+            }
+        }
+        if !self.compiled_programs.is_empty() {
+            out.push_str("  latest compiles (seconds)\n");
+            for p in &self.compiled_programs {
+                let effort = if p.fast { " [fast]" } else { "" };
+                out.push_str(&format!(
+                    "    {:>8.4}  {}{effort}\n",
+                    p.time.as_secs_f64(),
+                    p.label
+                ));
             }
         }
         if !self.recompile_reasons.is_empty() {

@@ -29,7 +29,7 @@ pub mod reference;
 pub use decompose::decompose;
 pub use error::{ViewError, INTERNAL_OVERLAP_MESSAGE, PARTIAL_OVERLAP_MESSAGE};
 pub use invert::{invert, WriteProgram, WriteStep};
-pub use key::{hash_chain, hash_write_program};
+pub use key::{hash_chain, hash_chain_split, hash_write_program, hash_write_program_split};
 pub use layout::{check_in_bounds, contiguous_strides, is_non_overlapping_and_dense, Dims, Layout};
 pub use ops::{Chain, ShapeError, ViewOp};
 pub use overlap::{

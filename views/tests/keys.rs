@@ -3,7 +3,10 @@
 use std::collections::hash_map::DefaultHasher;
 use std::hash::Hasher;
 
-use views::{decompose, hash_chain, hash_write_program, invert, Layout};
+use views::{
+    decompose, hash_chain, hash_chain_split, hash_write_program, hash_write_program_split, invert,
+    Layout,
+};
 
 /// Records the bytes fed, so tests can compare key streams exactly.
 #[derive(Default)]
@@ -63,4 +66,62 @@ fn key_stream_is_fixed() {
     expected.push(4); // slice
     u64s(&mut expected, &[1, 1, 1, 8, 1, 2]); // start [1], limit [8], strides [2]
     assert_eq!(key, expected);
+}
+
+/// (structure, sizes) streams of a view's chain.
+fn split_chain_key(base_len: i64, view: &Layout) -> (Vec<u8>, Vec<u8>) {
+    let (mut structure, mut sizes) = (Recorder::default(), Recorder::default());
+    hash_chain_split(
+        &decompose(base_len, 4, view).unwrap(),
+        &mut structure,
+        &mut sizes,
+    );
+    (structure.0, sizes.0)
+}
+
+fn split_write_key(base_len: i64, view: &Layout) -> (Vec<u8>, Vec<u8>) {
+    let (mut structure, mut sizes) = (Recorder::default(), Recorder::default());
+    hash_write_program_split(
+        &invert(base_len, 4, view).unwrap(),
+        &mut structure,
+        &mut sizes,
+    );
+    (structure.0, sizes.0)
+}
+
+#[test]
+fn a_longer_sequence_keeps_the_structure_and_changes_the_sizes() {
+    // A key cache's transposed read `[heads, len, dim] -> [heads, dim, len]` at two lengths.
+    let transposed = |len: i64| Layout::new(4, &[2, 32, len], &[len * 32, 1, 32], 0);
+    let (s9, d9) = split_chain_key(2 * 9 * 32, &transposed(9));
+    let (s10, d10) = split_chain_key(2 * 10 * 32, &transposed(10));
+    assert_eq!(s9, s10, "the same view pattern has one structure");
+    assert_ne!(d9, d10, "its sizes differ");
+    // A row written at two positions of one buffer: one structure, two sizes keys.
+    let row = |at: i64| Layout::new(4, &[8], &[1], at * 8);
+    let (ws3, wd3) = split_write_key(64, &row(3));
+    let (ws4, wd4) = split_write_key(64, &row(4));
+    assert_eq!(ws3, ws4);
+    assert_ne!(wd3, wd4);
+}
+
+#[test]
+fn the_split_keys_tell_what_the_whole_key_tells() {
+    let odd = Layout::new(4, &[512, 1024], &[2, 1024], 1);
+    let even = Layout::new(4, &[512, 1024], &[2, 1024], 0);
+    let transposed = Layout::contiguous(4, &[1024, 1024]);
+    let plain = Layout::new(4, &[1024, 1024], &[1, 1024], 0);
+    assert_ne!(
+        split_chain_key(1 << 20, &odd),
+        split_chain_key(1 << 20, &even)
+    );
+    // Another permutation is another structure.
+    assert_ne!(
+        split_chain_key(1 << 20, &transposed).0,
+        split_chain_key(1 << 20, &plain).0
+    );
+    assert_ne!(
+        split_write_key(1 << 20, &odd),
+        split_write_key(1 << 20, &even)
+    );
 }

@@ -1,0 +1,55 @@
+"""Compile cost is reported per program, and programs of a few ops compile with the plugin's
+fast-compile options while fused regions get its full optimization (RFC 0025)."""
+
+import torch
+
+import torch_pjrt
+from conftest import assert_ok, run_python
+
+
+def test_each_compile_is_listed_with_its_time_and_effort(pjrt):
+    x = torch.randn(64, 64).to(pjrt)
+    torch.tanh(x).cpu()
+    with torch_pjrt.eager_mode("defer_and_fuse"):
+        y = x
+        for _ in range(6):
+            y = torch.tanh(y * 1.5 + 0.25)
+        y.sum().cpu()
+    m = torch_pjrt.metrics()
+    programs = m["compiled_programs"]
+    assert [p["region"] for p in programs][0] == "tanh"
+    by_region = {p["region"]: p for p in programs}
+    assert by_region["tanh"]["fast"] is True
+    fused = [p for p in programs if p["region"].startswith("region of")]
+    assert len(fused) == 1 and fused[0]["fast"] is False, programs
+    assert all(p["seconds"] > 0 for p in programs)
+    assert m["compile_seconds"] >= sum(p["seconds"] for p in programs) * 0.999
+    assert m["compile_seconds_max"] == max(p["seconds"] for p in programs)
+    assert "latest compiles" in torch_pjrt.metrics_report()
+    torch_pjrt.reset_metrics()
+    assert torch_pjrt.metrics()["compiled_programs"] == []
+
+
+def test_fast_compiles_give_the_same_values_and_can_be_turned_off():
+    code = """
+        import torch, torch_pjrt
+        torch.manual_seed(0)
+        x = torch.randn(1000)
+        outs = [f(x.to("pjrt")).cpu() for f in (torch.tanh, torch.exp, torch.log1p, torch.sigmoid)]
+        print([p["fast"] for p in torch_pjrt.metrics()["compiled_programs"]])
+        torch.save(outs, OUT)
+    """
+    import os, tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        results = {}
+        for setting in ("1", "0"):
+            path = os.path.join(tmp, f"{setting}.pt")
+            out = assert_ok(
+                run_python(code.replace("OUT", repr(path)), env={"TORCH_PJRT_FAST_COMPILE": setting})
+            )
+            expected = "True" if setting == "1" else "False"
+            assert out.strip() == "[" + ", ".join([expected] * 4) + "]", out
+            results[setting] = torch.load(path)
+        for fast, full in zip(results["1"], results["0"]):
+            torch.testing.assert_close(fast, full, rtol=0, atol=0, equal_nan=True)

@@ -34,7 +34,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 WORKER = os.path.join(HERE, "workloads.py")
 
 BACKENDS = ("cpu", "inductor", "torch_xla", "pjrt-strict", "pjrt-debug", "pjrt-defer_and_fuse")
-STEADY_WORKLOADS = ("tiny_ops", "chains", "norms", "mlp", "adam", "attention", "item_loop")
+STEADY_WORKLOADS = ("tiny_ops", "chains", "norms", "mlp", "adam", "attention", "item_loop", "generate")
 WORKLOADS = STEADY_WORKLOADS + ("first_step",)
 TITLES = {
     "tiny_ops": "Tiny-op loop (per op)",
@@ -45,6 +45,7 @@ TITLES = {
     "attention": "Attention block forward + backward (per call)",
     "item_loop": "MLP training step with loss.item() every step (per step)",
     "first_step": "Cold vs warm start: first MLP step in a fresh process",
+    "generate": "Tiny GPT-2 and Llama generate(): repeated request (median), first request (first rep)",
 }
 LABELS = {
     "cpu": "CPU eager",

@@ -204,6 +204,8 @@ class Runner:
             run_once = make()
             started = time.perf_counter()
             first = None
+            first_compiles = None
+            c_start = b.compile_count()
             for i in range(WARMUP):
                 t0 = time.perf_counter()
                 out = run_once()
@@ -211,6 +213,8 @@ class Runner:
                 del out
                 if i == 0:
                     first = time.perf_counter() - t0
+                    c_first = b.compile_count()
+                    first_compiles = None if c_start is None else c_first - c_start
                 if time.perf_counter() - started > BUDGET_S:
                     entry["budget_hit"] = True  # a workload that keeps compiling: cut warm-up short
                     break
@@ -233,6 +237,7 @@ class Runner:
                 first_s=first / per,
                 reps=len(samples),
                 compiles=None if c0 is None else c1 - c0,
+                first_compiles=first_compiles,
             )
             if m1:
                 entry["profile"] = _profile_delta(m0, m1, len(samples))
@@ -563,6 +568,68 @@ def wl_first_step(r: Runner):
     r.cases.append(entry)
 
 
+GEN_TOKENS = int(os.environ.get("BENCH_GEN_TOKENS", "8" if QUICK else "32"))
+
+
+def _tiny_decoder(arch: str):
+    """A tiny decoder with random weights: GPT-2 (2 layers, width 64, 2 heads) or Llama (2 layers,
+    width 64, 4 heads, 2 KV heads), vocabulary 500."""
+    import transformers
+
+    torch.manual_seed(0)
+    if arch == "gpt2":
+        config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=64, vocab_size=500)
+        model = transformers.GPT2LMHeadModel(config)
+    else:
+        config = transformers.LlamaConfig(
+            num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+            num_key_value_heads=2, vocab_size=500,
+        )
+        model = transformers.LlamaForCausalLM(config)
+    return model.eval()
+
+
+def wl_generate(r: Runner):
+    """Greedy `generate()` of a tiny GPT-2 and Llama from an 8-token prompt (BENCH_GEN_TOKENS new
+    tokens, default 32), with HF's dynamic and static KV caches: the first request (compiles
+    included: "first rep", and the programs it compiled in the note) and the repeated one."""
+    if r.b.name == "inductor":
+        return  # generate() under torch.compile is another workload; CPU eager is the reference
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        r.cases.append({"case": "generate", "error": "transformers is not installed in this venv"})
+        return
+    import logging
+
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    for arch in ("gpt2", "llama"):
+        for cache in ("dynamic", "static"):
+            def make(arch=arch, cache=cache):
+                model = _tiny_decoder(arch).to(r.b.device)
+                ids = torch.randint(0, 500, (1, 8), generator=torch.Generator().manual_seed(1))
+                ids = ids.to(r.b.device)
+                kwargs = dict(max_new_tokens=GEN_TOKENS, min_new_tokens=GEN_TOKENS, do_sample=False, pad_token_id=0)
+                if cache == "static":
+                    kwargs["cache_implementation"] = "static"
+
+                def run_once():
+                    with torch.no_grad():
+                        return model.generate(ids, **kwargs).cpu()
+
+                return run_once
+
+            entry = r.case(
+                f"{arch} {cache} cache, {GEN_TOKENS} tokens",
+                {"arch": arch, "cache": cache, "new_tokens": GEN_TOKENS},
+                1,
+                "request",
+                make,
+            )
+            if entry.get("first_compiles") is not None:
+                entry["note"] = f"first request compiled {entry['first_compiles']} programs"
+
+
 WORKLOADS = {
     "tiny_ops": wl_tiny_ops,
     "chains": wl_chains,
@@ -572,6 +639,7 @@ WORKLOADS = {
     "attention": wl_attention,
     "item_loop": wl_item_loop,
     "first_step": wl_first_step,
+    "generate": wl_generate,
 }
 
 

@@ -1,0 +1,182 @@
+//! Strict's direct path: a warm op on whole device values runs without a node, externals or a
+//! plan, keyed exactly as the one-op flush of it would be (the key comes from [`super::key`]).
+
+use super::*;
+
+impl<V: Clone> Graph<V> {
+    /// Strict's direct path, for an op that reads whole device values and writes new storages
+    /// or one whole `out` tensor, while nothing is pending: keys the one-op region a capture
+    /// and flush of it would build (aliases included), and when `has_program(shapeless, dims, 1)`
+    /// knows that key, installs the results and returns the region ready to launch, without a
+    /// node, externals or a liveness plan, with the storages that hold its results. `None`:
+    /// capture and flush it instead (no program for its key yet, or not an op this path
+    /// takes). Errors are the ones capture would raise.
+    pub fn run_if_compiled(
+        &mut self,
+        call: OpCall<'_>,
+        mut make_output: impl FnMut(&TensorType) -> V,
+        has_program: impl FnOnce(u64, u64, usize) -> bool,
+    ) -> Result<Option<(Captured, Flush<V>)>, EngineError> {
+        let OpCall {
+            op,
+            inputs,
+            scalars,
+            params,
+            outs,
+        } = call;
+        if !self.pending.is_empty() || op.is_side_effecting() || outs.len() > 1 {
+            return Ok(None);
+        }
+        let mut types: SmallVec<[TensorType; 3]> = SmallVec::new();
+        for (i, t) in inputs.iter().enumerate() {
+            if !self.placement(&OperandName(op, "input", i), t)?.whole {
+                return Ok(None);
+            }
+            types.push(t.ty());
+        }
+        let meta = ops::meta(op, &types, scalars, params)?;
+        let outputs_len = meta.outputs.len();
+        if outputs_len == 0 {
+            return Ok(None);
+        }
+        if let Some(out) = outs.first() {
+            // One whole destination of the result's own type and shape, which no input reads
+            // except as that same tensor (an in-place op); anything else is capture's to
+            // check, cast or refuse.
+            if !self.placement(&OperandName(op, "output", 0), out)?.whole
+                || outputs_len != 1
+                || meta.outputs[0].dtype != out.dtype
+                || meta.outputs[0].shape != out.sizes
+                || inputs.iter().any(|t| t.storage == out.storage && t != out)
+            {
+                return Ok(None);
+            }
+        }
+        // Arguments numbered by first use of their storage, as capture numbers externals.
+        let mut args: SmallVec<[V; 4]> = SmallVec::new();
+        let mut arg_storages: SmallVec<[StorageId; 4]> = SmallVec::new();
+        let mut digest_inputs: SmallVec<[InputDigest<'_>; 3]> = SmallVec::new();
+        let mut aliases: SmallVec<[(u32, u32); 2]> = SmallVec::new();
+        for t in inputs {
+            let Some(StorageValue::Device { value, ty }) =
+                self.storages.get(&t.storage).map(|s| &s.value)
+            else {
+                return Ok(None);
+            };
+            let number = match arg_storages.iter().position(|&s| s == t.storage) {
+                Some(k) => k,
+                None => {
+                    arg_storages.push(t.storage);
+                    args.push(value.clone());
+                    // An in-place op donates the value it overwrites, as a flush decides:
+                    // when donation is on, the value is this storage's alone, and its type is
+                    // the result's.
+                    if outs.first().is_some_and(|out| out.storage == t.storage)
+                        && self.donate
+                        && !self.shared_values.contains(&t.storage)
+                        && *ty == meta.outputs[0]
+                    {
+                        aliases.push((arg_storages.len() as u32 - 1, 0));
+                    }
+                    arg_storages.len() - 1
+                }
+            };
+            digest_inputs.push(InputDigest {
+                source: InputSource::Argument {
+                    number: number as u32,
+                    stored: Some(ty),
+                },
+                reshape_to: (ty.shape != t.sizes).then_some(t.sizes.as_slice()),
+                view: None,
+            });
+        }
+        let (s, d) = op_digests(
+            &RegionOp::Aten(op),
+            params,
+            scalars,
+            digest_inputs.drain(..),
+            &meta,
+        );
+        drop(digest_inputs);
+        // The one-op region's key as `flush_with` forms it: the op's prefix digests (it would
+        // be alone in the pending list), each output by position, no checks, then the aliases.
+        let mut key = RegionKey::new((fuse::combine(0, s), fuse::combine(0, d)), outputs_len);
+        for index in 0..outputs_len {
+            key.output(0, index as u32);
+        }
+        key.checks(0);
+        let (shapeless, dims) = key.finish(&aliases);
+        if !has_program(shapeless, dims, 1) {
+            #[cfg(debug_assertions)]
+            {
+                self.direct_key_check = Some((shapeless, dims));
+            }
+            return Ok(None);
+        }
+
+        let scalars_typed: SmallVec<[(ScalarArg, DType); 4]> = scalars
+            .iter()
+            .copied()
+            .zip(meta.scalar_dtypes.iter().copied())
+            .collect();
+        let (_, packs) = fuse::pack_scalars(&scalars_typed);
+        let mut outputs: SmallVec<[V; 2]> = SmallVec::new();
+        let mut captured = CapturedOutputs::new();
+        for ty in meta.outputs {
+            let value = make_output(&ty);
+            let installed = StorageValue::Device {
+                value: value.clone(),
+                ty: ty.clone(),
+            };
+            // What a capture's write and its flush leave: one more version.
+            let storage = match outs.first() {
+                Some(out) => {
+                    // No donation bookkeeping for the value it replaced.
+                    self.overwritten.remove(&out.storage);
+                    self.shared_values.remove(&out.storage);
+                    let entry = self
+                        .storages
+                        .get_mut(&out.storage)
+                        .expect("checked storage");
+                    entry.version += 1;
+                    entry.value = installed;
+                    out.storage
+                }
+                None => {
+                    let nbytes = ty.nbytes();
+                    self.insert_storage(nbytes, Some(ty.dtype), installed, 1)
+                }
+            };
+            outputs.push(value);
+            captured.push((storage, ty));
+        }
+        let name = op.name();
+        let label = self
+            .op_labels
+            .entry(name)
+            .or_insert_with(|| Arc::from(name))
+            .clone();
+        self.stats.captured_ops += 1;
+        self.stats.direct_ops += 1;
+        self.stats.materializations += 1;
+        self.stats.regions += 1;
+        self.stats.region_ops += 1;
+        self.stats.largest_region = self.stats.largest_region.max(1);
+        Ok(Some((
+            Captured { outputs: captured },
+            Flush {
+                shapeless,
+                dims,
+                region: None,
+                ops: 1,
+                aliases,
+                args,
+                scalar_packs: packs,
+                outputs,
+                label,
+                dropped_ops: 0,
+                checks: Vec::new(),
+            },
+        )))
+    }
+}

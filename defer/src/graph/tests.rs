@@ -1,0 +1,192 @@
+//! The graph's rules with plain integers as device values: keys, the direct path, flush planning
+//! and the signatures a recompile is explained from.
+
+use super::*;
+use crate::signature::explain;
+
+fn device(g: &mut Graph<u32>, dtype: DType, sizes: &[i64], value: u32) -> TensorRef {
+    let n: i64 = sizes.iter().product();
+    let s = g.new_storage(n as u64 * dtype.size_bytes() as u64);
+    let t = TensorRef::contiguous(s, dtype, sizes);
+    g.write_device(&t, value).unwrap();
+    t
+}
+
+fn call<'a>(
+    op: OpId,
+    inputs: &'a [TensorRef],
+    scalars: &'a [ScalarArg],
+    outs: &'a [TensorRef],
+) -> OpCall<'a> {
+    OpCall {
+        op,
+        inputs,
+        scalars,
+        params: &[],
+        outs,
+    }
+}
+
+/// The key the direct path computes for `op` (it declines, having no program), then the key of
+/// the capture and one-op flush of the same op.
+fn direct_and_flush_keys(
+    g: &mut Graph<u32>,
+    op: OpId,
+    inputs: &[TensorRef],
+    scalars: &[ScalarArg],
+    outs: &[TensorRef],
+) -> ((u64, u64), (u64, u64)) {
+    let mut asked = None;
+    let run = g
+        .run_if_compiled(
+            call(op, inputs, scalars, outs),
+            |_| 0,
+            |s, d, ops| {
+                assert_eq!(ops, 1);
+                asked = Some((s, d));
+                false
+            },
+        )
+        .unwrap();
+    assert!(run.is_none(), "no program: the direct path declines");
+    g.capture(op, inputs, scalars, &[], outs).unwrap();
+    let flush = g
+        .flush(FlushRequest::All, |_| 7)
+        .unwrap()
+        .expect("a region");
+    (
+        asked.expect("the direct path keyed the op"),
+        (flush.shapeless, flush.dims),
+    )
+}
+
+#[test]
+fn the_direct_path_keys_an_op_as_its_flush_does() {
+    let mut g: Graph<u32> = Graph::new();
+    g.set_donation(true);
+    let x = device(&mut g, DType::F32, &[4, 3], 1);
+    let y = device(&mut g, DType::F32, &[4, 3], 2);
+    let (direct, flushed) =
+        direct_and_flush_keys(&mut g, OpId::Mul, &[x.clone(), y.clone()], &[], &[]);
+    assert_eq!(direct, flushed, "a new result");
+    // In place, donating the overwritten value: the alias is part of both keys.
+    let (direct, flushed) = direct_and_flush_keys(
+        &mut g,
+        OpId::Add,
+        &[x.clone(), y.clone()],
+        &[],
+        std::slice::from_ref(&x),
+    );
+    assert_eq!(direct, flushed, "an in-place update");
+    // And a warm direct run returns that region, outputs installed.
+    let (captured, flush) = g
+        .run_if_compiled(
+            call(OpId::Mul, &[x.clone(), y], &[], &[]),
+            |_| 9,
+            |_, _, _| true,
+        )
+        .unwrap()
+        .expect("the program exists");
+    assert_eq!(flush.outputs.as_slice(), &[9]);
+    assert!(flush.region.is_none(), "a warm run builds no source");
+    assert!(matches!(
+        g.read_source(&TensorRef::contiguous(
+            captured.outputs[0].0,
+            DType::F32,
+            &[4, 3]
+        ))
+        .unwrap(),
+        Some(ReadSource::Device(9, _))
+    ));
+}
+
+#[test]
+fn a_flush_keeps_held_values_and_drops_dead_ones() {
+    let mut g: Graph<u32> = Graph::new();
+    let x = device(&mut g, DType::F32, &[8], 1);
+    let a = g
+        .capture(OpId::Neg, std::slice::from_ref(&x), &[], &[], &[])
+        .unwrap();
+    let a = TensorRef::contiguous(a.outputs[0].0, DType::F32, &[8]);
+    // Captured before the requested value, so in its region (ordered materialization), and
+    // read by nothing once released.
+    let dead = g
+        .capture(OpId::Sin, std::slice::from_ref(&x), &[], &[], &[])
+        .unwrap();
+    let b = g
+        .capture(OpId::Exp, std::slice::from_ref(&a), &[], &[], &[])
+        .unwrap();
+    let b = TensorRef::contiguous(b.outputs[0].0, DType::F32, &[8]);
+    // Captured after it: stays pending.
+    let later = g
+        .capture(OpId::Cos, std::slice::from_ref(&x), &[], &[], &[])
+        .unwrap();
+    g.release_storage(dead.outputs[0].0).unwrap();
+    g.release_storage(a.storage).unwrap();
+    assert_eq!(g.pending_len(), 4);
+    let flush = g
+        .flush(FlushRequest::Storages(&[b.storage]), |_| 5)
+        .unwrap()
+        .expect("a region");
+    assert_eq!(flush.ops, 2, "neg and exp run; sin is dead");
+    assert_eq!(flush.dropped_ops, 1);
+    assert_eq!(flush.outputs.as_slice(), &[5], "only exp's result is held");
+    assert_eq!(g.pending_len(), 1, "cos stays pending");
+    assert!(g.any_pending(&[later.outputs[0].0]));
+}
+
+#[test]
+fn a_view_over_a_longer_value_keeps_the_structure_key() {
+    // `x.t()` of a `[4, len]` value, negated: one structure, a new dimensions key per length.
+    let keys = |len: i64| {
+        let mut g: Graph<u32> = Graph::new();
+        let base = device(&mut g, DType::F32, &[4, len], 1);
+        let transposed = TensorRef {
+            storage: base.storage,
+            dtype: DType::F32,
+            sizes: Shape::from_slice(&[len, 4]),
+            strides: SmallVec::from_slice(&[1, len]),
+            offset: 0,
+        };
+        g.capture(OpId::Neg, &[transposed], &[], &[], &[]).unwrap();
+        let flush = g.flush(FlushRequest::All, |_| 0).unwrap().unwrap();
+        let signature = flush.source().signature();
+        ((flush.shapeless, flush.dims), signature)
+    };
+    let ((s9, d9), sig9) = keys(9);
+    let ((s10, d10), sig10) = keys(10);
+    assert_eq!(s9, s10);
+    assert_ne!(d9, d10);
+    // The explanation names the input's new length and its view.
+    assert_eq!(sig9.skeleton, sig10.skeleton);
+    let changes = explain(&sig9, &sig10);
+    assert_eq!(changes[0].what, "input 0 (self) dim 0");
+    assert_eq!(
+        (changes[0].old.as_str(), changes[0].new.as_str()),
+        ("9", "10")
+    );
+    assert!(
+        changes.iter().any(|c| c.what == "input 0 (self) view"),
+        "{changes:?}"
+    );
+}
+
+#[test]
+fn signatures_see_static_params_and_dtypes() {
+    let sig = |dtype: DType, dims: i64| {
+        let mut g: Graph<u32> = Graph::new();
+        let x = device(&mut g, dtype, &[3, 4], 1);
+        // sum: [keepdim, dtype (-1 = none), dims...]
+        g.capture(OpId::Sum, &[x], &[], &[0, -1, dims], &[])
+            .unwrap();
+        g.flush(FlushRequest::All, |_| 0)
+            .unwrap()
+            .unwrap()
+            .source()
+            .signature()
+    };
+    let changes = explain(&sig(DType::F32, 0), &sig(DType::F32, 1));
+    assert_eq!(changes[0].what, "param 2 (dims)");
+    let changes = explain(&sig(DType::F32, 0), &sig(DType::F16, 0));
+    assert_eq!(changes[0].what, "input 0 (self) dtype");
+}

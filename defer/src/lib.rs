@@ -11,8 +11,8 @@ pub mod signature;
 mod storage;
 
 pub use graph::{
-    Captured, CapturedOutputs, EngineError, ErrorKind, ExternalValue, Flush, FlushRequest, Graph,
-    GraphStats, OpCall, ReadSource, RegionSource, TensorRef,
+    isolation_cuts, Captured, CapturedOutputs, EngineError, ErrorKind, ExternalValue, Flush,
+    FlushRequest, Graph, GraphStats, OpCall, PlannedRegion, ReadSource, RegionSource, TensorRef,
 };
 pub use mode::{Mode, ModeStack};
 pub use signature::{Change, RegionSignature};

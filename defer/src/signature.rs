@@ -42,6 +42,9 @@ pub struct OpSignature {
 #[derive(Clone, Debug, PartialEq)]
 pub struct InputSignature {
     pub ty: TensorType,
+    /// The type of the value it is read from, when it is read through a view or a reshape (a
+    /// window of a longer value: the value's length is part of the program too).
+    pub stored: Option<TensorType>,
     /// Where it comes from: a region argument's number or an earlier op's output.
     pub source: InputOrigin,
     /// The view chain it is read through, when it is a strided window of a storage.
@@ -269,6 +272,25 @@ fn explain_op(index: usize, a: &OpSignature, b: &OpSignature, out: &mut Vec<Chan
                 _ => format!("input {k}"),
             };
             type_changes(&label, &ia.ty, &ib.ty, &mut push);
+            if let (Some(sa), Some(sb)) = (&ia.stored, &ib.stored) {
+                type_changes(&format!("{label} read from a value:"), sa, sb, &mut push);
+            } else if ia.stored != ib.stored {
+                push(
+                    format!("{label} read"),
+                    if ia.stored.is_some() {
+                        "through a view"
+                    } else {
+                        "whole"
+                    }
+                    .to_string(),
+                    if ib.stored.is_some() {
+                        "through a view"
+                    } else {
+                        "whole"
+                    }
+                    .to_string(),
+                );
+            }
             if ia.view != ib.view {
                 push(
                     format!("{label} view"),
@@ -397,6 +419,7 @@ mod tests {
                 .enumerate()
                 .map(|(i, s)| InputSignature {
                     ty: TensorType::new(DType::F32, s),
+                    stored: None,
                     source: InputOrigin::Argument(i as u32),
                     view: None,
                 })

@@ -57,3 +57,25 @@ def test_generate_matches_the_cpu_and_a_repeated_request_compiles_nothing(mode, 
     assert torch.equal(again, expected)
     assert after["compilations"] == before["compilations"], after["compiled_programs"][-5:]
     assert after["recompiles"] == before["recompiles"]
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_a_static_cache_decode_step_keeps_one_fused_program(pjrt, arch):
+    # With a static cache only the bookkeeping tensors generate() grows by a token per step
+    # (input_ids, position ids, the stopping check's read) change shape. Once that is seen, they
+    # run as regions of their own (isolation cuts, RFC 0027) and the model's fused step stays
+    # one cached program: every later compile is a program of a few ops.
+    model = build(arch).to(pjrt)
+    ids = torch.randint(1, 500, (1, 8), generator=torch.Generator().manual_seed(2)).to(pjrt)
+    kwargs = dict(max_new_tokens=16, min_new_tokens=16, do_sample=False, pad_token_id=0,
+                  cache_implementation="static")
+    with torch_pjrt.eager_mode("defer_and_fuse"), torch.no_grad():
+        model.generate(ids, **kwargs).cpu()
+    m = torch_pjrt.metrics()
+    assert m["isolation_cuts"] > 0
+    programs = m["compiled_programs"]  # the latest 32, of this test (the fixture reset them)
+    fused = [p["region"] for p in programs if not p["fast"]]
+    # The prefill, the first decode steps and the pieces of the cut step: not one per token.
+    assert len(fused) <= 8, fused
+    if len(programs) == 32:
+        assert all(p["fast"] for p in programs[-16:]), [p["region"] for p in programs[-16:]]

@@ -76,6 +76,13 @@
  */
 #define REASONS_KEPT 32
 
+/**
+ * A region is cut around its shape-changing ops (RFC 0027) only when it has at least this many
+ * ops, at most one in `ISOLATE_MAX_SHARE` of them change, and it was rebuilt at least
+ * `ISOLATE_AFTER` times with changes in ops alone.
+ */
+#define ISOLATE_MIN_OPS 16
+
 typedef struct Option_TpjrtLocationHook Option_TpjrtLocationHook;
 
 /**

@@ -36,6 +36,9 @@ const REPEAT_MIN_WORK: u64 = 1 << 20;
 /// with [`Effort::Fast`]; larger regions get the plugin's full optimization (RFC 0025).
 pub const FAST_COMPILE_MAX_OPS: usize = 3;
 
+/// How many whole regions' digests isolation cuts remember (RFC 0027).
+const WHOLE_REGIONS_KEPT: usize = 4096;
+
 /// Everything the environment configures.
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
@@ -70,6 +73,9 @@ pub struct EngineConfig {
     pub recompile_budget: Option<Budget>,
     /// `TORCH_PJRT_LOG_RECOMPILES=1`: every recompile's reason is printed as it happens.
     pub log_recompiles: bool,
+    /// Whether DeferAndFuse runs the few ops whose shapes keep changing in a recurring region as
+    /// regions of their own (RFC 0027); `TORCH_PJRT_ISOLATION_CUTS=0` turns it off.
+    pub isolation_cuts: bool,
     /// Whether programs of a few ops compile with the plugin's fast-compile options
     /// ([`compile::fast_overrides_for`]); `TORCH_PJRT_FAST_COMPILE=0` compiles every program
     /// with the full ones.
@@ -233,6 +239,7 @@ impl EngineConfig {
                 .transpose()
                 .map_err(|m| EngineError::new(ErrorKind::Value, m))?,
             fast_compile: !matches!(env("TORCH_PJRT_FAST_COMPILE").as_deref(), Some("0")),
+            isolation_cuts: !matches!(env("TORCH_PJRT_ISOLATION_CUTS").as_deref(), Some("0")),
             log_recompiles: matches!(
                 env("TORCH_PJRT_LOG_RECOMPILES").as_deref(),
                 Some(v) if !v.is_empty() && v != "0"
@@ -294,6 +301,7 @@ pub struct Engine {
     max_region_ops: usize,
     repeat_cuts: bool,
     memory_cuts: bool,
+    isolation_cuts: bool,
     /// The outputs of the newest launched region, awaited by `sync` (weakly: holding them would
     /// keep them from being donated; released work is awaited through the queue's events).
     last_outputs: Mutex<Vec<WeakDeviceValue>>,
@@ -301,6 +309,9 @@ pub struct Engine {
     pending_checks: Mutex<Vec<(DeviceValue, String)>>,
     /// Which compiles rebuild a structure, why, and the recompile budgets.
     recompiles: Mutex<RecompileTracker>,
+    /// The [`Flush::prefix`] digests of the large regions compiled whole, which isolation cuts
+    /// leave whole (cleared when full).
+    whole_regions: Mutex<std::collections::HashSet<(u64, u64)>>,
     /// Signalled when the runtime's warm-up (started by [`Engine::start_warm_up`] in the process
     /// that made the engine) ends.
     warm_up: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
@@ -346,8 +357,10 @@ impl Engine {
             max_region_ops: config.max_region_ops,
             repeat_cuts: config.repeat_cuts,
             memory_cuts: config.memory_cuts,
+            isolation_cuts: config.isolation_cuts,
             last_outputs: Mutex::new(Vec::new()),
             pending_checks: Mutex::new(Vec::new()),
+            whole_regions: Mutex::new(Default::default()),
             recompiles: Mutex::new(RecompileTracker::new(
                 config.recompile_budget,
                 config.log_recompiles,
@@ -551,6 +564,12 @@ impl Engine {
         graph: &mut Graph<DeviceValue>,
         request: FlushRequest<'_>,
     ) -> Result<FlushedValues, EngineError> {
+        if self.isolation_cuts
+            && self.modes.current() == Mode::DeferAndFuse
+            && !matches!(request, FlushRequest::Prefix(_))
+        {
+            self.isolate_varying_ops(graph, request)?;
+        }
         if self.memory_cuts
             && matches!(request, FlushRequest::All)
             && self.modes.current() == Mode::DeferAndFuse
@@ -567,6 +586,46 @@ impl Engine {
             }
         }
         self.flush_region(graph, request)
+    }
+
+    /// Isolation cuts (RFC 0027): when the region this flush would run is an op sequence whose
+    /// rebuilds changed only a few ops' shapes, runs the region up to each of those ops, and each
+    /// of them, as regions of their own; the rest keeps one program whatever those shapes are.
+    fn isolate_varying_ops(
+        &self,
+        graph: &mut Graph<DeviceValue>,
+        request: FlushRequest<'_>,
+    ) -> Result<(), EngineError> {
+        if !self.recompiles.lock().has_isolations() {
+            return Ok(());
+        }
+        let Some(planned) = graph.planned_region(request)? else {
+            return Ok(());
+        };
+        if self.whole_regions.lock().contains(&planned.prefix) {
+            // These very ops were compiled as one program (before the cut was known): run it,
+            // rather than compile the pieces, so a repeated request compiles nothing.
+            return Ok(());
+        }
+        let Some(isolated) = self
+            .recompiles
+            .lock()
+            .isolated_ops(planned.skeleton)
+            .map(<[usize]>::to_vec)
+        else {
+            return Ok(());
+        };
+        let mut done = 0;
+        for cut in defer::isolation_cuts(&planned.positions, &isolated) {
+            let before = graph.pending_len();
+            self.flush_region(graph, FlushRequest::Prefix(cut - done))?;
+            if before - graph.pending_len() != cut - done {
+                break; // not cut as planned: the rest runs as the flush asked
+            }
+            done = cut;
+            Counters::bump(&self.counters.isolation_cuts, 1);
+        }
+        Ok(())
     }
 
     /// Plans and launches one region.
@@ -632,6 +691,13 @@ impl Engine {
         let handle: CompileHandle = match (cached, flush.region) {
             (Some(exe), _) => CompileHandle::ready(key, exe),
             (None, Some(source)) => {
+                if flush.ops >= crate::recompile::ISOLATE_MIN_OPS {
+                    let mut whole = self.whole_regions.lock();
+                    if whole.len() >= WHOLE_REGIONS_KEPT {
+                        whole.clear();
+                    }
+                    whole.insert(flush.prefix);
+                }
                 let verdict = self.recompiles.lock().on_compile(
                     source.signature(),
                     &flush.label,
@@ -950,6 +1016,7 @@ impl Engine {
         v.insert("donated_buffers", Counters::get(&c.donated_buffers) as f64);
         v.insert("repeat_cuts", Counters::get(&c.repeat_cuts) as f64);
         v.insert("memory_cuts", Counters::get(&c.memory_cuts) as f64);
+        v.insert("isolation_cuts", Counters::get(&c.isolation_cuts) as f64);
         v.insert("ops", Counters::get(&c.ops) as f64);
         v.insert("deferred_ops", graph.deferred_ops as f64);
         v.insert("pending_ops", pending_ops as f64);

@@ -21,6 +21,8 @@ pub struct Counters {
     pub repeat_cuts: AtomicU64,
     /// Whole flushes cut where one region would need more memory (DeferAndFuse's memory cuts).
     pub memory_cuts: AtomicU64,
+    /// Regions cut around ops whose shapes keep changing (DeferAndFuse's isolation cuts).
+    pub isolation_cuts: AtomicU64,
     pub fallback_ops: Mutex<BTreeMap<String, u64>>,
 }
 
@@ -45,6 +47,7 @@ impl Counters {
             &self.donated_buffers,
             &self.repeat_cuts,
             &self.memory_cuts,
+            &self.isolation_cuts,
         ] {
             c.store(0, Ordering::Relaxed);
         }

@@ -29,6 +29,13 @@ const SIGNATURES_KEPT: usize = 1024;
 /// Changes kept per reason (the first names the cause; the count says how many there were).
 const CHANGES_KEPT: usize = 8;
 
+/// A region is cut around its shape-changing ops (RFC 0027) only when it has at least this many
+/// ops, at most one in `ISOLATE_MAX_SHARE` of them change, and it was rebuilt at least
+/// `ISOLATE_AFTER` times with changes in ops alone.
+pub const ISOLATE_MIN_OPS: usize = 16;
+const ISOLATE_MAX_SHARE: usize = 8;
+const ISOLATE_AFTER: u32 = 2;
+
 /// What a recompile budget does past its limit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BudgetAction {
@@ -143,6 +150,9 @@ pub enum Verdict {
 #[derive(Debug, Default)]
 pub struct RecompileTracker {
     signatures: HashMap<u64, RegionSignature>,
+    /// Per op sequence: how many times it was rebuilt with changes confined to a few ops, and
+    /// those ops' indices in the region (the union over the rebuilds).
+    varying: HashMap<u64, (u32, Vec<usize>)>,
     /// Recompiles since the process started (reasons are numbered by it).
     total: u64,
     /// Recompiles since the metrics were last reset.
@@ -183,12 +193,14 @@ impl RecompileTracker {
             return Verdict::Compile;
         };
         let current = &self.signatures[&previous.skeleton];
+        let region_ops = current.ops.len();
         let mut changes = signature::explain(&previous, current);
         if changes.is_empty() {
             // The very program again: a request while its twin was still compiling, or one
             // evicted from tier 1. Not a new build of the structure.
             return Verdict::Compile;
         }
+        self.note_varying_ops(previous.skeleton, region_ops, &changes);
         let total_changes = changes.len();
         changes.truncate(CHANGES_KEPT);
         self.total += 1;
@@ -256,6 +268,47 @@ impl RecompileTracker {
         messages
     }
 
+    fn note_varying_ops(&mut self, skeleton: u64, region_ops: usize, changes: &[Change]) {
+        let mut ops: Vec<usize> = Vec::new();
+        for change in changes {
+            match change.op_index {
+                Some(i) => ops.push(i),
+                None => return, // what the region materializes changed: not a few ops' shapes
+            }
+        }
+        ops.sort_unstable();
+        ops.dedup();
+        if region_ops < ISOLATE_MIN_OPS {
+            return;
+        }
+        let entry = self.varying.entry(skeleton).or_default();
+        entry.0 += 1;
+        entry.1.extend(ops);
+        entry.1.sort_unstable();
+        entry.1.dedup();
+        if entry.1.len() * ISOLATE_MAX_SHARE > region_ops {
+            // Too much of the region changes: cutting it would not leave a stable program.
+            entry.1.clear();
+            entry.0 = 0;
+        }
+    }
+
+    /// Whether some op sequence has ops to isolate (a cheap test before planning a flush twice).
+    pub fn has_isolations(&self) -> bool {
+        self.varying
+            .values()
+            .any(|(count, ops)| *count >= ISOLATE_AFTER && !ops.is_empty())
+    }
+
+    /// The region indices of the ops to run on their own when `skeleton` is flushed: the ops
+    /// whose shapes kept changing while the rest of the region stayed the same.
+    pub fn isolated_ops(&self, skeleton: u64) -> Option<&[usize]> {
+        match self.varying.get(&skeleton) {
+            Some((count, ops)) if *count >= ISOLATE_AFTER && !ops.is_empty() => Some(ops),
+            _ => None,
+        }
+    }
+
     pub fn push_budget(&mut self, budget: Budget) {
         self.budgets.push((budget, 0));
     }
@@ -301,6 +354,7 @@ mod tests {
             variant: 0,
             inputs: smallvec::smallvec![InputSignature {
                 ty: ty.clone(),
+                stored: None,
                 source: InputOrigin::Argument(0),
                 view: None,
             }],
@@ -368,6 +422,54 @@ mod tests {
             Verdict::Compile
         );
         assert!(t.pop_budget().is_err());
+    }
+
+    /// A region of `n` negations of `[len]` whose op `varying` reads `[len + extra]` instead.
+    fn chain(n: usize, varying: usize, extra: i64) -> RegionSignature {
+        let mut region = neg(4);
+        let op = region.ops[0].clone();
+        region.ops = vec![op; n];
+        region.ops[varying].inputs[0].ty = TensorType::new(DType::F32, &[4 + extra]);
+        region.skeleton = signature::skeleton(region.ops.iter().map(|o| &o.op));
+        region
+    }
+
+    #[test]
+    fn a_few_ops_that_keep_changing_are_isolated_after_two_rebuilds() {
+        let mut t = RecompileTracker::new(None, false);
+        let skeleton = chain(20, 5, 0).skeleton;
+        t.on_compile(chain(20, 5, 0), "r", Mode::DeferAndFuse, (0, 0));
+        t.on_compile(chain(20, 5, 1), "r", Mode::DeferAndFuse, (0, 1));
+        assert!(!t.has_isolations(), "one rebuild may be a one-off");
+        t.on_compile(chain(20, 5, 2), "r", Mode::DeferAndFuse, (0, 2));
+        assert!(t.has_isolations());
+        assert_eq!(t.isolated_ops(skeleton), Some(&[5][..]));
+        // Small regions are never cut.
+        let mut t = RecompileTracker::new(None, false);
+        for extra in 0..4 {
+            t.on_compile(
+                chain(8, 1, extra),
+                "r",
+                Mode::DeferAndFuse,
+                (0, extra as u64),
+            );
+        }
+        assert!(!t.has_isolations());
+    }
+
+    #[test]
+    fn a_region_that_changes_throughout_is_not_cut() {
+        let mut t = RecompileTracker::new(None, false);
+        for n in 4..8 {
+            // Every op's input and output change.
+            let mut region = chain(20, 0, 0);
+            for op in region.ops.iter_mut() {
+                op.inputs[0].ty = TensorType::new(DType::F32, &[n]);
+                op.outputs[0] = TensorType::new(DType::F32, &[n]);
+            }
+            t.on_compile(region, "r", Mode::DeferAndFuse, (0, n as u64));
+        }
+        assert!(!t.has_isolations());
     }
 
     #[test]

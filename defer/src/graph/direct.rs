@@ -100,7 +100,8 @@ impl<V: Clone> Graph<V> {
         drop(digest_inputs);
         // The one-op region's key as `flush_with` forms it: the op's prefix digests (it would
         // be alone in the pending list), each output by position, no checks, then the aliases.
-        let mut key = RegionKey::new((fuse::combine(0, s), fuse::combine(0, d)), outputs_len);
+        let prefix = (fuse::combine(0, s), fuse::combine(0, d));
+        let mut key = RegionKey::new(prefix, outputs_len);
         for index in 0..outputs_len {
             key.output(0, index as u32);
         }
@@ -174,6 +175,7 @@ impl<V: Clone> Graph<V> {
                 scalar_packs: packs,
                 outputs,
                 label,
+                prefix,
                 dropped_ops: 0,
                 checks: Vec::new(),
             },

@@ -299,6 +299,7 @@ impl<V: Clone> Graph<V> {
             scalar_packs: packs,
             outputs,
             label,
+            prefix: last,
             dropped_ops: plan.dropped,
             checks,
         }))

@@ -19,11 +19,13 @@ use std::sync::Arc;
 
 mod direct;
 mod flush;
+mod isolate;
 mod key;
 mod memory;
 mod region;
 mod repeat;
 
+pub use isolate::{isolation_cuts, PlannedRegion};
 use key::*;
 pub use region::RegionSource;
 use region::*;
@@ -218,6 +220,9 @@ pub struct Flush<V> {
     pub outputs: SmallVec<[V; 2]>,
     /// Shared: a one-op region's label is the op's name, made once per op.
     pub label: Arc<str>,
+    /// The digests chained over the region's ops (its ops and sizes, before outputs and
+    /// aliases): what [`Graph::planned_region`] reports for the same region before it is flushed.
+    pub prefix: (u64, u64),
     pub dropped_ops: usize,
     /// Verdicts of the region's side-effecting checks (`_assert_async`): 0-d bools that must be
     /// true, each with the op that produced it. They are extra outputs no storage holds.

@@ -57,15 +57,23 @@ impl RegionSource {
             for input in &node.inputs {
                 let operand = operands.next().expect("one operand per input");
                 let (stored, source) = type_of(operand, &ops);
-                let (ty, view) = match (&input.view, &input.reshape_to) {
+                let (ty, view, stored) = match (&input.view, &input.reshape_to) {
                     (Some(view), _) => (
-                        signature::view_result(view).unwrap_or(stored),
+                        signature::view_result(view).unwrap_or_else(|| stored.clone()),
                         Some(signature::describe_view(view)),
+                        Some(stored),
                     ),
-                    (None, Some(shape)) => (TensorType::new(stored.dtype, shape), None),
-                    (None, None) => (stored, None),
+                    (None, Some(shape)) => {
+                        (TensorType::new(stored.dtype, shape), None, Some(stored))
+                    }
+                    (None, None) => (stored, None, None),
                 };
-                inputs.push(InputSignature { ty, source, view });
+                inputs.push(InputSignature {
+                    ty,
+                    stored,
+                    source,
+                    view,
+                });
             }
             ops.push(OpSignature {
                 op: node.op.clone(),

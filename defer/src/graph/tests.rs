@@ -190,3 +190,52 @@ fn signatures_see_static_params_and_dtypes() {
     let changes = explain(&sig(DType::F32, 0), &sig(DType::F16, 0));
     assert_eq!(changes[0].what, "input 0 (self) dtype");
 }
+
+#[test]
+fn isolation_cuts_put_each_varying_op_in_a_region_of_its_own() {
+    // Kept ops at pending positions 0, 1, 3 (2 was dropped), 4, 5; ops 1 and 3 vary.
+    let positions = [0, 1, 3, 4, 5];
+    assert_eq!(isolation_cuts(&positions, &[1, 3]), vec![1, 3, 4, 5]);
+    // The first op needs no cut before it; the last no cut after it.
+    assert_eq!(isolation_cuts(&positions, &[0, 4]), vec![1, 5]);
+    assert_eq!(isolation_cuts(&positions, &[]), Vec::<usize>::new());
+    assert_eq!(
+        isolation_cuts(&positions, &[9]),
+        Vec::<usize>::new(),
+        "unknown index"
+    );
+}
+
+#[test]
+fn the_planned_region_is_what_the_flush_runs() {
+    let mut g: Graph<u32> = Graph::new();
+    let x = device(&mut g, DType::F32, &[8], 1);
+    let a = g
+        .capture(OpId::Neg, std::slice::from_ref(&x), &[], &[], &[])
+        .unwrap();
+    let dead = g
+        .capture(OpId::Sin, std::slice::from_ref(&x), &[], &[], &[])
+        .unwrap();
+    g.release_storage(dead.outputs[0].0).unwrap();
+    let a = TensorRef::contiguous(a.outputs[0].0, DType::F32, &[8]);
+    let b = g
+        .capture(OpId::Exp, std::slice::from_ref(&a), &[], &[], &[])
+        .unwrap();
+    let request = [b.outputs[0].0];
+    let PlannedRegion {
+        skeleton,
+        positions,
+        prefix,
+    } = g
+        .planned_region(FlushRequest::Storages(&request))
+        .unwrap()
+        .unwrap();
+    assert_eq!(positions, vec![0, 2], "neg and exp; sin is dead");
+    assert_eq!(g.pending_len(), 3, "planning changes nothing");
+    let flush = g
+        .flush(FlushRequest::Storages(&request), |_| 0)
+        .unwrap()
+        .unwrap();
+    assert_eq!(flush.source().signature().skeleton, skeleton);
+    assert_eq!(flush.prefix, prefix);
+}

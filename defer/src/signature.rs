@@ -36,6 +36,8 @@ pub struct OpSignature {
     /// Each input as the op reads it: its type, and the view it is read through.
     pub inputs: SmallVec<[InputSignature; 3]>,
     pub outputs: SmallVec<[TensorType; 1]>,
+    /// The user's line that captured the op, when the engine records lines.
+    pub location: Option<std::sync::Arc<str>>,
 }
 
 /// An input as an op reads it.
@@ -132,6 +134,8 @@ pub struct Change {
     pub what: String,
     pub old: String,
     pub new: String,
+    /// The user's line that captured the op, when the engine records lines.
+    pub location: Option<std::sync::Arc<str>>,
 }
 
 impl std::fmt::Display for Change {
@@ -163,6 +167,7 @@ pub fn explain(old: &RegionSignature, new: &RegionSignature) -> Vec<Change> {
             what: "op count".to_string(),
             old: old.ops.len().to_string(),
             new: new.ops.len().to_string(),
+            location: None,
         });
         return changes;
     }
@@ -176,6 +181,7 @@ pub fn explain(old: &RegionSignature, new: &RegionSignature) -> Vec<Change> {
             what: "materialized values (op position, output)".to_string(),
             old: format!("{} values {:?}", old.outputs.len(), old.outputs),
             new: format!("{} values {:?}", new.outputs.len(), new.outputs),
+            location: None,
         });
     }
     if old.aliases != new.aliases {
@@ -185,6 +191,7 @@ pub fn explain(old: &RegionSignature, new: &RegionSignature) -> Vec<Change> {
             what: "donated buffers (argument, output)".to_string(),
             old: format!("{:?}", old.aliases),
             new: format!("{:?}", new.aliases),
+            location: None,
         });
     }
     changes
@@ -199,6 +206,7 @@ fn explain_op(index: usize, a: &OpSignature, b: &OpSignature, out: &mut Vec<Chan
             what,
             old,
             new,
+            location: b.location.clone(),
         })
     };
     if a.op != b.op {
@@ -425,6 +433,7 @@ mod tests {
                 })
                 .collect(),
             outputs: smallvec::smallvec![TensorType::new(DType::F32, output)],
+            location: None,
         }
     }
 

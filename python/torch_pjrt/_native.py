@@ -51,13 +51,14 @@ def _is_library_frame(filename: str) -> bool:
 
 
 def user_location(frame=None) -> str | None:
-    """``file:line`` of the innermost frame outside torch and torch_pjrt (None if none)."""
+    """``file:line`` of the innermost frame outside torch and torch_pjrt (None if none); code run
+    with ``python -c`` is ``<string>``."""
     import sys
 
     frame = frame or sys._getframe(1)
     while frame is not None:
         filename = frame.f_code.co_filename
-        if not filename.startswith("<") and not _is_library_frame(os.path.abspath(filename)):
+        if not filename.startswith("<frozen") and not _is_library_frame(os.path.abspath(filename)):
             return f"{filename}:{frame.f_lineno}"
         frame = frame.f_back
     return None

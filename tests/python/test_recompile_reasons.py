@@ -125,3 +125,24 @@ def test_environment_limit_and_log():
     assert "torch-pjrt: recompile 1 in strict mode of neg: op 0 (aten::neg): input 0 (self) dim 0 changed 2 -> 3" in out.stderr, out.stderr
     bad = run_python("import torch; torch.ones(1, device='pjrt')", env={"TORCH_PJRT_RECOMPILE_LIMIT": "lots"})
     assert bad.returncode != 0 and "TORCH_PJRT_RECOMPILE_LIMIT=lots: expected a number" in bad.stderr, bad.stderr
+
+
+def test_with_the_log_a_fused_region_names_the_changed_ops_line():
+    out = run_python(
+        """
+        import torch, torch_pjrt
+        x = torch.ones(4, 4).to("pjrt")
+        with torch_pjrt.eager_mode("defer_and_fuse"):
+            for n in (3, 5):
+                grown = torch.ones(n).to("pjrt")
+                y = (x * 2).sum() + torch.cat([grown, grown]).sum()  # OP LINE
+                y.item()  # MATERIALIZED LINE
+        r = torch_pjrt.metrics()["recompile_reasons"][-1]
+        print(r["location"].rsplit(":", 1)[1], r["materialized_at"].rsplit(":", 1)[1], r["op"])
+        """,
+        env={"TORCH_PJRT_LOG_RECOMPILES": "1"},
+    )
+    stdout = assert_ok(out).split()
+    # The code's lines, counted from its first line (run_python dedents it; line 1 is blank).
+    assert stdout == ["7", "8", "aten::cat"], (stdout, out.stderr)
+    assert "op at <string>:7, materialized at <string>:8" in out.stderr, out.stderr

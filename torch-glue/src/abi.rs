@@ -11,6 +11,7 @@ use smallvec::SmallVec;
 use std::cell::RefCell;
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
 
 /// Success.
 pub const TPJRT_OK: i32 = 0;
@@ -436,7 +437,13 @@ pub unsafe extern "C" fn tpjrt_op(
     guarded(|| {
         let engine = global::engine()?;
         let c = decode(call)?;
-        let captured = engine.op(c.op, &c.inputs, &c.scalars, &c.params, &c.outs)?;
+        let captured = if engine.records_op_lines() {
+            // Asked here, before any engine lock is taken: the hook takes Python's lock.
+            let location = user_location().map(Arc::<str>::from);
+            engine.op_at(location, c.op, &c.inputs, &c.scalars, &c.params, &c.outs)?
+        } else {
+            engine.op(c.op, &c.inputs, &c.scalars, &c.params, &c.outs)?
+        };
         let results = captured.outputs;
         let written = write_outputs(&results, outputs, max_outputs, num_outputs);
         if written.is_err() && c.outs.is_empty() {

@@ -302,6 +302,8 @@ pub struct Engine {
     repeat_cuts: bool,
     memory_cuts: bool,
     isolation_cuts: bool,
+    /// `TORCH_PJRT_LOG_RECOMPILES`: also each op's line is recorded ([`Engine::op_at`]).
+    log_recompiles: bool,
     /// The outputs of the newest launched region, awaited by `sync` (weakly: holding them would
     /// keep them from being donated; released work is awaited through the queue's events).
     last_outputs: Mutex<Vec<WeakDeviceValue>>,
@@ -358,6 +360,7 @@ impl Engine {
             repeat_cuts: config.repeat_cuts,
             memory_cuts: config.memory_cuts,
             isolation_cuts: config.isolation_cuts,
+            log_recompiles: config.log_recompiles,
             last_outputs: Mutex::new(Vec::new()),
             pending_checks: Mutex::new(Vec::new()),
             whole_regions: Mutex::new(Default::default()),
@@ -457,6 +460,28 @@ impl Engine {
     }
 
     // ----- ops -----
+
+    /// Whether ops should be told the user's line that runs them ([`Engine::op_at`]): when
+    /// recompiles are logged, so that a fused region's explanation names the changed op's line.
+    pub fn records_op_lines(&self) -> bool {
+        self.log_recompiles
+    }
+
+    /// [`Engine::op`], captured as coming from the user's line `location`.
+    pub fn op_at(
+        &self,
+        location: Option<Arc<str>>,
+        op: OpId,
+        inputs: &[TensorRef],
+        scalars: &[ScalarArg],
+        params: &[i64],
+        outs: &[TensorRef],
+    ) -> Result<Captured, EngineError> {
+        self.graph.lock().set_capture_location(location);
+        let captured = self.op(op, inputs, scalars, params, outs);
+        self.graph.lock().set_capture_location(None);
+        captured
+    }
 
     /// Runs (Strict, Debug) or defers (DeferAndFuse) one op.
     pub fn op(

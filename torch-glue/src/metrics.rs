@@ -153,26 +153,31 @@ impl MetricsSnapshot {
 /// One reason as a JSON object: the first change's fields at the top (`op`, `op_index`,
 /// `what`, `old`, `new`), every kept change under `changes`.
 fn reason_json(r: &RecompileReason) -> String {
-    let change_json = |c: &defer::Change| {
-        format!(
-            "{{\"op\":{},\"op_index\":{},\"what\":{},\"old\":{},\"new\":{}}}",
+    let change_json =
+        |c: &defer::Change| {
+            format!(
+            "{{\"op\":{},\"op_index\":{},\"what\":{},\"old\":{},\"new\":{},\"op_location\":{}}}",
             json_string(&c.op),
             c.op_index.map_or("null".to_string(), |i| i.to_string()),
             json_string(&c.what),
             json_string(&c.old),
-            json_string(&c.new)
+            json_string(&c.new),
+            c.location.as_deref().map_or("null".to_string(), json_string)
         )
-    };
+        };
     let mut out = format!(
         "{{\"number\":{},\"region\":{},\"mode\":{},\"message\":{},\"location\":{},\
-         \"shapeless_key\":\"{:016x}\",\"dims_key\":\"{:016x}\",\"total_changes\":{},",
+         \"materialized_at\":{},\"shapeless_key\":\"{:016x}\",\"dims_key\":\"{:016x}\",\
+         \"total_changes\":{},",
         r.number,
         json_string(&r.region),
         json_string(mode_name(r.mode)),
         json_string(&r.message()),
-        r.location
-            .as_deref()
-            .map_or("null".to_string(), json_string),
+        r.user_line().map_or("null".to_string(), json_string),
+        match (&r.location, r.mode) {
+            (Some(at), defer::Mode::DeferAndFuse) => json_string(at),
+            _ => "null".to_string(),
+        },
         r.shapeless_key,
         r.dims_key,
         r.total_changes,
@@ -184,7 +189,7 @@ fn reason_json(r: &RecompileReason) -> String {
             out.push_str(&first[1..first.len() - 1]);
         }
         None => {
-            out.push_str("\"op\":null,\"op_index\":null,\"what\":null,\"old\":null,\"new\":null")
+            out.push_str("\"op\":null,\"op_index\":null,\"what\":null,\"old\":null,\"new\":null,\"op_location\":null")
         }
     }
     let changes: Vec<String> = r.changes.iter().map(change_json).collect();

@@ -115,15 +115,27 @@ impl RecompileReason {
                 if more == 1 { "" } else { "s" }
             ));
         }
+        let op_line = self.changes.first().and_then(|c| c.location.as_deref());
+        if let Some(at) = op_line {
+            out.push_str(&format!(", op at {at}"));
+        }
         if let Some(at) = &self.location {
-            let role = if self.mode == Mode::DeferAndFuse {
-                "materialized at"
-            } else {
-                "at"
-            };
-            out.push_str(&format!(", {role} {at}"));
+            if self.mode == Mode::DeferAndFuse {
+                out.push_str(&format!(", materialized at {at}"));
+            } else if op_line.is_none() {
+                out.push_str(&format!(", at {at}"));
+            }
         }
         out
+    }
+
+    /// The user's line to name: the changed op's, where it was recorded, else the line that
+    /// ran the region (the op's own in the op-by-op modes).
+    pub fn user_line(&self) -> Option<&str> {
+        self.changes
+            .first()
+            .and_then(|c| c.location.as_deref())
+            .or(self.location.as_deref())
     }
 }
 
@@ -359,6 +371,7 @@ mod tests {
                 view: None,
             }],
             outputs: smallvec::smallvec![ty],
+            location: None,
         }];
         RegionSignature {
             skeleton: signature::skeleton(ops.iter().map(|o| &o.op)),

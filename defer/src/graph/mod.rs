@@ -308,6 +308,9 @@ struct Node {
     /// Elements the pending list's results hold up to and including this node: a cut is only
     /// worth a region of its own when a repetition does enough work.
     work_prefix: u64,
+    /// The user's line that captured it, when the engine records lines (see
+    /// [`Graph::set_capture_location`]).
+    location: Option<Arc<str>>,
 }
 
 impl PendingNode for Node {
@@ -365,6 +368,8 @@ pub struct Graph<V> {
     /// Memory cuts planned for whole flushes, by the flushed ops and what they leave held
     /// (see [`Graph::memory_cuts`]).
     memory_plans: HashMap<(u64, u64, u64), Vec<usize>>,
+    /// The user's line of the op being captured, given to the nodes it makes.
+    capture_location: Option<Arc<str>>,
     /// Labels of one-op regions by op name, so an op-by-op flush allocates no label.
     op_labels: HashMap<&'static str, Arc<str>>,
     /// The key [`Graph::run_if_compiled`] computed for an op it then left to capture and flush:
@@ -398,6 +403,7 @@ impl<V: Clone> Graph<V> {
             shared_values: HashSet::default(),
             memory_plans: HashMap::default(),
             op_labels: HashMap::default(),
+            capture_location: None,
             #[cfg(debug_assertions)]
             direct_key_check: None,
         }
@@ -409,6 +415,12 @@ impl<V: Clone> Graph<V> {
     /// decision rests on the graph alone, so a repeated program always gets the same aliases
     /// (and executable); a holder outside the graph at run time (a read in flight) makes the
     /// execution copy the argument instead (`ExecJob` checks).
+    /// Names the user's line that the next captures come from (`None`: unknown); the nodes
+    /// they make keep it, and a recompile's explanation names it.
+    pub fn set_capture_location(&mut self, location: Option<Arc<str>>) {
+        self.capture_location = location;
+    }
+
     pub fn set_donation(&mut self, enabled: bool) {
         self.donate = enabled;
     }
@@ -941,6 +953,7 @@ impl<V: Clone> Graph<V> {
             repeat_digest: 0,
             border: 0,
             work_prefix: 0,
+            location: self.capture_location.clone(),
         });
         // Hashed in place, for the same reason.
         let node = self.pending.back_mut().expect("just pushed");

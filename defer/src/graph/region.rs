@@ -82,6 +82,7 @@ impl RegionSource {
                 variant: node.meta.variant,
                 inputs,
                 outputs: node.meta.outputs.clone(),
+                location: node.location.clone(),
             });
         }
         let outputs = self

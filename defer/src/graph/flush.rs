@@ -4,6 +4,31 @@
 use super::*;
 
 impl<V: Clone> Graph<V> {
+    /// What `liveness` is asked for a flush request; a request for storages fills `requested`
+    /// with their pending values. `None`: none of the requested storages is pending.
+    pub(super) fn liveness_request<'a>(
+        &self,
+        request: FlushRequest<'_>,
+        requested: &'a mut Vec<ValueRef>,
+    ) -> Option<Request<'a>> {
+        Some(match request {
+            FlushRequest::All => Request::All,
+            FlushRequest::Prefix(len) => Request::Prefix(len),
+            FlushRequest::Storages(storages) => {
+                requested.extend(storages.iter().filter_map(|s| {
+                    match self.storages.get(s).map(|st| &st.value) {
+                        Some(StorageValue::Pending { out, .. }) => Some(ValueRef::Pending(*out)),
+                        _ => None,
+                    }
+                }));
+                if requested.is_empty() {
+                    return None;
+                }
+                Request::Values(requested)
+            }
+        })
+    }
+
     /// Plans a materialization: chooses the region (ordered materialization), builds it, and
     /// installs a new output value (from `make_output`) into every storage holding an output.
     /// Returns `None` when nothing needs to run.
@@ -27,23 +52,9 @@ impl<V: Clone> Graph<V> {
         if self.pending.is_empty() {
             return Ok(None);
         }
-        let requested: Vec<ValueRef>;
-        let liveness_request = match request {
-            FlushRequest::All => Request::All,
-            FlushRequest::Prefix(len) => Request::Prefix(len),
-            FlushRequest::Storages(storages) => {
-                requested = storages
-                    .iter()
-                    .filter_map(|s| match self.storages.get(s).map(|st| &st.value) {
-                        Some(StorageValue::Pending { out, .. }) => Some(ValueRef::Pending(*out)),
-                        _ => None,
-                    })
-                    .collect();
-                if requested.is_empty() {
-                    return Ok(None);
-                }
-                Request::Values(&requested)
-            }
+        let mut requested = Vec::new();
+        let Some(liveness_request) = self.liveness_request(request, &mut requested) else {
+            return Ok(None);
         };
         let holders = &self.holders;
         let plan = match (liveness_request, self.pending.front()) {

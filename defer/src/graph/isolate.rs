@@ -26,23 +26,9 @@ impl<V: Clone> Graph<V> {
         let Some(base) = self.pending.front().map(|n| n.id.seq()) else {
             return Ok(None);
         };
-        let requested: Vec<ValueRef>;
-        let liveness_request = match request {
-            FlushRequest::All => Request::All,
-            FlushRequest::Prefix(len) => Request::Prefix(len),
-            FlushRequest::Storages(storages) => {
-                requested = storages
-                    .iter()
-                    .filter_map(|s| match self.storages.get(s).map(|st| &st.value) {
-                        Some(StorageValue::Pending { out, .. }) => Some(ValueRef::Pending(*out)),
-                        _ => None,
-                    })
-                    .collect();
-                if requested.is_empty() {
-                    return Ok(None);
-                }
-                Request::Values(&requested)
-            }
+        let mut requested = Vec::new();
+        let Some(liveness_request) = self.liveness_request(request, &mut requested) else {
+            return Ok(None);
         };
         let plan = liveness::plan(&self.pending, liveness_request, |out| {
             self.holders.contains_key(&out)

@@ -437,13 +437,13 @@ pub unsafe extern "C" fn tpjrt_op(
     guarded(|| {
         let engine = global::engine()?;
         let c = decode(call)?;
-        let captured = if engine.records_op_lines() {
-            // Asked here, before any engine lock is taken: the hook takes Python's lock.
-            let location = user_location().map(Arc::<str>::from);
-            engine.op_at(location, c.op, &c.inputs, &c.scalars, &c.params, &c.outs)?
-        } else {
-            engine.op(c.op, &c.inputs, &c.scalars, &c.params, &c.outs)?
-        };
+        // Asked here, before any engine lock is taken: the hook takes Python's lock.
+        let location = engine
+            .records_op_lines()
+            .then(user_location)
+            .flatten()
+            .map(Arc::<str>::from);
+        let captured = engine.op_at(location, c.op, &c.inputs, &c.scalars, &c.params, &c.outs)?;
         let results = captured.outputs;
         let written = write_outputs(&results, outputs, max_outputs, num_outputs);
         if written.is_err() && c.outs.is_empty() {

@@ -364,10 +364,7 @@ impl Engine {
             last_outputs: Mutex::new(Vec::new()),
             pending_checks: Mutex::new(Vec::new()),
             whole_regions: Mutex::new(Default::default()),
-            recompiles: Mutex::new(RecompileTracker::new(
-                config.recompile_budget,
-                config.log_recompiles,
-            )),
+            recompiles: Mutex::new(RecompileTracker::new(config.recompile_budget)),
             warm_up: Mutex::new(None),
             warm_up_nanos: Default::default(),
         })
@@ -467,22 +464,6 @@ impl Engine {
         self.log_recompiles
     }
 
-    /// [`Engine::op`], captured as coming from the user's line `location`.
-    pub fn op_at(
-        &self,
-        location: Option<Arc<str>>,
-        op: OpId,
-        inputs: &[TensorRef],
-        scalars: &[ScalarArg],
-        params: &[i64],
-        outs: &[TensorRef],
-    ) -> Result<Captured, EngineError> {
-        self.graph.lock().set_capture_location(location);
-        let captured = self.op(op, inputs, scalars, params, outs);
-        self.graph.lock().set_capture_location(None);
-        captured
-    }
-
     /// Runs (Strict, Debug) or defers (DeferAndFuse) one op.
     pub fn op(
         &self,
@@ -492,8 +473,43 @@ impl Engine {
         params: &[i64],
         outs: &[TensorRef],
     ) -> Result<Captured, EngineError> {
+        self.op_at(None, op, inputs, scalars, params, outs)
+    }
+
+    /// [`Engine::op`], its nodes marked as captured at the user's line `location` (`None`:
+    /// unknown). The line is set and cleared under the one graph lock the op holds, so no other
+    /// thread's capture takes it.
+    pub fn op_at(
+        &self,
+        location: Option<Arc<str>>,
+        op: OpId,
+        inputs: &[TensorRef],
+        scalars: &[ScalarArg],
+        params: &[i64],
+        outs: &[TensorRef],
+    ) -> Result<Captured, EngineError> {
         Counters::bump(&self.counters.ops, 1);
         let mut graph = self.graph.lock();
+        let located = location.is_some();
+        if located {
+            graph.set_capture_location(location);
+        }
+        let captured = self.op_locked(&mut graph, op, inputs, scalars, params, outs);
+        if located {
+            graph.set_capture_location(None);
+        }
+        captured
+    }
+
+    fn op_locked(
+        &self,
+        graph: &mut Graph<DeviceValue>,
+        op: OpId,
+        inputs: &[TensorRef],
+        scalars: &[ScalarArg],
+        params: &[i64],
+        outs: &[TensorRef],
+    ) -> Result<Captured, EngineError> {
         if self.modes.current() == Mode::Strict && !ops::checks::has_index_checks(op) {
             // A warm Strict op on device values skips the pending graph: same key, same
             // program, same results (see `Graph::run_if_compiled`).
@@ -533,7 +549,7 @@ impl Engine {
                 )?;
             }
         }
-        if let Err(e) = self.after_capture(&mut graph) {
+        if let Err(e) = self.after_capture(graph) {
             // The caller never learns the ids of storages created for a failed op: release
             // them, so they don't stay live (and counted) forever.
             if outs.is_empty() {
@@ -716,7 +732,7 @@ impl Engine {
         let handle: CompileHandle = match (cached, flush.region) {
             (Some(exe), _) => CompileHandle::ready(key, exe),
             (None, Some(source)) => {
-                if flush.ops >= crate::recompile::ISOLATE_MIN_OPS {
+                if self.isolation_cuts && flush.ops >= crate::recompile::ISOLATE_MIN_OPS {
                     let mut whole = self.whole_regions.lock();
                     if whole.len() >= WHOLE_REGIONS_KEPT {
                         whole.clear();
@@ -793,7 +809,7 @@ impl Engine {
         let location = locate();
         let mut tracker = self.recompiles.lock();
         let messages = tracker.locate(location);
-        if tracker.log {
+        if self.log_recompiles {
             for message in messages {
                 eprintln!("torch-pjrt: {message}");
             }

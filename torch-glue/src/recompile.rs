@@ -175,14 +175,12 @@ pub struct RecompileTracker {
     /// Budgets pushed by `torch_pjrt.recompile_limit` (innermost last), each with the
     /// recompiles seen since it was pushed.
     budgets: Vec<(Budget, u64)>,
-    pub log: bool,
 }
 
 impl RecompileTracker {
-    pub fn new(env_budget: Option<Budget>, log: bool) -> Self {
+    pub fn new(env_budget: Option<Budget>) -> Self {
         RecompileTracker {
             env_budget,
-            log,
             ..Default::default()
         }
     }
@@ -383,7 +381,7 @@ mod tests {
 
     #[test]
     fn a_second_build_is_a_recompile_with_its_reason() {
-        let mut t = RecompileTracker::new(None, false);
+        let mut t = RecompileTracker::new(None);
         assert_eq!(
             t.on_compile(neg(4), "neg", Mode::Strict, (1, 2)),
             Verdict::Compile
@@ -411,7 +409,7 @@ mod tests {
 
     #[test]
     fn a_budget_refuses_past_its_limit_and_stops_counting_when_left() {
-        let mut t = RecompileTracker::new(None, false);
+        let mut t = RecompileTracker::new(None);
         t.on_compile(neg(1), "neg", Mode::DeferAndFuse, (0, 0));
         t.push_budget(Budget {
             limit: 1,
@@ -449,7 +447,7 @@ mod tests {
 
     #[test]
     fn a_few_ops_that_keep_changing_are_isolated_after_two_rebuilds() {
-        let mut t = RecompileTracker::new(None, false);
+        let mut t = RecompileTracker::new(None);
         let skeleton = chain(20, 5, 0).skeleton;
         t.on_compile(chain(20, 5, 0), "r", Mode::DeferAndFuse, (0, 0));
         t.on_compile(chain(20, 5, 1), "r", Mode::DeferAndFuse, (0, 1));
@@ -458,7 +456,7 @@ mod tests {
         assert!(t.has_isolations());
         assert_eq!(t.isolated_ops(skeleton), Some(&[5][..]));
         // Small regions are never cut.
-        let mut t = RecompileTracker::new(None, false);
+        let mut t = RecompileTracker::new(None);
         for extra in 0..4 {
             t.on_compile(
                 chain(8, 1, extra),
@@ -472,7 +470,7 @@ mod tests {
 
     #[test]
     fn a_region_that_changes_throughout_is_not_cut() {
-        let mut t = RecompileTracker::new(None, false);
+        let mut t = RecompileTracker::new(None);
         for n in 4..8 {
             // Every op's input and output change.
             let mut region = chain(20, 0, 0);
@@ -489,7 +487,7 @@ mod tests {
     fn the_environment_budget_counts_the_whole_process_and_can_warn() {
         let budget = Budget::parse_env("1:warn").unwrap();
         assert_eq!(budget.action, BudgetAction::Warn);
-        let mut t = RecompileTracker::new(Some(budget), false);
+        let mut t = RecompileTracker::new(Some(budget));
         t.on_compile(neg(1), "neg", Mode::Strict, (0, 0));
         assert_eq!(
             t.on_compile(neg(2), "neg", Mode::Strict, (0, 0)),

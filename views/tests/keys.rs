@@ -125,3 +125,20 @@ fn the_split_keys_tell_what_the_whole_key_tells() {
         split_write_key(1 << 20, &even)
     );
 }
+
+#[test]
+fn split_key_streams_are_fixed() {
+    // The streams regions are keyed with on disk (RFC 0026): they must not change with the
+    // compiler either.
+    let (structure, sizes) = split_chain_key(8, &Layout::new(4, &[4], &[2], 1));
+    let u64s = |v: &mut Vec<u8>, xs: &[u64]| xs.iter().for_each(|x| v.extend(x.to_le_bytes()));
+    let mut expected_structure = Vec::new();
+    u64s(&mut expected_structure, &[1, 1]); // input rank 1, one op
+    expected_structure.push(4); // slice
+    u64s(&mut expected_structure, &[1, 2]); // strides [2]
+    let mut expected_sizes = Vec::new();
+    u64s(&mut expected_sizes, &[1, 8]); // input [8]
+    u64s(&mut expected_sizes, &[1, 1, 1, 8]); // start [1], limit [8]
+    assert_eq!(structure, expected_structure);
+    assert_eq!(sizes, expected_sizes);
+}

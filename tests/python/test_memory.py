@@ -86,7 +86,13 @@ def test_training_step_peaks_are_reported_in_both_modes(pjrt):
     # and the hidden gradient were live, 1.6 KiB above Strict. The read of the loss now runs it
     # as three (RFC 0023): up to the hidden gradient, the first layer's gradients, the update.
     assert cuts == 2, cuts
-    assert fused_peak - fused_live <= strict_peak - strict_live, (fused_peak, strict_peak)
+    # Strict's peak moves by a few scalars (tens of bytes) with the order in which its async
+    # executions finish and release their inputs; the gap above is 1.6 KiB.
+    scalar_jitter = 256
+    assert fused_peak - fused_live <= strict_peak - strict_live + scalar_jitter, (
+        fused_peak,
+        strict_peak,
+    )
 
 
 def test_a_fused_adamw_step_needs_less_memory_than_op_by_op(pjrt):

@@ -38,6 +38,7 @@ sources = [
     os.path.join(CSRC, "indexing.cpp"),
     os.path.join(CSRC, "optim.cpp"),
     os.path.join(CSRC, "rnn.cpp"),
+    os.path.join(CSRC, "growth.cpp"),
     os.path.join(CSRC, "composite.cpp"),
     os.path.join(CSRC, "spatial.cpp"),
     os.path.join(CSRC, "sampling.cpp"),

@@ -108,12 +108,59 @@ def metrics() -> dict:
     ``new``, ``location``, ``message`` and every kept change under ``changes``) and
     ``compiled_programs`` (the latest compiles, oldest first: ``region``, ``seconds``, ``fast``;
     ``compile_seconds`` is the total and ``compile_seconds_max`` the slowest)."""
-    return json.loads(_metrics_json())
+    m = json.loads(_metrics_json())
+    native = _native.native()
+    if native is not None:
+        # Sequences grown by appends (RFC 0028): capacity buffers allocated, appends into one.
+        m["capacity_buffers"], m["capacity_appends"] = native._growth_counters()
+    return m
 
 
 def reset_metrics() -> None:
     """Zeroes every metric."""
     _native.check(_native.ensure_started().tpjrt_reset_metrics())
+    native = _native.native()
+    if native is not None:
+        native._reset_growth_counters()
+
+
+def mark_dynamic(tensor, dim: int, max: int | None = None) -> None:
+    """Says that ``tensor`` will grow along ``dim`` (up to ``max``, when given), as a sequence
+    extended by ``torch.cat([tensor, piece], dim)`` step after step does.
+
+    The engine finds growing sequences by itself after two appends; marking one gives its first
+    append a capacity of at least ``max`` along ``dim``, so no later append up to ``max``
+    compiles anything new. Only growth along the outermost dimension larger than one (every
+    dimension before ``dim`` of size 1, as ``input_ids`` of a single sequence) keeps a capacity;
+    other marks are accepted and have no effect yet, with a warning (RFC 0028).
+    """
+    import warnings
+
+    import torch
+
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"mark_dynamic expects a tensor, got {type(tensor).__name__}")
+    if tensor.device.type != "pjrt":
+        raise ValueError(
+            f"mark_dynamic expects a tensor on the pjrt device, got one on {tensor.device}; "
+            "move it with .to('pjrt') first"
+        )
+    if tensor.dim() == 0:
+        raise ValueError("mark_dynamic expects a tensor with a dimension, got a 0-d one")
+    if not -tensor.dim() <= dim < tensor.dim():
+        raise IndexError(
+            f"mark_dynamic: dimension out of range (expected to be in range of "
+            f"[{-tensor.dim()}, {tensor.dim() - 1}], but got {dim})"
+        )
+    dim %= tensor.dim()
+    if any(size != 1 for size in tensor.shape[:dim]):
+        warnings.warn(
+            f"torch_pjrt.mark_dynamic: dimension {dim} of a tensor of shape {tuple(tensor.shape)} "
+            "is not its outermost dimension larger than one; appends along it still compile "
+            "once per length",
+            stacklevel=2,
+        )
+    torch.ops.torch_pjrt.mark_dynamic(tensor, dim, max)
 
 
 def metrics_report() -> str:

@@ -59,12 +59,50 @@ def test_generate_matches_the_cpu_and_a_repeated_request_compiles_nothing(mode, 
     assert after["recompiles"] == before["recompiles"]
 
 
+class CompilesPerStep(transformers.LogitsProcessor):
+    """Records the compilations so far at every decoding step."""
+
+    def __init__(self):
+        self.seen = []
+
+    def __call__(self, input_ids, scores):
+        self.seen.append(torch_pjrt.metrics()["compilations"])
+        return scores
+
+    def new_per_step(self) -> list[int]:
+        return [b - a for a, b in zip(self.seen, self.seen[1:])]
+
+
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
-def test_a_static_cache_decode_step_keeps_one_fused_program(pjrt, arch):
-    # With a static cache only the bookkeeping tensors generate() grows by a token per step
-    # (input_ids, position ids, the stopping check's read) change shape. Once that is seen, they
+def test_a_static_cache_compiles_nothing_after_the_second_decoding_step(mode, arch):
+    # The model's step keeps its shapes; the tensors generate() grows by a token per step
+    # (input_ids, the attention mask) append into capacity buffers (RFC 0028), so the step's
+    # reads of their last token and the appends themselves keep their programs.
+    model = build(arch)
+    ids = torch.randint(1, 500, (1, 8), generator=torch.Generator().manual_seed(2))
+    kwargs = dict(max_new_tokens=24, min_new_tokens=24, do_sample=False, pad_token_id=0,
+                  cache_implementation="static")
+    with torch.no_grad():
+        expected = model.generate(ids, **kwargs)
+        model.to("pjrt")
+        counter = CompilesPerStep()
+        got = model.generate(
+            ids.to("pjrt"), logits_processor=transformers.LogitsProcessorList([counter]), **kwargs
+        ).cpu()
+    assert torch.equal(got, expected)
+    steps = counter.new_per_step()
+    assert len(steps) == 23
+    assert steps[2:] == [0] * 21, steps
+    assert torch_pjrt.metrics()["capacity_buffers"] == 2  # input_ids and the attention mask
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_a_static_cache_decode_step_keeps_one_fused_program(pjrt, arch, monkeypatch):
+    # Without capacities (TORCH_PJRT_DYNAMIC=off) the bookkeeping tensors generate() grows by a
+    # token per step (input_ids, the stopping check's read) change shape. Once that is seen, they
     # run as regions of their own (isolation cuts, RFC 0027) and the model's fused step stays
     # one cached program: every later compile is a program of a few ops.
+    monkeypatch.setenv("TORCH_PJRT_DYNAMIC", "off")
     model = build(arch).to(pjrt)
     ids = torch.randint(1, 500, (1, 8), generator=torch.Generator().manual_seed(2)).to(pjrt)
     kwargs = dict(max_new_tokens=16, min_new_tokens=16, do_sample=False, pad_token_id=0,

@@ -155,6 +155,9 @@ namespace {
 // another DataPtr (a storage re-addressed by a resize).
 struct StorageCtx {
   uint64_t id;
+  // Growth bookkeeping (growth.cpp): whether the storage is a capacity buffer an append sequence
+  // writes into, and the bound `torch_pjrt.mark_dynamic` gave it (elements, 0 when none).
+  StorageGrowth growth{};
 };
 
 void delete_storage_ctx(void* ptr) noexcept {
@@ -177,7 +180,7 @@ void delete_storage_ctx(void* ptr) noexcept {
 std::atomic<uintptr_t> g_next_address{uintptr_t(0x100000000000ULL)};
 
 c10::DataPtr make_data_ptr(uint64_t id, size_t nbytes, c10::Device device) {
-  auto* ctx = new StorageCtx{id};
+  auto* ctx = new StorageCtx{id, {}};
   const uintptr_t span = ((nbytes + 63) / 64) * 64 + 64;
   const uintptr_t address = g_next_address.fetch_add(span);
   return c10::DataPtr(reinterpret_cast<void*>(address), ctx, &delete_storage_ctx, device);
@@ -225,6 +228,15 @@ uint64_t storage_id(const c10::Storage& storage) {
       impl->device(),
       " was not allocated by the pjrt engine and cannot be used by it");
   return ctx->id;
+}
+
+StorageGrowth* storage_growth(const c10::Storage& storage) {
+  if (!storage) {
+    return nullptr;
+  }
+  auto* ctx =
+      storage.unsafeGetStorageImpl()->data_ptr().cast_context<StorageCtx>(&delete_storage_ctx);
+  return ctx != nullptr && ctx->id != 0 ? &ctx->growth : nullptr;
 }
 
 c10::Storage wrap_storage(uint64_t id, size_t nbytes, c10::Device device) {
@@ -1371,6 +1383,14 @@ void set_device(int index) {
 void reset_fallback_warnings() {
   std::lock_guard<std::mutex> lock(g_warned_mutex);
   g_warned.clear();
+}
+
+std::vector<int64_t> growth_counters() {
+  return {growth_capacity_buffers(), growth_appends()};
+}
+
+void reset_growth_counters() {
+  torch_pjrt::reset_growth_counters();
 }
 
 }  // namespace module

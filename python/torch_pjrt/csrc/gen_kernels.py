@@ -151,7 +151,8 @@ TABLE += [
     ("baddbmm", "baddbmm", "t self; t batch1; t batch2; s1 beta; s1 alpha"),
     ("dot", "dot", "t self; t tensor"),
     # shape and indexing (view ops stay PyTorch's own: they alias storage)
-    ("cat", "cat", "tl tensors; p dim"),
+    # A sequence grown by appends keeps a capacity buffer (growth.cpp, RFC 0028).
+    ("cat", "cat", "first append_in_capacity tensors dim; tl tensors; p dim"),
     ("stack", "stack", "tl tensors; p dim"),
     ("flip", "flip", "t self; pl dims"),
     ("roll", "roll",
@@ -506,6 +507,12 @@ def recipe_lines(recipe: str, arg_names: set[str], qualified: str) -> list[str]:
             lines.append(f"int64_t {rest}_bits = 0;")
             lines.append(f"for (size_t i = 0; i < {rest}.size(); ++i) {rest}_bits |= int64_t({rest}[i]) << i;")
             lines.append(f"c.param({rest}_bits);")
+        elif verb == "first":
+            # `first FN args...`: the functional kernel asks FN first; its result, when it gives
+            # one, is the kernel's (kernel_code emits the call).
+            for name in rest.split()[1:]:
+                if name not in arg_names:
+                    raise SystemExit(f"gen_kernels: {qualified}: recipe names '{name}', not an argument")
         elif verb in ("fmt", "mfmt"):
             for name in rest.split():
                 if name not in arg_names:
@@ -519,7 +526,12 @@ def kernel_code(o: Overload, sig: CppSig, op_index: int, recipe: str) -> str:
     names = {n for _, n in sig.args}
     params = ", ".join(f"{t} {n}" for t, n in sig.args)
     fn = f"k_{sig.struct}"
-    body = [f'  OpCall c(g_kernel_op_ids[{op_index}], "aten::{o.qualified}");']
+    body = []
+    firsts = [s.split()[1:] for s in recipe.split(";") if s.split()[:1] == ["first"]]
+    if firsts and o.kind == "functional":
+        fn_name, *fn_args = firsts[0]
+        body.append(f"  if (auto early = {fn_name}({', '.join(fn_args)})) return std::move(*early);")
+    body.append(f'  OpCall c(g_kernel_op_ids[{op_index}], "aten::{o.qualified}");')
     body += ["  " + line for line in recipe_lines(recipe, names, o.qualified)]
     n_results = len(o.schema.returns)
     fmts = [s.split()[1:] for s in recipe.split(";") if s.split()[:1] == ["fmt"]]

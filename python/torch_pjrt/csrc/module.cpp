@@ -32,6 +32,8 @@ PYBIND11_MODULE(_C, mod) {
   mod.def("_current_device", &m::current_device);
   mod.def("_set_device", &m::set_device, py::arg("index"));
   mod.def("_reset_fallback_warnings", &m::reset_fallback_warnings);
+  mod.def("_growth_counters", &m::growth_counters);
+  mod.def("_reset_growth_counters", &m::reset_growth_counters);
   mod.def("_manual_seed", &m::manual_seed, py::arg("index"), py::arg("seed"));
   mod.def("_seed", &m::seed, py::arg("index"));
   mod.def("_initial_seed", &m::initial_seed, py::arg("index"));

@@ -25,6 +25,9 @@ int current_device();
 void set_device(int index);
 // Ops that fell back to the CPU and have already warned.
 void reset_fallback_warnings();
+// Growth counters (growth.cpp): capacity buffers allocated, appends written into capacity.
+std::vector<int64_t> growth_counters();
+void reset_growth_counters();
 
 // The default generator of device `index` (random.cpp).
 void manual_seed(int index, uint64_t seed);

@@ -121,6 +121,29 @@ c10::Storage wrap_storage(uint64_t id, size_t nbytes, c10::Device device);
 // Changes a storage's byte size (PyTorch's `resizePrivateUse1Bytes`).
 void resize_storage_bytes(const c10::Storage& storage, size_t nbytes);
 
+// What growth.cpp keeps per storage: see `append_in_capacity`.
+struct StorageGrowth {
+  // The storage was allocated with room to grow: its bytes past a tensor's end are a capacity.
+  bool capacity = false;
+  // `torch_pjrt.mark_dynamic(t, dim, max)`: the elements the storage may grow to, 0 if unmarked.
+  int64_t bound_elements = 0;
+  // The dimension mark_dynamic named, or -1.
+  int64_t marked_dim = -1;
+};
+// The growth record of a pjrt storage, or null for any other storage.
+StorageGrowth* storage_growth(const c10::Storage& storage);
+
+// ----- sequences grown by appends (growth.cpp, RFC 0028) --------------------------------------
+
+// `torch.cat([a, b], dim)` where `a` grows by appends along its outermost non-unit dimension
+// (generate()'s input_ids and attention mask): the result goes into a buffer with room to grow,
+// so every append of one size up to that capacity runs one program. nullopt: cat as usual.
+std::optional<at::Tensor> append_in_capacity(const at::ITensorListRef& tensors, int64_t dim);
+// Counters for metrics(): capacity buffers allocated and appends written into one.
+int64_t growth_capacity_buffers();
+int64_t growth_appends();
+void reset_growth_counters();
+
 // ----- devices ----------------------------------------------------------------------------------
 
 c10::DeviceIndex current_device_index();

@@ -117,3 +117,24 @@ def test_a_static_cache_decode_step_keeps_one_fused_program(pjrt, arch, monkeypa
     assert len(fused) <= 8, fused
     if len(programs) == 32:
         assert all(p["fast"] for p in programs[-16:]), [p["region"] for p in programs[-16:]]
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_a_dynamic_cache_step_recompiles_only_its_attention_as_small_programs(pjrt, arch):
+    # A dynamic KV cache changes the attention's shapes in every layer at every step (about a
+    # fifth of the step's ops). Once seen, those ops run as one-op programs (isolation cuts, RFC
+    # 0027), shared by every layer, and the rest of the step keeps its fused programs: each new
+    # length costs a few fast compiles, never the whole step again.
+    model = build(arch).to(pjrt)
+    ids = torch.randint(1, 500, (1, 8), generator=torch.Generator().manual_seed(2)).to(pjrt)
+    counter = CompilesPerStep()
+    with torch_pjrt.eager_mode("defer_and_fuse"), torch.no_grad():
+        model.generate(ids, max_new_tokens=16, min_new_tokens=16, do_sample=False, pad_token_id=0,
+                       logits_processor=transformers.LogitsProcessorList([counter])).cpu()
+    m = torch_pjrt.metrics()
+    assert m["isolation_cuts"] > 0
+    steps = counter.new_per_step()
+    settled = steps[6:]
+    assert len(set(settled)) == 1 and 0 < settled[0] <= 8, steps
+    recent = m["compiled_programs"][-3 * settled[0]:]
+    assert all(p["fast"] for p in recent), [p["region"] for p in recent]

@@ -1385,14 +1385,6 @@ void reset_fallback_warnings() {
   g_warned.clear();
 }
 
-std::vector<int64_t> growth_counters() {
-  return {growth_capacity_buffers(), growth_appends()};
-}
-
-void reset_growth_counters() {
-  torch_pjrt::reset_growth_counters();
-}
-
 }  // namespace module
 
 }  // namespace torch_pjrt

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "module_api.h"
 #include "pjrt_backend.h"
 
 namespace torch_pjrt {
@@ -146,13 +147,13 @@ std::optional<at::Tensor> append_in_capacity(const at::ITensorListRef& tensors, 
   if (growth == nullptr) {
     return std::nullopt;
   }
-  const bool marked = growth->marked_dim == dim;
-  const bool continues = continues_a_growing_sequence(a, b, dim);
   // One step appended to a sequence without autograd (a token to input_ids in generate()): the
   // shape of a decoding loop, seen at its first step, so its second step already runs the
-  // programs of every later one.
+  // programs of every later one. The site table is consulted (and fed) only when nothing
+  // cheaper decides.
   const bool one_step = b.size(dim) == 1 && a.size(dim) >= 2 && !at::GradMode::is_enabled();
-  if (!growth->capacity && !marked && !continues && !one_step) {
+  if (!growth->capacity && growth->marked_dim != dim && !one_step &&
+      !continues_a_growing_sequence(a, b, dim)) {
     return std::nullopt;
   }
   const int64_t length = a.numel();
@@ -183,18 +184,20 @@ std::optional<at::Tensor> append_in_capacity(const at::ITensorListRef& tensors, 
   return tensor_on(buffer.storage(), a, sizes);
 }
 
-int64_t growth_capacity_buffers() {
-  return g_capacity_buffers.load(std::memory_order_relaxed);
-}
+namespace module {
 
-int64_t growth_appends() {
-  return g_appends.load(std::memory_order_relaxed);
+std::vector<int64_t> growth_counters() {
+  return {
+      g_capacity_buffers.load(std::memory_order_relaxed),
+      g_appends.load(std::memory_order_relaxed)};
 }
 
 void reset_growth_counters() {
   g_capacity_buffers.store(0, std::memory_order_relaxed);
   g_appends.store(0, std::memory_order_relaxed);
 }
+
+}  // namespace module
 
 // `torch_pjrt.mark_dynamic(t, dim, max)`: `t` will grow along `dim` (up to `max`): its first
 // append already gets a capacity of at least `max` along `dim`.

@@ -139,10 +139,6 @@ StorageGrowth* storage_growth(const c10::Storage& storage);
 // (generate()'s input_ids and attention mask): the result goes into a buffer with room to grow,
 // so every append of one size up to that capacity runs one program. nullopt: cat as usual.
 std::optional<at::Tensor> append_in_capacity(const at::ITensorListRef& tensors, int64_t dim);
-// Counters for metrics(): capacity buffers allocated and appends written into one.
-int64_t growth_capacity_buffers();
-int64_t growth_appends();
-void reset_growth_counters();
 
 // ----- devices ----------------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ mod loss;
 mod norm;
 pub mod op_id;
 mod optim;
+pub mod padding;
 pub mod params;
 pub mod promote;
 mod random;

@@ -1,0 +1,472 @@
+//! Ops on padded operands: tensors whose device buffer holds a bucket of elements along some
+//! dimensions, of which only the first `len` (a runtime scalar) are the tensor's.
+//!
+//! A padded value's padding is unspecified: an op never reads it as a value. An op is run at
+//! the padded sizes and stays exact when, along each padded dimension, it either computes each
+//! position from the same positions of its inputs (elementwise ops, a product's free and batch
+//! dimensions, reductions over other dimensions), computes position `i` from positions `<= i`
+//! only (cumulative sums), or combines positions in a way the right fill makes blind to the
+//! padding (a sum over zeros, a max over `-inf`, a product contracting over zeros). [`plan`]
+//! says which, per op, and [`lower_padded`] masks the inputs that need a fill and runs the op's
+//! ordinary lowering at the padded sizes. All padded dimensions of one op share one length
+//! (the one growing extent of a sequence); an append along it ([`lower_append`]) makes a longer
+//! one.
+
+use crate::{
+    meta, Cmp, DType, Emitter, Meta, OpError, OpId, ScalarArg, ScalarValue, TensorType, Value,
+};
+use smallvec::SmallVec;
+
+/// Dimensions of one operand that are padded (empty: the operand is exact).
+pub type PaddedDims = SmallVec<[usize; 2]>;
+
+/// What an op's padding must hold before the op reads it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum PadFill {
+    Zero,
+    One,
+    /// `-inf` for floats, the smallest value for integers.
+    Lowest,
+    /// `+inf` for floats, the largest value for integers.
+    Highest,
+}
+
+/// How an op treats one padded dimension of one input.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Along {
+    /// Each output position along it comes from the same position of the inputs.
+    Independent,
+    /// Output position `i` reads input positions `<= i` only.
+    Prefix,
+    /// Positions are combined; the padding must hold this fill first.
+    Combined(PadFill),
+    /// Padding cannot be made exact for this op here.
+    Unsupported,
+}
+
+/// How one op runs on padded operands.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PaddedPlan {
+    /// The op's meta at the padded sizes: what the lowering emits.
+    pub meta: Meta,
+    /// Per input: its padded dimensions.
+    pub inputs: SmallVec<[PaddedDims; 3]>,
+    /// Per input: the fill its padding needs first, or `None` when it is read as it is.
+    pub fills: SmallVec<[Option<PadFill>; 3]>,
+    /// Per output: its padded dimensions (empty when the output is exact, e.g. a product
+    /// contracting over the padded dimension).
+    pub outputs: SmallVec<[PaddedDims; 1]>,
+}
+
+/// Whether and how `op` runs with `padded[i]` dimensions of input `i` holding `bucket`
+/// elements, of which the first `len` (each such dimension's size in `inputs`, the true
+/// types) are the tensor's. `Ok(None)`: not exactly, so the caller must run it on exact values.
+pub fn plan(
+    op: OpId,
+    inputs: &[TensorType],
+    padded: &[PaddedDims],
+    bucket: i64,
+    scalars: &[ScalarArg],
+    params: &[i64],
+) -> Result<Option<PaddedPlan>, OpError> {
+    debug_assert_eq!(inputs.len(), padded.len());
+    let mut len = None;
+    for (ty, dims) in inputs.iter().zip(padded) {
+        for &d in dims {
+            let Some(&size) = ty.shape.get(d) else {
+                return Ok(None);
+            };
+            if size > bucket || len.is_some_and(|l| l != size) {
+                return Ok(None);
+            }
+            len = Some(size);
+        }
+    }
+    let Some(len) = len else {
+        return Ok(None);
+    };
+    let mut fills: SmallVec<[Option<PadFill>; 3]> = SmallVec::new();
+    for (i, (ty, dims)) in inputs.iter().zip(padded).enumerate() {
+        let mut fill = None;
+        for &d in dims {
+            match along(op, params, i, ty.shape.len(), d) {
+                Along::Independent | Along::Prefix => {}
+                Along::Combined(f) => {
+                    if fill.is_some_and(|g| g != f) {
+                        return Ok(None);
+                    }
+                    fill = Some(f);
+                }
+                Along::Unsupported => return Ok(None),
+            }
+        }
+        fills.push(fill);
+    }
+    let padded_types: SmallVec<[TensorType; 3]> = inputs
+        .iter()
+        .zip(padded)
+        .map(|(ty, dims)| {
+            let mut shape = ty.shape.clone();
+            for &d in dims {
+                shape[d] = bucket;
+            }
+            TensorType::new(ty.dtype, &shape)
+        })
+        .collect();
+    let exact = meta(op, inputs, scalars, params)?;
+    let Ok(at_bucket) = meta(op, &padded_types, scalars, params) else {
+        return Ok(None);
+    };
+    if at_bucket.variant != exact.variant || at_bucket.outputs.len() != exact.outputs.len() {
+        return Ok(None);
+    }
+    let mut outputs = SmallVec::new();
+    for (t, p) in exact.outputs.iter().zip(&at_bucket.outputs) {
+        if t.dtype != p.dtype || t.shape.len() != p.shape.len() {
+            return Ok(None);
+        }
+        let mut dims = PaddedDims::new();
+        for (d, (&a, &b)) in t.shape.iter().zip(&p.shape).enumerate() {
+            if a == b {
+                continue;
+            }
+            // Only the shared extent may differ, and only as the padding does.
+            if a != len || b != bucket {
+                return Ok(None);
+            }
+            dims.push(d);
+        }
+        outputs.push(dims);
+    }
+    Ok(Some(PaddedPlan {
+        inputs: padded.iter().cloned().collect(),
+        meta: at_bucket,
+        fills,
+        outputs,
+    }))
+}
+
+/// Normalize a possibly negative dim param against `rank`.
+fn norm_dim(dim: i64, rank: usize) -> Option<usize> {
+    let r = rank.max(1) as i64;
+    let d = if dim < 0 { dim + r } else { dim };
+    (0..r).contains(&d).then_some(d as usize)
+}
+
+/// The reduced dims of a reduction whose dim list starts at param `from` (none: all dims).
+fn reduced(params: &[i64], from: usize, rank: usize, dim: usize) -> bool {
+    let dims = params.get(from..).unwrap_or(&[]);
+    dims.is_empty() || dims.iter().any(|&d| norm_dim(d, rank) == Some(dim))
+}
+
+/// How `op` treats dimension `dim` of input `input` (of rank `rank`).
+fn along(op: OpId, params: &[i64], input: usize, rank: usize, dim: usize) -> Along {
+    use OpId::*;
+    let param_dim = |i: usize| params.get(i).and_then(|&d| norm_dim(d, rank));
+    let reduce_with = |from: usize, fill: PadFill| {
+        if reduced(params, from, rank, dim) {
+            Along::Combined(fill)
+        } else {
+            Along::Independent
+        }
+    };
+    match op {
+        // Moving or relabelling ops whose params are sizes or positions: the view machinery's.
+        Expand | Reshape | Permute | Transpose | Slice | Select => Along::Unsupported,
+        _ if op.is_pointwise() => Along::Independent,
+        Sum => reduce_with(2, PadFill::Zero),
+        Prod => reduce_with(2, PadFill::One),
+        Amax => reduce_with(1, PadFill::Lowest),
+        Amin => reduce_with(1, PadFill::Highest),
+        Any => reduce_with(1, PadFill::Zero),
+        All => reduce_with(1, PadFill::One),
+        Logsumexp => reduce_with(1, PadFill::Lowest),
+        // A mean or a variance counts the padding.
+        Mean => reduce_with(2, PadFill::Zero).independent_or_unsupported(),
+        Var | Std => reduce_with(2, PadFill::Zero).independent_or_unsupported(),
+        Argmax | Argmin => match param_dim(1) {
+            // Without a dim the index is into the flattened padded tensor.
+            None => Along::Unsupported,
+            Some(d) if d != dim => Along::Independent,
+            // True positions come first, so a tie keeps the true index.
+            Some(_) => Along::Combined(if op == Argmax {
+                PadFill::Lowest
+            } else {
+                PadFill::Highest
+            }),
+        },
+        Softmax | LogSoftmax | SafeSoftmax => match param_dim(0) {
+            Some(d) if d == dim => Along::Combined(PadFill::Lowest),
+            Some(_) => Along::Independent,
+            None => Along::Unsupported,
+        },
+        Cumsum | Cumprod | Logcumsumexp => match param_dim(0) {
+            Some(d) if d == dim => Along::Prefix,
+            Some(_) => Along::Independent,
+            None => Along::Unsupported,
+        },
+        // [n, k] x [k, m]: the contracted dimension is the first operand's last and the
+        // second's first (after the batch dimension for bmm).
+        Mm | Bmm => {
+            let batch = usize::from(op == Bmm);
+            let contracted = if input == 0 { batch + 1 } else { batch };
+            if dim == contracted {
+                Along::Combined(PadFill::Zero)
+            } else {
+                Along::Independent
+            }
+        }
+        // Along another dimension every input must be padded alike (meta checks the sizes).
+        Cat => match param_dim(0) {
+            Some(d) if d != dim => Along::Independent,
+            _ => Along::Unsupported,
+        },
+        NativeLayerNorm => {
+            let normalized = params.len().saturating_sub(3);
+            if input == 0 && dim + normalized < rank {
+                Along::Independent
+            } else {
+                Along::Unsupported
+            }
+        }
+        // Padded indices pick row 0 (it exists when the table is not empty); the picked rows
+        // are the padding of the result.
+        Embedding if input == 1 => Along::Combined(PadFill::Zero),
+        IndexSelect if input == 1 => Along::Combined(PadFill::Zero),
+        IndexSelect if input == 0 => match param_dim(0) {
+            Some(d) if d != dim => Along::Independent,
+            _ => Along::Unsupported,
+        },
+        _ => Along::Unsupported,
+    }
+}
+
+impl Along {
+    /// A combination that the padding would change: only independence is exact.
+    fn independent_or_unsupported(self) -> Along {
+        match self {
+            Along::Independent => Along::Independent,
+            _ => Along::Unsupported,
+        }
+    }
+}
+
+/// A boolean mask of `shape`, true where every dimension in `dims` is below `len` (a 0-d
+/// integer value).
+pub fn in_bounds(e: &mut Emitter, shape: &[i64], dims: &[usize], len: Value) -> Value {
+    let len = e.convert(len, DType::I32);
+    let len = e.broadcast_in_dim(len, shape, &[]);
+    let mut mask: Option<Value> = None;
+    for &d in dims {
+        let pos = e.iota(TensorType::new(DType::I32, shape), d);
+        let inside = e.compare(Cmp::Lt, pos, len);
+        mask = Some(match mask {
+            Some(m) => e.and(m, inside),
+            None => inside,
+        });
+    }
+    mask.unwrap_or_else(|| e.constant(TensorType::new(DType::Bool, shape), ScalarValue::Bool(true)))
+}
+
+/// `v` with its padding along `dims` replaced by `fill`.
+pub fn fill_padding(e: &mut Emitter, v: Value, dims: &[usize], len: Value, fill: PadFill) -> Value {
+    let shape = e.shape(v).to_vec();
+    let dtype = e.dtype(v);
+    let value = match (fill, dtype) {
+        (PadFill::Zero, DType::Bool) => ScalarValue::Bool(false),
+        (PadFill::One, DType::Bool) => ScalarValue::Bool(true),
+        (PadFill::Lowest, DType::Bool) => ScalarValue::Bool(false),
+        (PadFill::Highest, DType::Bool) => ScalarValue::Bool(true),
+        (PadFill::Zero, _) => ScalarValue::Int(0),
+        (PadFill::One, _) => ScalarValue::Int(1),
+        (PadFill::Lowest, d) if d.is_float() => ScalarValue::Float(f64::NEG_INFINITY),
+        (PadFill::Highest, d) if d.is_float() => ScalarValue::Float(f64::INFINITY),
+        (PadFill::Lowest, DType::I64) => ScalarValue::Int(i64::MIN),
+        (PadFill::Highest, DType::I64) => ScalarValue::Int(i64::MAX),
+        (PadFill::Lowest, d) => ScalarValue::Int(d.min_value() as i64),
+        (PadFill::Highest, d) => ScalarValue::Int(d.max_value() as i64),
+    };
+    let filler = e.constant(TensorType::new(dtype, &shape), value);
+    let mask = in_bounds(e, &shape, dims, len);
+    e.select(mask, v, filler)
+}
+
+/// Lower `op` on padded `inputs` (at the padded sizes) by `plan`; `len` is the true length of
+/// the padded extent, a 0-d integer value. The outputs are padded as `plan.outputs` says.
+pub fn lower_padded(
+    op: OpId,
+    e: &mut Emitter,
+    inputs: &[Value],
+    len: Value,
+    scalars: &[Value],
+    params: &[i64],
+    plan: &PaddedPlan,
+) -> Result<Vec<Value>, OpError> {
+    let filled: SmallVec<[Value; 3]> = inputs
+        .iter()
+        .zip(&plan.inputs)
+        .zip(&plan.fills)
+        .map(|((&v, dims), fill)| match fill {
+            Some(f) => fill_padding(e, v, dims, len, *f),
+            None => v,
+        })
+        .collect();
+    crate::lower(op, e, &filled, scalars, params, &plan.meta)
+}
+
+/// The append `cat([a, b], dim)` along the padded extent: `a` holds `a_len` (a 0-d integer
+/// value) true elements along `dim` in a buffer of `a_bucket` or fewer (an exact `a`), `b` is
+/// exact; the result holds `a_len + b`'s size true elements in a buffer of `out_bucket`. The
+/// padding is unspecified, like every padded value's.
+pub fn lower_append(
+    e: &mut Emitter,
+    a: Value,
+    b: Value,
+    dim: usize,
+    a_len: Value,
+    out_bucket: i64,
+) -> Value {
+    let dtype = e.dtype(a);
+    let b = e.convert(b, dtype);
+    let a_shape = e.shape(a).to_vec();
+    let rank = a_shape.len();
+    let grow = out_bucket - a_shape[dim];
+    let a = if grow > 0 {
+        let zero = e.scalar_constant(dtype, ScalarValue::Int(0));
+        let mut high = vec![0; rank];
+        high[dim] = grow;
+        e.pad(a, zero, &vec![0; rank], &high, &vec![0; rank])
+    } else {
+        a
+    };
+    let out_shape = e.shape(a).to_vec();
+    let index_ty = TensorType::scalar(DType::I32);
+    let zero = e.scalar_constant(DType::I32, ScalarValue::Int(0));
+    let start = e.convert(a_len, DType::I32);
+    let starts: Vec<Value> = (0..rank)
+        .map(|d| if d == dim { start } else { zero })
+        .collect();
+    debug_assert!(starts.iter().all(|&s| *e.ty(s) == index_ty));
+    let zeros = e.constant(TensorType::new(dtype, &out_shape), ScalarValue::Int(0));
+    let mut operands = vec![zeros, b];
+    operands.extend_from_slice(&starts);
+    let placed = e.op(
+        "stablehlo.dynamic_update_slice",
+        &operands,
+        "",
+        TensorType::new(dtype, &out_shape),
+    );
+    let keep = in_bounds(e, &out_shape, &[dim], a_len);
+    e.select(keep, a, placed)
+}
+
+/// The bucket a padded extent of `len` elements is kept in: the next power of two, at least
+/// 16. Powers of two keep a sequence growing to `n` at `log2(n)` programs per op, and waste at
+/// most half of each buffer.
+pub fn bucket(len: i64) -> i64 {
+    let len = len.max(1) as u64;
+    (len.next_power_of_two() as i64).max(16)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use smallvec::smallvec;
+
+    fn f32s(shape: &[i64]) -> TensorType {
+        TensorType::new(DType::F32, shape)
+    }
+
+    #[test]
+    fn buckets_are_powers_of_two_from_sixteen() {
+        assert_eq!(
+            [1, 15, 16, 17, 100, 128, 129].map(bucket),
+            [16, 16, 16, 32, 128, 128, 256]
+        );
+    }
+
+    #[test]
+    fn elementwise_ops_keep_the_padding_where_it_was() {
+        let a = f32s(&[2, 5]);
+        let b = f32s(&[1, 5]);
+        let p = plan(
+            OpId::Add,
+            &[a, b],
+            &[smallvec![1], smallvec![1]],
+            8,
+            &[],
+            &[],
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(p.fills.as_slice(), &[None, None]);
+        assert_eq!(p.outputs.as_slice(), &[PaddedDims::from_slice(&[1])]);
+        assert_eq!(p.meta.outputs[0].shape.as_slice(), &[2, 8]);
+    }
+
+    #[test]
+    fn a_product_contracting_over_the_padding_is_exact_and_fills_zeros() {
+        let a = f32s(&[2, 1, 5]);
+        let b = f32s(&[2, 5, 3]);
+        let p = plan(
+            OpId::Bmm,
+            &[a, b],
+            &[smallvec![2], smallvec![1]],
+            8,
+            &[],
+            &[],
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            p.fills.as_slice(),
+            &[Some(PadFill::Zero), Some(PadFill::Zero)]
+        );
+        assert!(p.outputs[0].is_empty());
+    }
+
+    #[test]
+    fn softmax_over_the_padding_fills_minus_infinity() {
+        let a = f32s(&[2, 5]);
+        let p = plan(
+            OpId::Softmax,
+            std::slice::from_ref(&a),
+            &[smallvec![1]],
+            8,
+            &[],
+            &[-1, 0],
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(p.fills.as_slice(), &[Some(PadFill::Lowest)]);
+        let q = plan(OpId::Softmax, &[a], &[smallvec![1]], 8, &[], &[0, 0])
+            .unwrap()
+            .unwrap();
+        assert_eq!(q.fills.as_slice(), &[None]);
+    }
+
+    #[test]
+    fn ops_the_padding_would_change_are_refused() {
+        let a = f32s(&[2, 5]);
+        let refused = |op, params: &[i64]| {
+            plan(
+                op,
+                std::slice::from_ref(&a),
+                &[smallvec![1]],
+                8,
+                &[],
+                params,
+            )
+            .unwrap()
+            .is_none()
+        };
+        assert!(refused(OpId::Mean, &[0, -1, 1]));
+        assert!(refused(OpId::Reshape, &[10]));
+        // A mean over the other dimension is exact.
+        assert!(!refused(OpId::Mean, &[0, -1, 0]));
+        // Two padded dimensions of different lengths are not one extent.
+        let b = f32s(&[5, 6]);
+        let two = plan(OpId::Neg, &[b], &[smallvec![0, 1]], 8, &[], &[]).unwrap();
+        assert!(two.is_none());
+    }
+}

@@ -4,6 +4,7 @@
 //! The crate never calls PJRT: a storage's device value is an opaque `V` (the engine's future of
 //! a device buffer), so every rule here is testable with plain values.
 
+pub mod bucket;
 mod graph;
 mod memory_cut;
 mod mode;

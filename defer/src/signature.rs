@@ -98,7 +98,9 @@ pub fn skeleton<'a>(ops: impl IntoIterator<Item = &'a RegionOp>) -> u64 {
         count += 1;
         mix(match op {
             RegionOp::Aten(op) => *op as u64,
+            RegionOp::Padded(p) => p.op as u64,
             RegionOp::WriteView(_) => 0xffff,
+            RegionOp::Append(_) => ops::OpId::Cat as u64,
         });
     }
     mix(count);
@@ -148,11 +150,27 @@ impl std::fmt::Display for Change {
     }
 }
 
+/// How a padded op pads (its inputs' padded dimensions, or an append's bucket); `None` for
+/// an exact op.
+fn padding_summary(op: &RegionOp) -> Option<String> {
+    match op {
+        RegionOp::Padded(p) => Some(format!(
+            "bucket {}, inputs padded along {:?}",
+            p.plan.bucket,
+            p.plan.inputs.iter().map(|d| d.to_vec()).collect::<Vec<_>>()
+        )),
+        RegionOp::Append(a) => Some(format!("appended into a bucket of {}", a.out_bucket)),
+        _ => None,
+    }
+}
+
 /// The full name of a region op, as a PyTorch user knows it.
 pub fn op_display_name(op: &RegionOp) -> String {
     match op {
         RegionOp::Aten(op) => format!("aten::{}", op.name()),
         RegionOp::WriteView(_) => "write through a view".to_string(),
+        RegionOp::Padded(p) => format!("aten::{} (padded)", p.op.name()),
+        RegionOp::Append(_) => "aten::cat (append to a padded value)".to_string(),
     }
 }
 
@@ -210,12 +228,19 @@ fn explain_op(index: usize, a: &OpSignature, b: &OpSignature, out: &mut Vec<Chan
         })
     };
     if a.op != b.op {
-        // Same op id (the skeleton), another write program.
-        push(
-            "the write through the view".to_string(),
-            truncate(format!("{:?}", a.op)),
-            truncate(format!("{:?}", b.op)),
-        );
+        // Same op id (the skeleton): another write program, or another way of padding.
+        match (padding_summary(&a.op), padding_summary(&b.op)) {
+            (None, None) => push(
+                "the write through the view".to_string(),
+                truncate(format!("{:?}", a.op)),
+                truncate(format!("{:?}", b.op)),
+            ),
+            (old, new) => push(
+                "padding (bounded shapes)".to_string(),
+                old.unwrap_or_else(|| "exact".to_string()),
+                new.unwrap_or_else(|| "exact".to_string()),
+            ),
+        }
     }
     if a.variant != b.variant {
         push(
@@ -226,7 +251,8 @@ fn explain_op(index: usize, a: &OpSignature, b: &OpSignature, out: &mut Vec<Chan
     }
     let param_names = match &b.op {
         RegionOp::Aten(op) => param_names(op.params_layout()),
-        RegionOp::WriteView(_) => Vec::new(),
+        RegionOp::Padded(p) => param_names(p.op.params_layout()),
+        RegionOp::WriteView(_) | RegionOp::Append(_) => Vec::new(),
     };
     if a.params.len() != b.params.len() {
         push(
@@ -263,7 +289,13 @@ fn explain_op(index: usize, a: &OpSignature, b: &OpSignature, out: &mut Vec<Chan
             .split(',')
             .map(|s| s.trim().trim_end_matches('?').to_string())
             .collect(),
-        RegionOp::WriteView(_) => Vec::new(),
+        RegionOp::Padded(p) => {
+            p.op.inputs_layout()
+                .split(',')
+                .map(|s| s.trim().trim_end_matches('?').to_string())
+                .collect()
+        }
+        RegionOp::WriteView(_) | RegionOp::Append(_) => Vec::new(),
     };
     if a.inputs.len() != b.inputs.len() {
         push(

@@ -27,6 +27,9 @@ pub(crate) struct Storage<V> {
     pub value: StorageValue<V>,
     /// Bumped on every write, so a pending op that read the old value keeps reading it.
     pub version: u64,
+    /// Set while the value is padded to a bucket along a growing extent (`crate::bucket`);
+    /// every other write clears it.
+    pub padding: Option<std::sync::Arc<crate::bucket::Padding>>,
 }
 
 /// The engine's storages, in slots addressed by their ids: a storage is looked up several
@@ -128,6 +131,7 @@ mod tests {
             native: None,
             value: StorageValue::Uninit,
             version: 0,
+            padding: None,
         }
     }
 

@@ -9,7 +9,8 @@ mod view_lowering;
 
 pub use hash::{combine, StableHasher};
 pub use module::{
-    build_module, InputRef, InputView, Operand, Region, RegionNode, RegionOp, WriteView,
+    build_module, AppendOp, InputRef, InputView, Operand, PaddedOp, Region, RegionNode, RegionOp,
+    WriteView,
 };
 pub use scalars::{pack_scalars, PackBytes, ScalarPack, ScalarPacks, ScalarSlot, ScalarSlots};
 pub use view_lowering::{blend_update_slice, lower_chain, lower_read, lower_write};

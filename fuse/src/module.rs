@@ -69,6 +69,25 @@ pub struct WriteView {
 pub enum RegionOp {
     Aten(OpId),
     WriteView(Arc<WriteView>),
+    /// An op on operands padded to a bucket along one growing extent (`ops::padding`); its
+    /// last scalar is the extent's true length.
+    Padded(Arc<PaddedOp>),
+    /// `cat([a, b], dim)` along a padded extent; its one scalar is `a`'s true length.
+    Append(Arc<AppendOp>),
+}
+
+/// An op run at its operands' padded sizes, by its plan.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PaddedOp {
+    pub op: OpId,
+    pub plan: ops::padding::PaddedPlan,
+}
+
+/// An append along a padded extent into a buffer of `out_bucket` elements along `dim`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AppendOp {
+    pub dim: usize,
+    pub out_bucket: i64,
 }
 
 impl RegionOp {
@@ -76,6 +95,8 @@ impl RegionOp {
         match self {
             RegionOp::Aten(op) => op.name(),
             RegionOp::WriteView(_) => "write_through_view",
+            RegionOp::Padded(p) => p.op.name(),
+            RegionOp::Append(_) => "cat",
         }
     }
 }
@@ -532,6 +553,30 @@ fn emit_node(
                 }
             };
             SmallVec::from_elem(flat, 1)
+        }
+        RegionOp::Padded(p) => {
+            let (&len, op_scalars) = scalars.split_last().ok_or_else(|| {
+                OpError::runtime("internal error: a padded op has no length scalar")
+            })?;
+            ops::padding::lower_padded(p.op, e, &inputs, len, op_scalars, &node.params, &p.plan)?
+                .into_iter()
+                .collect()
+        }
+        RegionOp::Append(a) => {
+            if inputs.len() != 2 || scalars.len() != 1 {
+                return Err(OpError::runtime(
+                    "internal error: an append takes 2 inputs and a length",
+                ));
+            }
+            let out = ops::padding::lower_append(
+                e,
+                inputs[0],
+                inputs[1],
+                a.dim,
+                scalars[0],
+                a.out_bucket,
+            );
+            SmallVec::from_elem(out, 1)
         }
     })
 }

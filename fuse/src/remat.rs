@@ -128,7 +128,7 @@ fn recomputable(op: &RegionOp) -> bool {
         RegionOp::Aten(op) => {
             op.is_pointwise() || matches!(op, OpId::NativeLayerNorm | OpId::NativeGroupNorm)
         }
-        RegionOp::WriteView(_) => false,
+        RegionOp::WriteView(_) | RegionOp::Padded(_) | RegionOp::Append(_) => false,
     }
 }
 

@@ -49,6 +49,10 @@ enum Along {
 pub struct PaddedPlan {
     /// The op's meta at the padded sizes: what the lowering emits.
     pub meta: Meta,
+    /// The buffer size of the padded dimensions.
+    pub bucket: i64,
+    /// The op's outputs at the true sizes: what PyTorch sees.
+    pub true_outputs: crate::MetaOutputs,
     /// Per input: its padded dimensions.
     pub inputs: SmallVec<[PaddedDims; 3]>,
     /// Per input: the fill its padding needs first, or `None` when it is read as it is.
@@ -102,44 +106,64 @@ pub fn plan(
         }
         fills.push(fill);
     }
-    let padded_types: SmallVec<[TensorType; 3]> = inputs
-        .iter()
-        .zip(padded)
-        .map(|(ty, dims)| {
-            let mut shape = ty.shape.clone();
-            for &d in dims {
-                shape[d] = bucket;
-            }
-            TensorType::new(ty.dtype, &shape)
-        })
-        .collect();
+    let at = |size: i64| -> SmallVec<[TensorType; 3]> {
+        inputs
+            .iter()
+            .zip(padded)
+            .map(|(ty, dims)| {
+                let mut shape = ty.shape.clone();
+                for &d in dims {
+                    shape[d] = size;
+                }
+                TensorType::new(ty.dtype, &shape)
+            })
+            .collect()
+    };
     let exact = meta(op, inputs, scalars, params)?;
-    let Ok(at_bucket) = meta(op, &padded_types, scalars, params) else {
+    let Ok(at_bucket) = meta(op, &at(bucket), scalars, params) else {
         return Ok(None);
     };
-    if at_bucket.variant != exact.variant || at_bucket.outputs.len() != exact.outputs.len() {
+    // A second size tells the output dimensions that follow the extent even when the
+    // length fills the bucket.
+    let Ok(at_probe) = meta(op, &at(bucket + 1), scalars, params) else {
+        return Ok(None);
+    };
+    if at_bucket.variant != exact.variant
+        || at_bucket.outputs.len() != exact.outputs.len()
+        || at_probe.outputs.len() != exact.outputs.len()
+    {
         return Ok(None);
     }
     let mut outputs = SmallVec::new();
-    for (t, p) in exact.outputs.iter().zip(&at_bucket.outputs) {
-        if t.dtype != p.dtype || t.shape.len() != p.shape.len() {
+    for ((t, p), q) in exact
+        .outputs
+        .iter()
+        .zip(&at_bucket.outputs)
+        .zip(&at_probe.outputs)
+    {
+        if t.dtype != p.dtype || t.shape.len() != p.shape.len() || q.shape.len() != p.shape.len() {
             return Ok(None);
         }
         let mut dims = PaddedDims::new();
-        for (d, (&a, &b)) in t.shape.iter().zip(&p.shape).enumerate() {
-            if a == b {
-                continue;
-            }
-            // Only the shared extent may differ, and only as the padding does.
-            if a != len || b != bucket {
+        for d in 0..t.shape.len() {
+            let follows = p.shape[d] != q.shape[d];
+            // Only the shared extent may differ from the exact sizes, and only as the padding.
+            if follows && (p.shape[d] != bucket || t.shape[d] != len) {
                 return Ok(None);
             }
-            dims.push(d);
+            if !follows && p.shape[d] != t.shape[d] {
+                return Ok(None);
+            }
+            if follows {
+                dims.push(d);
+            }
         }
         outputs.push(dims);
     }
     Ok(Some(PaddedPlan {
         inputs: padded.iter().cloned().collect(),
+        bucket,
+        true_outputs: exact.outputs,
         meta: at_bucket,
         fills,
         outputs,
@@ -402,6 +426,15 @@ mod tests {
         assert_eq!(p.fills.as_slice(), &[None, None]);
         assert_eq!(p.outputs.as_slice(), &[PaddedDims::from_slice(&[1])]);
         assert_eq!(p.meta.outputs[0].shape.as_slice(), &[2, 8]);
+    }
+
+    #[test]
+    fn a_length_that_fills_the_bucket_is_still_padded() {
+        let a = f32s(&[2, 8]);
+        let p = plan(OpId::Exp, &[a], &[smallvec![1]], 8, &[], &[])
+            .unwrap()
+            .unwrap();
+        assert_eq!(p.outputs.as_slice(), &[PaddedDims::from_slice(&[1])]);
     }
 
     #[test]

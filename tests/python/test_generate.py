@@ -120,11 +120,45 @@ def test_a_static_cache_decode_step_keeps_one_fused_program(pjrt, arch, monkeypa
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
-def test_a_dynamic_cache_step_recompiles_only_its_attention_as_small_programs(pjrt, arch):
-    # A dynamic KV cache changes the attention's shapes in every layer at every step (about a
-    # fifth of the step's ops). Once seen, those ops run as one-op programs (isolation cuts, RFC
-    # 0027), shared by every layer, and the rest of the step keeps its fused programs: each new
-    # length costs a few fast compiles, never the whole step again.
+def test_a_dynamic_cache_compiles_once_per_bucket(mode, arch):
+    # The KV cache grows by a token per step along its third dimension. From its second append
+    # it lives padded to a bucket (a power of two) and the attention runs at the bucket's size
+    # with the true length as a runtime argument (bounded shapes, RFC 0029): lengths 11..16 run
+    # the programs of length 10, and 17..32 compile once more, at the step that crosses into
+    # the next bucket and the one after it.
+    model = build(arch)
+    ids = torch.randint(1, 500, (1, 8), generator=torch.Generator().manual_seed(2))
+    kwargs = dict(max_new_tokens=24, min_new_tokens=24, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        expected = model.generate(ids, **kwargs)
+        model.to("pjrt")
+        counter = CompilesPerStep()
+        got = model.generate(
+            ids.to("pjrt"), logits_processor=transformers.LogitsProcessorList([counter]), **kwargs
+        ).cpu()
+    assert torch.equal(got, expected)
+    m = torch_pjrt.metrics()
+    assert m["padded_ops"] > 0
+    assert m["unpadded_values"] == 0
+    steps = counter.new_per_step()
+    assert len(steps) == 23
+    # Step i decodes length 9 + i: the first bucket holds lengths up to 16, the second up to 32.
+    # (Programs an earlier test compiled at these buckets are not compiled again: Debug and
+    # Strict share their one-op programs.)
+    compiling = [i for i, n in enumerate(steps) if n and i >= 4]
+    assert set(compiling) <= {8, 9, 10}, steps
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_without_bounded_shapes_a_dynamic_cache_step_recompiles_only_its_attention(
+    pjrt, arch, monkeypatch
+):
+    # With bounded shapes off (TORCH_PJRT_DYNAMIC=off), a dynamic KV cache changes the
+    # attention's shapes in every layer at every step (about a fifth of the step's ops). Once
+    # seen, those ops run as one-op programs (isolation cuts, RFC 0027), shared by every layer,
+    # and the rest of the step keeps its fused programs: each new length costs a few fast
+    # compiles, never the whole step again.
+    monkeypatch.setenv("TORCH_PJRT_DYNAMIC", "off")
     model = build(arch).to(pjrt)
     ids = torch.randint(1, 500, (1, 8), generator=torch.Generator().manual_seed(2)).to(pjrt)
     counter = CompilesPerStep()

@@ -534,6 +534,11 @@ impl Engine {
                 return Ok(captured);
             }
         }
+        if op == OpId::Cat {
+            // Read at each append, as the plugin's capacities read it, so a program can turn
+            // bounded shapes off for a while.
+            graph.set_bounded(!matches!(env("TORCH_PJRT_DYNAMIC").as_deref(), Some("off")));
+        }
         let captured = graph.capture(op, inputs, scalars, params, outs)?;
         if ops::checks::has_index_checks(op) {
             // Captured before the flush policy runs, so Strict runs op and check as one region.
@@ -1067,6 +1072,8 @@ impl Engine {
         v.insert("dropped_ops", graph.dropped_ops as f64);
         v.insert("largest_region", graph.largest_region as f64);
         v.insert("direct_ops", graph.direct_ops as f64);
+        v.insert("padded_ops", graph.padded_ops as f64);
+        v.insert("unpadded_values", graph.unpadded_values as f64);
         v.insert("live_storages", graph.live_storages as f64);
         v.insert("host_to_device", Counters::get(&c.host_to_device) as f64);
         v.insert("device_to_host", Counters::get(&c.device_to_host) as f64);

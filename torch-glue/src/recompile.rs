@@ -4,6 +4,7 @@
 
 use defer::signature::{self, Change, RegionSignature};
 use defer::{EngineError, ErrorKind, Mode};
+use fuse::RegionOp;
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 
@@ -211,7 +212,12 @@ impl RecompileTracker {
             // evicted from tier 1. Not a new build of the structure.
             return Verdict::Compile;
         }
-        self.note_varying_ops(previous.skeleton, region_ops, &changes);
+        let padded: Vec<bool> = current
+            .ops
+            .iter()
+            .map(|op| matches!(op.op, RegionOp::Padded(_) | RegionOp::Append(_)))
+            .collect();
+        self.note_varying_ops(previous.skeleton, region_ops, &changes, &padded);
         let total_changes = changes.len();
         changes.truncate(CHANGES_KEPT);
         self.total += 1;
@@ -279,10 +285,19 @@ impl RecompileTracker {
         messages
     }
 
-    fn note_varying_ops(&mut self, skeleton: u64, region_ops: usize, changes: &[Change]) {
+    /// `padded[i]`: op `i` runs on padded values, whose programs change only when a bucket
+    /// fills (a few times in a sequence's life), so it is never cut out.
+    fn note_varying_ops(
+        &mut self,
+        skeleton: u64,
+        region_ops: usize,
+        changes: &[Change],
+        padded: &[bool],
+    ) {
         let mut ops: Vec<usize> = Vec::new();
         for change in changes {
             match change.op_index {
+                Some(i) if padded.get(i).copied().unwrap_or(false) => {}
                 Some(i) => ops.push(i),
                 None => return, // what the region materializes changed: not a few ops' shapes
             }

@@ -35,6 +35,15 @@ impl<V: Clone> Graph<V> {
             types.push(t.ty());
         }
         let meta = ops::meta(op, &types, scalars, params)?;
+        if op == OpId::Cat
+            && inputs.len() == 2
+            && outs.is_empty()
+            && self.bounded
+            && self.continues_growth(&types, params).is_some()
+        {
+            // An append that continues a growing sequence: capture pads it (RFC 0029).
+            return Ok(None);
+        }
         let outputs_len = meta.outputs.len();
         if outputs_len == 0 {
             return Ok(None);

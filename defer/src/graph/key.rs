@@ -145,10 +145,24 @@ pub(super) fn op_digests<'a>(
             d.i64(w.base_len).i64(w.window.unwrap_or(-1));
             views::hash_write_program_split(&w.program, &mut s, &mut d);
         }
+        RegionOp::Padded(p) => {
+            s.u32(0xfffe).u32(p.op.id() as u32).u32(meta.variant as u32);
+            for dims in &p.plan.inputs {
+                s.u64(dims.len() as u64);
+                for &dim in dims {
+                    s.u64(dim as u64);
+                }
+            }
+        }
+        RegionOp::Append(a) => {
+            s.u32(0xfffd).u64(a.dim as u64);
+            d.i64(a.out_bucket);
+        }
     }
     let sizes_from = match op {
         RegionOp::Aten(op) => op.first_size_param(),
-        RegionOp::WriteView(_) => None,
+        RegionOp::Padded(p) => p.op.first_size_param(),
+        RegionOp::WriteView(_) | RegionOp::Append(_) => None,
     };
     match sizes_from {
         Some(k) if k <= params.len() => {

@@ -22,6 +22,7 @@ mod flush;
 mod isolate;
 mod key;
 mod memory;
+mod padded;
 mod region;
 mod repeat;
 
@@ -152,6 +153,8 @@ struct Placement {
     base_len: i64,
     /// Contiguous, offset 0, the storage's dtype, every element: the value itself, reshaped.
     whole: bool,
+    /// The storage's value is padded (`crate::bucket`): never whole, read through `padded`.
+    padded: bool,
 }
 
 /// The outputs of a captured op: the storages written and their types.
@@ -250,6 +253,10 @@ pub struct GraphStats {
     pub live_storages: u64,
     /// Ops Strict ran by its direct path ([`Graph::run_if_compiled`]), not captured as nodes.
     pub direct_ops: u64,
+    /// Ops captured on padded values (bounded shapes: one program per bucket, not per size).
+    pub padded_ops: u64,
+    /// Padded values cut back to their true sizes for a reader that needs them exact.
+    pub unpadded_values: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -376,6 +383,10 @@ pub struct Graph<V> {
     /// checked against the flush's own key (debug builds), so the two keyings cannot drift.
     #[cfg(debug_assertions)]
     direct_key_check: Option<(u64, u64)>,
+    /// Whether growing sequences are padded to buckets (see `set_bounded`).
+    bounded: bool,
+    /// Appends seen, to tell a growing sequence (see `crate::bucket::GrowthSites`).
+    growth: crate::bucket::GrowthSites,
 }
 
 impl<V: Clone> Default for Graph<V> {
@@ -406,7 +417,15 @@ impl<V: Clone> Graph<V> {
             capture_location: None,
             #[cfg(debug_assertions)]
             direct_key_check: None,
+            bounded: true,
+            growth: Default::default(),
         }
+    }
+
+    /// Whether a sequence seen growing by appends is kept padded to a bucket (bounded shapes,
+    /// RFC 0029), so its readers compile once per bucket rather than once per length.
+    pub fn set_bounded(&mut self, enabled: bool) {
+        self.bounded = enabled;
     }
 
     /// Enables input donation: a region argument that was a storage's value until the region
@@ -465,6 +484,7 @@ impl<V: Clone> Graph<V> {
             native,
             value,
             version,
+            padding: None,
         })
     }
 
@@ -488,6 +508,9 @@ impl<V: Clone> Graph<V> {
 
     /// Changes a storage's byte size (`resize_`); only an unwritten storage can change size so far.
     pub fn resize_storage(&mut self, id: StorageId, nbytes: u64) -> Result<(), EngineError> {
+        if self.is_padded(id) {
+            self.unpad(id)?;
+        }
         let storage = self
             .storages
             .get_mut(&id)
@@ -520,6 +543,7 @@ impl<V: Clone> Graph<V> {
             native,
             base_len: old_len,
             whole: true,
+            padded: false,
         };
         let input = self.read_for_node(&old, &placement)?;
         let (op, params): (OpId, SmallVec<[i64; 4]>) = if new_len > old_len {
@@ -589,7 +613,9 @@ impl<V: Clone> Graph<V> {
         };
         // Element sizes are powers of two: a shift, not a 64-bit division, on every operand.
         let base_len = (storage.nbytes >> native.size_bytes().trailing_zeros()) as i64;
-        let whole = t.offset == 0 && t.dtype == native && t.contiguous_numel() == Some(base_len);
+        let padded = storage.padding.is_some();
+        let whole =
+            !padded && t.offset == 0 && t.dtype == native && t.contiguous_numel() == Some(base_len);
         if !whole {
             views::check_in_bounds(base_len, native.size_bytes(), &t.layout())?;
         }
@@ -597,6 +623,7 @@ impl<V: Clone> Graph<V> {
             native,
             base_len,
             whole,
+            padded,
         })
     }
 
@@ -671,6 +698,14 @@ impl<V: Clone> Graph<V> {
             types.push(t.ty());
         }
         let meta = ops::meta(op, &types, scalars, params)?;
+        if placements.iter().any(|p| p.padded) || outs.iter().any(|o| self.is_padded(o.storage)) {
+            return self.capture_padded(op, inputs, scalars, params, outs, &types);
+        }
+        if op == OpId::Cat && inputs.len() == 2 && outs.is_empty() && self.bounded {
+            if let Some(captured) = self.start_append(inputs, params, &types, &placements)? {
+                return Ok(captured);
+            }
+        }
         let mut out_placements: SmallVec<[Placement; 1]> = SmallVec::new();
         for (i, out) in outs.iter().enumerate() {
             let placement = self.placement(&OperandName(op, "output", i), out)?;
@@ -967,6 +1002,7 @@ impl<V: Clone> Graph<V> {
 
     fn write_pending(&mut self, storage: StorageId, out: NodeOutput) {
         let entry = self.storages.get_mut(&storage).expect("checked storage");
+        entry.padding = None;
         let old = std::mem::replace(&mut entry.value, StorageValue::Pending { out });
         let old_version = entry.version;
         entry.version += 1;
@@ -1042,6 +1078,7 @@ impl<V: Clone> Graph<V> {
             ));
         }
         let storage = self.storages.get_mut(&t.storage).unwrap();
+        storage.padding = None;
         let old = std::mem::replace(
             &mut storage.value,
             StorageValue::Device { value, ty: t.ty() },

@@ -125,6 +125,8 @@ pub(super) fn repeat_digest(node: &Node) -> u64 {
     let mut h = match &node.op {
         RegionOp::Aten(op) => mix(op.id() as u64, node.meta.variant as u64),
         RegionOp::WriteView(w) => mix(0xffff, w.base_len as u64),
+        RegionOp::Padded(p) => mix(0xfffe ^ p.op.id() as u64, node.meta.variant as u64),
+        RegionOp::Append(a) => mix(0xfffd, a.out_bucket as u64),
     };
     for &p in &node.params {
         h = mix(h, p as u64);

@@ -239,3 +239,88 @@ fn the_planned_region_is_what_the_flush_runs() {
     assert_eq!(flush.source().signature().skeleton, skeleton);
     assert_eq!(flush.prefix, prefix);
 }
+
+/// A `[1, 2, len, 4]` cache grown by one position per step, as a decoding loop grows its KV
+/// cache; returns the cache and each step's attention-like region key (a transposed read of
+/// the cache, scaled).
+/// Each step's cache length and region key.
+type StepKeys = Vec<(i64, (u64, u64))>;
+
+fn grow_cache(g: &mut Graph<u32>, steps: usize) -> (TensorRef, StepKeys) {
+    let mut cache = device(g, DType::F32, &[1, 2, 8, 4], 1);
+    let mut keys = Vec::new();
+    for step in 0..steps {
+        let new = device(g, DType::F32, &[1, 2, 1, 4], 10 + step as u32);
+        let captured = g
+            .capture(OpId::Cat, &[cache.clone(), new], &[], &[2], &[])
+            .unwrap();
+        let (storage, ty) = captured.outputs[0].clone();
+        cache = TensorRef::contiguous(storage, ty.dtype, &ty.shape);
+        g.flush(FlushRequest::All, |_| 7).unwrap();
+        let len = ty.shape[2];
+        let transposed = TensorRef {
+            strides: SmallVec::from_slice(&[8 * len, 4 * len, 1, 4]),
+            sizes: Shape::from_slice(&[1, 2, 4, len]),
+            ..cache.clone()
+        };
+        g.capture(OpId::Mul, &[transposed], &[ScalarArg::float(0.5)], &[], &[])
+            .unwrap();
+        let flush = g
+            .flush(FlushRequest::All, |_| 7)
+            .unwrap()
+            .expect("a region");
+        keys.push((len, (flush.shapeless, flush.dims)));
+    }
+    (cache, keys)
+}
+
+#[test]
+fn a_growing_cache_is_padded_from_its_second_append_and_keyed_by_bucket() {
+    let mut g: Graph<u32> = Graph::new();
+    let (cache, keys) = grow_cache(&mut g, 12);
+    assert!(g.stats().padded_ops > 0);
+    assert!(g.is_padded(cache.storage));
+    assert!(
+        !g.is_whole(&cache).unwrap(),
+        "a padded value is never read whole"
+    );
+    let key_of = |len: i64| keys.iter().find(|(l, _)| *l == len).unwrap().1;
+    // Lengths 10..=16 share the bucket of 16, 17..=20 that of 32.
+    for len in 11..=16 {
+        assert_eq!(key_of(len), key_of(10), "length {len}");
+    }
+    assert_ne!(key_of(17), key_of(16));
+    assert_eq!(key_of(18), key_of(20));
+    // The first step saw no growth yet: exact.
+    assert_ne!(key_of(9), key_of(10));
+    assert_eq!(g.stats().unpadded_values, 0);
+}
+
+#[test]
+fn a_read_into_the_extent_cuts_the_padding_off_first() {
+    let mut g: Graph<u32> = Graph::new();
+    let (cache, _) = grow_cache(&mut g, 4);
+    assert!(g.is_padded(cache.storage));
+    let len = cache.sizes[2];
+    // The last position: a slice of the extent, which no padded program reads.
+    let last = TensorRef {
+        sizes: Shape::from_slice(&[1, 2, 1, 4]),
+        offset: (len - 1) * 4,
+        ..cache.clone()
+    };
+    let captured = g.capture(OpId::Clone, &[last], &[], &[], &[]).unwrap();
+    assert_eq!(captured.outputs[0].1.shape.as_slice(), &[1, 2, 1, 4]);
+    assert_eq!(g.stats().unpadded_values, 1);
+    assert!(!g.is_padded(cache.storage));
+    assert!(g.is_whole(&cache).unwrap());
+}
+
+#[test]
+fn bounded_shapes_off_keeps_every_value_exact() {
+    let mut g: Graph<u32> = Graph::new();
+    g.set_bounded(false);
+    let (cache, keys) = grow_cache(&mut g, 4);
+    assert_eq!(g.stats().padded_ops, 0);
+    assert!(!g.is_padded(cache.storage));
+    assert_ne!(keys[2].1, keys[3].1);
+}

@@ -1,0 +1,351 @@
+//! Capture on padded values (bounded shapes, RFC 0029): appends that start or continue a
+//! growing sequence, ops run at the bucket's size by `ops::padding`'s plans, and the cut back
+//! to true sizes for every reader that needs exact values.
+
+use super::*;
+use crate::bucket::{PaddedView, Padding};
+use fuse::{AppendOp, PaddedOp};
+use ops::padding::{self, PaddedDims};
+
+impl<V: Clone> Graph<V> {
+    pub(super) fn is_padded(&self, id: StorageId) -> bool {
+        self.storages.get(&id).is_some_and(|s| s.padding.is_some())
+    }
+
+    fn padding_of(&self, id: StorageId) -> Option<Arc<Padding>> {
+        self.storages.get(&id).and_then(|s| s.padding.clone())
+    }
+
+    /// Replaces a padded storage's value by its true elements (a slice per padded dimension),
+    /// for a reader that needs the exact value.
+    pub(super) fn unpad(&mut self, id: StorageId) -> Result<(), EngineError> {
+        let Some(padding) = self.padding_of(id) else {
+            return Ok(());
+        };
+        let native = self
+            .storage(id)?
+            .native
+            .ok_or_else(|| EngineError::runtime("internal error: a padded storage has no dtype"))?;
+        let padded_sizes = padding.padded_sizes();
+        let whole = TensorRef::contiguous(id, native, &padded_sizes);
+        let placement = Placement {
+            native,
+            base_len: padding.padded_numel(),
+            whole: true,
+            padded: false,
+        };
+        let mut input = self.read_for_node(&whole, &placement)?;
+        let mut ty = TensorType::new(native, &padded_sizes);
+        let mut last = None;
+        for &d in &padding.dims {
+            let params = [d as i64, 0, padding.sizes[d], 1];
+            let meta = ops::meta(OpId::Slice, std::slice::from_ref(&ty), &[], &params)?;
+            ty = meta.outputs[0].clone();
+            let node = self.push_node(
+                RegionOp::Aten(OpId::Slice),
+                &params,
+                &[],
+                meta,
+                SmallVec::from_elem(input, 1),
+            );
+            input = NodeInput::plain(ValueRef::Pending(node.output(0)));
+            last = Some(node.output(0));
+        }
+        if let Some(out) = last {
+            self.write_pending(id, out);
+        }
+        self.stats.unpadded_values += 1;
+        Ok(())
+    }
+
+    /// Every padded storage `inputs` and `outs` touch, cut back to its true elements.
+    fn unpad_all(&mut self, inputs: &[TensorRef], outs: &[TensorRef]) -> Result<(), EngineError> {
+        for t in inputs.iter().chain(outs) {
+            self.unpad(t.storage)?;
+        }
+        Ok(())
+    }
+
+    /// The node input reading `t` (a view PyTorch took of a padded storage) as a view of the
+    /// padded value, and the view's padded dimensions; `None` when the view is not one
+    /// (`bucket::Padding::translate`).
+    fn read_padded(
+        &mut self,
+        t: &TensorRef,
+        padding: &Padding,
+        native: DType,
+    ) -> Result<Option<(NodeInput, PaddedDims)>, EngineError> {
+        if t.dtype != native {
+            return Ok(None);
+        }
+        let Some(PaddedView {
+            sizes,
+            strides,
+            dims,
+        }) = padding.translate(&t.sizes, &t.strides, t.offset)
+        else {
+            return Ok(None);
+        };
+        let view = TensorRef {
+            storage: t.storage,
+            dtype: t.dtype,
+            sizes,
+            strides,
+            offset: 0,
+        };
+        let base_len = padding.padded_numel();
+        let whole = view.contiguous_numel() == Some(base_len);
+        let placement = Placement {
+            native,
+            base_len,
+            whole,
+            padded: false,
+        };
+        Ok(Some((self.read_for_node(&view, &placement)?, dims)))
+    }
+
+    /// Captures `op` when one of its tensors is padded: at the bucket's size when the op's
+    /// plan allows and every padded input is read as a view of its padded value; otherwise on
+    /// the true values, cut back first. `types` are the inputs' true types (meta ran on them).
+    pub(super) fn capture_padded(
+        &mut self,
+        op: OpId,
+        inputs: &[TensorRef],
+        scalars: &[ScalarArg],
+        params: &[i64],
+        outs: &[TensorRef],
+        types: &[TensorType],
+    ) -> Result<Captured, EngineError> {
+        if outs.is_empty() && self.bounded {
+            if let Some(captured) = self.try_padded(op, inputs, scalars, params, types)? {
+                self.stats.captured_ops += 1;
+                self.stats.padded_ops += 1;
+                return Ok(captured);
+            }
+        }
+        self.unpad_all(inputs, outs)?;
+        self.capture_op(op, inputs, scalars, params, outs)
+    }
+
+    fn try_padded(
+        &mut self,
+        op: OpId,
+        inputs: &[TensorRef],
+        scalars: &[ScalarArg],
+        params: &[i64],
+        types: &[TensorType],
+    ) -> Result<Option<Captured>, EngineError> {
+        // The padded inputs' paddings, and the one bucket they share.
+        let mut paddings: SmallVec<[Option<Arc<Padding>>; 3]> = SmallVec::new();
+        let mut bucket = None;
+        for t in inputs {
+            let p = self.padding_of(t.storage);
+            if let Some(p) = &p {
+                if bucket.is_some_and(|b| b != p.bucket) {
+                    return Ok(None);
+                }
+                bucket = Some(p.bucket);
+            }
+            paddings.push(p);
+        }
+        let Some(bucket) = bucket else {
+            return Ok(None);
+        };
+        // Views first: a view that is not one of the padded value leaves nothing captured.
+        let mut views: SmallVec<[Option<PaddedView>; 3]> = SmallVec::new();
+        for (t, p) in inputs.iter().zip(&paddings) {
+            views.push(match p {
+                Some(p) => match p.translate(&t.sizes, &t.strides, t.offset) {
+                    Some(v) if t.dtype == self.storage(t.storage)?.native.unwrap_or(t.dtype) => {
+                        Some(v)
+                    }
+                    _ => return Ok(None),
+                },
+                None => None,
+            });
+        }
+        let dims: SmallVec<[PaddedDims; 3]> = views
+            .iter()
+            .map(|v| v.as_ref().map(|v| v.dims.clone()).unwrap_or_default())
+            .collect();
+        if op == OpId::Cat && inputs.len() == 2 && dims[1].is_empty() {
+            let rank = types[0].shape.len().max(1) as i64;
+            let dim = params.first().map(|&d| if d < 0 { d + rank } else { d });
+            if let Some(dim) = dim.filter(|&d| dims[0].as_slice() == [d as usize]) {
+                return self.append(inputs, types, dim as usize, true);
+            }
+        }
+        let Some(plan) = padding::plan(op, types, &dims, bucket, scalars, params)? else {
+            return Ok(None);
+        };
+        let len = paddings
+            .iter()
+            .flatten()
+            .map(|p| p.true_len())
+            .next()
+            .expect("a padded input");
+        let mut node_inputs: SmallVec<[NodeInput; 3]> = SmallVec::new();
+        for (i, t) in inputs.iter().enumerate() {
+            let input = match &paddings[i] {
+                Some(p) => {
+                    let native = self.storage(t.storage)?.native.unwrap_or(t.dtype);
+                    let padding = Arc::clone(p);
+                    match self.read_padded(t, &padding, native)? {
+                        Some((input, _)) => input,
+                        None => return Ok(None),
+                    }
+                }
+                None => {
+                    let placement = self.placement(&OperandName(op, "input", i), t)?;
+                    self.read_for_node(t, &placement)?
+                }
+            };
+            node_inputs.push(input);
+        }
+        let mut meta = plan.meta.clone();
+        meta.scalar_dtypes.push(DType::I64);
+        let mut node_scalars: SmallVec<[ScalarArg; 3]> = SmallVec::from_slice(scalars);
+        node_scalars.push(ScalarArg::int(len));
+        let true_outputs = plan.true_outputs.clone();
+        let output_dims = plan.outputs.clone();
+        let id = self.push_node(
+            RegionOp::Padded(Arc::new(PaddedOp { op, plan })),
+            params,
+            &node_scalars,
+            meta,
+            node_inputs,
+        );
+        let mut outputs = CapturedOutputs::new();
+        for (i, (ty, dims)) in true_outputs.into_iter().zip(output_dims).enumerate() {
+            let storage = self.new_pending_storage(ty.nbytes(), ty.dtype, id.output(i as u32));
+            if !dims.is_empty() {
+                self.set_padding(
+                    storage,
+                    Padding {
+                        sizes: ty.shape.clone(),
+                        dims,
+                        bucket,
+                    },
+                );
+            }
+            outputs.push((storage, ty));
+        }
+        Ok(Some(outputs).map(|outputs| Captured { outputs }))
+    }
+
+    fn set_padding(&mut self, storage: StorageId, padding: Padding) {
+        if let Some(s) = self.storages.get_mut(&storage) {
+            s.padding = Some(Arc::new(padding));
+        }
+    }
+
+    /// Whether `cat([a, b], dim)` of exact values of `types` (with `a` whole) continues a
+    /// sequence seen growing; records the append either way. Both capture and Strict's direct
+    /// path ask, so a warm append still counts as the sequence's step.
+    pub(super) fn continues_growth(
+        &mut self,
+        types: &[TensorType],
+        params: &[i64],
+    ) -> Option<usize> {
+        let (a, b) = (&types[0], &types[1]);
+        let rank = a.shape.len();
+        if rank == 0 || b.shape.len() != rank || a.dtype != b.dtype {
+            return None;
+        }
+        let dim = params.first().copied().unwrap_or(0);
+        let dim = if dim < 0 { dim + rank as i64 } else { dim };
+        let dim = usize::try_from(dim).ok().filter(|&d| d < rank)?;
+        let (a_len, b_len) = (a.shape[dim], b.shape[dim]);
+        if a_len < 2 || b_len < 1 || b_len > a_len {
+            return None;
+        }
+        self.growth
+            .note_append(a.dtype, &a.shape, dim, b_len)
+            .then_some(dim)
+    }
+
+    /// `cat([a, b], dim)` of exact values: when it continues a sequence seen growing along
+    /// `dim`, its result is the first padded value of the sequence.
+    pub(super) fn start_append(
+        &mut self,
+        inputs: &[TensorRef],
+        params: &[i64],
+        types: &[TensorType],
+        placements: &[Placement],
+    ) -> Result<Option<Captured>, EngineError> {
+        if !placements[0].whole {
+            return Ok(None);
+        }
+        let Some(dim) = self.continues_growth(types, params) else {
+            return Ok(None);
+        };
+        let captured = self.append(inputs, types, dim, false)?;
+        if captured.is_some() {
+            self.stats.captured_ops += 1;
+            self.stats.padded_ops += 1;
+        }
+        Ok(captured)
+    }
+
+    /// The append node: `a` read padded (`a_padded`) or whole, `b` exact; the result padded
+    /// along `dim` to the bucket of its length.
+    fn append(
+        &mut self,
+        inputs: &[TensorRef],
+        types: &[TensorType],
+        dim: usize,
+        a_padded: bool,
+    ) -> Result<Option<Captured>, EngineError> {
+        let exact = ops::meta(OpId::Cat, types, &[], &[dim as i64])?;
+        let out_ty = exact.outputs[0].clone();
+        let a_len = types[0].shape[dim];
+        let out_len = out_ty.shape[dim];
+        let out_bucket = padding::bucket(out_len);
+        let a_input = if a_padded {
+            let padding = self
+                .padding_of(inputs[0].storage)
+                .ok_or_else(|| EngineError::runtime("internal error: an unpadded append"))?;
+            if padding.bucket > out_bucket {
+                return Ok(None);
+            }
+            match self.read_padded(&inputs[0], &padding, types[0].dtype)? {
+                Some((input, _)) => input,
+                None => return Ok(None),
+            }
+        } else {
+            let placement = self.placement(&OperandName(OpId::Cat, "input", 0), &inputs[0])?;
+            self.read_for_node(&inputs[0], &placement)?
+        };
+        let b_placement = self.placement(&OperandName(OpId::Cat, "input", 1), &inputs[1])?;
+        let b_input = self.read_for_node(&inputs[1], &b_placement)?;
+        let mut padded_shape = out_ty.shape.clone();
+        padded_shape[dim] = out_bucket;
+        let meta = Meta {
+            outputs: smallvec::smallvec![TensorType::new(out_ty.dtype, &padded_shape)],
+            scalar_dtypes: ops::ScalarDTypes::from_elem(DType::I64, 1),
+            variant: 0,
+        };
+        let mut node_inputs: SmallVec<[NodeInput; 3]> = SmallVec::new();
+        node_inputs.push(a_input);
+        node_inputs.push(b_input);
+        let id = self.push_node(
+            RegionOp::Append(Arc::new(AppendOp { dim, out_bucket })),
+            &[],
+            &[ScalarArg::int(a_len)],
+            meta,
+            node_inputs,
+        );
+        let storage = self.new_pending_storage(out_ty.nbytes(), out_ty.dtype, id.output(0));
+        self.set_padding(
+            storage,
+            Padding {
+                sizes: out_ty.shape.clone(),
+                dims: smallvec::smallvec![dim],
+                bucket: out_bucket,
+            },
+        );
+        let mut outputs = CapturedOutputs::new();
+        outputs.push((storage, out_ty));
+        Ok(Some(Captured { outputs }))
+    }
+}

@@ -256,6 +256,8 @@ fn along(op: OpId, params: &[i64], input: usize, rank: usize, dim: usize) -> Alo
         // Padded indices pick row 0 (it exists when the table is not empty); the picked rows
         // are the padding of the result.
         Embedding if input == 1 => Along::Combined(PadFill::Zero),
+        // The engine's check of the indices an indexing op read: a padded index reads as 0.
+        IndexCheck => Along::Combined(PadFill::Zero),
         IndexSelect if input == 1 => Along::Combined(PadFill::Zero),
         IndexSelect if input == 0 => match param_dim(0) {
             Some(d) if d != dim => Along::Independent,

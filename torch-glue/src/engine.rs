@@ -912,7 +912,11 @@ impl Engine {
         if expected == 0 {
             return Ok(());
         }
-        let whole = self.graph.lock().is_whole(t)?;
+        let whole = {
+            let mut graph = self.graph.lock();
+            graph.make_exact(t.storage)?;
+            graph.is_whole(t)?
+        };
         if !whole {
             // A strided tensor: copy it into a contiguous temporary on the device, read that.
             let temp = self.graph.lock().new_storage(expected as u64);
@@ -928,6 +932,12 @@ impl Engine {
                         std::slice::from_ref(&temp_ref),
                     )?;
                     self.after_capture(&mut graph)?;
+                    if !graph.is_whole(&temp_ref)? {
+                        // A copy that is not whole would be copied again without end.
+                        return Err(EngineError::runtime(
+                            "internal error: a pjrt tensor's contiguous copy is not whole",
+                        ));
+                    }
                 }
                 self.read_host(&temp_ref, dst)
             })();

@@ -387,6 +387,9 @@ pub struct Graph<V> {
     bounded: bool,
     /// Appends seen, to tell a growing sequence (see `crate::bucket::GrowthSites`).
     growth: crate::bucket::GrowthSites,
+    /// The true length and bucket of the latest append into a padded value: tensors made from
+    /// nothing at that length are made padded too (`creation_padded`).
+    last_extent: Option<(i64, i64)>,
 }
 
 impl<V: Clone> Default for Graph<V> {
@@ -419,6 +422,7 @@ impl<V: Clone> Graph<V> {
             direct_key_check: None,
             bounded: true,
             growth: Default::default(),
+            last_extent: None,
         }
     }
 
@@ -698,6 +702,16 @@ impl<V: Clone> Graph<V> {
             types.push(t.ty());
         }
         let meta = ops::meta(op, &types, scalars, params)?;
+        if inputs.is_empty()
+            && outs.len() <= 1
+            && self.bounded
+            && self.last_extent.is_some()
+            && matches!(op, OpId::Zeros | OpId::Ones | OpId::Full | OpId::Arange)
+        {
+            if let Some(captured) = self.creation_padded(op, scalars, params, outs)? {
+                return Ok(captured);
+            }
+        }
         if placements.iter().any(|p| p.padded) || outs.iter().any(|o| self.is_padded(o.storage)) {
             return self.capture_padded(op, inputs, scalars, params, outs, &types);
         }

@@ -16,6 +16,12 @@ impl<V: Clone> Graph<V> {
         self.storages.get(&id).and_then(|s| s.padding.clone())
     }
 
+    /// Gives storage `id` its exact value (no padding) for a reader outside capture, as a
+    /// host read, that needs the true elements laid out as PyTorch sees them.
+    pub fn make_exact(&mut self, id: StorageId) -> Result<(), EngineError> {
+        self.unpad(id)
+    }
+
     /// Replaces a padded storage's value by its true elements (a slice per padded dimension),
     /// for a reader that needs the exact value.
     pub(super) fn unpad(&mut self, id: StorageId) -> Result<(), EngineError> {
@@ -116,8 +122,8 @@ impl<V: Clone> Graph<V> {
         outs: &[TensorRef],
         types: &[TensorType],
     ) -> Result<Captured, EngineError> {
-        if outs.is_empty() && self.bounded {
-            if let Some(captured) = self.try_padded(op, inputs, scalars, params, types)? {
+        if outs.len() <= 1 && self.bounded {
+            if let Some(captured) = self.try_padded(op, inputs, scalars, params, outs, types)? {
                 self.stats.captured_ops += 1;
                 self.stats.padded_ops += 1;
                 return Ok(captured);
@@ -133,8 +139,20 @@ impl<V: Clone> Graph<V> {
         inputs: &[TensorRef],
         scalars: &[ScalarArg],
         params: &[i64],
+        outs: &[TensorRef],
         types: &[TensorType],
     ) -> Result<Option<Captured>, EngineError> {
+        let out = outs.first();
+        if let Some(out) = out {
+            // An in-place op (or `out=`, as `_to_copy` into a fresh tensor) writing every
+            // element of its storage: its result is the storage's new value, padded. Other
+            // views of the same storage are capture's to check.
+            if !self.is_whole_out(out)?
+                || inputs.iter().any(|t| t.storage == out.storage && t != out)
+            {
+                return Ok(None);
+            }
+        }
         // The padded inputs' paddings, and the one bucket they share.
         let mut paddings: SmallVec<[Option<Arc<Padding>>; 3]> = SmallVec::new();
         let mut bucket = None;
@@ -178,6 +196,15 @@ impl<V: Clone> Graph<V> {
         let Some(plan) = padding::plan(op, types, &dims, bucket, scalars, params)? else {
             return Ok(None);
         };
+        if let Some(out) = out {
+            let produced = &plan.true_outputs;
+            if produced.len() != 1
+                || produced[0].dtype != out.dtype
+                || produced[0].shape != out.sizes
+            {
+                return Ok(None);
+            }
+        }
         let len = paddings
             .iter()
             .flatten()
@@ -217,20 +244,52 @@ impl<V: Clone> Graph<V> {
         );
         let mut outputs = CapturedOutputs::new();
         for (i, (ty, dims)) in true_outputs.into_iter().zip(output_dims).enumerate() {
-            let storage = self.new_pending_storage(ty.nbytes(), ty.dtype, id.output(i as u32));
-            if !dims.is_empty() {
-                self.set_padding(
-                    storage,
-                    Padding {
-                        sizes: ty.shape.clone(),
-                        dims,
-                        bucket,
-                    },
-                );
-            }
+            let padding = (!dims.is_empty()).then(|| Padding {
+                sizes: ty.shape.clone(),
+                dims,
+                bucket,
+            });
+            let storage = self.place_output(out, &ty, id.output(i as u32), padding);
             outputs.push((storage, ty));
         }
-        Ok(Some(outputs).map(|outputs| Captured { outputs }))
+        Ok(Some(Captured { outputs }))
+    }
+
+    /// Whether `out` is every element of its storage, contiguous from offset 0 in its dtype:
+    /// of the true tensor, in any shape of it that is a view of the padded value, when the
+    /// storage is padded.
+    fn is_whole_out(&mut self, out: &TensorRef) -> Result<bool, EngineError> {
+        match self.padding_of(out.storage) {
+            Some(p) => {
+                let numel: i64 = p.sizes.iter().product();
+                Ok(out.contiguous_numel() == Some(numel)
+                    && self.storage(out.storage)?.native == Some(out.dtype)
+                    && p.translate(&out.sizes, &out.strides, out.offset).is_some())
+            }
+            None => Ok(self.placement(&"an output", out)?.whole),
+        }
+    }
+
+    /// Installs `value` (of true type `ty`) in `out`'s storage, or in a new storage, with its
+    /// padding; returns the storage.
+    fn place_output(
+        &mut self,
+        out: Option<&TensorRef>,
+        ty: &TensorType,
+        value: NodeOutput,
+        padding: Option<Padding>,
+    ) -> StorageId {
+        let storage = match out {
+            Some(out) => {
+                self.write_pending(out.storage, value);
+                out.storage
+            }
+            None => self.new_pending_storage(ty.nbytes(), ty.dtype, value),
+        };
+        if let Some(padding) = padding {
+            self.set_padding(storage, padding);
+        }
+        storage
     }
 
     fn set_padding(&mut self, storage: StorageId, padding: Padding) {
@@ -344,8 +403,84 @@ impl<V: Clone> Graph<V> {
                 bucket: out_bucket,
             },
         );
+        self.last_extent = Some((out_len, out_bucket));
         let mut outputs = CapturedOutputs::new();
         outputs.push((storage, out_ty));
+        Ok(Some(Captured { outputs }))
+    }
+
+    /// A tensor made from nothing (`zeros`, `ones`, `full`, `arange`) whose size along some
+    /// dimensions is the length of the sequence appended to last: made padded along them, at
+    /// the bucket's size, so the ops that combine it with the sequence's values stay padded
+    /// (positions and masks built from the cache's length, as T5's relative position bias).
+    pub(super) fn creation_padded(
+        &mut self,
+        op: OpId,
+        scalars: &[ScalarArg],
+        params: &[i64],
+        outs: &[TensorRef],
+    ) -> Result<Option<Captured>, EngineError> {
+        let Some((len, bucket)) = self.last_extent else {
+            return Ok(None);
+        };
+        let exact = ops::meta(op, &[], scalars, params)?;
+        let true_ty = exact.outputs[0].clone();
+        let out = outs.first();
+        if let Some(out) = out {
+            // `zero_`, `fill_` and `arange(out=)` write a whole fresh tensor.
+            if outs.len() > 1
+                || out.dtype != true_ty.dtype
+                || out.sizes != true_ty.shape
+                || !self.is_whole_out(out)?
+            {
+                return Ok(None);
+            }
+        }
+        let dims: PaddedDims = (0..true_ty.shape.len())
+            .filter(|&d| true_ty.shape[d] == len)
+            .collect();
+        if dims.is_empty() {
+            return Ok(None);
+        }
+        let mut padded_params: SmallVec<[i64; 4]> = SmallVec::from_slice(params);
+        match op {
+            OpId::Zeros | OpId::Ones | OpId::Full => {
+                for &d in &dims {
+                    padded_params[1 + d] = bucket;
+                }
+            }
+            OpId::Arange if params.len() == 4 => {
+                let start = f64::from_bits(params[1] as u64);
+                let step = f64::from_bits(params[3] as u64);
+                padded_params[2] = ops::f64_param(start + step * bucket as f64);
+            }
+            _ => return Ok(None),
+        }
+        let meta = ops::meta(op, &[], scalars, &padded_params)?;
+        let padded_ty = &meta.outputs[0];
+        if dims.iter().any(|&d| padded_ty.shape[d] != bucket)
+            || (0..true_ty.shape.len())
+                .any(|d| !dims.contains(&d) && padded_ty.shape[d] != true_ty.shape[d])
+        {
+            return Ok(None);
+        }
+        let id = self.push_node(
+            RegionOp::Aten(op),
+            &padded_params,
+            scalars,
+            meta,
+            SmallVec::new(),
+        );
+        let padding = Padding {
+            sizes: true_ty.shape.clone(),
+            dims,
+            bucket,
+        };
+        let storage = self.place_output(out, &true_ty, id.output(0), Some(padding));
+        self.stats.captured_ops += 1;
+        self.stats.padded_ops += 1;
+        let mut outputs = CapturedOutputs::new();
+        outputs.push((storage, true_ty));
         Ok(Some(Captured { outputs }))
     }
 }

@@ -324,3 +324,97 @@ fn bounded_shapes_off_keeps_every_value_exact() {
     assert!(!g.is_padded(cache.storage));
     assert_ne!(keys[2].1, keys[3].1);
 }
+
+#[test]
+fn tensors_made_at_the_appended_length_are_padded_like_the_sequence() {
+    let mut g: Graph<u32> = Graph::new();
+    let (cache, _) = grow_cache(&mut g, 4);
+    let len = cache.sizes[2];
+    let f32 = DType::F32.code() as i64;
+    let zeros = g
+        .capture(OpId::Zeros, &[], &[], &[f32, 1, len], &[])
+        .unwrap();
+    let (storage, ty) = zeros.outputs[0].clone();
+    assert_eq!(
+        ty.shape.as_slice(),
+        &[1, len],
+        "PyTorch sees the true sizes"
+    );
+    assert!(g.is_padded(storage));
+    let positions = g
+        .capture(
+            OpId::Arange,
+            &[],
+            &[],
+            &[
+                DType::I64.code() as i64,
+                ops::f64_param(0.0),
+                ops::f64_param(len as f64),
+                ops::f64_param(1.0),
+            ],
+            &[],
+        )
+        .unwrap();
+    assert!(g.is_padded(positions.outputs[0].0));
+    // Other lengths are not the sequence's.
+    let other = g.capture(OpId::Zeros, &[], &[], &[f32, 3, 5], &[]).unwrap();
+    assert!(!g.is_padded(other.outputs[0].0));
+}
+
+#[test]
+fn an_in_place_op_on_a_padded_value_keeps_it_padded() {
+    let mut g: Graph<u32> = Graph::new();
+    let (cache, _) = grow_cache(&mut g, 4);
+    let before = g.stats().padded_ops;
+    g.capture(
+        OpId::Add,
+        &[cache.clone(), cache.clone()],
+        &[],
+        &[],
+        std::slice::from_ref(&cache),
+    )
+    .unwrap();
+    assert_eq!(g.stats().padded_ops, before + 1);
+    assert_eq!(g.stats().unpadded_values, 0);
+    assert!(g.is_padded(cache.storage));
+    // Writing part of it needs the exact value first.
+    let first = TensorRef {
+        sizes: Shape::from_slice(&[1, 2, 1, 4]),
+        ..cache.clone()
+    };
+    g.capture(
+        OpId::Neg,
+        std::slice::from_ref(&first),
+        &[],
+        &[],
+        std::slice::from_ref(&first),
+    )
+    .unwrap();
+    assert_eq!(g.stats().unpadded_values, 1);
+    assert!(!g.is_padded(cache.storage));
+}
+
+#[test]
+fn a_copy_of_a_padded_value_stays_padded_until_a_host_read_makes_it_exact() {
+    // `_to_copy` into a fresh tensor (`.float()`, `.clone()`) keeps the bucket, so the ops
+    // that read the copy stay padded; a host read asks for the exact value first.
+    let mut g: Graph<u32> = Graph::new();
+    let (cache, _) = grow_cache(&mut g, 4);
+    let nbytes = cache.numel() as u64 * 4;
+    let temp = TensorRef::contiguous(g.new_storage(nbytes), DType::F32, &cache.sizes);
+    g.capture(
+        OpId::Clone,
+        std::slice::from_ref(&cache),
+        &[],
+        &[],
+        std::slice::from_ref(&temp),
+    )
+    .unwrap();
+    assert!(g.is_padded(temp.storage));
+    assert!(!g.is_whole(&temp).unwrap());
+    let unpadded = g.stats().unpadded_values;
+    g.make_exact(temp.storage).unwrap();
+    assert!(!g.is_padded(temp.storage));
+    assert!(g.is_whole(&temp).unwrap());
+    assert_eq!(g.stats().unpadded_values, unpadded + 1);
+}

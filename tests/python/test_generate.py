@@ -126,7 +126,7 @@ def test_a_dynamic_cache_compiles_once_per_bucket(mode, arch):
     # with the true length as a runtime argument (bounded shapes, RFC 0029); T5's position
     # bias, built from `arange` of the cache's length, is made padded too. A bucket's later
     # lengths run the programs of its first, and the next bucket compiles once more, at the
-    # step that crosses into it and the one after.
+    # step that crosses into it.
     model = build(arch)
     ids = torch.randint(1, 500, (1, 8), generator=torch.Generator().manual_seed(2))
     kwargs = dict(max_new_tokens=24, min_new_tokens=24, do_sample=False, pad_token_id=0)
@@ -146,9 +146,12 @@ def test_a_dynamic_cache_compiles_once_per_bucket(mode, arch):
     # the cache crosses from the bucket of 16 into that of 32 at step 8 (T5: step 15).
     # (Programs an earlier test compiled at these buckets are not compiled again: Debug and
     # Strict share their one-op programs.)
+    # The cache is given the next bucket before the append that outgrows it (a copy through the
+    # host), so the crossing step runs the programs of the steps after it: one step compiles.
     crossing = {8, 9, 10} if arch != "t5" else {15, 16, 17}
     compiling = [i for i, n in enumerate(steps) if n and i >= 8]
-    assert set(compiling) <= crossing, steps
+    assert set(compiling) <= crossing and len(compiling) <= 1, steps
+    assert m["regrown_values"] > 0
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])

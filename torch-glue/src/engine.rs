@@ -9,7 +9,7 @@ use compile::{
 };
 use defer::{
     Captured, EngineError, ErrorKind, Flush, FlushRequest, Graph, Mode, ModeStack, OpCall,
-    ReadSource, StorageId, TensorRef,
+    ReadSource, Regrow, StorageId, TensorRef,
 };
 use ops::{DType, OpId, ScalarArg};
 use parking_lot::Mutex;
@@ -510,6 +510,14 @@ impl Engine {
         params: &[i64],
         outs: &[TensorRef],
     ) -> Result<Captured, EngineError> {
+        if op == OpId::Cat {
+            // Read at each append, as the plugin's capacities read it, so a program can turn
+            // bounded shapes off for a while.
+            graph.set_bounded(!matches!(env("TORCH_PJRT_DYNAMIC").as_deref(), Some("off")));
+            if let Some(regrow) = graph.append_regrow(inputs, params) {
+                self.regrow(graph, &regrow)?;
+            }
+        }
         if self.modes.current() == Mode::Strict && !ops::checks::has_index_checks(op) {
             // A warm Strict op on device values skips the pending graph: same key, same
             // program, same results (see `Graph::run_if_compiled`).
@@ -533,11 +541,6 @@ impl Engine {
                 self.launch(flush, cached)?;
                 return Ok(captured);
             }
-        }
-        if op == OpId::Cat {
-            // Read at each append, as the plugin's capacities read it, so a program can turn
-            // bounded shapes off for a while.
-            graph.set_bounded(!matches!(env("TORCH_PJRT_DYNAMIC").as_deref(), Some("off")));
         }
         let captured = graph.capture(op, inputs, scalars, params, outs)?;
         if ops::checks::has_index_checks(op) {
@@ -565,6 +568,43 @@ impl Engine {
             return Err(e);
         }
         Ok(captured)
+    }
+
+    /// Gives a padded device value the next bucket before an append outgrows it (RFC 0029),
+    /// through the host: it compiles nothing, waits only at the step that crosses a bucket,
+    /// and copies each growing value about twice its final size in all (the buckets double).
+    fn regrow(
+        &self,
+        graph: &mut Graph<DeviceValue>,
+        regrow: &Regrow<DeviceValue>,
+    ) -> Result<(), EngineError> {
+        let buffer = self.wait_device(&regrow.value)?;
+        let held_shape = &regrow.held.shape;
+        let mut held = vec![0u8; regrow.held.nbytes() as usize];
+        buffer
+            .to_host_into(&mut held)
+            .map_err(|e| runtime_error("copying a padded pjrt value to the host", e))?;
+        let sizes = regrow.grown_sizes();
+        let itemsize = regrow.held.dtype.size_bytes();
+        let outer: i64 = held_shape[..regrow.dim].iter().product();
+        let held_row = held_shape[regrow.dim..].iter().product::<i64>() as usize * itemsize;
+        let grown_row = sizes[regrow.dim..].iter().product::<i64>() as usize * itemsize;
+        let mut grown = vec![0u8; outer as usize * grown_row];
+        for (dst, src) in grown
+            .chunks_exact_mut(grown_row)
+            .zip(held.chunks_exact(held_row))
+        {
+            dst[..held_row].copy_from_slice(src);
+        }
+        let buffer = self
+            .client
+            .buffer_from_host(&grown, element_type(regrow.held.dtype), &sizes)
+            .map_err(|e| runtime_error("copying a regrown padded value to pjrt", e))?;
+        Counters::bump(&self.counters.device_to_host, 1);
+        Counters::bump(&self.counters.device_to_host_bytes, held.len() as u64);
+        Counters::bump(&self.counters.host_to_device, 1);
+        Counters::bump(&self.counters.host_to_device_bytes, grown.len() as u64);
+        graph.install_regrown(regrow, DeviceValue::ready(Arc::new(buffer)))
     }
 
     /// The flush policy of the current mode, applied after each capture: Strict and Debug run
@@ -1084,6 +1124,7 @@ impl Engine {
         v.insert("direct_ops", graph.direct_ops as f64);
         v.insert("padded_ops", graph.padded_ops as f64);
         v.insert("unpadded_values", graph.unpadded_values as f64);
+        v.insert("regrown_values", graph.regrown_values as f64);
         v.insert("live_storages", graph.live_storages as f64);
         v.insert("host_to_device", Counters::get(&c.host_to_device) as f64);
         v.insert("device_to_host", Counters::get(&c.device_to_host) as f64);

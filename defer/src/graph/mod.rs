@@ -28,6 +28,7 @@ mod repeat;
 
 pub use isolate::{isolation_cuts, PlannedRegion};
 use key::*;
+pub use padded::Regrow;
 pub use region::RegionSource;
 use region::*;
 
@@ -257,6 +258,8 @@ pub struct GraphStats {
     pub padded_ops: u64,
     /// Padded values cut back to their true sizes for a reader that needs them exact.
     pub unpadded_values: u64,
+    /// Padded device values given the next bucket before an append outgrew them.
+    pub regrown_values: u64,
 }
 
 #[derive(Clone, Debug)]

@@ -484,3 +484,97 @@ impl<V: Clone> Graph<V> {
         Ok(Some(Captured { outputs }))
     }
 }
+
+/// A padded device value that an append is about to outgrow: the engine gives its storage the
+/// value at the next bucket (`Graph::install_regrown`) before the append is captured, so the
+/// append reads and writes one bucket, as at the steps after it, and the step that crosses
+/// into a bucket runs the programs of the steps that follow instead of programs of its own.
+#[derive(Clone, Debug)]
+pub struct Regrow<V> {
+    pub storage: StorageId,
+    /// The value held, of type `held`: the padded value at the old bucket.
+    pub value: V,
+    pub held: TensorType,
+    /// The padded dimension, and the bucket it grows to.
+    pub dim: usize,
+    pub bucket: i64,
+}
+
+impl<V> Regrow<V> {
+    /// The held value's sizes with the padded dimension at the new bucket.
+    pub fn grown_sizes(&self) -> Shape {
+        let mut sizes = self.held.shape.clone();
+        sizes[self.dim] = self.bucket;
+        sizes
+    }
+}
+
+impl<V: Clone> Graph<V> {
+    /// Whether `cat(inputs, dim)` appends to a materialized padded value past its bucket: the
+    /// regrow the engine should make first. Only a whole padded device value padded along the
+    /// append's dimension alone qualifies (a pending one grows inside its region).
+    pub fn append_regrow(&self, inputs: &[TensorRef], params: &[i64]) -> Option<Regrow<V>> {
+        if !self.bounded || inputs.len() != 2 || self.is_padded(inputs[1].storage) {
+            return None;
+        }
+        let (a, b) = (&inputs[0], &inputs[1]);
+        let padding = self.padding_of(a.storage)?;
+        let rank = a.sizes.len();
+        if padding.dims.len() != 1 || b.sizes.len() != rank || b.dtype != a.dtype {
+            return None;
+        }
+        let dim = params.first().copied().unwrap_or(0);
+        let dim = usize::try_from(if dim < 0 { dim + rank as i64 } else { dim }).ok()?;
+        let view = padding.translate(&a.sizes, &a.strides, a.offset)?;
+        if view.dims.as_slice() != [dim] || padding.dims[0] != dim {
+            return None;
+        }
+        let bucket = padding::bucket(a.sizes[dim] + b.sizes[dim]);
+        if bucket <= padding.bucket {
+            return None;
+        }
+        let storage = self.storages.get(&a.storage)?;
+        match &storage.value {
+            StorageValue::Device { value, ty }
+                if storage.native == Some(a.dtype)
+                    && ty.dtype == a.dtype
+                    && ty.shape == padding.padded_sizes() =>
+            {
+                Some(Regrow {
+                    storage: a.storage,
+                    value: value.clone(),
+                    held: ty.clone(),
+                    dim,
+                    bucket,
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// Installs `value`, the regrown value of `regrow`'s storage (its elements in place, the
+    /// padded dimension at the new bucket): the storage stays padded, at the new bucket.
+    pub fn install_regrown(&mut self, regrow: &Regrow<V>, value: V) -> Result<(), EngineError> {
+        let padding = self.padding_of(regrow.storage).ok_or_else(|| {
+            EngineError::runtime("internal error: a regrown storage is not padded")
+        })?;
+        let grown = Padding {
+            sizes: padding.sizes.clone(),
+            dims: padding.dims.clone(),
+            bucket: regrow.bucket,
+        };
+        let ty = TensorType::new(regrow.held.dtype, &regrow.grown_sizes());
+        let storage = self
+            .storages
+            .get_mut(&regrow.storage)
+            .ok_or_else(|| unknown_storage(regrow.storage))?;
+        // Pending ops that read the old value keep reading it (a new version, a new external).
+        storage.value = StorageValue::Device { value, ty };
+        storage.version += 1;
+        storage.padding = Some(Arc::new(grown));
+        self.overwritten.remove(&regrow.storage);
+        self.shared_values.remove(&regrow.storage);
+        self.stats.regrown_values += 1;
+        Ok(())
+    }
+}

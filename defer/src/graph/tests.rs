@@ -418,3 +418,74 @@ fn a_copy_of_a_padded_value_stays_padded_until_a_host_read_makes_it_exact() {
     assert!(g.is_whole(&temp).unwrap());
     assert_eq!(g.stats().unpadded_values, unpadded + 1);
 }
+
+#[test]
+fn a_value_regrown_before_it_outgrows_its_bucket_appends_as_at_the_steps_after() {
+    let mut g: Graph<u32> = Graph::new();
+    // Length 16: the bucket is full, the next append outgrows it.
+    let (mut cache, _) = grow_cache(&mut g, 8);
+    let mut keys = Vec::new();
+    for step in 0..3 {
+        let new = device(&mut g, DType::F32, &[1, 2, 1, 4], 50 + step);
+        let inputs = [cache.clone(), new];
+        if let Some(regrow) = g.append_regrow(&inputs, &[2]) {
+            assert_eq!(step, 0, "only the append that outgrows the bucket regrows");
+            assert_eq!((regrow.dim, regrow.bucket, regrow.value), (2, 32, 7));
+            assert_eq!(regrow.held.shape.as_slice(), &[1, 2, 16, 4]);
+            assert_eq!(regrow.grown_sizes().as_slice(), &[1, 2, 32, 4]);
+            g.install_regrown(&regrow, 99).unwrap();
+        }
+        let captured = g.capture(OpId::Cat, &inputs, &[], &[2], &[]).unwrap();
+        let (storage, ty) = captured.outputs[0].clone();
+        assert_eq!(
+            ty.shape[2],
+            17 + step as i64,
+            "PyTorch sees the true length"
+        );
+        cache = TensorRef::contiguous(storage, ty.dtype, &ty.shape);
+        let flush = g
+            .flush(FlushRequest::All, |_| 7)
+            .unwrap()
+            .expect("a region");
+        if step == 0 {
+            assert!(
+                flush.args.contains(&99),
+                "the append reads the regrown value"
+            );
+        }
+        keys.push((flush.shapeless, flush.dims));
+    }
+    // The crossing append's program is the one of the appends after it.
+    assert_eq!(keys[0], keys[1]);
+    assert_eq!(keys[1], keys[2]);
+    assert_eq!(g.stats().regrown_values, 1);
+    assert_eq!(g.stats().unpadded_values, 0);
+}
+
+#[test]
+fn only_a_padded_device_value_about_to_outgrow_its_bucket_regrows() {
+    let mut g: Graph<u32> = Graph::new();
+    let (cache, _) = grow_cache(&mut g, 4); // length 12 of 16
+    let new = device(&mut g, DType::F32, &[1, 2, 1, 4], 50);
+    assert!(g
+        .append_regrow(&[cache.clone(), new.clone()], &[2])
+        .is_none());
+    // Five more rows would outgrow it, but not along another dimension, nor an exact value.
+    let five = device(&mut g, DType::F32, &[1, 2, 5, 4], 51);
+    assert!(g
+        .append_regrow(&[cache.clone(), five.clone()], &[2])
+        .is_some());
+    assert!(g
+        .append_regrow(&[cache.clone(), five.clone()], &[1])
+        .is_none());
+    let exact = device(&mut g, DType::F32, &[1, 2, 16, 4], 52);
+    assert!(g.append_regrow(&[exact, five.clone()], &[2]).is_none());
+    // A pending padded value grows inside its region.
+    let pending = g
+        .capture(OpId::Cat, &[cache, new], &[], &[2], &[])
+        .unwrap()
+        .outputs[0]
+        .clone();
+    let pending = TensorRef::contiguous(pending.0, pending.1.dtype, &pending.1.shape);
+    assert!(g.append_regrow(&[pending, five], &[2]).is_none());
+}

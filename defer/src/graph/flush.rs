@@ -183,6 +183,17 @@ impl<V: Clone> Graph<V> {
         let mut replacement: HashMap<NodeOutput, ExternalId> = HashMap::default();
         // (external the storage held before, output index) for the donation decision below.
         let mut successors: SmallVec<[(ExternalId, u32); 4]> = SmallVec::new();
+        if self.donate {
+            // Appends into a padded value nothing else holds write in its buffer.
+            for &id in &plan.kept {
+                let node = &self.pending[position(id)];
+                if let Some(e) = self.append_donor(node) {
+                    if let Some(j) = plan.output_position(id.output(0)) {
+                        successors.push((e, j as u32));
+                    }
+                }
+            }
+        }
         for (j, ((output, value), ty)) in plan
             .outputs
             .iter()
@@ -192,6 +203,9 @@ impl<V: Clone> Graph<V> {
         {
             if let Some(list) = self.holders.remove(&output.value) {
                 let shared = list.len() > 1;
+                if output.read_by_pending {
+                    self.read_elsewhere.extend(list.iter().copied());
+                }
                 for storage in list {
                     if let Some(e) = self.overwritten.remove(&storage) {
                         if !shared {
@@ -326,6 +340,12 @@ impl<V: Clone> Graph<V> {
             clear_if_any(&mut self.externals);
             clear_if_any(&mut self.external_of);
             clear_if_any(&mut self.arg_numbers);
+            if !self.released_shared.is_empty() {
+                self.released_shared.clear();
+            }
+            if !self.read_elsewhere.is_empty() {
+                self.read_elsewhere.clear();
+            }
             return;
         }
         let mut used = rustc_hash::FxHashSet::default();

@@ -105,8 +105,23 @@ impl<V: Clone> Graph<V> {
                 }
             }
         }
+        // An append that takes over the buffer of the value it extends (`append_donor`, last
+        // read there) costs nothing new: the value lives on as its result.
+        let mut donated_appends: HashSet<NodeOutput> = HashSet::default();
+        let mut donor_externals: HashSet<ExternalId> = HashSet::default();
+        if self.donate {
+            for (p, node) in self.pending.iter().enumerate() {
+                let out = node.id.output(0);
+                if let Some(e) = self.append_donor(node) {
+                    if external_last_read.get(&e) == Some(&p) && self.holders.contains_key(&out) {
+                        donated_appends.insert(out);
+                        donor_externals.insert(e);
+                    }
+                }
+            }
+        }
         for (e, &last) in &external_last_read {
-            if held_externals.contains(e) {
+            if held_externals.contains(e) || donor_externals.contains(e) {
                 continue;
             }
             if let Some(ext) = self.externals.get(e) {
@@ -123,6 +138,7 @@ impl<V: Clone> Graph<V> {
                 let out = node.id.output(k as u32);
                 let s = first[p] + k;
                 let role = match self.holders.get(&out) {
+                    Some(_) if donated_appends.contains(&out) => MemoryRole::DonatedOutput,
                     Some(list)
                         if self.donate
                             && list.len() == 1

@@ -375,6 +375,12 @@ pub struct Graph<V> {
     /// Storages whose device value another storage holds too (one output installed into
     /// several): overwriting one of them must not donate the value.
     shared_values: HashSet<StorageId>,
+    /// Storages whose value pending ops also read through an external of its own (a region
+    /// output read by the ops left pending), until the pending list empties.
+    read_elsewhere: HashSet<StorageId>,
+    /// The (storage, version) of released storages whose value another storage or external
+    /// held too: an append must not take over such a value's buffer (`append_donor`).
+    released_shared: HashSet<(StorageId, u64)>,
     /// Memory cuts planned for whole flushes, by the flushed ops and what they leave held
     /// (see [`Graph::memory_cuts`]).
     memory_plans: HashMap<(u64, u64, u64), Vec<usize>>,
@@ -418,6 +424,8 @@ impl<V: Clone> Graph<V> {
             stats: GraphStats::default(),
             donate: false,
             shared_values: HashSet::default(),
+            read_elsewhere: HashSet::default(),
+            released_shared: HashSet::default(),
             memory_plans: HashMap::default(),
             op_labels: HashMap::default(),
             capture_location: None,
@@ -505,7 +513,9 @@ impl<V: Clone> Graph<V> {
             self.drop_holder(out, id);
         }
         self.overwritten.remove(&id);
-        self.shared_values.remove(&id);
+        if self.shared_values.remove(&id) | self.read_elsewhere.remove(&id) {
+            self.released_shared.insert((id, storage.version));
+        }
         Ok(())
     }
 

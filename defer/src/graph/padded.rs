@@ -552,6 +552,38 @@ impl<V: Clone> Graph<V> {
         }
     }
 
+    /// The device value an append node reads whole as its padded `a`, when the append may
+    /// write its result into that value's buffer: the result has its type (one bucket), and no
+    /// storage holds the value any more (its storage was released, as a dynamic cache's is
+    /// once the new cache replaces it). The flush still checks that no op left pending reads
+    /// it. Such an append updates the cache in place instead of copying it at every step, and
+    /// a memory plan gains nothing from cutting after it.
+    pub(super) fn append_donor(&self, node: &Node) -> Option<ExternalId> {
+        if !matches!(node.op, RegionOp::Append(_)) {
+            return None;
+        }
+        let input = node.inputs.first()?;
+        let ValueRef::External(e) = input.value else {
+            return None;
+        };
+        if input.view.is_some() || input.offset.is_some() || input.reshape_to.is_some() {
+            return None;
+        }
+        if self.externals.get(&e).map(|x| &x.ty) != node.meta.outputs.first() {
+            return None;
+        }
+        // The one storage version it was read from, released, and its value held nowhere else.
+        let mut sources = self.external_of.iter().filter(|&(_, &x)| x == e);
+        match (sources.next(), sources.next()) {
+            (Some((key, _)), None)
+                if self.storages.get(&key.0).is_none() && !self.released_shared.contains(key) =>
+            {
+                Some(e)
+            }
+            _ => None,
+        }
+    }
+
     /// Installs `value`, the regrown value of `regrow`'s storage (its elements in place, the
     /// padded dimension at the new bucket): the storage stays padded, at the new bucket.
     pub fn install_regrown(&mut self, regrow: &Regrow<V>, value: V) -> Result<(), EngineError> {

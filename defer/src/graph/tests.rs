@@ -489,3 +489,35 @@ fn only_a_padded_device_value_about_to_outgrow_its_bucket_regrows() {
     let pending = TensorRef::contiguous(pending.0, pending.1.dtype, &pending.1.shape);
     assert!(g.append_regrow(&[pending, five], &[2]).is_none());
 }
+
+#[test]
+fn an_append_writes_into_the_buffer_of_a_padded_value_nothing_else_holds() {
+    // A dynamic cache's old value is released once the new one replaces it: the append then
+    // takes over its buffer (same bucket, same type), so the cache is updated in place.
+    for released in [true, false] {
+        let mut g: Graph<u32> = Graph::new();
+        g.set_donation(true);
+        let (cache, _) = grow_cache(&mut g, 4);
+        let new = device(&mut g, DType::F32, &[1, 2, 1, 4], 50);
+        let appended = g
+            .capture(OpId::Cat, &[cache.clone(), new], &[], &[2], &[])
+            .unwrap();
+        if released {
+            g.release_storage(cache.storage).unwrap();
+        }
+        let (storage, ty) = appended.outputs[0].clone();
+        let grown = TensorRef::contiguous(storage, ty.dtype, &ty.shape);
+        g.capture(OpId::Mul, &[grown], &[ScalarArg::float(0.5)], &[], &[])
+            .unwrap();
+        let flush = g
+            .flush(FlushRequest::All, |_| 7)
+            .unwrap()
+            .expect("a region");
+        assert_eq!(
+            flush.aliases.is_empty(),
+            !released,
+            "a cache still held keeps its buffer: {:?}",
+            flush.aliases
+        );
+    }
+}

@@ -35,16 +35,9 @@ impl<V: Clone> Graph<V> {
             types.push(t.ty());
         }
         let meta = ops::meta(op, &types, scalars, params)?;
-        if let Some((len, _)) = self
-            .last_extent
-            .filter(|_| inputs.is_empty() && self.bounded)
-        {
-            if matches!(op, OpId::Zeros | OpId::Ones | OpId::Full | OpId::Arange)
-                && meta.outputs.first().is_some_and(|t| t.shape.contains(&len))
-            {
-                // It may be made padded (`creation_padded`): capture decides.
-                return Ok(None);
-            }
+        if self.may_create_padded(op, inputs, &meta) {
+            // It may be made padded (`creation_padded`): capture decides.
+            return Ok(None);
         }
         if op == OpId::Cat
             && inputs.len() == 2

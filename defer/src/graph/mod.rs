@@ -715,13 +715,9 @@ impl<V: Clone> Graph<V> {
             types.push(t.ty());
         }
         let meta = ops::meta(op, &types, scalars, params)?;
-        if inputs.is_empty()
-            && outs.len() <= 1
-            && self.bounded
-            && self.last_extent.is_some()
-            && matches!(op, OpId::Zeros | OpId::Ones | OpId::Full | OpId::Arange)
-        {
-            if let Some(captured) = self.creation_padded(op, scalars, params, outs)? {
+        if outs.len() <= 1 && self.may_create_padded(op, inputs, &meta) {
+            let true_ty = &meta.outputs[0];
+            if let Some(captured) = self.creation_padded(op, true_ty, scalars, params, outs)? {
                 return Ok(captured);
             }
         }

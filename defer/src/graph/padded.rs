@@ -187,10 +187,9 @@ impl<V: Clone> Graph<V> {
             .map(|v| v.as_ref().map(|v| v.dims.clone()).unwrap_or_default())
             .collect();
         if op == OpId::Cat && inputs.len() == 2 && dims[1].is_empty() {
-            let rank = types[0].shape.len().max(1) as i64;
-            let dim = params.first().map(|&d| if d < 0 { d + rank } else { d });
-            if let Some(dim) = dim.filter(|&d| dims[0].as_slice() == [d as usize]) {
-                return self.append(inputs, types, dim as usize, true);
+            let dim = cat_dim(params, types[0].shape.len().max(1));
+            if let Some(dim) = dim.filter(|&d| dims[0].as_slice() == [d]) {
+                return self.append(inputs, types, dim, true);
             }
         }
         let Some(plan) = padding::plan(op, types, &dims, bucket, scalars, params)? else {
@@ -311,9 +310,7 @@ impl<V: Clone> Graph<V> {
         if rank == 0 || b.shape.len() != rank || a.dtype != b.dtype {
             return None;
         }
-        let dim = params.first().copied().unwrap_or(0);
-        let dim = if dim < 0 { dim + rank as i64 } else { dim };
-        let dim = usize::try_from(dim).ok().filter(|&d| d < rank)?;
+        let dim = cat_dim(params, rank)?;
         let (a_len, b_len) = (a.shape[dim], b.shape[dim]);
         if a_len < 2 || b_len < 1 || b_len > a_len {
             return None;
@@ -409,13 +406,28 @@ impl<V: Clone> Graph<V> {
         Ok(Some(Captured { outputs }))
     }
 
+    /// Whether an op making a tensor from nothing, of result `meta`, has a size equal to the
+    /// length of the sequence appended to last: `creation_padded` may make it padded, so the
+    /// direct path leaves it to capture.
+    pub(super) fn may_create_padded(&self, op: OpId, inputs: &[TensorRef], meta: &Meta) -> bool {
+        let Some((len, _)) = self.last_extent else {
+            return false;
+        };
+        inputs.is_empty()
+            && self.bounded
+            && matches!(op, OpId::Zeros | OpId::Ones | OpId::Full | OpId::Arange)
+            && meta.outputs.first().is_some_and(|t| t.shape.contains(&len))
+    }
+
     /// A tensor made from nothing (`zeros`, `ones`, `full`, `arange`) whose size along some
     /// dimensions is the length of the sequence appended to last: made padded along them, at
     /// the bucket's size, so the ops that combine it with the sequence's values stay padded
     /// (positions and masks built from the cache's length, as T5's relative position bias).
+    /// `true_ty` is the op's exact result (its meta); `outs` at most one whole destination.
     pub(super) fn creation_padded(
         &mut self,
         op: OpId,
+        true_ty: &TensorType,
         scalars: &[ScalarArg],
         params: &[i64],
         outs: &[TensorRef],
@@ -423,13 +435,11 @@ impl<V: Clone> Graph<V> {
         let Some((len, bucket)) = self.last_extent else {
             return Ok(None);
         };
-        let exact = ops::meta(op, &[], scalars, params)?;
-        let true_ty = exact.outputs[0].clone();
+        let true_ty = true_ty.clone();
         let out = outs.first();
         if let Some(out) = out {
             // `zero_`, `fill_` and `arange(out=)` write a whole fresh tensor.
-            if outs.len() > 1
-                || out.dtype != true_ty.dtype
+            if out.dtype != true_ty.dtype
                 || out.sizes != true_ty.shape
                 || !self.is_whole_out(out)?
             {
@@ -485,6 +495,14 @@ impl<V: Clone> Graph<V> {
     }
 }
 
+/// `cat`'s dimension (its first param, 0 when absent, negative from the end) as an index into
+/// operands of `rank` dimensions; `None` when out of range.
+fn cat_dim(params: &[i64], rank: usize) -> Option<usize> {
+    let dim = params.first().copied().unwrap_or(0);
+    let dim = if dim < 0 { dim + rank as i64 } else { dim };
+    usize::try_from(dim).ok().filter(|&d| d < rank)
+}
+
 /// A padded device value that an append is about to outgrow: the engine gives its storage the
 /// value at the next bucket (`Graph::install_regrown`) before the append is captured, so the
 /// append reads and writes one bucket, as at the steps after it, and the step that crosses
@@ -523,8 +541,7 @@ impl<V: Clone> Graph<V> {
         if padding.dims.len() != 1 || b.sizes.len() != rank || b.dtype != a.dtype {
             return None;
         }
-        let dim = params.first().copied().unwrap_or(0);
-        let dim = usize::try_from(if dim < 0 { dim + rank as i64 } else { dim }).ok()?;
+        let dim = cat_dim(params, rank)?;
         let view = padding.translate(&a.sizes, &a.strides, a.offset)?;
         if view.dims.as_slice() != [dim] || padding.dims[0] != dim {
             return None;

@@ -240,12 +240,21 @@ fn the_planned_region_is_what_the_flush_runs() {
     assert_eq!(flush.prefix, prefix);
 }
 
-/// A `[1, 2, len, 4]` cache grown by one position per step, as a decoding loop grows its KV
-/// cache; returns the cache and each step's attention-like region key (a transposed read of
-/// the cache, scaled).
 /// Each step's cache length and region key.
 type StepKeys = Vec<(i64, (u64, u64))>;
 
+/// Reads `t` in one op (a product by 0.5) and flushes everything pending as one region.
+fn halve_and_flush(g: &mut Graph<u32>, t: TensorRef) -> Flush<u32> {
+    g.capture(OpId::Mul, &[t], &[ScalarArg::float(0.5)], &[], &[])
+        .unwrap();
+    g.flush(FlushRequest::All, |_| 7)
+        .unwrap()
+        .expect("a region")
+}
+
+/// A `[1, 2, len, 4]` cache grown by one position per step, as a decoding loop grows its KV
+/// cache; returns the cache and each step's attention-like region key (a transposed read of
+/// the cache, scaled).
 fn grow_cache(g: &mut Graph<u32>, steps: usize) -> (TensorRef, StepKeys) {
     let mut cache = device(g, DType::F32, &[1, 2, 8, 4], 1);
     let mut keys = Vec::new();
@@ -263,12 +272,7 @@ fn grow_cache(g: &mut Graph<u32>, steps: usize) -> (TensorRef, StepKeys) {
             sizes: Shape::from_slice(&[1, 2, 4, len]),
             ..cache.clone()
         };
-        g.capture(OpId::Mul, &[transposed], &[ScalarArg::float(0.5)], &[], &[])
-            .unwrap();
-        let flush = g
-            .flush(FlushRequest::All, |_| 7)
-            .unwrap()
-            .expect("a region");
+        let flush = halve_and_flush(g, transposed);
         keys.push((len, (flush.shapeless, flush.dims)));
     }
     (cache, keys)
@@ -507,12 +511,7 @@ fn an_append_writes_into_the_buffer_of_a_padded_value_nothing_else_holds() {
         }
         let (storage, ty) = appended.outputs[0].clone();
         let grown = TensorRef::contiguous(storage, ty.dtype, &ty.shape);
-        g.capture(OpId::Mul, &[grown], &[ScalarArg::float(0.5)], &[], &[])
-            .unwrap();
-        let flush = g
-            .flush(FlushRequest::All, |_| 7)
-            .unwrap()
-            .expect("a region");
+        let flush = halve_and_flush(&mut g, grown);
         assert_eq!(
             flush.aliases.is_empty(),
             !released,

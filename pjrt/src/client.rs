@@ -44,6 +44,9 @@ pub(crate) struct ClientInner {
     platform_name: String,
     platform_version: String,
     pub(crate) memory: MemoryLedger,
+    /// Whether device buffers live in host memory that the process can read directly (the CPU
+    /// plugin): `Buffer::read_in_place` then skips `ToHostBuffer`'s worker thread.
+    pub(crate) host_memory: bool,
 }
 
 // SAFETY: PJRT clients are thread-safe; every method may be called concurrently.
@@ -114,8 +117,10 @@ impl Client {
             platform_name: String::new(),
             platform_version: String::new(),
             memory: MemoryLedger::default(),
+            host_memory: false,
         };
         inner.platform_name = platform_string(api, raw, true)?;
+        inner.host_memory = inner.platform_name == "cpu";
         inner.platform_version = platform_string(api, raw, false)?;
         inner.devices = addressable_devices(api, raw)?;
         Ok(Client {

@@ -447,3 +447,43 @@ func.func public @main(%a: tensor<4xf32>, %b: tensor<4xf32>) -> tensor<4xf32> {
     assert!(err.to_string().contains("xla_no_such_option"), "{err}");
     elementwise_module_runs();
 }
+
+#[test]
+fn a_computed_buffer_is_read_in_place_on_the_cpu_plugin() {
+    let c = client();
+    let exe = c
+        .compile(
+            r#"
+func.func public @main(%a: tensor<3x4xf32>) -> (tensor<3x4xf32>, tensor<4x3xf32>, tensor<i1>) {
+  %s = stablehlo.add %a, %a : tensor<3x4xf32>
+  %t = stablehlo.transpose %a, dims = [1, 0] : (tensor<3x4xf32>) -> tensor<4x3xf32>
+  %z = stablehlo.constant dense<true> : tensor<i1>
+  return %s, %t, %z : tensor<3x4xf32>, tensor<4x3xf32>, tensor<i1>
+}"#,
+        )
+        .unwrap();
+    let values: Vec<f32> = (0..12).map(|i| i as f32).collect();
+    let a = c
+        .buffer_from_host(&f32_bytes(&values), ElementType::F32, &[3, 4])
+        .unwrap();
+    let out = exe.execute(&[&a]).unwrap();
+    let on_host_memory = c.platform_name() == "cpu";
+    let mut doubled = vec![0u8; 48];
+    assert_eq!(out[0].read_in_place(&mut doubled).unwrap(), on_host_memory);
+    let mut transposed = vec![0u8; 48];
+    out[1].to_host_into(&mut transposed).unwrap();
+    let mut flag = vec![0u8; 1];
+    out[2].to_host_into(&mut flag).unwrap();
+    if on_host_memory {
+        let expected: Vec<f32> = values.iter().map(|v| v * 2.0).collect();
+        assert_eq!(f32_values(&doubled), expected);
+    }
+    let expected_t: Vec<f32> = (0..4)
+        .flat_map(|j| (0..3).map(move |i| (i * 4 + j) as f32))
+        .collect();
+    assert_eq!(f32_values(&transposed), expected_t);
+    assert_eq!(flag, vec![1]);
+    // A destination of the wrong size is not read in place (the copy path reports the error).
+    let mut short = vec![0u8; 8];
+    assert!(!out[0].read_in_place(&mut short).unwrap());
+}

@@ -29,6 +29,10 @@ pub struct PaddedView {
     pub sizes: Shape,
     pub strides: SmallVec<[i64; 6]>,
     pub dims: PaddedDims,
+    /// Whether a padded dimension of the view merges the extent with dimensions outside it
+    /// (`[batch, length, features]` read as `[batch * length, features]`): it then holds
+    /// `batch * bucket` elements, `batch` runs of the extent.
+    pub merged: bool,
 }
 
 fn contiguous_strides(sizes: &[i64]) -> SmallVec<[i64; 6]> {
@@ -59,6 +63,30 @@ impl Padding {
         self.padded_sizes().iter().product()
     }
 
+    /// The padded value's bytes made on the host from the true tensor's contiguous `bytes`
+    /// (elements of `element_size` bytes), zeros in the padding; `None` unless one dimension
+    /// is padded.
+    pub fn pad_host(&self, bytes: &[u8], element_size: usize) -> Option<Vec<u8>> {
+        let [dim] = self.dims.as_slice() else {
+            return None;
+        };
+        let dim = *dim;
+        let outer = self.sizes[..dim].iter().product::<i64>() as usize;
+        let row = self.sizes[dim + 1..].iter().product::<i64>() as usize * element_size;
+        let (len, bucket) = (self.sizes[dim] as usize, self.bucket as usize);
+        if bytes.len() != outer * len * row || bucket < len {
+            return None;
+        }
+        let mut padded = vec![0u8; outer * bucket * row];
+        for (chunk, out) in bytes
+            .chunks_exact((len * row).max(1))
+            .zip(padded.chunks_exact_mut((bucket * row).max(1)))
+        {
+            out[..chunk.len()].copy_from_slice(chunk);
+        }
+        Some(padded)
+    }
+
     /// The view of the padded value that the view `(sizes, strides, offset)` of the true
     /// tensor is, when the view reads every element of the true tensor, each padded dimension
     /// as one dimension of its own (permuted, broadcast or with unit dimensions added);
@@ -82,6 +110,7 @@ impl Padding {
         let mut out_sizes = Shape::from_slice(sizes);
         let mut out_strides: SmallVec<[i64; 6]> = SmallVec::from_elem(0, sizes.len());
         let mut dims = PaddedDims::new();
+        let mut merged = false;
         for &i in &moving {
             let start = next;
             let mut product = 1;
@@ -97,10 +126,20 @@ impl Padding {
             }
             let padded = group.iter().any(|j| self.dims.contains(j));
             if padded {
-                if group.len() > 1 {
+                // Merged with dimensions outside it, the extent must be the innermost of its
+                // group (each run of it stays contiguous) and the only padded one.
+                if group[..group.len() - 1]
+                    .iter()
+                    .any(|j| self.dims.contains(j))
+                {
                     return None;
                 }
-                out_sizes[i] = self.bucket;
+                out_sizes[i] = group[..group.len() - 1]
+                    .iter()
+                    .map(|&j| self.sizes[j])
+                    .product::<i64>()
+                    * self.bucket;
+                merged |= group.len() > 1;
                 dims.push(i);
             }
             out_strides[i] = padded_strides[last];
@@ -109,6 +148,7 @@ impl Padding {
             sizes: out_sizes,
             strides: out_strides,
             dims,
+            merged,
         })
     }
 }
@@ -145,6 +185,71 @@ impl GrowthSites {
             lengths.push(a_len + b_len);
         }
         continues
+    }
+}
+
+/// Distinct lengths an upload site must have seen along one dimension before its uploads are
+/// padded: a short last batch (two sizes) stays exact, a loader that pads each batch to its
+/// longest sequence is padded from its third length on.
+const UPLOAD_LENGTHS_SEEN: usize = 3;
+
+/// Host-to-device uploads seen, per dtype, dimension and the sizes around it: the latest
+/// distinct lengths along that dimension, and the bounds `torch_pjrt.mark_dynamic` gave.
+///
+/// Only integer uploads are watched: token ids and attention masks are what a data loader
+/// batches at a changing length, and an embedding lookup carries their padding into the
+/// model. A model's float weights, uploaded once each in a burst of shapes that differ along
+/// one dimension, must never be padded by accident.
+#[derive(Debug, Default)]
+pub struct UploadSites {
+    seen: FxHashMap<(DType, usize, Shape), SmallVec<[i64; LENGTHS_KEPT]>>,
+    marked: FxHashMap<(DType, usize, Shape), i64>,
+}
+
+impl UploadSites {
+    /// Records an upload of `sizes`; returns the dimension to pad it along and the bucket, when
+    /// its site is marked or has seen the dimension take several lengths.
+    pub fn note_upload(&mut self, dtype: DType, sizes: &[i64]) -> Option<(usize, i64)> {
+        for dim in 0..sizes.len() {
+            let len = sizes[dim];
+            if len < 2 {
+                continue;
+            }
+            let mut around = Shape::from_slice(sizes);
+            around[dim] = -1;
+            if let Some(&bound) = self.marked.get(&(dtype, dim, around.clone())) {
+                return Some((dim, bound.max(ops::padding::bucket(len))));
+            }
+            if !matches!(dtype, DType::I64 | DType::I32) {
+                continue;
+            }
+            if self.seen.len() >= SITES_KEPT {
+                self.seen.clear();
+            }
+            let lengths = self.seen.entry((dtype, dim, around)).or_default();
+            if !lengths.contains(&len) {
+                if lengths.len() == LENGTHS_KEPT {
+                    lengths.remove(0);
+                }
+                lengths.push(len);
+            }
+            if lengths.len() >= UPLOAD_LENGTHS_SEEN {
+                return Some((dim, ops::padding::bucket(len)));
+            }
+        }
+        None
+    }
+
+    /// Marks uploads of `sizes` with any length along `dim` to be padded to at least `bound`
+    /// elements (rounded up to a bucket) along it.
+    pub fn mark(&mut self, dtype: DType, sizes: &[i64], dim: usize, bound: i64) {
+        let mut around = Shape::from_slice(sizes);
+        around[dim] = -1;
+        if self.marked.len() >= SITES_KEPT {
+            self.marked.clear();
+        }
+        self.marked
+            .insert((dtype, dim, around), ops::padding::bucket(bound));
     }
 }
 
@@ -205,16 +310,42 @@ mod tests {
     }
 
     #[test]
+    fn the_extent_merged_with_the_dimensions_outside_it_is_runs_of_buckets() {
+        // A [3, 9, 4] batch padded along its length, read as [27, 4] by a linear layer.
+        let batch = Padding {
+            sizes: Shape::from_slice(&[3, 9, 4]),
+            dims: smallvec![1],
+            bucket: 16,
+        };
+        let v = batch.translate(&[27, 4], &[4, 1], 0).unwrap();
+        assert_eq!(v.sizes.as_slice(), &[48, 4]);
+        assert_eq!(v.strides.as_slice(), &[4, 1]);
+        assert_eq!(v.dims.as_slice(), &[0]);
+        assert!(v.merged);
+        // The key cache's heads merged with its length: [2 * 9, 4].
+        let v = cache().translate(&[18, 4], &[4, 1], 0).unwrap();
+        assert_eq!(v.sizes.as_slice(), &[32, 4]);
+        assert!(v.merged);
+        assert!(
+            !cache()
+                .translate(&[1, 2, 9, 4], &[72, 36, 4, 1], 0)
+                .unwrap()
+                .merged
+        );
+    }
+
+    #[test]
     fn views_across_or_into_the_extent_are_refused() {
         let c = cache();
         // The last position (a slice of the extent), at an offset.
         assert!(c.translate(&[1, 2, 1, 4], &[72, 36, 4, 1], 32).is_none());
         // The first five positions.
         assert!(c.translate(&[1, 2, 5, 4], &[72, 36, 4, 1], 0).is_none());
-        // The extent merged with the head dim.
+        // The extent merged with the head dim after it.
         assert!(c.translate(&[1, 2, 36], &[72, 36, 1], 0).is_none());
         // A flat view.
         assert!(c.translate(&[72], &[1], 0).is_none());
+
         // A length of one is not told apart from a unit dimension.
         let one = Padding {
             sizes: Shape::from_slice(&[2, 1]),
@@ -240,5 +371,51 @@ mod tests {
         for _ in 0..4 {
             assert!(!fixed.note_append(DType::F32, &[3, 5], 0, 3));
         }
+    }
+
+    #[test]
+    fn an_upload_site_is_padded_from_its_third_length() {
+        let mut sites = UploadSites::default();
+        assert_eq!(sites.note_upload(DType::I64, &[4, 9]), None);
+        assert_eq!(sites.note_upload(DType::I64, &[4, 9]), None);
+        assert_eq!(sites.note_upload(DType::I64, &[4, 23]), None);
+        assert_eq!(sites.note_upload(DType::I64, &[4, 40]), Some((1, 64)));
+        assert_eq!(sites.note_upload(DType::I64, &[4, 9]), Some((1, 16)));
+        // Another batch size is another site; so is another dtype.
+        assert_eq!(sites.note_upload(DType::I64, &[3, 9]), None);
+        assert_eq!(sites.note_upload(DType::I32, &[4, 9]), None);
+        // Floats (weights) are never padded without a mark, whatever their shapes.
+        let mut weights = UploadSites::default();
+        for n in [64, 256, 192, 128, 500] {
+            assert_eq!(weights.note_upload(DType::F32, &[n, 64]), None);
+        }
+    }
+
+    #[test]
+    fn host_bytes_are_padded_along_the_dimension() {
+        let p = Padding {
+            sizes: Shape::from_slice(&[2, 3, 2]),
+            dims: smallvec![1],
+            bucket: 4,
+        };
+        let bytes: Vec<u8> = (1..=12).collect();
+        let padded = p.pad_host(&bytes, 1).unwrap();
+        assert_eq!(
+            padded,
+            vec![1, 2, 3, 4, 5, 6, 0, 0, 7, 8, 9, 10, 11, 12, 0, 0]
+        );
+        // A wrong byte count is refused.
+        assert!(p.pad_host(&bytes[..11], 1).is_none());
+    }
+
+    #[test]
+    fn a_marked_site_pads_at_once_to_its_bound() {
+        let mut sites = UploadSites::default();
+        sites.mark(DType::F32, &[2, 7, 16], 1, 100);
+        assert_eq!(sites.note_upload(DType::F32, &[2, 30, 16]), Some((1, 128)));
+        assert_eq!(sites.note_upload(DType::F32, &[2, 200, 16]), Some((1, 256)));
+        assert_eq!(sites.note_upload(DType::F32, &[3, 30, 16]), None);
+        // A length of one is never padded (it reads as a unit dimension).
+        assert_eq!(sites.note_upload(DType::F32, &[2, 1, 16]), None);
     }
 }

@@ -80,7 +80,7 @@ pub fn plan(
             let Some(&size) = ty.shape.get(d) else {
                 return Ok(None);
             };
-            if size > bucket || len.is_some_and(|l| l != size) {
+            if len.is_some_and(|l| l != size) {
                 return Ok(None);
             }
             len = Some(size);
@@ -89,11 +89,55 @@ pub fn plan(
     let Some(len) = len else {
         return Ok(None);
     };
+    plan_at(op, inputs, padded, bucket, len, scalars, params)
+}
+
+/// [`plan`] for an extent of true length `len`. A padded dimension of size `k * len` (`k > 1`)
+/// is the extent merged with the `k` positions of the dimensions outside it (a `[batch,
+/// length]` value read as `[batch * length]`, as a linear layer reads its input): its buffer
+/// holds `k * bucket` elements, and it may only be one that the op treats independently.
+pub fn plan_at(
+    op: OpId,
+    inputs: &[TensorType],
+    padded: &[PaddedDims],
+    bucket: i64,
+    len: i64,
+    scalars: &[ScalarArg],
+    params: &[i64],
+) -> Result<Option<PaddedPlan>, OpError> {
+    debug_assert_eq!(inputs.len(), padded.len());
+    if len < 1 || len > bucket {
+        return Ok(None);
+    }
+    // Per input and padded dimension: how many runs of the extent it holds.
+    let mut outers: SmallVec<[SmallVec<[i64; 2]>; 3]> = SmallVec::new();
+    let mut any = false;
+    for (ty, dims) in inputs.iter().zip(padded) {
+        let mut runs = SmallVec::new();
+        for &d in dims {
+            let Some(&size) = ty.shape.get(d) else {
+                return Ok(None);
+            };
+            if size % len != 0 {
+                return Ok(None);
+            }
+            runs.push(size / len);
+            any = true;
+        }
+        outers.push(runs);
+    }
+    if !any {
+        return Ok(None);
+    }
     let mut fills: SmallVec<[Option<PadFill>; 3]> = SmallVec::new();
     for (i, (ty, dims)) in inputs.iter().zip(padded).enumerate() {
         let mut fill = None;
-        for &d in dims {
-            match along(op, params, i, ty.shape.len(), d) {
+        for (&d, &runs) in dims.iter().zip(&outers[i]) {
+            let how = along(op, params, i, ty.shape.len(), d);
+            if runs > 1 && how != Along::Independent {
+                return Ok(None);
+            }
+            match how {
                 Along::Independent | Along::Prefix => {}
                 Along::Combined(f) => {
                     if fill.is_some_and(|g| g != f) {
@@ -110,10 +154,11 @@ pub fn plan(
         inputs
             .iter()
             .zip(padded)
-            .map(|(ty, dims)| {
+            .zip(&outers)
+            .map(|((ty, dims), runs)| {
                 let mut shape = ty.shape.clone();
-                for &d in dims {
-                    shape[d] = size;
+                for (&d, &k) in dims.iter().zip(runs) {
+                    shape[d] = k * size;
                 }
                 TensorType::new(ty.dtype, &shape)
             })
@@ -147,8 +192,10 @@ pub fn plan(
         let mut dims = PaddedDims::new();
         for d in 0..t.shape.len() {
             let follows = p.shape[d] != q.shape[d];
-            // Only the shared extent may differ from the exact sizes, and only as the padding.
-            if follows && (p.shape[d] != bucket || t.shape[d] != len) {
+            // Only the shared extent may differ from the exact sizes, and only as the padding
+            // (of `runs` merged runs of it).
+            let runs = q.shape[d] - p.shape[d];
+            if follows && (runs < 1 || p.shape[d] != runs * bucket || t.shape[d] != runs * len) {
                 return Ok(None);
             }
             if !follows && p.shape[d] != t.shape[d] {
@@ -240,6 +287,14 @@ fn along(op: OpId, params: &[i64], input: usize, rank: usize, dim: usize) -> Alo
                 Along::Independent
             }
         }
+        // bias + [n, k] x [k, m]: the bias is added elementwise (broadcast).
+        Addmm => match input {
+            0 => Along::Independent,
+            1 if dim == 1 => Along::Combined(PadFill::Zero),
+            2 if dim == 0 => Along::Combined(PadFill::Zero),
+            1 | 2 => Along::Independent,
+            _ => Along::Unsupported,
+        },
         // Along another dimension every input must be padded alike (meta checks the sizes).
         Cat => match param_dim(0) {
             Some(d) if d != dim => Along::Independent,

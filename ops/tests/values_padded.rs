@@ -104,6 +104,20 @@ fn templates() -> Vec<Template> {
             false,
         ),
         t(OpId::Mm, &[(F, &[L, n(4)]), (F, &[n(4), n(3)])], &[], false),
+        // A linear layer on a padded batch: the rows are free, the bias broadcasts.
+        t(
+            OpId::Addmm,
+            &[(F, &[n(3)]), (F, &[L, n(4)]), (F, &[n(4), n(3)])],
+            &[],
+            false,
+        ),
+        // Its weight's gradient: the product contracts over the padding.
+        t(
+            OpId::Addmm,
+            &[(F, &[n(2), n(3)]), (F, &[n(2), L]), (F, &[L, n(3)])],
+            &[],
+            false,
+        ),
         t(OpId::Cat, &[(F, &[n(2), L]), (F, &[n(3), L])], &[0], true),
         index,
         select,
@@ -427,4 +441,51 @@ fn plans_exist_for_every_template_and_meta_agrees() {
             }
         }
     }
+}
+
+#[test]
+fn an_extent_merged_with_outer_dimensions_is_planned_only_where_rows_are_free() {
+    // A [3, 5, 4] batch (length 5, bucket 16) read as [15, 4] by a linear layer.
+    let rows = TensorType::new(F, &[15, 4]);
+    let weight = TensorType::new(F, &[4, 6]);
+    let merged: PaddedDims = [0].into_iter().collect();
+    let plan = padding::plan_at(
+        OpId::Mm,
+        &[rows.clone(), weight.clone()],
+        &[merged.clone(), PaddedDims::new()],
+        16,
+        5,
+        &[],
+        &[],
+    )
+    .unwrap()
+    .expect("the rows of a product are free");
+    assert_eq!(plan.meta.outputs[0].shape.as_slice(), &[48, 6]);
+    assert_eq!(plan.true_outputs[0].shape.as_slice(), &[15, 6]);
+    assert_eq!(plan.outputs[0].as_slice(), &[0]);
+    // A sum over the merged rows would need the padding of every run masked: refused.
+    let sum = padding::plan_at(
+        OpId::Sum,
+        std::slice::from_ref(&rows),
+        std::slice::from_ref(&merged),
+        16,
+        5,
+        &[],
+        &[0, -1, 0],
+    )
+    .unwrap();
+    assert!(sum.is_none());
+    // A size that is not a whole number of runs is refused.
+    let odd = TensorType::new(F, &[14, 4]);
+    assert!(padding::plan_at(
+        OpId::Mm,
+        &[odd, weight],
+        &[merged, PaddedDims::new()],
+        16,
+        5,
+        &[],
+        &[]
+    )
+    .unwrap()
+    .is_none());
 }

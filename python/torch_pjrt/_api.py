@@ -125,17 +125,21 @@ def reset_metrics() -> None:
 
 
 def mark_dynamic(tensor, dim: int, max: int | None = None) -> None:
-    """Says that ``tensor`` will grow along ``dim`` (up to ``max``, when given), as a sequence
-    extended by ``torch.cat([tensor, piece], dim)`` step after step does.
+    """Says that ``tensor``'s size along ``dim`` changes from step to step (up to ``max``, when
+    given), so programs reading it should not be compiled once per size.
 
-    The engine finds growing sequences by itself after two appends; marking one gives its first
-    append a capacity of at least ``max`` along ``dim``, so no later append up to ``max``
-    compiles anything new. Only growth along the outermost dimension larger than one (every
-    dimension before ``dim`` of size 1, as ``input_ids`` of a single sequence) keeps a capacity;
-    other marks are accepted and have no effect yet, with a warning (RFC 0028).
+    - The outermost dimension larger than one (every dimension before ``dim`` of size 1, as
+      ``input_ids`` of a single sequence): the sequence grows by ``torch.cat([tensor, piece],
+      dim)``; its first append gets a capacity of at least ``max`` along ``dim``, so no later
+      append up to ``max`` compiles anything new (RFC 0028). The engine finds such sequences by
+      itself after two appends.
+    - An inner dimension (``[batch, length]`` token ids, a batch of features): ``tensor`` is
+      kept padded along ``dim`` to a bucket of at least ``max`` elements, and so is every later
+      upload of the same dtype and other sizes, whatever its length there; the ops reading them
+      run at the bucket's size with the true length as a runtime argument (RFC 0029). PyTorch
+      still sees true sizes. Integer batches whose length keeps changing are found by the
+      engine itself from their third length on.
     """
-    import warnings
-
     import torch
 
     if not isinstance(tensor, torch.Tensor):
@@ -153,13 +157,6 @@ def mark_dynamic(tensor, dim: int, max: int | None = None) -> None:
             f"[{-tensor.dim()}, {tensor.dim() - 1}], but got {dim})"
         )
     dim %= tensor.dim()
-    if any(size != 1 for size in tensor.shape[:dim]):
-        warnings.warn(
-            f"torch_pjrt.mark_dynamic: dimension {dim} of a tensor of shape {tuple(tensor.shape)} "
-            "is not its outermost dimension larger than one; appends along it still compile "
-            "once per length",
-            stacklevel=2,
-        )
     torch.ops.torch_pjrt.mark_dynamic(tensor, dim, max)
 
 

@@ -161,6 +161,7 @@ typedef struct TpjrtApi {
   int32_t (*note_fallback)(const char*);
   int32_t (*metrics_json)(char*, uint64_t, uint64_t*);
   int32_t (*reset_metrics)(void);
+  int32_t (*mark_dynamic)(const struct TpjrtTensor*, int32_t, int64_t);
 } TpjrtApi;
 
 #ifdef __cplusplus
@@ -253,6 +254,15 @@ int32_t tpjrt_op_meta(const struct TpjrtOpCall *call,
  * `dst` must be valid; `data` must point to `nbytes` readable bytes.
  */
 int32_t tpjrt_write_host(const struct TpjrtTensor *dst, const void *data, uint64_t nbytes);
+
+/**
+ * `torch_pjrt.mark_dynamic(t, dim, max)` for an inner dimension: uploads like `t` are padded
+ * along `dim` to at least `bound` elements (a bucket) from now on, and `t` itself too.
+ *
+ * # Safety
+ * `t` must be valid.
+ */
+int32_t tpjrt_mark_dynamic(const struct TpjrtTensor *t, int32_t dim, int64_t bound);
 
 /**
  * Copies a tensor into host memory (`nbytes` = numel × itemsize), materializing it first.

@@ -497,6 +497,22 @@ pub unsafe extern "C" fn tpjrt_write_host(
     })
 }
 
+/// `torch_pjrt.mark_dynamic(t, dim, max)` for an inner dimension: uploads like `t` are padded
+/// along `dim` to at least `bound` elements (a bucket) from now on, and `t` itself too.
+///
+/// # Safety
+/// `t` must be valid.
+#[no_mangle]
+pub unsafe extern "C" fn tpjrt_mark_dynamic(t: *const TpjrtTensor, dim: i32, bound: i64) -> i32 {
+    guarded(|| {
+        let engine = global::engine()?;
+        let t = tensor_ref(t.as_ref().ok_or_else(|| invalid("null tensor".into()))?)?;
+        let dim = usize::try_from(dim)
+            .map_err(|_| invalid(format!("mark_dynamic: dimension {dim} is negative")))?;
+        engine.mark_dynamic(&t, dim, bound)
+    })
+}
+
 /// Copies a tensor into host memory (`nbytes` = numel × itemsize), materializing it first.
 ///
 /// # Safety
@@ -701,6 +717,7 @@ pub struct TpjrtApi {
     pub note_fallback: unsafe extern "C" fn(*const c_char) -> i32,
     pub metrics_json: unsafe extern "C" fn(*mut c_char, u64, *mut u64) -> i32,
     pub reset_metrics: extern "C" fn() -> i32,
+    pub mark_dynamic: unsafe extern "C" fn(*const TpjrtTensor, i32, i64) -> i32,
 }
 
 static API: TpjrtApi = TpjrtApi {
@@ -725,6 +742,7 @@ static API: TpjrtApi = TpjrtApi {
     note_fallback: tpjrt_note_fallback,
     metrics_json: tpjrt_metrics_json,
     reset_metrics: tpjrt_reset_metrics,
+    mark_dynamic: tpjrt_mark_dynamic,
 };
 
 /// The function table of this engine library.

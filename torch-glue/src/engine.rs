@@ -1026,6 +1026,30 @@ impl Engine {
                 src.len()
             )));
         }
+        // A batch whose length keeps changing is uploaded padded to a bucket (bounded shapes):
+        // the programs that read it are then one per bucket, not one per length.
+        let padding = {
+            let mut graph = self.graph.lock();
+            // Read at each upload too, as at each append.
+            graph.set_bounded(!matches!(env("TORCH_PJRT_DYNAMIC").as_deref(), Some("off")));
+            if graph.is_whole(t)? {
+                graph.upload_padding(t)
+            } else {
+                None
+            }
+        };
+        if let Some(padding) = padding {
+            if let Some(padded) = padding.pad_host(src, t.dtype.size_bytes()) {
+                let buffer = self
+                    .client
+                    .buffer_from_host(&padded, element_type(t.dtype), &padding.padded_sizes())
+                    .map_err(|e| runtime_error("copying a host tensor to pjrt", e))?;
+                Counters::bump(&self.counters.host_to_device, 1);
+                Counters::bump(&self.counters.host_to_device_bytes, padded.len() as u64);
+                let value = DeviceValue::ready(Arc::new(buffer));
+                return self.graph.lock().write_device_padded(t, value, padding);
+            }
+        }
         let buffer = self
             .client
             .buffer_from_host(src, element_type(t.dtype), &t.sizes)
@@ -1046,6 +1070,33 @@ impl Engine {
         });
         graph.release_storage(temp)?;
         result
+    }
+
+    /// `torch_pjrt.mark_dynamic(t, dim, max)` on an inner dimension: `t`'s length along `dim`
+    /// changes from batch to batch, up to `bound`. Uploads like `t` (its dtype, its other
+    /// sizes) are padded along `dim` from now on, and `t` itself is made padded (through the
+    /// host, once) unless it already is or is a view of a larger storage.
+    pub fn mark_dynamic(&self, t: &TensorRef, dim: usize, bound: i64) -> Result<(), EngineError> {
+        let rank = t.sizes.len();
+        if dim >= rank {
+            return Err(EngineError::new(
+                ErrorKind::Index,
+                format!(
+                "mark_dynamic: dimension {dim} is out of range for a tensor of {rank} dimensions"
+            ),
+            ));
+        }
+        let repad = {
+            let mut graph = self.graph.lock();
+            graph.mark_upload_site(t, dim, bound);
+            t.sizes[dim] >= 2 && graph.is_whole(t)? && !graph.storage_is_padded(t.storage)
+        };
+        if !repad {
+            return Ok(());
+        }
+        let mut bytes = vec![0u8; t.numel() as usize * t.dtype.size_bytes()];
+        self.read_host(t, &mut bytes)?;
+        self.write_host(t, &bytes)
     }
 
     // ----- metrics -----
@@ -1125,6 +1176,7 @@ impl Engine {
         v.insert("padded_ops", graph.padded_ops as f64);
         v.insert("unpadded_values", graph.unpadded_values as f64);
         v.insert("regrown_values", graph.regrown_values as f64);
+        v.insert("padded_uploads", graph.padded_uploads as f64);
         v.insert("live_storages", graph.live_storages as f64);
         v.insert("host_to_device", Counters::get(&c.host_to_device) as f64);
         v.insert("device_to_host", Counters::get(&c.device_to_host) as f64);

@@ -260,6 +260,8 @@ pub struct GraphStats {
     pub unpadded_values: u64,
     /// Padded device values given the next bucket before an append outgrew them.
     pub regrown_values: u64,
+    /// Host uploads made padded along a dimension whose length changes (bounded shapes).
+    pub padded_uploads: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -396,8 +398,10 @@ pub struct Graph<V> {
     bounded: bool,
     /// Appends seen, to tell a growing sequence (see `crate::bucket::GrowthSites`).
     growth: crate::bucket::GrowthSites,
-    /// The true length and bucket of the latest append into a padded value: tensors made from
-    /// nothing at that length are made padded too (`creation_padded`).
+    /// Uploads seen, to tell a batch whose length changes (see `crate::bucket::UploadSites`).
+    uploads: crate::bucket::UploadSites,
+    /// The true length and bucket of the latest append into a padded value (or padded upload):
+    /// tensors made from nothing at that length are made padded too (`creation_padded`).
     last_extent: Option<(i64, i64)>,
 }
 
@@ -433,6 +437,7 @@ impl<V: Clone> Graph<V> {
             direct_key_check: None,
             bounded: true,
             growth: Default::default(),
+            uploads: Default::default(),
             last_extent: None,
         }
     }
@@ -1095,17 +1100,40 @@ impl<V: Clone> Graph<V> {
 
     /// Gives tensor `t`'s storage a new device value (an upload from the host).
     pub fn write_device(&mut self, t: &TensorRef, value: V) -> Result<(), EngineError> {
+        self.write_device_as(t, value, None)
+    }
+
+    /// Writes `value`, the padded value of whole tensor `t` that `padding` describes (an
+    /// upload padded along a dimension whose length changes: `upload_padding`).
+    pub fn write_device_padded(
+        &mut self,
+        t: &TensorRef,
+        value: V,
+        padding: crate::bucket::Padding,
+    ) -> Result<(), EngineError> {
+        self.last_extent = Some((padding.true_len(), padding.bucket));
+        self.stats.padded_uploads += 1;
+        self.write_device_as(t, value, Some(padding))
+    }
+
+    fn write_device_as(
+        &mut self,
+        t: &TensorRef,
+        value: V,
+        padding: Option<crate::bucket::Padding>,
+    ) -> Result<(), EngineError> {
         if !self.placement(&"writing a pjrt tensor", t)?.whole {
             return Err(EngineError::runtime(
                 "internal error: a strided tensor was written directly; write through a copy",
             ));
         }
+        let ty = match &padding {
+            Some(p) => TensorType::new(t.dtype, &p.padded_sizes()),
+            None => t.ty(),
+        };
         let storage = self.storages.get_mut(&t.storage).unwrap();
-        storage.padding = None;
-        let old = std::mem::replace(
-            &mut storage.value,
-            StorageValue::Device { value, ty: t.ty() },
-        );
+        storage.padding = padding.map(Arc::new);
+        let old = std::mem::replace(&mut storage.value, StorageValue::Device { value, ty });
         storage.version += 1;
         if let StorageValue::Pending { out, .. } = old {
             self.drop_holder(out, t.storage);

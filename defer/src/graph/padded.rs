@@ -88,6 +88,7 @@ impl<V: Clone> Graph<V> {
             sizes,
             strides,
             dims,
+            ..
         }) = padding.translate(&t.sizes, &t.strides, t.offset)
         else {
             return Ok(None);
@@ -186,13 +187,20 @@ impl<V: Clone> Graph<V> {
             .iter()
             .map(|v| v.as_ref().map(|v| v.dims.clone()).unwrap_or_default())
             .collect();
-        if op == OpId::Cat && inputs.len() == 2 && dims[1].is_empty() {
+        let merged = views.iter().flatten().any(|v| v.merged);
+        if op == OpId::Cat && inputs.len() == 2 && dims[1].is_empty() && !merged {
             let dim = cat_dim(params, types[0].shape.len().max(1));
             if let Some(dim) = dim.filter(|&d| dims[0].as_slice() == [d]) {
                 return self.append(inputs, types, dim, true);
             }
         }
-        let Some(plan) = padding::plan(op, types, &dims, bucket, scalars, params)? else {
+        let len = paddings
+            .iter()
+            .flatten()
+            .map(|p| p.true_len())
+            .next()
+            .expect("a padded input");
+        let Some(plan) = padding::plan_at(op, types, &dims, bucket, len, scalars, params)? else {
             return Ok(None);
         };
         if let Some(out) = out {
@@ -204,12 +212,6 @@ impl<V: Clone> Graph<V> {
                 return Ok(None);
             }
         }
-        let len = paddings
-            .iter()
-            .flatten()
-            .map(|p| p.true_len())
-            .next()
-            .expect("a padded input");
         let mut node_inputs: SmallVec<[NodeInput; 3]> = SmallVec::new();
         for (i, t) in inputs.iter().enumerate() {
             let input = match &paddings[i] {
@@ -234,6 +236,7 @@ impl<V: Clone> Graph<V> {
         node_scalars.push(ScalarArg::int(len));
         let true_outputs = plan.true_outputs.clone();
         let output_dims = plan.outputs.clone();
+        let padded_outputs = plan.meta.outputs.clone();
         let id = self.push_node(
             RegionOp::Padded(Arc::new(PaddedOp { op, plan })),
             params,
@@ -243,11 +246,8 @@ impl<V: Clone> Graph<V> {
         );
         let mut outputs = CapturedOutputs::new();
         for (i, (ty, dims)) in true_outputs.into_iter().zip(output_dims).enumerate() {
-            let padding = (!dims.is_empty()).then(|| Padding {
-                sizes: ty.shape.clone(),
-                dims,
-                bucket,
-            });
+            let padding = (!dims.is_empty())
+                .then(|| output_padding(&ty.shape, &padded_outputs[i].shape, &dims, bucket));
             let storage = self.place_output(out, &ty, id.output(i as u32), padding);
             outputs.push((storage, ty));
         }
@@ -492,6 +492,66 @@ impl<V: Clone> Graph<V> {
         let mut outputs = CapturedOutputs::new();
         outputs.push((storage, true_ty));
         Ok(Some(Captured { outputs }))
+    }
+}
+
+impl<V: Clone> Graph<V> {
+    /// How to upload whole tensor `t` (contiguous, from the host): padded along a dimension
+    /// whose length keeps changing at its upload site, or marked by `mark_upload_site`; `None`
+    /// uploads it exact. Records the upload either way.
+    pub fn upload_padding(&mut self, t: &TensorRef) -> Option<Padding> {
+        if !self.bounded || t.numel() == 0 {
+            return None;
+        }
+        let (dim, bucket) = self.uploads.note_upload(t.dtype, &t.sizes)?;
+        Some(Padding {
+            sizes: t.sizes.clone(),
+            dims: smallvec::smallvec![dim],
+            bucket,
+        })
+    }
+
+    /// Whether storage `id`'s value is padded (bounded shapes).
+    pub fn storage_is_padded(&self, id: StorageId) -> bool {
+        self.is_padded(id)
+    }
+
+    /// `torch_pjrt.mark_dynamic(t, dim, max)` on an inner dimension: uploads of `t`'s dtype and
+    /// sizes, any length along `dim`, are padded to at least `bound` along it from now on.
+    pub fn mark_upload_site(&mut self, t: &TensorRef, dim: usize, bound: i64) {
+        if dim < t.sizes.len() {
+            self.uploads
+                .mark(t.dtype, &t.sizes, dim, bound.max(t.sizes[dim]));
+        }
+    }
+}
+
+/// The padding of an output of true sizes `sizes` and padded sizes `padded`, padded along
+/// `dims`: a dimension holding `k > 1` runs of the bucket (the extent merged with `k`
+/// positions outside it, as a linear layer's `[batch * length, features]`) is recorded split
+/// in two, `[k, length]`, so that PyTorch's view of the result back to `[batch, length, ...]`
+/// reads it as a padded dimension of its own.
+fn output_padding(sizes: &[i64], padded: &[i64], dims: &[usize], bucket: i64) -> Padding {
+    let mut split = Shape::new();
+    let mut split_dims = PaddedDims::new();
+    for (d, &size) in sizes.iter().enumerate() {
+        if dims.contains(&d) {
+            let runs = padded[d] / bucket;
+            if runs > 1 {
+                split.push(runs);
+                split.push(size / runs);
+            } else {
+                split.push(size);
+            }
+            split_dims.push(split.len() - 1);
+        } else {
+            split.push(size);
+        }
+    }
+    Padding {
+        sizes: split,
+        dims: split_dims,
+        bucket,
     }
 }
 

@@ -218,6 +218,19 @@ void mark_dynamic(const at::Tensor& self, int64_t dim, std::optional<int64_t> ma
       "'s size ",
       self.size(dim),
       "; give a bound at least the current size");
+  bool outermost = true;
+  for (int64_t d = 0; d < dim; ++d) {
+    outermost = outermost && self.size(d) == 1;
+  }
+  if (!outermost) {
+    // An inner dimension (a batch of sequences, `[batch, length]`): the engine pads tensors
+    // like this one along it, so their readers compile once per bucket (RFC 0029).
+    TpjrtTensor t = describe(self);
+    check(
+        api().mark_dynamic(&t, static_cast<int32_t>(dim), max.value_or(self.size(dim))),
+        "torch_pjrt.mark_dynamic");
+    return;
+  }
   StorageGrowth* growth = storage_growth(self.storage());
   TORCH_CHECK(growth != nullptr, "mark_dynamic: the tensor's storage is not the pjrt engine's");
   growth->marked_dim = dim;

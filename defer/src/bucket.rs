@@ -97,9 +97,17 @@ impl Padding {
         }
         let true_strides = contiguous_strides(&self.sizes);
         let padded_strides = contiguous_strides(&self.padded_sizes());
-        // The true tensor's dimensions that take part: every one larger than one.
-        let parts: SmallVec<[usize; 6]> = (0..self.sizes.len())
+        // The true tensor's dimensions that take part (every one larger than one), as atoms a
+        // view dimension consumes whole or, for a dimension other than the extent, in part (a
+        // split: `[batch, length, heads * head_dim]` read as `[batch, length, heads, head_dim]`).
+        let mut atoms: SmallVec<[Atom; 8]> = (0..self.sizes.len())
             .filter(|&j| self.sizes[j] != 1)
+            .map(|j| Atom {
+                size: self.sizes[j],
+                true_stride: true_strides[j],
+                padded_stride: padded_strides[j],
+                padded: self.dims.contains(&j),
+            })
             .collect();
         // The view's moving dimensions, outermost (largest stride) first.
         let mut moving: SmallVec<[usize; 6]> = (0..sizes.len())
@@ -112,45 +120,79 @@ impl Padding {
         let mut dims = PaddedDims::new();
         let mut merged = false;
         for &i in &moving {
-            let start = next;
-            let mut product = 1;
-            while product < sizes[i] {
-                let &j = parts.get(next)?;
-                product *= self.sizes[j];
+            // Dimensions the view does not move along are read at index 0 (the offset is 0):
+            // `hidden[:, 0]` reads the first position of the extent, a true one.
+            while atoms
+                .get(next)
+                .is_some_and(|a| a.true_stride >= strides[i] * sizes[i])
+            {
                 next += 1;
             }
-            let group = &parts[start..next];
-            let last = *group.last()?;
-            if product != sizes[i] || strides[i] != true_strides[last] {
-                return None;
-            }
-            let padded = group.iter().any(|j| self.dims.contains(j));
-            if padded {
-                // Merged with dimensions outside it, the extent must be the innermost of its
-                // group (each run of it stays contiguous) and the only padded one.
-                if group[..group.len() - 1]
-                    .iter()
-                    .any(|j| self.dims.contains(j))
-                {
+            let mut group: SmallVec<[Atom; 4]> = SmallVec::new();
+            let mut product = 1;
+            while product < sizes[i] {
+                if sizes[i] % product != 0 {
                     return None;
                 }
-                out_sizes[i] = group[..group.len() - 1]
-                    .iter()
-                    .map(|&j| self.sizes[j])
-                    .product::<i64>()
-                    * self.bucket;
-                merged |= group.len() > 1;
+                let need = sizes[i] / product;
+                let atom = *atoms.get(next)?;
+                if atom.size <= need {
+                    group.push(atom);
+                    product *= atom.size;
+                    next += 1;
+                } else {
+                    // The outer part of a larger dimension; its inner part is left for the
+                    // view's next dimensions. The extent is never split.
+                    if atom.padded || atom.size % need != 0 {
+                        return None;
+                    }
+                    let inner = atom.size / need;
+                    group.push(Atom {
+                        size: need,
+                        true_stride: atom.true_stride * inner,
+                        padded_stride: atom.padded_stride * inner,
+                        padded: false,
+                    });
+                    atoms[next].size = inner;
+                    product *= need;
+                }
+            }
+            let last = *group.last()?;
+            if product != sizes[i] || strides[i] != last.true_stride {
+                return None;
+            }
+            let outer = &group[..group.len() - 1];
+            if outer.iter().any(|a| a.padded) {
+                // Merged with dimensions outside it, the extent must be the innermost of its
+                // group (each run of it stays contiguous).
+                return None;
+            }
+            if last.padded {
+                out_sizes[i] = outer.iter().map(|a| a.size).product::<i64>() * self.bucket;
+                merged |= !outer.is_empty();
                 dims.push(i);
             }
-            out_strides[i] = padded_strides[last];
+            out_strides[i] = last.padded_stride;
         }
-        (next == parts.len()).then_some(PaddedView {
+        // Dimensions inside the last one moved along are read at index 0 too.
+        Some(PaddedView {
             sizes: out_sizes,
             strides: out_strides,
             dims,
             merged,
         })
     }
+}
+
+/// A run of the true tensor's elements along one dimension (or part of one) while a view is
+/// matched against it: its size, its stride in the true tensor and in the padded value, and
+/// whether it is the padded extent.
+#[derive(Clone, Copy, Debug)]
+struct Atom {
+    size: i64,
+    true_stride: i64,
+    padded_stride: i64,
+    padded: bool,
 }
 
 /// How many append sites are remembered before the table starts afresh.
@@ -196,10 +238,11 @@ const UPLOAD_LENGTHS_SEEN: usize = 3;
 /// Host-to-device uploads seen, per dtype, dimension and the sizes around it: the latest
 /// distinct lengths along that dimension, and the bounds `torch_pjrt.mark_dynamic` gave.
 ///
-/// Only integer uploads are watched: token ids and attention masks are what a data loader
-/// batches at a changing length, and an embedding lookup carries their padding into the
-/// model. A model's float weights, uploaded once each in a burst of shapes that differ along
-/// one dimension, must never be padded by accident.
+/// Only integer uploads of two or more dimensions whose last one changes are watched: token
+/// ids and attention masks (`[batch, length]`) are what a data loader batches at a changing
+/// length, and an embedding lookup carries their padding into the model. A model's float
+/// weights, uploaded once each in a burst of shapes that differ along one dimension, and 1-d
+/// index lists of every length must never be padded by accident.
 #[derive(Debug, Default)]
 pub struct UploadSites {
     seen: FxHashMap<(DType, usize, Shape), SmallVec<[i64; LENGTHS_KEPT]>>,
@@ -220,7 +263,12 @@ impl UploadSites {
             if let Some(&bound) = self.marked.get(&(dtype, dim, around.clone())) {
                 return Some((dim, bound.max(ops::padding::bucket(len))));
             }
-            if !matches!(dtype, DType::I64 | DType::I32) {
+            // A batch of sequences: `[..., length]` integers (ids, masks). A 1-d index list or
+            // a changing batch size is no sign of one.
+            if !matches!(dtype, DType::I64 | DType::I32)
+                || sizes.len() < 2
+                || dim + 1 != sizes.len()
+            {
                 continue;
             }
             if self.seen.len() >= SITES_KEPT {
@@ -335,6 +383,57 @@ mod tests {
     }
 
     #[test]
+    fn a_dimension_other_than_the_extent_may_be_split() {
+        // [3, 9, 32] padded along its length, its features split into 2 heads of 16.
+        let hidden = Padding {
+            sizes: Shape::from_slice(&[3, 9, 32]),
+            dims: smallvec![1],
+            bucket: 16,
+        };
+        let v = hidden
+            .translate(&[3, 9, 2, 16], &[288, 32, 16, 1], 0)
+            .unwrap();
+        assert_eq!(v.sizes.as_slice(), &[3, 16, 2, 16]);
+        assert_eq!(v.strides.as_slice(), &[512, 32, 16, 1]);
+        assert_eq!(v.dims.as_slice(), &[1]);
+        assert!(!v.merged);
+        // Then transposed to [3, 2, 9, 16] (heads before the length).
+        let v = hidden
+            .translate(&[3, 2, 9, 16], &[288, 16, 32, 1], 0)
+            .unwrap();
+        assert_eq!(v.sizes.as_slice(), &[3, 2, 16, 16]);
+        assert_eq!(v.strides.as_slice(), &[512, 16, 32, 1]);
+        assert_eq!(v.dims.as_slice(), &[2]);
+        // The extent itself is never split.
+        assert!(hidden
+            .translate(&[3, 3, 3, 32], &[288, 96, 32, 1], 0)
+            .is_none());
+        // A split that does not divide is refused.
+        assert!(hidden
+            .translate(&[3, 9, 5, 6], &[288, 32, 6, 1], 0)
+            .is_none());
+    }
+
+    #[test]
+    fn a_view_at_the_first_position_reads_exact_elements() {
+        let hidden = Padding {
+            sizes: Shape::from_slice(&[3, 9, 32]),
+            dims: smallvec![1],
+            bucket: 16,
+        };
+        // hidden[:, 0]: the first position of every sequence (a pooler's input).
+        let v = hidden.translate(&[3, 32], &[288, 1], 0).unwrap();
+        assert_eq!(v.sizes.as_slice(), &[3, 32]);
+        assert_eq!(v.strides.as_slice(), &[512, 1]);
+        assert!(v.dims.is_empty());
+        // hidden[..., 0]: the first feature, still padded along the length.
+        let v = hidden.translate(&[3, 9], &[288, 32], 0).unwrap();
+        assert_eq!(v.sizes.as_slice(), &[3, 16]);
+        assert_eq!(v.strides.as_slice(), &[512, 32]);
+        assert_eq!(v.dims.as_slice(), &[1]);
+    }
+
+    #[test]
     fn views_across_or_into_the_extent_are_refused() {
         let c = cache();
         // The last position (a slice of the extent), at an offset.
@@ -384,6 +483,11 @@ mod tests {
         // Another batch size is another site; so is another dtype.
         assert_eq!(sites.note_upload(DType::I64, &[3, 9]), None);
         assert_eq!(sites.note_upload(DType::I32, &[4, 9]), None);
+        // Nor is a changing batch size, or a 1-d list of indices.
+        for n in [3, 5, 8, 13] {
+            assert_eq!(sites.note_upload(DType::I64, &[n, 7]), None);
+            assert_eq!(sites.note_upload(DType::I64, &[n]), None);
+        }
         // Floats (weights) are never padded without a mark, whatever their shapes.
         let mut weights = UploadSites::default();
         for n in [64, 256, 192, 128, 500] {

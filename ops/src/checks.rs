@@ -202,7 +202,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
             Ok(Meta::single(TensorType::scalar(DType::Bool), Vec::new()))
         }
         OpId::IndexCheck => {
-            a.expect_counts(1..=1, 0..=0)?;
+            a.expect_counts(1..=1, 0..=1)?;
             let p = &a.params;
             if !matches!(a.inputs[0].dtype, DType::I32 | DType::I64) {
                 return Err(p.invalid("the indices must be int32 or int64"));
@@ -216,9 +216,15 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
             if p.len() > 5 {
                 return Err(p.invalid("expected at most 5 params"));
             }
+            // A size given as a scalar (a padded extent's true length) is read at run time.
+            let scalar_dtypes = if a.scalars.is_empty() {
+                Vec::new()
+            } else {
+                vec![DType::I64]
+            };
             Ok(Meta::single(
                 TensorType::new(DType::I64, &[INDEX_VERDICT_LEN as i64]),
-                Vec::new(),
+                scalar_dtypes,
             ))
         }
         other => Err(OpError::runtime(format!(
@@ -245,7 +251,19 @@ fn lower_index_check(e: &mut Emitter, a: &LowerArgs) -> Result<Value, OpError> {
     let (size, negative_ok, dim, style) = (p.get(0)?, p.flag(1)?, p.get(2)?, p.get(3)?);
     let ignore = if p.len() > 4 { Some(p.get(4)?) } else { None };
     let n = e.ty(a.inputs[0]).numel();
-    let fixed = e.dense_i64(TensorType::new(DType::I64, &[3]), &[size, dim, style]);
+    // The size: the param, or the scalar that overrides it (a padded extent's true length).
+    let runtime_size = a.scalars.first().map(|&s| {
+        let s = e.convert(s, DType::I64);
+        e.reshape(s, &[])
+    });
+    let fixed = match runtime_size {
+        Some(size) => {
+            let size = e.reshape(size, &[1]);
+            let rest = e.dense_i64(TensorType::new(DType::I64, &[2]), &[dim, style]);
+            e.concatenate(&[size, rest], 0)
+        }
+        None => e.dense_i64(TensorType::new(DType::I64, &[3]), &[size, dim, style]),
+    };
     if n == 0 {
         let none = e.dense_i64(TensorType::new(DType::I64, &[2]), &[0, 0]);
         return Ok(e.concatenate(&[none, fixed], 0));
@@ -254,8 +272,14 @@ fn lower_index_check(e: &mut Emitter, a: &LowerArgs) -> Result<Value, OpError> {
     let wide = e.convert(a.inputs[0], DType::I64);
     let flat = e.reshape(wide, &[n]);
     let int = |e: &mut Emitter, v: i64| e.constant(flat_ty.clone(), ScalarValue::Int(v));
-    let lo = int(e, if negative_ok { -size } else { 0 });
-    let hi = int(e, size);
+    let (lo, hi) = match runtime_size {
+        Some(size) => {
+            let hi = e.broadcast_in_dim(size, &[n], &[]);
+            let lo = if negative_ok { e.neg(hi) } else { int(e, 0) };
+            (lo, hi)
+        }
+        None => (int(e, if negative_ok { -size } else { 0 }), int(e, size)),
+    };
     let below = e.compare(Cmp::Lt, flat, lo);
     let above = e.compare(Cmp::Ge, flat, hi);
     let mut bad = e.or(below, above);

@@ -347,7 +347,7 @@ op_catalogue! {
     /// `checks::index_checks`). Side-effecting: outputs the i64 verdict `[bad, first bad
     /// index, size, dim, style]`, which the engine reads at the next materialization point
     /// and turns into PyTorch's error (RFC 0012).
-    IndexCheck = "index_check", inputs: "index", scalars: "",
+    IndexCheck = "index_check", inputs: "index", scalars: "size? (read at run time instead of param 0: a padded extent's true length)",
         params: "[size, negative_ok, dim, style, ignore? (an index never reported)]";
 
     // ---- 3-d and adaptive max pooling --------------------------------------------------

@@ -95,7 +95,8 @@ pub fn plan(
 /// [`plan`] for an extent of true length `len`. A padded dimension of size `k * len` (`k > 1`)
 /// is the extent merged with the `k` positions of the dimensions outside it (a `[batch,
 /// length]` value read as `[batch * length]`, as a linear layer reads its input): its buffer
-/// holds `k * bucket` elements, and it may only be one that the op treats independently.
+/// holds `k` runs of `bucket` elements, each masked as a padded dimension is; an op that reads
+/// a prefix along it (a cumulative sum) is refused.
 pub fn plan_at(
     op: OpId,
     inputs: &[TensorType],
@@ -134,7 +135,8 @@ pub fn plan_at(
         let mut fill = None;
         for (&d, &runs) in dims.iter().zip(&outers[i]) {
             let how = along(op, params, i, ty.shape.len(), d);
-            if runs > 1 && how != Along::Independent {
+            // Runs of the extent are masked run by run; a prefix would reach across runs.
+            if runs > 1 && how == Along::Prefix {
                 return Ok(None);
             }
             match how {
@@ -311,6 +313,36 @@ fn along(op: OpId, params: &[i64], input: usize, rank: usize, dim: usize) -> Alo
         // Padded indices pick row 0 (it exists when the table is not empty); the picked rows
         // are the padding of the result.
         Embedding if input == 1 => Along::Combined(PadFill::Zero),
+        // grad_input = output * (grad - sum(grad * output)): both zero in the padding.
+        SoftmaxBackward => match param_dim(0) {
+            Some(d) if d == dim => Along::Combined(PadFill::Zero),
+            Some(_) => Along::Independent,
+            None => Along::Unsupported,
+        },
+        // grad_input = grad - exp(output) * sum(grad): the sum needs the grad zero there.
+        LogSoftmaxBackward => match param_dim(0) {
+            Some(d) if d == dim && input == 0 => Along::Combined(PadFill::Zero),
+            Some(d) if d == dim => Along::Independent,
+            Some(_) => Along::Independent,
+            None => Along::Unsupported,
+        },
+        // Rows of a layer norm's backward: the weight's and bias's gradients sum over rows,
+        // so every row operand is zero in the padding (a zero row adds nothing, even through
+        // its normalized value (0 - 0) * 0).
+        NativeLayerNormBackward if input < 4 => {
+            let normalized = params.len().saturating_sub(3);
+            if dim + normalized < rank {
+                Along::Combined(PadFill::Zero)
+            } else {
+                Along::Unsupported
+            }
+        }
+        // The gradient rows of padded positions add nothing once zero, at row 0.
+        EmbeddingDenseBackward => Along::Combined(PadFill::Zero),
+        // Indexing with true indices reads true positions only, whatever dimension of `self`
+        // is padded; padded indices read as 0 and their results are the output's padding.
+        Gather | Index if input == 0 => Along::Independent,
+        Gather | Index => Along::Combined(PadFill::Zero),
         // The engine's check of the indices an indexing op read: a padded index reads as 0.
         IndexCheck => Along::Combined(PadFill::Zero),
         IndexSelect if input == 1 => Along::Combined(PadFill::Zero),
@@ -333,13 +365,18 @@ impl Along {
 }
 
 /// A boolean mask of `shape`, true where every dimension in `dims` is below `len` (a 0-d
-/// integer value).
-pub fn in_bounds(e: &mut Emitter, shape: &[i64], dims: &[usize], len: Value) -> Value {
+/// integer value). A dimension larger than `bucket` holds runs of it (the extent merged with
+/// the dimensions outside it): its position within the run is compared.
+pub fn in_bounds(e: &mut Emitter, shape: &[i64], dims: &[usize], len: Value, bucket: i64) -> Value {
     let len = e.convert(len, DType::I32);
     let len = e.broadcast_in_dim(len, shape, &[]);
     let mut mask: Option<Value> = None;
     for &d in dims {
-        let pos = e.iota(TensorType::new(DType::I32, shape), d);
+        let mut pos = e.iota(TensorType::new(DType::I32, shape), d);
+        if shape[d] > bucket {
+            let run = e.constant(TensorType::new(DType::I32, shape), ScalarValue::Int(bucket));
+            pos = e.rem(pos, run);
+        }
         let inside = e.compare(Cmp::Lt, pos, len);
         mask = Some(match mask {
             Some(m) => e.and(m, inside),
@@ -350,7 +387,14 @@ pub fn in_bounds(e: &mut Emitter, shape: &[i64], dims: &[usize], len: Value) -> 
 }
 
 /// `v` with its padding along `dims` replaced by `fill`.
-pub fn fill_padding(e: &mut Emitter, v: Value, dims: &[usize], len: Value, fill: PadFill) -> Value {
+pub fn fill_padding(
+    e: &mut Emitter,
+    v: Value,
+    dims: &[usize],
+    len: Value,
+    bucket: i64,
+    fill: PadFill,
+) -> Value {
     let shape = e.shape(v).to_vec();
     let dtype = e.dtype(v);
     let value = match (fill, dtype) {
@@ -368,7 +412,7 @@ pub fn fill_padding(e: &mut Emitter, v: Value, dims: &[usize], len: Value, fill:
         (PadFill::Highest, d) => ScalarValue::Int(d.max_value() as i64),
     };
     let filler = e.constant(TensorType::new(dtype, &shape), value);
-    let mask = in_bounds(e, &shape, dims, len);
+    let mask = in_bounds(e, &shape, dims, len, bucket);
     e.select(mask, v, filler)
 }
 
@@ -388,7 +432,7 @@ pub fn lower_padded(
         .zip(&plan.inputs)
         .zip(&plan.fills)
         .map(|((&v, dims), fill)| match fill {
-            Some(f) => fill_padding(e, v, dims, len, *f),
+            Some(f) => fill_padding(e, v, dims, len, plan.bucket, *f),
             None => v,
         })
         .collect();
@@ -437,7 +481,7 @@ pub fn lower_append(
         "",
         TensorType::new(dtype, &out_shape),
     );
-    let keep = in_bounds(e, &out_shape, &[dim], a_len);
+    let keep = in_bounds(e, &out_shape, &[dim], a_len, out_bucket);
     e.select(keep, a, placed)
 }
 

@@ -57,6 +57,28 @@ fn templates() -> Vec<Template> {
         true,
     );
     select.range = (0.0, 4.0);
+    // A mask read at `[batch, position]` indices (an attention mask built by indexing).
+    let mut gather_rows = t(
+        OpId::Gather,
+        &[(F, &[n(3), L]), (DType::I64, &[n(3), n(2)])],
+        &[1],
+        true,
+    );
+    gather_rows.range = (0.0, 1.0);
+    let mut gather_positions = t(
+        OpId::Gather,
+        &[(F, &[n(3), n(6)]), (DType::I64, &[n(3), L])],
+        &[1],
+        true,
+    );
+    gather_positions.range = (0.0, 6.0);
+    let mut index_padded = t(
+        OpId::Index,
+        &[(F, &[n(4), n(5)]), (DType::I64, &[n(2), L])],
+        &[1],
+        true,
+    );
+    index_padded.range = (0.0, 5.0);
     let mut scaled = t(OpId::Mul, &[(F, &[n(1), n(2), n(8), L])], &[], true);
     scaled.scalars = vec![ScalarArg::float(0.125)];
     vec![
@@ -121,6 +143,9 @@ fn templates() -> Vec<Template> {
         t(OpId::Cat, &[(F, &[n(2), L]), (F, &[n(3), L])], &[0], true),
         index,
         select,
+        gather_rows,
+        gather_positions,
+        index_padded,
     ]
 }
 
@@ -463,7 +488,7 @@ fn an_extent_merged_with_outer_dimensions_is_planned_only_where_rows_are_free() 
     assert_eq!(plan.meta.outputs[0].shape.as_slice(), &[48, 6]);
     assert_eq!(plan.true_outputs[0].shape.as_slice(), &[15, 6]);
     assert_eq!(plan.outputs[0].as_slice(), &[0]);
-    // A sum over the merged rows would need the padding of every run masked: refused.
+    // A sum over the merged rows masks each run; a cumulative sum along them is refused.
     let sum = padding::plan_at(
         OpId::Sum,
         std::slice::from_ref(&rows),
@@ -473,8 +498,20 @@ fn an_extent_merged_with_outer_dimensions_is_planned_only_where_rows_are_free() 
         &[],
         &[0, -1, 0],
     )
+    .unwrap()
+    .expect("a sum over runs");
+    assert_eq!(sum.fills[0], Some(padding::PadFill::Zero));
+    let cumsum = padding::plan_at(
+        OpId::Cumsum,
+        std::slice::from_ref(&rows),
+        std::slice::from_ref(&merged),
+        16,
+        5,
+        &[],
+        &[0, -1],
+    )
     .unwrap();
-    assert!(sum.is_none());
+    assert!(cumsum.is_none());
     // A size that is not a whole number of runs is refused.
     let odd = TensorType::new(F, &[14, 4]);
     assert!(padding::plan_at(
@@ -488,4 +525,92 @@ fn an_extent_merged_with_outer_dimensions_is_planned_only_where_rows_are_free() 
     )
     .unwrap()
     .is_none());
+}
+
+#[test]
+fn sums_and_products_over_merged_runs_equal_the_exact_ones() {
+    // [3 runs, length len of bucket 16] rows of 4 features, garbage (NaN, 1e30) in every run's
+    // padding: a bias gradient (sum over the rows) and a weight gradient (rows contracted).
+    for len in [1, 5, 16] {
+        let runs = 3usize;
+        let bucket = 16usize;
+        let exact = Host::random(F, &[(runs * len) as i64, 4], -3.0, 3.0, len as u64);
+        let other = Host::random(F, &[(runs * len) as i64, 2], -3.0, 3.0, 7 + len as u64);
+        let pad_rows = |h: &Host, width: usize| {
+            let mut data = Vec::new();
+            for r in 0..runs * bucket {
+                let (run, pos) = (r / bucket, r % bucket);
+                for c in 0..width {
+                    data.push(if pos < len {
+                        h.data[(run * len + pos) * width + c]
+                    } else if (r + c) % 2 == 0 {
+                        f64::NAN
+                    } else {
+                        1e30
+                    });
+                }
+            }
+            Host::new(F, &[(runs * bucket) as i64, width as i64], &data)
+        };
+        let merged: PaddedDims = [0].into_iter().collect();
+        let mut e = Emitter::new();
+        let a = e.argument(TensorType::new(F, &[(runs * bucket) as i64, 4]));
+        let b = e.argument(TensorType::new(F, &[(runs * bucket) as i64, 2]));
+        let n = e.argument(TensorType::scalar(DType::I64));
+        let sum_plan = padding::plan_at(
+            OpId::Sum,
+            std::slice::from_ref(&exact.ty),
+            std::slice::from_ref(&merged),
+            bucket as i64,
+            len as i64,
+            &[],
+            &[0, -1, 0],
+        )
+        .unwrap()
+        .unwrap();
+        let summed =
+            padding::lower_padded(OpId::Sum, &mut e, &[a], n, &[], &[0, -1, 0], &sum_plan).unwrap();
+        // aᵀ b: [4, rows] x [rows, 2], the rows contracted.
+        let at = e.transpose(a, &[1, 0]);
+        let at_ty = TensorType::new(F, &[4, (runs * len) as i64]);
+        let mm_plan = padding::plan_at(
+            OpId::Mm,
+            &[at_ty, other.ty.clone()],
+            &[[1].into_iter().collect(), merged.clone()],
+            bucket as i64,
+            len as i64,
+            &[],
+            &[],
+        )
+        .unwrap()
+        .unwrap();
+        let product =
+            padding::lower_padded(OpId::Mm, &mut e, &[at, b], n, &[], &[], &mm_plan).unwrap();
+        let outs = execute(
+            e,
+            &[summed[0], product[0]],
+            &[
+                pad_rows(&exact, 4),
+                pad_rows(&other, 2),
+                Host::new(DType::I64, &[], &[len as f64]),
+            ],
+            vec![sum_plan.meta.outputs.clone(), mm_plan.meta.outputs.clone()],
+        );
+        for c in 0..4 {
+            let want: f64 = (0..runs * len).map(|r| exact.data[r * 4 + c]).sum();
+            assert!(
+                close(outs[0][0].data[c], want, 1e-5, 1e-5),
+                "len {len} sum {c}"
+            );
+            for k in 0..2 {
+                let want: f64 = (0..runs * len)
+                    .map(|r| exact.data[r * 4 + c] * other.data[r * 2 + k])
+                    .sum();
+                assert!(
+                    close(outs[1][0].data[c * 2 + k], want, 1e-4, 1e-4),
+                    "len {len} mm"
+                );
+            }
+        }
+    }
 }

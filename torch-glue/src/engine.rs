@@ -547,12 +547,22 @@ impl Engine {
             // Captured before the flush policy runs, so Strict runs op and check as one region.
             let shapes: smallvec::SmallVec<[&[i64]; 4]> =
                 inputs.iter().map(|t| t.sizes.as_slice()).collect();
+            // Indices into a padded extent are checked against its true length at run time
+            // (the param holds the bucket), so the check's program is the bucket's.
+            let extent = inputs.first().and_then(|t| graph.padded_extent_of(t));
             for check in ops::checks::index_checks(op, &shapes, params) {
+                let mut check_params = check.params.clone();
+                let mut check_scalars: smallvec::SmallVec<[ScalarArg; 1]> =
+                    smallvec::SmallVec::new();
+                if let Some((len, bucket)) = extent.filter(|&(len, _)| check.params[0] == len) {
+                    check_params[0] = bucket;
+                    check_scalars.push(ScalarArg::int(len));
+                }
                 graph.capture(
                     OpId::IndexCheck,
                     std::slice::from_ref(&inputs[check.input]),
-                    &[],
-                    &check.params,
+                    &check_scalars,
+                    &check_params,
                     &[],
                 )?;
             }

@@ -729,6 +729,11 @@ impl<V: Clone> Graph<V> {
         if placements.iter().any(|p| p.padded) || outs.iter().any(|o| self.is_padded(o.storage)) {
             return self.capture_padded(op, inputs, scalars, params, outs, &types);
         }
+        if outs.is_empty() {
+            if let Some(captured) = self.window_padded(op, inputs, scalars, params, &types)? {
+                return Ok(captured);
+            }
+        }
         if op == OpId::Cat && inputs.len() == 2 && outs.is_empty() && self.bounded {
             if let Some(captured) = self.start_append(inputs, params, &types, &placements)? {
                 return Ok(captured);

@@ -154,15 +154,17 @@ impl<V: Clone> Graph<V> {
                 return Ok(None);
             }
         }
-        // The padded inputs' paddings, and the one bucket they share.
+        // The padded inputs' paddings, and the one extent (length and bucket) they share.
         let mut paddings: SmallVec<[Option<Arc<Padding>>; 3]> = SmallVec::new();
         let mut bucket = None;
+        let mut extent = None;
         for t in inputs {
             let p = self.padding_of(t.storage);
             if let Some(p) = &p {
-                if bucket.is_some_and(|b| b != p.bucket) {
+                if extent.is_some_and(|e| e != (p.true_len(), p.bucket)) {
                     return Ok(None);
                 }
+                extent = Some((p.true_len(), p.bucket));
                 bucket = Some(p.bucket);
             }
             paddings.push(p);
@@ -194,12 +196,23 @@ impl<V: Clone> Graph<V> {
                 return self.append(inputs, types, dim, true);
             }
         }
+        if dims.iter().all(|d| d.is_empty()) {
+            // Every padded input is read at true positions only (`hidden[:, 0]`): the op runs
+            // exact on views of the padded values.
+            return self.exact_on_padded_views(op, inputs, &paddings, scalars, params, out);
+        }
         let len = paddings
             .iter()
             .flatten()
             .map(|p| p.true_len())
             .next()
             .expect("a padded input");
+        let mut dims = dims;
+        let Some(widened) =
+            self.widen_exact_operands(op, inputs, &views, &mut dims, len, bucket)?
+        else {
+            return Ok(None);
+        };
         let Some(plan) = padding::plan_at(op, types, &dims, bucket, len, scalars, params)? else {
             return Ok(None);
         };
@@ -224,12 +237,82 @@ impl<V: Clone> Graph<V> {
                     }
                 }
                 None => {
+                    let t = widened[i].as_ref().unwrap_or(t);
                     let placement = self.placement(&OperandName(op, "input", i), t)?;
                     self.read_for_node(t, &placement)?
                 }
             };
             node_inputs.push(input);
         }
+        Ok(Some(self.push_padded(
+            op,
+            plan,
+            node_inputs,
+            len,
+            scalars,
+            params,
+            out,
+        )))
+    }
+
+    /// `op` captured exact, its padded inputs read through views of their padded values that
+    /// reach no padding; a fresh result only (an `out=` into a padded storage is capture's).
+    fn exact_on_padded_views(
+        &mut self,
+        op: OpId,
+        inputs: &[TensorRef],
+        paddings: &[Option<Arc<Padding>>],
+        scalars: &[ScalarArg],
+        params: &[i64],
+        out: Option<&TensorRef>,
+    ) -> Result<Option<Captured>, EngineError> {
+        if out.is_some() {
+            return Ok(None);
+        }
+        let types: SmallVec<[TensorType; 3]> = inputs.iter().map(|t| t.ty()).collect();
+        let meta = ops::meta(op, &types, scalars, params)?;
+        let mut node_inputs: SmallVec<[NodeInput; 3]> = SmallVec::new();
+        for (i, t) in inputs.iter().enumerate() {
+            let input = match &paddings[i] {
+                Some(p) => {
+                    let native = self.storage(t.storage)?.native.unwrap_or(t.dtype);
+                    let padding = Arc::clone(p);
+                    match self.read_padded(t, &padding, native)? {
+                        Some((input, _)) => input,
+                        None => return Ok(None),
+                    }
+                }
+                None => {
+                    let placement = self.placement(&OperandName(op, "input", i), t)?;
+                    self.read_for_node(t, &placement)?
+                }
+            };
+            node_inputs.push(input);
+        }
+        let true_outputs = meta.outputs.clone();
+        let id = self.push_node(RegionOp::Aten(op), params, scalars, meta, node_inputs);
+        let mut outputs = CapturedOutputs::new();
+        for (i, ty) in true_outputs.into_iter().enumerate() {
+            let storage = self.place_output(None, &ty, id.output(i as u32), None);
+            outputs.push((storage, ty));
+        }
+        Ok(Some(Captured { outputs }))
+    }
+
+    /// The padded node of `op` by `plan` on `node_inputs`, its outputs placed (in `out` when
+    /// given) with their paddings.
+    #[allow(clippy::too_many_arguments)]
+    fn push_padded(
+        &mut self,
+        op: OpId,
+        plan: padding::PaddedPlan,
+        node_inputs: SmallVec<[NodeInput; 3]>,
+        len: i64,
+        scalars: &[ScalarArg],
+        params: &[i64],
+        out: Option<&TensorRef>,
+    ) -> Captured {
+        let bucket = plan.bucket;
         let mut meta = plan.meta.clone();
         meta.scalar_dtypes.push(DType::I64);
         let mut node_scalars: SmallVec<[ScalarArg; 3]> = SmallVec::from_slice(scalars);
@@ -251,7 +334,156 @@ impl<V: Clone> Graph<V> {
             let storage = self.place_output(out, &ty, id.output(i as u32), padding);
             outputs.push((storage, ty));
         }
-        Ok(Some(Captured { outputs }))
+        Captured { outputs }
+    }
+
+    /// An indexing op (`embedding`, `gather`, `index`, `index_select`, the engine's check of
+    /// indices) none of whose inputs is
+    /// padded, reading a window of a longer buffer at the length of the latest padded
+    /// sequence or batch (`position_ids[:, :length]`, a registered buffer sliced to the
+    /// batch's length): the window is read at the bucket's size, as a padded input, so the
+    /// result is padded and combines with the batch's values without cutting their padding
+    /// off. `None`: capture it exact.
+    pub(super) fn window_padded(
+        &mut self,
+        op: OpId,
+        inputs: &[TensorRef],
+        scalars: &[ScalarArg],
+        params: &[i64],
+        types: &[TensorType],
+    ) -> Result<Option<Captured>, EngineError> {
+        let Some((len, bucket)) = self.last_extent else {
+            return Ok(None);
+        };
+        if !self.bounded
+            || !matches!(
+                op,
+                OpId::Embedding | OpId::Gather | OpId::Index | OpId::IndexSelect | OpId::IndexCheck
+            )
+        {
+            return Ok(None);
+        }
+        let mut dims: SmallVec<[PaddedDims; 3]> = SmallVec::new();
+        let mut reads: SmallVec<[TensorRef; 3]> = SmallVec::new();
+        for t in inputs {
+            let mut wide = t.clone();
+            let mut wide_dims = PaddedDims::new();
+            for d in 0..t.sizes.len() {
+                if t.sizes[d] == len {
+                    wide.sizes[d] = bucket;
+                    wide_dims.push(d);
+                }
+            }
+            // Only a view into a longer storage (a window) is read wider.
+            if !wide_dims.is_empty()
+                && (self.placement(&"a window", t)?.whole || !self.holds_view(&wide)?)
+            {
+                wide = t.clone();
+                wide_dims.clear();
+            }
+            dims.push(wide_dims);
+            reads.push(wide);
+        }
+        if dims.iter().all(|d| d.is_empty()) {
+            return Ok(None);
+        }
+        let Some(plan) = padding::plan_at(op, types, &dims, bucket, len, scalars, params)? else {
+            return Ok(None);
+        };
+        // A check's verdict is exact; it is read padded so that its program is the bucket's.
+        if op != OpId::IndexCheck && plan.outputs.iter().all(|d| d.is_empty()) {
+            return Ok(None);
+        }
+        let mut node_inputs: SmallVec<[NodeInput; 3]> = SmallVec::new();
+        for (i, t) in reads.iter().enumerate() {
+            let placement = self.placement(&OperandName(op, "input", i), t)?;
+            node_inputs.push(self.read_for_node(t, &placement)?);
+        }
+        self.stats.captured_ops += 1;
+        self.stats.padded_ops += 1;
+        Ok(Some(self.push_padded(
+            op,
+            plan,
+            node_inputs,
+            len,
+            scalars,
+            params,
+            None,
+        )))
+    }
+
+    /// The exact operands of elementwise op `op` that meet a padded operand's extent (the same
+    /// output dimension, the true length `len`) read at the bucket's size instead, as views of
+    /// their own storage: an expanded gradient (stride 0) or a window of a longer buffer whose
+    /// storage holds the wider read. Their elements past `len` are read but never used, like
+    /// any padding. Fills `dims` for them; `None` when one cannot be read wider (the caller
+    /// then cuts the padding off instead).
+    #[allow(clippy::type_complexity)]
+    fn widen_exact_operands(
+        &mut self,
+        op: OpId,
+        inputs: &[TensorRef],
+        views: &[Option<PaddedView>],
+        dims: &mut SmallVec<[PaddedDims; 3]>,
+        len: i64,
+        bucket: i64,
+    ) -> Result<Option<SmallVec<[Option<TensorRef>; 3]>>, EngineError> {
+        let mut widened: SmallVec<[Option<TensorRef>; 3]> = SmallVec::from_elem(None, inputs.len());
+        if !op.is_pointwise() || views.iter().flatten().any(|v| v.merged) {
+            return Ok(Some(widened));
+        }
+        // Broadcasting aligns dimensions from the right.
+        let rank = inputs.iter().map(|t| t.sizes.len()).max().unwrap_or(0);
+        let mut extent: SmallVec<[usize; 2]> = SmallVec::new();
+        for (t, v) in inputs.iter().zip(views) {
+            for &d in v.iter().flat_map(|v| &v.dims) {
+                let at = d + rank - t.sizes.len();
+                if !extent.contains(&at) {
+                    extent.push(at);
+                }
+            }
+        }
+        for (i, t) in inputs.iter().enumerate() {
+            if views[i].is_some() {
+                continue;
+            }
+            let shift = rank - t.sizes.len();
+            let mut wide = t.clone();
+            let mut wide_dims = PaddedDims::new();
+            for &at in &extent {
+                if at >= shift && t.sizes[at - shift] == len {
+                    wide.sizes[at - shift] = bucket;
+                    wide_dims.push(at - shift);
+                }
+            }
+            if wide_dims.is_empty() {
+                continue;
+            }
+            if !self.holds_view(&wide)? {
+                return Ok(None);
+            }
+            dims[i] = wide_dims;
+            widened[i] = Some(wide);
+        }
+        Ok(Some(widened))
+    }
+
+    /// Whether view `t` reads only elements of its storage, in the storage's native dtype.
+    fn holds_view(&self, t: &TensorRef) -> Result<bool, EngineError> {
+        let storage = self.storage(t.storage)?;
+        if storage.native.is_some_and(|n| n != t.dtype) || storage.padding.is_some() {
+            return Ok(false);
+        }
+        if t.strides.iter().any(|&s| s < 0) || t.offset < 0 {
+            return Ok(false);
+        }
+        let last = t.offset
+            + t.sizes
+                .iter()
+                .zip(&t.strides)
+                .map(|(&n, &s)| (n - 1).max(0) * s)
+                .sum::<i64>();
+        Ok((last + 1) * t.dtype.size_bytes() as i64 <= storage.nbytes as i64)
     }
 
     /// Whether `out` is every element of its storage, contiguous from offset 0 in its dtype:
@@ -509,6 +741,17 @@ impl<V: Clone> Graph<V> {
             dims: smallvec::smallvec![dim],
             bucket,
         })
+    }
+
+    /// The true length and bucket of the extent along which view `t` of a padded storage is
+    /// padded, when it is (a plain padded dimension of the view, and no other dimension of that
+    /// size): the size an index into `t` is checked against is then read at run time.
+    pub fn padded_extent_of(&self, t: &TensorRef) -> Option<(i64, i64)> {
+        let padding = self.padding_of(t.storage)?;
+        let view = padding.translate(&t.sizes, &t.strides, t.offset)?;
+        let len = padding.true_len();
+        let unique = (0..t.sizes.len()).all(|d| view.dims.contains(&d) || t.sizes[d] != len);
+        (!view.dims.is_empty() && !view.merged && unique).then_some((len, padding.bucket))
     }
 
     /// Whether storage `id`'s value is padded (bounded shapes).

@@ -194,10 +194,13 @@ def test_bert_fine_tunes_on_padded_batches_like_the_cpu():
     model, on_pjrt = tiny_bert()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     opt_pjrt = torch.optim.SGD(on_pjrt.parameters(), lr=0.05)
+    visits = {}
+    compiles = []
     with torch_pjrt.eager_mode("defer_and_fuse"):
-        for step, length in enumerate([62, 10, 58, 45, 16, 24, 27, 8]):
+        for step, length in enumerate([62, 10, 58, 45, 16, 24, 27, 63, 8, 29, 20, 50]):
             ids, mask = padded_batch(step, length)
             labels = torch.randint(0, 3, (4,), generator=torch.Generator().manual_seed(step))
+            before = torch_pjrt.metrics()
             losses = []
             for m, o, dev in ((model, opt, "cpu"), (on_pjrt, opt_pjrt, "pjrt")):
                 o.zero_grad()
@@ -205,5 +208,17 @@ def test_bert_fine_tunes_on_padded_batches_like_the_cpu():
                 out.loss.backward()
                 o.step()
                 losses.append(out.loss.item())
+            after = torch_pjrt.metrics()
             assert losses[1] == pytest.approx(losses[0], rel=1e-5, abs=1e-6), (length, losses)
-        assert torch_pjrt.metrics()["padded_ops"] > 0
+            if step < 3:
+                continue
+            # Forward and backward stay padded: nothing is cut back to the batch's length.
+            assert after["unpadded_values"] == before["unpadded_values"], length
+            bucket = max(16, 1 << (length - 1).bit_length())
+            visits[bucket] = visits.get(bucket, 0) + 1
+            compiles.append((length, visits[bucket], after["compilations"] - before["compilations"]))
+    # A bucket's second step may still settle its region cuts (one program at most); from its
+    # third step on, a new length compiles nothing.
+    assert all(new <= 1 for _, visit, new in compiles if visit >= 2), compiles
+    settled = [(n, new) for n, visit, new in compiles if visit >= 3]
+    assert len(settled) >= 3 and all(new == 0 for _, new in settled), compiles

@@ -145,6 +145,9 @@ impl<V: Clone> Graph<V> {
     ) -> Result<Option<Captured>, EngineError> {
         let out = outs.first();
         if let Some(out) = out {
+            if self.padding_of(out.storage).is_some() && !self.is_whole_out(out)? {
+                return self.write_into_padded_view(op, inputs, scalars, params, out);
+            }
             // An in-place op (or `out=`, as `_to_copy` into a fresh tensor) writing every
             // element of its storage: its result is the storage's new value, padded. Other
             // views of the same storage are capture's to check.
@@ -253,6 +256,81 @@ impl<V: Clone> Graph<V> {
             params,
             out,
         )))
+    }
+
+    /// `op` written through `out`, a view of a padded storage that reaches true positions only
+    /// (`grad_input.select(1, 0).copy_(grad)`, as `select_backward` writes a gradient into
+    /// zeros made padded): the op runs exact and its result is written into the padded value,
+    /// which stays padded. `None` for any other view (the caller cuts the padding off).
+    fn write_into_padded_view(
+        &mut self,
+        op: OpId,
+        inputs: &[TensorRef],
+        scalars: &[ScalarArg],
+        params: &[i64],
+        out: &TensorRef,
+    ) -> Result<Option<Captured>, EngineError> {
+        let Some(padding) = self.padding_of(out.storage) else {
+            return Ok(None);
+        };
+        let native = self.storage(out.storage)?.native.unwrap_or(out.dtype);
+        let Some(view) = padding.translate(&out.sizes, &out.strides, out.offset) else {
+            return Ok(None);
+        };
+        if !view.dims.is_empty()
+            || out.dtype != native
+            || out.numel() == 0
+            || inputs.iter().any(|t| t.storage == out.storage)
+        {
+            return Ok(None);
+        }
+        let types: SmallVec<[TensorType; 3]> = inputs.iter().map(|t| t.ty()).collect();
+        let meta = ops::meta(op, &types, scalars, params)?;
+        if meta.outputs.len() != 1
+            || meta.outputs[0].dtype != out.dtype
+            || meta.outputs[0].shape != out.sizes
+        {
+            return Ok(None);
+        }
+        let mut node_inputs: SmallVec<[NodeInput; 3]> = SmallVec::new();
+        for (i, t) in inputs.iter().enumerate() {
+            let input = match self.padding_of(t.storage) {
+                Some(p) => {
+                    let input_native = self.storage(t.storage)?.native.unwrap_or(t.dtype);
+                    match self.read_padded(t, &p, input_native)? {
+                        Some((input, dims)) if dims.is_empty() => input,
+                        _ => return Ok(None),
+                    }
+                }
+                None => {
+                    let placement = self.placement(&OperandName(op, "input", i), t)?;
+                    self.read_for_node(t, &placement)?
+                }
+            };
+            node_inputs.push(input);
+        }
+        let id = self.push_node(RegionOp::Aten(op), params, scalars, meta, node_inputs);
+        let target = TensorRef {
+            storage: out.storage,
+            dtype: out.dtype,
+            sizes: view.sizes,
+            strides: view.strides,
+            offset: 0,
+        };
+        let placement = Placement {
+            native,
+            base_len: padding.padded_numel(),
+            whole: false,
+            padded: false,
+        };
+        self.write_through_view(&target, &placement, id.output(0))?;
+        // The write keeps the storage's padding: only true positions changed.
+        self.set_padding(out.storage, (*padding).clone());
+        self.stats.captured_ops += 1;
+        self.stats.padded_ops += 1;
+        let mut outputs = CapturedOutputs::new();
+        outputs.push((out.storage, out.ty()));
+        Ok(Some(Captured { outputs }))
     }
 
     /// `op` captured exact, its padded inputs read through views of their padded values that
@@ -429,7 +507,32 @@ impl<V: Clone> Graph<V> {
         bucket: i64,
     ) -> Result<Option<SmallVec<[Option<TensorRef>; 3]>>, EngineError> {
         let mut widened: SmallVec<[Option<TensorRef>; 3]> = SmallVec::from_elem(None, inputs.len());
-        if !op.is_pointwise() || views.iter().flatten().any(|v| v.merged) {
+        if views.iter().flatten().any(|v| v.merged) {
+            return Ok(Some(widened));
+        }
+        if is_indexing(op) {
+            // Indices that are a window of a longer buffer at the extent's length (the
+            // positions of a padded batch) are read at the bucket's size, as `window_padded`.
+            for (i, t) in inputs.iter().enumerate() {
+                if views[i].is_some() || self.placement(&"a window", t)?.whole {
+                    continue;
+                }
+                let mut wide = t.clone();
+                let mut wide_dims = PaddedDims::new();
+                for d in 0..t.sizes.len() {
+                    if t.sizes[d] == len {
+                        wide.sizes[d] = bucket;
+                        wide_dims.push(d);
+                    }
+                }
+                if !wide_dims.is_empty() && self.holds_view(&wide)? {
+                    dims[i] = wide_dims;
+                    widened[i] = Some(wide);
+                }
+            }
+            return Ok(Some(widened));
+        }
+        if !op.is_pointwise() {
             return Ok(Some(widened));
         }
         // Broadcasting aligns dimensions from the right.
@@ -796,6 +899,20 @@ fn output_padding(sizes: &[i64], padded: &[i64], dims: &[usize], bucket: i64) ->
         dims: split_dims,
         bucket,
     }
+}
+
+/// Ops that read positions given by indices (and the engine's check of them): a window of
+/// a buffer read as their indices may be read at the bucket's size.
+fn is_indexing(op: OpId) -> bool {
+    matches!(
+        op,
+        OpId::Embedding
+            | OpId::EmbeddingDenseBackward
+            | OpId::Gather
+            | OpId::Index
+            | OpId::IndexSelect
+            | OpId::IndexCheck
+    )
 }
 
 /// `cat`'s dimension (its first param, 0 when absent, negative from the end) as an index into

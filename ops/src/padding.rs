@@ -322,7 +322,6 @@ fn along(op: OpId, params: &[i64], input: usize, rank: usize, dim: usize) -> Alo
         // grad_input = grad - exp(output) * sum(grad): the sum needs the grad zero there.
         LogSoftmaxBackward => match param_dim(0) {
             Some(d) if d == dim && input == 0 => Along::Combined(PadFill::Zero),
-            Some(d) if d == dim => Along::Independent,
             Some(_) => Along::Independent,
             None => Along::Unsupported,
         },

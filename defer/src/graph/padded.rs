@@ -202,7 +202,7 @@ impl<V: Clone> Graph<V> {
         if dims.iter().all(|d| d.is_empty()) {
             // Every padded input is read at true positions only (`hidden[:, 0]`): the op runs
             // exact on views of the padded values.
-            return self.exact_on_padded_views(op, inputs, &paddings, scalars, params, out);
+            return self.exact_on_padded_views(op, inputs, scalars, params, out);
         }
         let len = paddings
             .iter()
@@ -228,25 +228,9 @@ impl<V: Clone> Graph<V> {
                 return Ok(None);
             }
         }
-        let mut node_inputs: SmallVec<[NodeInput; 3]> = SmallVec::new();
-        for (i, t) in inputs.iter().enumerate() {
-            let input = match &paddings[i] {
-                Some(p) => {
-                    let native = self.storage(t.storage)?.native.unwrap_or(t.dtype);
-                    let padding = Arc::clone(p);
-                    match self.read_padded(t, &padding, native)? {
-                        Some((input, _)) => input,
-                        None => return Ok(None),
-                    }
-                }
-                None => {
-                    let t = widened[i].as_ref().unwrap_or(t);
-                    let placement = self.placement(&OperandName(op, "input", i), t)?;
-                    self.read_for_node(t, &placement)?
-                }
-            };
-            node_inputs.push(input);
-        }
+        let Some(node_inputs) = self.read_operands(op, inputs, &widened, false)? else {
+            return Ok(None);
+        };
         Ok(Some(self.push_padded(
             op,
             plan,
@@ -292,23 +276,9 @@ impl<V: Clone> Graph<V> {
         {
             return Ok(None);
         }
-        let mut node_inputs: SmallVec<[NodeInput; 3]> = SmallVec::new();
-        for (i, t) in inputs.iter().enumerate() {
-            let input = match self.padding_of(t.storage) {
-                Some(p) => {
-                    let input_native = self.storage(t.storage)?.native.unwrap_or(t.dtype);
-                    match self.read_padded(t, &p, input_native)? {
-                        Some((input, dims)) if dims.is_empty() => input,
-                        _ => return Ok(None),
-                    }
-                }
-                None => {
-                    let placement = self.placement(&OperandName(op, "input", i), t)?;
-                    self.read_for_node(t, &placement)?
-                }
-            };
-            node_inputs.push(input);
-        }
+        let Some(node_inputs) = self.read_operands(op, inputs, &[], true)? else {
+            return Ok(None);
+        };
         let id = self.push_node(RegionOp::Aten(op), params, scalars, meta, node_inputs);
         let target = TensorRef {
             storage: out.storage,
@@ -339,7 +309,6 @@ impl<V: Clone> Graph<V> {
         &mut self,
         op: OpId,
         inputs: &[TensorRef],
-        paddings: &[Option<Arc<Padding>>],
         scalars: &[ScalarArg],
         params: &[i64],
         out: Option<&TensorRef>,
@@ -349,24 +318,9 @@ impl<V: Clone> Graph<V> {
         }
         let types: SmallVec<[TensorType; 3]> = inputs.iter().map(|t| t.ty()).collect();
         let meta = ops::meta(op, &types, scalars, params)?;
-        let mut node_inputs: SmallVec<[NodeInput; 3]> = SmallVec::new();
-        for (i, t) in inputs.iter().enumerate() {
-            let input = match &paddings[i] {
-                Some(p) => {
-                    let native = self.storage(t.storage)?.native.unwrap_or(t.dtype);
-                    let padding = Arc::clone(p);
-                    match self.read_padded(t, &padding, native)? {
-                        Some((input, _)) => input,
-                        None => return Ok(None),
-                    }
-                }
-                None => {
-                    let placement = self.placement(&OperandName(op, "input", i), t)?;
-                    self.read_for_node(t, &placement)?
-                }
-            };
-            node_inputs.push(input);
-        }
+        let Some(node_inputs) = self.read_operands(op, inputs, &[], true)? else {
+            return Ok(None);
+        };
         let true_outputs = meta.outputs.clone();
         let id = self.push_node(RegionOp::Aten(op), params, scalars, meta, node_inputs);
         let mut outputs = CapturedOutputs::new();
@@ -444,21 +398,9 @@ impl<V: Clone> Graph<V> {
         let mut dims: SmallVec<[PaddedDims; 3]> = SmallVec::new();
         let mut reads: SmallVec<[TensorRef; 3]> = SmallVec::new();
         for t in inputs {
-            let mut wide = t.clone();
-            let mut wide_dims = PaddedDims::new();
-            for d in 0..t.sizes.len() {
-                if t.sizes[d] == len {
-                    wide.sizes[d] = bucket;
-                    wide_dims.push(d);
-                }
-            }
-            // Only a view into a longer storage (a window) is read wider.
-            if !wide_dims.is_empty()
-                && (self.placement(&"a window", t)?.whole || !self.holds_view(&wide)?)
-            {
-                wide = t.clone();
-                wide_dims.clear();
-            }
+            let (wide, wide_dims) = self
+                .window_at_bucket(t, len, bucket)?
+                .unwrap_or_else(|| (t.clone(), PaddedDims::new()));
             dims.push(wide_dims);
             reads.push(wide);
         }
@@ -514,18 +456,10 @@ impl<V: Clone> Graph<V> {
             // Indices that are a window of a longer buffer at the extent's length (the
             // positions of a padded batch) are read at the bucket's size, as `window_padded`.
             for (i, t) in inputs.iter().enumerate() {
-                if views[i].is_some() || self.placement(&"a window", t)?.whole {
+                if views[i].is_some() {
                     continue;
                 }
-                let mut wide = t.clone();
-                let mut wide_dims = PaddedDims::new();
-                for d in 0..t.sizes.len() {
-                    if t.sizes[d] == len {
-                        wide.sizes[d] = bucket;
-                        wide_dims.push(d);
-                    }
-                }
-                if !wide_dims.is_empty() && self.holds_view(&wide)? {
+                if let Some((wide, wide_dims)) = self.window_at_bucket(t, len, bucket)? {
                     dims[i] = wide_dims;
                     widened[i] = Some(wide);
                 }
@@ -569,6 +503,58 @@ impl<V: Clone> Graph<V> {
             widened[i] = Some(wide);
         }
         Ok(Some(widened))
+    }
+
+    /// The node inputs reading `inputs`: padded storages through views of their padded values
+    /// (only views that reach no padding when `true_positions_only`), others as they are or,
+    /// where `widened` has one, at the bucket's size. `None` when a padded storage's view is
+    /// not one of its padded value.
+    fn read_operands(
+        &mut self,
+        op: OpId,
+        inputs: &[TensorRef],
+        widened: &[Option<TensorRef>],
+        true_positions_only: bool,
+    ) -> Result<Option<SmallVec<[NodeInput; 3]>>, EngineError> {
+        let mut node_inputs: SmallVec<[NodeInput; 3]> = SmallVec::new();
+        for (i, t) in inputs.iter().enumerate() {
+            let input = match self.padding_of(t.storage) {
+                Some(padding) => {
+                    let native = self.storage(t.storage)?.native.unwrap_or(t.dtype);
+                    match self.read_padded(t, &padding, native)? {
+                        Some((input, dims)) if !true_positions_only || dims.is_empty() => input,
+                        _ => return Ok(None),
+                    }
+                }
+                None => {
+                    let t = widened.get(i).and_then(Option::as_ref).unwrap_or(t);
+                    let placement = self.placement(&OperandName(op, "input", i), t)?;
+                    self.read_for_node(t, &placement)?
+                }
+            };
+            node_inputs.push(input);
+        }
+        Ok(Some(node_inputs))
+    }
+
+    /// Exact view `t` read at the bucket's size along every dimension of the extent's length
+    /// `len`, and those dimensions, when it is a window of a longer storage that holds the
+    /// wider read (`position_ids[:, :length]` of a registered buffer).
+    fn window_at_bucket(
+        &mut self,
+        t: &TensorRef,
+        len: i64,
+        bucket: i64,
+    ) -> Result<Option<(TensorRef, PaddedDims)>, EngineError> {
+        let dims: PaddedDims = (0..t.sizes.len()).filter(|&d| t.sizes[d] == len).collect();
+        if dims.is_empty() || self.placement(&"a window", t)?.whole {
+            return Ok(None);
+        }
+        let mut wide = t.clone();
+        for &d in &dims {
+            wide.sizes[d] = bucket;
+        }
+        Ok(self.holds_view(&wide)?.then_some((wide, dims)))
     }
 
     /// Whether view `t` reads only elements of its storage, in the storage's native dtype.

@@ -1048,25 +1048,22 @@ impl Engine {
                 None
             }
         };
-        if let Some(padding) = padding {
-            if let Some(padded) = padding.pad_host(src, t.dtype.size_bytes()) {
-                let buffer = self
-                    .client
-                    .buffer_from_host(&padded, element_type(t.dtype), &padding.padded_sizes())
-                    .map_err(|e| runtime_error("copying a host tensor to pjrt", e))?;
-                Counters::bump(&self.counters.host_to_device, 1);
-                Counters::bump(&self.counters.host_to_device_bytes, padded.len() as u64);
-                let value = DeviceValue::ready(Arc::new(buffer));
-                return self.graph.lock().write_device_padded(t, value, padding);
-            }
-        }
+        // The bytes laid out padded on the host, or as they are.
+        let padded = padding.and_then(|p| Some((p.pad_host(src, t.dtype.size_bytes())?, p)));
+        let (bytes, sizes) = match &padded {
+            Some((bytes, p)) => (bytes.as_slice(), p.padded_sizes()),
+            None => (src, t.sizes.clone()),
+        };
         let buffer = self
             .client
-            .buffer_from_host(src, element_type(t.dtype), &t.sizes)
+            .buffer_from_host(bytes, element_type(t.dtype), &sizes)
             .map_err(|e| runtime_error("copying a host tensor to pjrt", e))?;
         Counters::bump(&self.counters.host_to_device, 1);
-        Counters::bump(&self.counters.host_to_device_bytes, src.len() as u64);
+        Counters::bump(&self.counters.host_to_device_bytes, bytes.len() as u64);
         let value = DeviceValue::ready(Arc::new(buffer));
+        if let Some((_, padding)) = padded {
+            return self.graph.lock().write_device_padded(t, value, padding);
+        }
         let mut graph = self.graph.lock();
         if graph.is_whole(t)? {
             return graph.write_device(t, value);

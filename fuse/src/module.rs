@@ -319,15 +319,9 @@ impl WriteOrder {
     }
 }
 
-/// Whether input `k` of `op` is a matrix operand of a product: XLA reads it inside the product
-/// and never duplicates that read into the product's consumers.
+/// Whether input `k` of `op` is a matrix operand of a product ([`ops::OpFacts`]).
 fn is_product_operand(op: &RegionOp, k: usize) -> bool {
-    match op {
-        RegionOp::Aten(OpId::Mm | OpId::Bmm | OpId::Dot | OpId::Matmul) => true,
-        RegionOp::Aten(OpId::Addmm | OpId::Baddbmm) => k > 0,
-        RegionOp::Aten(OpId::Convolution | OpId::ConvolutionBackward) => true,
-        _ => false,
-    }
+    matches!(op, RegionOp::Aten(op) if op.is_product_operand(k))
 }
 
 /// An `i32` zero that XLA cannot fold away, computed from `v`'s first element: a data

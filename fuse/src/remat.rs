@@ -8,7 +8,6 @@
 //! pays for those results (RFC 0022).
 
 use crate::module::{Operand, Region, RegionOp};
-use ops::OpId;
 
 /// Values smaller than this are held: recomputing them saves too little.
 const MIN_BYTES: usize = 1024;
@@ -125,9 +124,7 @@ impl RematPlan {
 /// Ops whose results are cheap to compute again and the same every time (no random numbers).
 fn recomputable(op: &RegionOp) -> bool {
     match op {
-        RegionOp::Aten(op) => {
-            op.is_pointwise() || matches!(op, OpId::NativeLayerNorm | OpId::NativeGroupNorm)
-        }
+        RegionOp::Aten(op) => op.is_recomputable(),
         RegionOp::WriteView(_) | RegionOp::Padded(_) | RegionOp::Append(_) => false,
     }
 }
@@ -136,6 +133,7 @@ fn recomputable(op: &RegionOp) -> bool {
 mod tests {
     use super::*;
     use crate::module::{build_module, InputRef, RegionNode};
+    use ops::OpId;
     use ops::{DType, TensorType};
     use smallvec::smallvec;
 

@@ -1,5 +1,4 @@
-//! Activation gradients training needs (`gelu`, `tanh`, `sigmoid`, `log_sigmoid`), and
-//! `_safe_softmax`, the softmax of PyTorch's attention decomposition.
+//! Activation gradients training needs (`gelu`, `tanh`, `sigmoid`, `log_sigmoid`).
 //!
 //! Formulas follow PyTorch's CPU kernels, in the computation dtype (f32 for bf16/f16).
 
@@ -7,9 +6,7 @@ use crate::dtype::TensorType;
 use crate::elementwise::{erf, k, not_implemented_for, prep};
 use crate::emitter::{Cmp, Emitter, Value};
 use crate::error::OpError;
-use crate::params::wrap_dim;
 use crate::promote::{broadcast_all, result_type, Operand};
-use crate::reduce::softmax_and_max;
 use crate::{LowerArgs, Meta, MetaArgs, MetaOutputs, OpId, ScalarDTypes};
 
 /// The CPU kernel name PyTorch's dtype error names.
@@ -62,20 +59,6 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
             a.expect_counts(3..=3, 0..=0)?;
             Ok(Meta::single(binary_float(a)?, vec![]))
         }
-        SafeSoftmax => {
-            a.expect_counts(1..=1, 0..=0)?;
-            let x = &a.inputs[0];
-            let dim = wrap_dim(a.params.get(0)?, x.rank())?;
-            let dtype = a.params.dtype_opt(1)?.unwrap_or(x.dtype);
-            if !dtype.is_float() {
-                let lastdim = if dim + 1 >= x.rank() { "lastdim_" } else { "" };
-                return Err(not_implemented_for(
-                    &format!("softmax_{lastdim}kernel_impl"),
-                    dtype,
-                ));
-            }
-            Ok(Meta::single(x.with_dtype(dtype), vec![]))
-        }
         op => Err(OpError::runtime(format!(
             "{}: not an activation op",
             op.name()
@@ -87,14 +70,10 @@ pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpErro
     use OpId::*;
     let out = a.out(0).clone();
     let cd = out.dtype.compute_dtype();
-    match a.op {
-        SafeSoftmax => return Ok(vec![safe_softmax(e, a)?]),
-        LogSigmoidForward => {
-            let x = e.convert(a.inputs[0], cd);
-            let (y, z) = log_sigmoid(e, x);
-            return Ok(vec![e.convert(y, out.dtype), e.convert(z, out.dtype)]);
-        }
-        _ => {}
+    if a.op == LogSigmoidForward {
+        let x = e.convert(a.inputs[0], cd);
+        let (y, z) = log_sigmoid(e, x);
+        return Ok(vec![e.convert(y, out.dtype), e.convert(z, out.dtype)]);
     }
     // Binary gradients: (grad_output, x) in the computation dtype, broadcast.
     let g = prep(e, a.inputs[0], cd, &out.shape);
@@ -226,38 +205,6 @@ fn gelu_gradient(e: &mut Emitter, g: Value, x: Value, tanh_approximation: bool) 
 
 /// Softmax along `dim` (after casting to the requested dtype), with rows whose inputs are all
 /// `-inf` (fully masked attention rows) giving zeros instead of NaN.
-fn safe_softmax(e: &mut Emitter, a: &LowerArgs) -> Result<Value, OpError> {
-    let out = a.out(0).clone();
-    let x = a.inputs[0];
-    let rank = e.rank(x);
-    let dim = wrap_dim(a.params.get(0)?, rank)?;
-    let xd = e.convert(x, out.dtype);
-    let (s, row_max) = softmax_and_max(e, xd, dim, false);
-    if rank == 0 {
-        let masked = e.compare_const(Cmp::Eq, x, f64::NEG_INFINITY);
-        let zero = k(e, s, 0.0);
-        return Ok(e.select(masked, zero, s));
-    }
-    let rows = match row_max {
-        // A row is all -inf exactly when its maximum is -inf (a NaN makes both false): the
-        // softmax's own maximum answers it, without another pass over the input.
-        Some(m) if e.dtype(x) == out.dtype => {
-            let masked = e.compare_const(Cmp::Eq, m, f64::NEG_INFINITY);
-            let all: Vec<usize> = (0..rank).collect();
-            e.broadcast_in_dim(masked, &out.shape, &all)
-        }
-        // With a dtype conversion, the input's own -inf decide, as in PyTorch.
-        _ => {
-            let masked = e.compare_const(Cmp::Eq, x, f64::NEG_INFINITY);
-            let all = e.reduce_with(masked, 1.0, &[dim], "stablehlo.and");
-            let kept: Vec<usize> = (0..rank).filter(|&d| d != dim).collect();
-            e.broadcast_in_dim(all, &out.shape, &kept)
-        }
-    };
-    let zero = k(e, s, 0.0);
-    Ok(e.select(rows, zero, s))
-}
-
 #[cfg(test)]
 mod tests {
     use crate::dtype::{DType, TensorType};

@@ -1,67 +1,51 @@
-//! Backward ops an MLP's autograd emits: threshold, (log-)softmax and nll_loss gradients.
+//! Backward ops autograd emits beside their forward ops' families: threshold, (log-)softmax and
+//! embedding's dense gradient.
 
 use crate::dtype::{DType, TensorType};
 use crate::elementwise::{k, prep};
-use crate::emitter::{Cmp, Emitter, Value};
+use crate::emitter::{bracket_list, Cmp, Emitter, Value};
 use crate::error::{ensure, OpError};
-use crate::params::{wrap_dim, Reduction};
+use crate::norm::{bcast, zeros};
+use crate::params::wrap_dim;
 use crate::promote::{broadcast_all, result_type, Operand};
 use crate::reduce::sum_keepdim;
 use crate::{LowerArgs, Meta, MetaArgs, OpId};
 
-fn nll_checks(
-    x: &TensorType,
-    target: &TensorType,
-    weight: Option<&TensorType>,
-    backward: bool,
-) -> Result<(), OpError> {
-    if backward {
-        ensure!(
-            matches!(target.dtype, DType::I64 | DType::U8),
-            "expected scalar type Long but found {}",
-            target.dtype.scalar_type_name()
-        );
-        if let Some(w) = weight {
-            ensure!(
-                w.numel() == x.shape[x.rank().max(1) - 1],
-                "weight tensor should be defined either for all or no classes"
-            );
-        }
+/// `embedding_dense_backward`: the gradient of an embedding table, `[num_weights, d]`.
+fn embedding_dense_backward_meta(a: &MetaArgs) -> Result<Meta, OpError> {
+    let i = a.inputs;
+    let p = &a.params;
+    a.expect_counts(2..=2, 0..=0)?;
+    let (g, indices) = (&i[0], &i[1]);
+    let num_weights = p.get(0)?;
+    p.get(1)?;
+    p.flag(2)?;
+    if !matches!(indices.dtype, DType::I64 | DType::I32) {
+        return Err(OpError::runtime(format!(
+            "Expected tensor for argument #2 'indices' to have one of the following scalar types: Long, Int; but got torch.{}Tensor instead (while checking arguments for embedding_backward)",
+            indices.dtype.scalar_type_name()
+        )));
     }
-    ensure!(
-        x.rank() >= 1 && x.rank() <= 2,
-        "input tensor should be 1D or 2D"
-    );
-    ensure!(
-        target.rank() <= 1,
-        "0D or 1D target tensor expected, multi-target not supported"
-    );
-    let batch = if x.rank() == 2 { x.shape[0] } else { 1 };
-    let target_n = if target.rank() == 1 {
-        target.shape[0]
-    } else {
-        1
-    };
-    ensure!(
-        batch == target_n && (x.rank() == 2) == (target.rank() == 1),
-        "size mismatch (got input: {:?}, target: {:?})",
-        x.shape.as_slice(),
-        target.shape.as_slice()
-    );
-    ensure!(
-        matches!(target.dtype, DType::I64 | DType::U8),
-        "expected target dtype to be Long or Byte, but got {}",
-        target.dtype.scalar_type_name()
-    );
-    let classes = x.shape[x.rank() - 1];
-    if let Some(w) = weight {
-        ensure!(
-            w.numel() == classes,
-            "weight tensor should be defined either for all {classes} classes or no classes but got weight tensor of shape: {:?}",
-            w.shape.as_slice()
-        );
+    if g.rank() == 0 {
+        return Err(OpError::index(
+            "Dimension specified as -1 but tensor has no dimensions",
+        ));
     }
-    Ok(())
+    let d = g.shape[g.rank() - 1];
+    ensure!(
+        num_weights >= 0,
+        "Trying to create tensor with negative dimension {num_weights}: [{num_weights}, {d}]"
+    );
+    ensure!(
+        g.numel() == indices.numel() * d,
+        "shape '[{}, {d}]' is invalid for input of size {}",
+        indices.numel(),
+        g.numel()
+    );
+    Ok(Meta::single(
+        TensorType::new(g.dtype, &[num_weights, d]),
+        vec![],
+    ))
 }
 
 pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
@@ -69,6 +53,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
     let i = a.inputs;
     let p = &a.params;
     match a.op {
+        EmbeddingDenseBackward => embedding_dense_backward_meta(a),
         ThresholdBackward => {
             a.expect_counts(2..=2, 1..=1)?;
             let ops = [Operand::Tensor(&i[0]), Operand::Tensor(&i[1])];
@@ -107,34 +92,6 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
             );
             Ok(Meta::single(i[0].with_dtype(input_dtype), vec![]))
         }
-        NllLoss => {
-            a.expect_counts(2..=3, 0..=0)?;
-            let (x, target, weight) = (&i[0], &i[1], i.get(2));
-            nll_checks(x, target, weight, false)?;
-            let reduction = p.reduction(0)?;
-            p.get(1)?;
-            let out_shape: &[i64] = if reduction == Reduction::None && x.rank() == 2 {
-                &x.shape[..1]
-            } else {
-                &[]
-            };
-            Ok(Meta {
-                outputs: smallvec::smallvec![
-                    TensorType::new(x.dtype, out_shape),
-                    TensorType::scalar(x.dtype),
-                ],
-                scalar_dtypes: crate::ScalarDTypes::new(),
-                variant: 0,
-            })
-        }
-        NllLossBackward => {
-            a.expect_counts(4..=5, 0..=0)?;
-            let (x, target, weight) = (&i[1], &i[2], i.get(4));
-            nll_checks(x, target, weight, true)?;
-            p.reduction(0)?;
-            p.get(1)?;
-            Ok(Meta::single(x.clone(), vec![]))
-        }
         op => Err(OpError::runtime(format!(
             "{}: not a backward op",
             op.name()
@@ -142,41 +99,11 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
     }
 }
 
-/// The one-hot mask `target[n] == class` of shape `x`'s ([N, C] or [C]) and the per-sample
-/// weights (0 where the target is `ignore_index`), both shaped like `x`.
-fn nll_mask(
-    e: &mut Emitter,
-    x: Value,
-    target: Value,
-    weight: Option<Value>,
-    ignore_index: i64,
-) -> (Value, Value) {
-    let shape = e.shape(x).to_vec();
-    let dtype = e.dtype(x);
-    let r = shape.len();
-    let t = e.convert(target, DType::I64);
-    let t = e.broadcast_in_dim(t, &shape, &(0..r - 1).collect::<Vec<_>>());
-    let classes = e.iota(TensorType::new(DType::I64, &shape), r - 1);
-    let mask = e.compare(Cmp::Eq, t, classes);
-    let ignore = e.full_like(t, ignore_index as f64);
-    let valid = e.compare(Cmp::Ne, t, ignore);
-    let mask = e.and(mask, valid);
-    let w = match weight {
-        Some(w) => {
-            let w = e.convert(w, dtype);
-            e.broadcast_in_dim(w, &shape, &[r - 1])
-        }
-        None => e.full_like(x, 1.0),
-    };
-    let zero = e.full_like(x, 0.0);
-    let w = e.select(mask, w, zero);
-    (mask, w)
-}
-
 pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
     use OpId::*;
     let p = &a.params;
     match a.op {
+        EmbeddingDenseBackward => lower_embedding_backward(e, a),
         ThresholdBackward => {
             let out = a.out(0).clone();
             let cd = out.dtype.compute_dtype();
@@ -221,62 +148,83 @@ pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpErro
             };
             Ok(vec![e.convert(r, out.dtype)])
         }
-        NllLoss => {
-            let reduction = p.reduction(0)?;
-            let ignore_index = p.get(1)?;
-            let x = a.inputs[0];
-            let dtype = e.dtype(x);
-            let cd = dtype.compute_dtype();
-            let xc = e.convert(x, cd);
-            let (_, w) = nll_mask(e, xc, a.inputs[1], a.inputs.get(2).copied(), ignore_index);
-            let r = e.rank(xc);
-            // Per-sample loss: -w[target] * x[target].
-            let wx = e.mul(w, xc);
-            let picked = e.reduce_sum(wx, &[r - 1]);
-            let loss = e.neg(picked);
-            let wsum = e.reduce_sum(w, &[r - 1]);
-            let (out, total) = match reduction {
-                Reduction::None => (loss, e.f64_constant(cd, 0.0)),
-                Reduction::Sum | Reduction::Mean => {
-                    let all: Vec<usize> = (0..e.rank(loss)).collect();
-                    let s = e.reduce_sum(loss, &all);
-                    let total = e.reduce_sum(wsum, &all);
-                    if reduction == Reduction::Mean {
-                        (e.div(s, total), total)
-                    } else {
-                        (s, total)
-                    }
-                }
-            };
-            Ok(vec![e.convert(out, dtype), e.convert(total, dtype)])
-        }
-        NllLossBackward => {
-            let reduction = p.reduction(0)?;
-            let ignore_index = p.get(1)?;
-            let (grad, x, target, total) = (a.inputs[0], a.inputs[1], a.inputs[2], a.inputs[3]);
-            let dtype = e.dtype(x);
-            let cd = dtype.compute_dtype();
-            let shape = e.shape(x).to_vec();
-            let r = shape.len();
-            let xc = e.convert(x, cd);
-            let (_, w) = nll_mask(e, xc, target, a.inputs.get(4).copied(), ignore_index);
-            let g = e.convert(grad, cd);
-            let g = match reduction {
-                Reduction::None if r == 2 => e.broadcast_in_dim(g, &shape, &[0]),
-                Reduction::Mean => {
-                    let t = e.convert(total, cd);
-                    let q = e.div(g, t);
-                    e.broadcast_to(q, &shape)
-                }
-                _ => e.broadcast_to(g, &shape),
-            };
-            let wg = e.mul(w, g);
-            let r = e.neg(wg);
-            Ok(vec![e.convert(r, dtype)])
-        }
         op => Err(OpError::runtime(format!(
             "{}: not a backward op",
             op.name()
         ))),
     }
+}
+/// `stablehlo.scatter` adding `updates` (`[m, window...]`) into rows `indices` (`[m]`, i64) of
+/// `base` along dim 0.
+fn scatter_add_rows(e: &mut Emitter, base: Value, indices: Value, updates: Value) -> Value {
+    let m = e.shape(indices)[0];
+    let indices = e.reshape(indices, &[m, 1]);
+    let window: Vec<i64> = (1..e.rank(updates) as i64).collect();
+    let dtype = e.dtype(base);
+    let scalar = TensorType::scalar(dtype);
+    let region = e.region(&[scalar.clone(), scalar], |e, args| {
+        vec![e.add(args[0], args[1])]
+    });
+    let window = if window.is_empty() {
+        String::new()
+    } else {
+        format!("update_window_dims = {}, ", bracket_list(&window))
+    };
+    let attrs = format!(
+        "scatter_dimension_numbers = #stablehlo.scatter<{window}inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = 1>, indices_are_sorted = false, unique_indices = false"
+    );
+    let ty = e.ty(base).clone();
+    e.op_with_regions(
+        "stablehlo.scatter",
+        &[base, indices, updates],
+        &[region],
+        &attrs,
+        vec![ty],
+    )[0]
+}
+
+fn lower_embedding_backward(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+    let p = &a.params;
+    let (padding_idx, scale_by_freq) = (p.get(1)?, p.flag(2)?);
+    let out = a.out(0).clone();
+    let (num_weights, d) = (out.shape[0], out.shape[1]);
+    let m = e.ty(a.inputs[1]).numel();
+    if m == 0 || out.numel() == 0 {
+        return Ok(vec![zeros(e, &out)]);
+    }
+    let acc = if out.dtype.is_float() {
+        out.dtype.compute_dtype()
+    } else {
+        out.dtype
+    };
+    let idx = e.convert(a.inputs[1], DType::I64);
+    let idx = e.reshape(idx, &[m]);
+    let g = e.convert(a.inputs[0], acc);
+    let g = e.reshape(g, &[m, d]);
+    // Rows looked up at padding_idx contribute nothing.
+    let pad = e.compare_const(Cmp::Eq, idx, padding_idx as f64);
+    let pad = bcast(e, pad, &[m, d], &[0]);
+    let zero = k(e, g, 0.0);
+    let g = e.select(pad, zero, g);
+    let base = zeros(e, &TensorType::new(acc, &[num_weights, d]));
+    let mut sum = scatter_add_rows(e, base, idx, g);
+    if scale_by_freq {
+        let ones = e.constant(TensorType::new(acc, &[m]), crate::ScalarValue::Int(1));
+        let counts = zeros(e, &TensorType::new(acc, &[num_weights]));
+        let counts = scatter_add_rows(e, counts, idx, ones);
+        let counts = bcast(e, counts, &[num_weights, d], &[0]);
+        sum = if acc.is_float() {
+            // Every contribution to row k is scaled by 1 / count[k] (rows never looked up stay 0).
+            let one = k(e, counts, 1.0);
+            let counts = e.max(counts, one);
+            let inv = e.div(one, counts);
+            e.mul(sum, inv)
+        } else {
+            // PyTorch's integer scale is `int(1 / count)`: rows seen more than once get nothing.
+            let once = e.compare_const(Cmp::Eq, counts, 1.0);
+            let zero = k(e, sum, 0.0);
+            e.select(once, sum, zero)
+        };
+    }
+    Ok(vec![e.convert(sum, out.dtype)])
 }

@@ -63,25 +63,6 @@ fn check(input: usize, size: i64, negative_ok: bool, dim: i64, style: IndexStyle
     }
 }
 
-/// Whether `op` reads integer indices that [`index_checks`] guards (a cheap test for the hot
-/// path of capture).
-pub fn has_index_checks(op: OpId) -> bool {
-    use OpId::*;
-    matches!(
-        op,
-        Index
-            | IndexPut
-            | Gather
-            | Scatter
-            | ScatterAdd
-            | ScatterReduce
-            | IndexSelect
-            | Embedding
-            | NllLoss
-            | NllLoss2d
-    )
-}
-
 /// The range checks for the indices `op` reads, given its inputs' shapes and its params (the
 /// op's meta has accepted them). Empty index tensors need no check. Backward ops are not
 /// checked: their indices were checked by the forward op.

@@ -1,11 +1,12 @@
 //! Elementwise ops: unary, binary (tensor-tensor and tensor-scalar), `where`, `clamp`, `lerp`,
 //! `addcmul`/`addcdiv`.
 
+use crate::creation::cast_like_pytorch;
 use crate::dtype::{DType, ScalarArg, ScalarValue, TensorType};
 use crate::emitter::{Cmp, Emitter, Value};
 use crate::error::{ensure, OpError};
 use crate::params::{OperandKind, RoundingMode};
-use crate::promote::{broadcast_all, result_type, to_float, Operand};
+use crate::promote::{broadcast_all, broadcast_shapes, check_fits, result_type, to_float, Operand};
 use crate::{LowerArgs, Meta, MetaArgs, OpId};
 
 pub(crate) fn not_implemented_for(kernel: &str, dtype: DType) -> OpError {
@@ -90,6 +91,48 @@ fn is_float_unary(op: OpId) -> bool {
 
 // ---- meta ----------------------------------------------------------------------------------
 
+/// `masked_fill`: `value` (a scalar or a 0-d tensor) where the boolean mask holds, `self`
+/// elsewhere, broadcast together.
+fn masked_fill_meta(a: &MetaArgs) -> Result<Meta, OpError> {
+    let i = a.inputs;
+    let (x, mask) = (
+        i.first()
+            .ok_or_else(|| OpError::runtime("masked_fill: expected self and mask"))?,
+        i.get(1)
+            .ok_or_else(|| OpError::runtime("masked_fill: expected self and mask"))?,
+    );
+    if i.len() == 3 {
+        a.expect_counts(3..=3, 0..=0)?;
+        ensure!(
+            i[2].rank() == 0,
+            "masked_fill_ only supports a 0-dimensional value tensor, but got tensor with {} dimension(s).",
+            i[2].rank()
+        );
+    } else {
+        a.expect_counts(2..=2, 1..=1)?;
+    }
+    ensure!(
+        mask.dtype == DType::Bool,
+        "masked_fill_ only supports boolean masks, but got mask with dtype {}",
+        mask.dtype.typemeta_name()
+    );
+    let shape = broadcast_shapes(&mask.shape, &x.shape)?;
+    let scalar_dtypes = match a.scalars.first() {
+        Some(s) => {
+            check_fits(s.value, x.dtype)?;
+            vec![x.dtype]
+        }
+        None => vec![],
+    };
+    Ok(Meta::single(
+        TensorType {
+            dtype: x.dtype,
+            shape,
+        },
+        scalar_dtypes,
+    ))
+}
+
 pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
     match a.op {
         op if is_unary(op) => unary_meta(a),
@@ -97,6 +140,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
         OpId::Clamp => clamp_meta(a),
         OpId::Lerp => lerp_meta(a),
         OpId::Addcmul | OpId::Addcdiv => addc_meta(a),
+        OpId::MaskedFill => masked_fill_meta(a),
         _ => binary_meta(a),
     }
 }
@@ -594,6 +638,16 @@ fn addc_meta(a: &MetaArgs) -> Result<Meta, OpError> {
 
 // ---- lowering ------------------------------------------------------------------------------
 
+fn lower_masked_fill(e: &mut Emitter, a: &LowerArgs) -> Value {
+    let out = a.out(0).clone();
+    let value = a.inputs.get(2).copied().unwrap_or_else(|| a.scalars[0]);
+    let value = cast_like_pytorch(e, value, out.dtype);
+    let value = e.broadcast_to(value, &out.shape);
+    let x = e.broadcast_to(a.inputs[0], &out.shape);
+    let m = e.broadcast_to(a.inputs[1], &out.shape);
+    e.select(m, value, x)
+}
+
 pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
     let v = match a.op {
         op if is_unary(op) => lower_unary(e, a)?,
@@ -601,6 +655,7 @@ pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpErro
         OpId::Clamp => lower_clamp(e, a)?,
         OpId::Lerp => lower_lerp(e, a),
         OpId::Addcmul | OpId::Addcdiv => lower_addc(e, a),
+        OpId::MaskedFill => lower_masked_fill(e, a),
         _ => lower_binary(e, a)?,
     };
     Ok(vec![v])

@@ -30,7 +30,7 @@ mod shape;
 pub use dtype::{DType, ScalarArg, ScalarValue, Shape, TensorType};
 pub use emitter::{Cmp, Emitter, Value};
 pub use error::{ErrorKind, OpError};
-pub use op_id::OpId;
+pub use op_id::{Family, OpFacts, OpId};
 pub use params::{dtype_param, f64_param, Params};
 
 /// The result of [`meta`]: output types, and the dtype each value scalar is lifted as.
@@ -104,118 +104,6 @@ impl LowerArgs<'_> {
     }
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Family {
-    Elementwise,
-    Creation,
-    Reduce,
-    Linalg,
-    Shape,
-    Backward,
-    Check,
-    Random,
-    Normalization,
-    Conv,
-    Indexing,
-    Activation,
-    Loss,
-    Optim,
-}
-
-impl OpId {
-    /// Whether the op computes each output element from the matching input elements (or moves
-    /// elements without arithmetic), so XLA may fuse it into each of its consumers, reading
-    /// its inputs there.
-    pub fn is_pointwise(self) -> bool {
-        use OpId::*;
-        family(self) == Family::Elementwise
-            || matches!(
-                self,
-                Convert
-                    | Clone
-                    | Copy
-                    | Expand
-                    | Reshape
-                    | Permute
-                    | Transpose
-                    | Slice
-                    | Select
-                    | ThresholdBackward
-                    | GeluBackward
-                    | TanhBackward
-                    | SigmoidBackward
-                    | MaskedFill
-            )
-    }
-}
-
-fn family(op: OpId) -> Family {
-    use OpId::*;
-    match op {
-        Convert | Clone | Copy | Fill | Full | Zeros | Ones | Arange | Linspace | Eye => {
-            Family::Creation
-        }
-        Sum | Mean | Prod | Amax | Amin | Argmax | Argmin | Any | All | Var | Std | Logsumexp
-        | Norm | Softmax | LogSoftmax | Isin => Family::Reduce,
-        Mm | Bmm | Addmm | Baddbmm | Dot | Matmul => Family::Linalg,
-        Cat | Stack | Flip | Roll | ConstantPadNd | Repeat | Tril | Triu | Gather | IndexSelect
-        | Scatter | ScatterAdd | ScatterReduce | Embedding | Expand | SumToSize | Reshape
-        | Permute | Transpose | Slice | Select => Family::Shape,
-        ThresholdBackward | LogSoftmaxBackward | SoftmaxBackward | NllLoss | NllLossBackward => {
-            Family::Backward
-        }
-        AssertAsync | IndexCheck => Family::Check,
-        // random numbers
-        Uniform | Normal | RandomInt | Bernoulli | NativeDropout | NativeDropoutBackward => {
-            Family::Random
-        }
-        // convolution and pooling
-        Convolution
-        | ConvolutionBackward
-        | MaxPool2dWithIndices
-        | MaxPool2dWithIndicesBackward
-        | AvgPool2d
-        | AvgPool2dBackward
-        | AdaptiveAvgPool2d
-        | AdaptiveAvgPool2dBackward
-        | MaxPool3dWithIndices
-        | MaxPool3dWithIndicesBackward
-        | AvgPool3d
-        | AvgPool3dBackward
-        | AdaptiveMaxPool2d
-        | AdaptiveMaxPool2dBackward => Family::Conv,
-        // normalization
-        NativeBatchNorm
-        | BatchNormRunningStats
-        | NativeBatchNormBackward
-        | NativeLayerNorm
-        | NativeLayerNormBackward
-        | NativeGroupNorm
-        | NativeGroupNormBackward
-        | EmbeddingDenseBackward
-        | Cumsum
-        | Cumprod
-        | Logcumsumexp
-        | MaskedFill => Family::Normalization,
-        // attention, sorting, indexing and optimizer ops
-        Sort | TopK | Nonzero | MaskedSelect | MaskedScatter | Index | IndexPut => Family::Indexing,
-        SafeSoftmax | GeluBackward | TanhBackward | SigmoidBackward | LogSigmoidForward
-        | LogSigmoidBackward => Family::Activation,
-        MseLoss
-        | MseLossBackward
-        | SmoothL1Loss
-        | SmoothL1LossBackward
-        | HuberLoss
-        | HuberLossBackward
-        | BinaryCrossEntropy
-        | BinaryCrossEntropyBackward
-        | NllLoss2d
-        | NllLoss2dBackward => Family::Loss,
-        FusedAdam | FusedSgd => Family::Optim,
-        _ => Family::Elementwise,
-    }
-}
-
 /// Output types of `op` (with PyTorch's broadcasting and type promotion) and the lifted dtype of
 /// each value scalar; raises PyTorch's errors, including value-dependent ones.
 pub fn meta(
@@ -230,7 +118,7 @@ pub fn meta(
         scalars,
         params: Params::new(op, params),
     };
-    match family(op) {
+    match op.family() {
         Family::Elementwise => elementwise::meta(&args),
         Family::Creation => creation::meta(&args),
         Family::Reduce => reduce::meta(&args),
@@ -265,7 +153,7 @@ pub fn lower(
         params: Params::new(op, params),
         meta,
     };
-    let outs = match family(op) {
+    let outs = match op.family() {
         Family::Elementwise => elementwise::lower(e, &args),
         Family::Creation => creation::lower(e, &args),
         Family::Reduce => reduce::lower(e, &args),
@@ -313,4 +201,46 @@ pub fn lower_single(
         .collect();
     let outs = lower(op, &mut e, &input_values, &scalar_values, params, &m)?;
     Ok((e.finish(&outs), m))
+}
+
+#[cfg(test)]
+mod catalogue_tests {
+    use super::*;
+
+    /// The family module an op's row names computes it: asked about the op (with arguments it
+    /// refuses), it answers with the op's own error, never with "not a <family> op".
+    #[test]
+    fn every_op_is_computed_by_the_family_its_row_names() {
+        let scalar = TensorType::scalar(DType::F32);
+        for &op in OpId::ALL {
+            for inputs in [vec![], vec![scalar.clone(); 6]] {
+                let asked = std::panic::catch_unwind(|| meta(op, &inputs, &[], &[]));
+                if let Ok(Err(e)) = asked {
+                    assert!(
+                        !e.message.starts_with(&format!("{}: not ", op.name())),
+                        "{op:?} is filed under {:?}, whose module does not know it: {}",
+                        op.family(),
+                        e.message
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn facts_follow_the_rows() {
+        assert!(OpId::Add.is_pointwise() && OpId::Add.is_recomputable());
+        assert!(OpId::Reshape.is_pointwise());
+        assert!(!OpId::Sum.is_pointwise());
+        assert!(OpId::NativeLayerNorm.is_recomputable() && !OpId::NativeLayerNorm.is_pointwise());
+        assert!(!OpId::Uniform.is_recomputable());
+        assert_eq!(OpId::RandomInt.first_size_param(), Some(2));
+        assert!(OpId::IndexCheck.is_side_effecting() && !OpId::Add.is_side_effecting());
+        assert!(OpId::Gather.has_index_checks() && !OpId::Cat.has_index_checks());
+        assert!(!OpId::Addmm.is_product_operand(0) && OpId::Addmm.is_product_operand(1));
+        assert!(OpId::Mm.is_product_operand(0));
+        assert_eq!(OpId::Cumsum.family(), Family::Reduce);
+        assert_eq!(OpId::MaskedFill.family(), Family::Elementwise);
+        assert_eq!(OpId::NllLoss.family(), Family::Loss);
+    }
 }

@@ -1,16 +1,14 @@
-//! Normalization ops (batch, layer and group norm, forward and backward) and the other ops a
-//! training step needs beside them: `cumsum`, `masked_fill` and embedding's dense gradient.
+//! Normalization ops: batch, layer and group norm, forward and backward, and batch norm's
+//! running statistics.
 //!
 //! Statistics follow PyTorch's CPU kernels: mean and biased variance in the computation dtype
 //! (f32 for bf16/f16), `rstd = 1 / sqrt(var + eps)`, the unbiased variance for running stats.
 
-use crate::creation::cast_like_pytorch;
 use crate::dtype::{DType, Shape, TensorType};
 use crate::elementwise::{k, not_implemented_for};
-use crate::emitter::{bracket_list, i64_array, Cmp, Emitter, Value};
+use crate::emitter::{Emitter, Value};
 use crate::error::{ensure, OpError};
 use crate::params::{wrap_dim, Params};
-use crate::promote::{broadcast_shapes, check_fits};
 use crate::reduce::sum_keepdim;
 use crate::{LowerArgs, Meta, MetaArgs, MetaOutputs, OpId, ScalarDTypes};
 
@@ -353,97 +351,6 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
             let gw = w.cloned().unwrap_or_else(|| TensorType::new(x.dtype, &[c]));
             Ok(three(x.clone(), gw.clone(), gw))
         }
-        EmbeddingDenseBackward => {
-            a.expect_counts(2..=2, 0..=0)?;
-            let (g, indices) = (&i[0], &i[1]);
-            let num_weights = p.get(0)?;
-            p.get(1)?;
-            p.flag(2)?;
-            if !matches!(indices.dtype, DType::I64 | DType::I32) {
-                return Err(OpError::runtime(format!(
-                    "Expected tensor for argument #2 'indices' to have one of the following scalar types: Long, Int; but got torch.{}Tensor instead (while checking arguments for embedding_backward)",
-                    indices.dtype.scalar_type_name()
-                )));
-            }
-            if g.rank() == 0 {
-                return Err(OpError::index(
-                    "Dimension specified as -1 but tensor has no dimensions",
-                ));
-            }
-            let d = g.shape[g.rank() - 1];
-            ensure!(
-                num_weights >= 0,
-                "Trying to create tensor with negative dimension {num_weights}: [{num_weights}, {d}]"
-            );
-            ensure!(
-                g.numel() == indices.numel() * d,
-                "shape '[{}, {d}]' is invalid for input of size {}",
-                indices.numel(),
-                g.numel()
-            );
-            Ok(Meta::single(
-                TensorType::new(g.dtype, &[num_weights, d]),
-                vec![],
-            ))
-        }
-        Logcumsumexp => {
-            a.expect_counts(1..=1, 0..=0)?;
-            let x = &i[0];
-            if !x.dtype.is_float() {
-                return Err(not_implemented_for("logcumsumexp_out_cpu", x.dtype));
-            }
-            wrap_dim(p.get(0)?, x.rank())?;
-            Ok(Meta::single(x.clone(), vec![]))
-        }
-        Cumsum | Cumprod => {
-            a.expect_counts(1..=1, 0..=0)?;
-            let x = &i[0];
-            let dtype = p.dtype_opt(1)?.unwrap_or(if x.dtype.is_integral(true) {
-                DType::I64
-            } else {
-                x.dtype
-            });
-            wrap_dim(p.get(0)?, x.rank())?;
-            Ok(Meta::single(x.with_dtype(dtype), vec![]))
-        }
-        MaskedFill => {
-            let (x, mask) = (
-                i.first()
-                    .ok_or_else(|| OpError::runtime("masked_fill: expected self and mask"))?,
-                i.get(1)
-                    .ok_or_else(|| OpError::runtime("masked_fill: expected self and mask"))?,
-            );
-            if i.len() == 3 {
-                a.expect_counts(3..=3, 0..=0)?;
-                ensure!(
-                    i[2].rank() == 0,
-                    "masked_fill_ only supports a 0-dimensional value tensor, but got tensor with {} dimension(s).",
-                    i[2].rank()
-                );
-            } else {
-                a.expect_counts(2..=2, 1..=1)?;
-            }
-            ensure!(
-                mask.dtype == DType::Bool,
-                "masked_fill_ only supports boolean masks, but got mask with dtype {}",
-                mask.dtype.typemeta_name()
-            );
-            let shape = broadcast_shapes(&mask.shape, &x.shape)?;
-            let scalar_dtypes = match a.scalars.first() {
-                Some(s) => {
-                    check_fits(s.value, x.dtype)?;
-                    vec![x.dtype]
-                }
-                None => vec![],
-            };
-            Ok(Meta::single(
-                TensorType {
-                    dtype: x.dtype,
-                    shape,
-                },
-                scalar_dtypes,
-            ))
-        }
         op => Err(OpError::runtime(format!(
             "{}: not a normalization op",
             op.name()
@@ -454,7 +361,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
 // ---- lowering helpers -----------------------------------------------------------------------
 
 /// `v` broadcast to `shape`, its dims landing on `dims`.
-fn bcast(e: &mut Emitter, v: Value, shape: &[i64], dims: &[usize]) -> Value {
+pub(crate) fn bcast(e: &mut Emitter, v: Value, shape: &[i64], dims: &[usize]) -> Value {
     e.broadcast_in_dim(v, shape, dims)
 }
 
@@ -503,7 +410,7 @@ fn moments(e: &mut Emitter, x: Value, dims: &[usize], eps: f64) -> (Value, Value
 }
 
 /// Zeros of `ty`, for an output switched off in a backward op's mask.
-fn zeros(e: &mut Emitter, ty: &TensorType) -> Value {
+pub(crate) fn zeros(e: &mut Emitter, ty: &TensorType) -> Value {
     e.constant(ty.clone(), crate::ScalarValue::Int(0))
 }
 
@@ -545,17 +452,6 @@ pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpErro
         NativeLayerNormBackward => lower_layer_norm_backward(e, a),
         NativeGroupNorm => lower_group_norm(e, a),
         NativeGroupNormBackward => lower_group_norm_backward(e, a),
-        EmbeddingDenseBackward => lower_embedding_backward(e, a),
-        Cumsum | Cumprod | Logcumsumexp => lower_scan(e, a),
-        MaskedFill => {
-            let out = a.out(0).clone();
-            let value = a.inputs.get(2).copied().unwrap_or_else(|| a.scalars[0]);
-            let value = cast_like_pytorch(e, value, out.dtype);
-            let value = e.broadcast_to(value, &out.shape);
-            let x = e.broadcast_to(a.inputs[0], &out.shape);
-            let m = e.broadcast_to(a.inputs[1], &out.shape);
-            Ok(vec![e.select(m, value, x)])
-        }
         op => Err(OpError::runtime(format!(
             "{}: not a normalization op",
             op.name()
@@ -890,152 +786,6 @@ fn lower_group_norm_backward(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value
         zeros(e, &gw_ty)
     };
     Ok(vec![grad_input, grad_weight, grad_bias])
-}
-
-/// `stablehlo.scatter` adding `updates` (`[m, window...]`) into rows `indices` (`[m]`, i64) of
-/// `base` along dim 0.
-fn scatter_add_rows(e: &mut Emitter, base: Value, indices: Value, updates: Value) -> Value {
-    let m = e.shape(indices)[0];
-    let indices = e.reshape(indices, &[m, 1]);
-    let window: Vec<i64> = (1..e.rank(updates) as i64).collect();
-    let dtype = e.dtype(base);
-    let scalar = TensorType::scalar(dtype);
-    let region = e.region(&[scalar.clone(), scalar], |e, args| {
-        vec![e.add(args[0], args[1])]
-    });
-    let window = if window.is_empty() {
-        String::new()
-    } else {
-        format!("update_window_dims = {}, ", bracket_list(&window))
-    };
-    let attrs = format!(
-        "scatter_dimension_numbers = #stablehlo.scatter<{window}inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = 1>, indices_are_sorted = false, unique_indices = false"
-    );
-    let ty = e.ty(base).clone();
-    e.op_with_regions(
-        "stablehlo.scatter",
-        &[base, indices, updates],
-        &[region],
-        &attrs,
-        vec![ty],
-    )[0]
-}
-
-fn lower_embedding_backward(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
-    let p = &a.params;
-    let (padding_idx, scale_by_freq) = (p.get(1)?, p.flag(2)?);
-    let out = a.out(0).clone();
-    let (num_weights, d) = (out.shape[0], out.shape[1]);
-    let m = e.ty(a.inputs[1]).numel();
-    if m == 0 || out.numel() == 0 {
-        return Ok(vec![zeros(e, &out)]);
-    }
-    let acc = if out.dtype.is_float() {
-        out.dtype.compute_dtype()
-    } else {
-        out.dtype
-    };
-    let idx = e.convert(a.inputs[1], DType::I64);
-    let idx = e.reshape(idx, &[m]);
-    let g = e.convert(a.inputs[0], acc);
-    let g = e.reshape(g, &[m, d]);
-    // Rows looked up at padding_idx contribute nothing.
-    let pad = e.compare_const(Cmp::Eq, idx, padding_idx as f64);
-    let pad = bcast(e, pad, &[m, d], &[0]);
-    let zero = k(e, g, 0.0);
-    let g = e.select(pad, zero, g);
-    let base = zeros(e, &TensorType::new(acc, &[num_weights, d]));
-    let mut sum = scatter_add_rows(e, base, idx, g);
-    if scale_by_freq {
-        let ones = e.constant(TensorType::new(acc, &[m]), crate::ScalarValue::Int(1));
-        let counts = zeros(e, &TensorType::new(acc, &[num_weights]));
-        let counts = scatter_add_rows(e, counts, idx, ones);
-        let counts = bcast(e, counts, &[num_weights, d], &[0]);
-        sum = if acc.is_float() {
-            // Every contribution to row k is scaled by 1 / count[k] (rows never looked up stay 0).
-            let one = k(e, counts, 1.0);
-            let counts = e.max(counts, one);
-            let inv = e.div(one, counts);
-            e.mul(sum, inv)
-        } else {
-            // PyTorch's integer scale is `int(1 / count)`: rows seen more than once get nothing.
-            let once = e.compare_const(Cmp::Eq, counts, 1.0);
-            let zero = k(e, sum, 0.0);
-            e.select(once, sum, zero)
-        };
-    }
-    Ok(vec![e.convert(sum, out.dtype)])
-}
-
-/// Inclusive scans along a dim: `cumsum`, `cumprod` and `logcumsumexp`. Each output reduces
-/// the window of the n elements ending at it (the identity padded in front).
-fn lower_scan(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
-    let out = a.out(0).clone();
-    let x = cast_like_pytorch(e, a.inputs[0], out.dtype);
-    if out.rank() == 0 || out.numel() == 0 {
-        return Ok(vec![x]);
-    }
-    let dim = wrap_dim(a.params.get(0)?, out.rank())?;
-    let acc = out.dtype.compute_dtype();
-    let x = e.convert(x, acc);
-    let n = out.shape[dim];
-    let window: Vec<i64> = (0..out.rank())
-        .map(|d| if d == dim { n } else { 1 })
-        .collect();
-    let padding: Vec<String> = (0..out.rank())
-        .map(|d| format!("[{}, 0]", if d == dim { n - 1 } else { 0 }))
-        .collect();
-    let op = a.op;
-    let identity = match op {
-        OpId::Cumprod => 1.0,
-        OpId::Logcumsumexp => f64::NEG_INFINITY,
-        _ => 0.0,
-    };
-    let init = e.f64_constant(acc, identity);
-    let scalar = TensorType::scalar(acc);
-    let region = e.region(&[scalar.clone(), scalar], |e, args| {
-        let (l, r) = (args[0], args[1]);
-        vec![match op {
-            OpId::Cumprod => e.mul(l, r),
-            OpId::Logcumsumexp => {
-                // max + log1p(exp(-|l - r|)); an infinite max (both -inf, or one +inf) is the
-                // answer itself.
-                let m = e.max(l, r);
-                let d = e.sub(l, r);
-                let d = e.abs(d);
-                let nd = e.neg(d);
-                let ex = e.exp(nd);
-                let lp = e.unary("stablehlo.log_plus_one", ex);
-                let sum = e.add(m, lp);
-                let am = e.abs(m);
-                let inf = e.compare_const(Cmp::Eq, am, f64::INFINITY);
-                let v = e.select(inf, m, sum);
-                // XLA's `maximum` may drop a NaN: carry it explicitly.
-                let l_nan = e.compare(Cmp::Ne, l, l);
-                let r_nan = e.compare(Cmp::Ne, r, r);
-                let nan = e.or(l_nan, r_nan);
-                let nan_value = e.add(l, r);
-                e.select(nan, nan_value, v)
-            }
-            _ => e.add(l, r),
-        }]
-    });
-    let attrs = format!(
-        "window_dimensions = {}, window_strides = {}, padding = dense<[{}]> : tensor<{}x2xi64>",
-        i64_array(&window),
-        i64_array(&vec![1; out.rank()]),
-        padding.join(", "),
-        out.rank()
-    );
-    let ty = out.with_dtype(acc);
-    let r = e.op_with_regions(
-        "stablehlo.reduce_window",
-        &[x, init],
-        &[region],
-        &attrs,
-        vec![ty],
-    )[0];
-    Ok(vec![e.convert(r, out.dtype)])
 }
 
 #[cfg(test)]

@@ -1,7 +1,68 @@
-//! The op catalogue's identifiers: stable numeric ids, ATen names and each op's argument layout.
+//! The op catalogue: one row per op with everything the engine knows about it besides its meta
+//! and lowering — stable numeric id, ATen name, the family module that computes it, its argument
+//! layout and its facts (pointwise, size params, side effects, index checks, product operands,
+//! cheap to recompute). Every row names its family, so no op falls into one by default.
+
+/// Which module of this crate computes an op's meta and lowering.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Family {
+    Elementwise,
+    Creation,
+    /// Reductions, softmax and scans along a dimension.
+    Reduce,
+    Linalg,
+    Shape,
+    Backward,
+    Check,
+    Random,
+    Normalization,
+    Conv,
+    Indexing,
+    Activation,
+    Loss,
+    Optim,
+}
+
+/// An op's facts, written once in its catalogue row; what a row leaves out takes the value
+/// [`OpFacts::of`] gives its family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpFacts {
+    pub family: Family,
+    /// Computes each output element from the matching input elements (or moves elements
+    /// without arithmetic), so XLA may fuse it into each of its consumers. Elementwise ops are.
+    pub pointwise: bool,
+    /// The first size param (sizes, repeat counts, `eye`'s n and m, `linspace`'s steps): those
+    /// belong with the dimensions of a cache key, not with its structure.
+    pub size_params_from: Option<usize>,
+    /// Must run even when nothing reads its outputs (it checks or changes state beyond them).
+    pub side_effecting: bool,
+    /// Reads integer indices that `checks::index_checks` guards.
+    pub index_checks: bool,
+    /// Inputs from this one on are matrix operands of a product: XLA reads them inside the
+    /// product and never duplicates that read into the product's consumers.
+    pub product_operands_from: Option<usize>,
+    /// Not pointwise, yet cheap to compute again and the same every time, so a region may
+    /// recompute its result for a late reader instead of holding it (layer and group norms).
+    pub cheap_to_recompute: bool,
+}
+
+impl OpFacts {
+    /// The facts of an op of `family` whose row states none.
+    pub const fn of(family: Family) -> OpFacts {
+        OpFacts {
+            family,
+            pointwise: matches!(family, Family::Elementwise),
+            size_params_from: None,
+            side_effecting: false,
+            index_checks: false,
+            product_operands_from: None,
+            cheap_to_recompute: false,
+        }
+    }
+}
 
 macro_rules! op_catalogue {
-    ($( $(#[$doc:meta])* $variant:ident = $name:literal, inputs: $inputs:literal, scalars: $scalars:literal, params: $params:literal; )*) => {
+    ($( $(#[$doc:meta])* $variant:ident = $name:literal, family: $family:ident, inputs: $inputs:literal, scalars: $scalars:literal, params: $params:literal $(, facts: { $($fact:ident: $value:expr),* $(,)? })?; )*) => {
         /// Every op the catalogue knows. The numeric ids are stable: new ops are appended.
         #[repr(u16)]
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -32,213 +93,223 @@ macro_rules! op_catalogue {
             pub fn params_layout(self) -> &'static str {
                 match self { $(OpId::$variant => $params,)* }
             }
+
+            /// The op's facts, from its row.
+            pub const fn facts(self) -> OpFacts {
+                match self {
+                    $(OpId::$variant => OpFacts {
+                        $($($fact: $value,)*)?
+                        ..OpFacts::of(Family::$family)
+                    },)*
+                }
+            }
         }
     };
 }
 
 op_catalogue! {
     // ---- unary elementwise -------------------------------------------------------------
-    Neg = "neg", inputs: "self", scalars: "", params: "";
-    Abs = "abs", inputs: "self", scalars: "", params: "";
-    Exp = "exp", inputs: "self", scalars: "", params: "";
-    Exp2 = "exp2", inputs: "self", scalars: "", params: "";
-    Log = "log", inputs: "self", scalars: "", params: "";
-    Log2 = "log2", inputs: "self", scalars: "", params: "";
-    Log10 = "log10", inputs: "self", scalars: "", params: "";
-    Log1p = "log1p", inputs: "self", scalars: "", params: "";
-    Expm1 = "expm1", inputs: "self", scalars: "", params: "";
-    Sqrt = "sqrt", inputs: "self", scalars: "", params: "";
-    Rsqrt = "rsqrt", inputs: "self", scalars: "", params: "";
-    Sin = "sin", inputs: "self", scalars: "", params: "";
-    Cos = "cos", inputs: "self", scalars: "", params: "";
-    Tan = "tan", inputs: "self", scalars: "", params: "";
-    Tanh = "tanh", inputs: "self", scalars: "", params: "";
-    Sigmoid = "sigmoid", inputs: "self", scalars: "", params: "";
-    Relu = "relu", inputs: "self", scalars: "", params: "";
-    Gelu = "gelu", inputs: "self", scalars: "", params: "[approximate?: 0 = none (default), 1 = tanh]";
-    Silu = "silu", inputs: "self", scalars: "", params: "";
-    Erf = "erf", inputs: "self", scalars: "", params: "";
-    Erfinv = "erfinv", inputs: "self", scalars: "", params: "";
-    Lgamma = "lgamma", inputs: "self", scalars: "", params: "";
-    Digamma = "digamma", inputs: "self", scalars: "", params: "";
-    Floor = "floor", inputs: "self", scalars: "", params: "";
-    Ceil = "ceil", inputs: "self", scalars: "", params: "";
-    Round = "round", inputs: "self", scalars: "", params: "[decimals?: default 0]";
-    Trunc = "trunc", inputs: "self", scalars: "", params: "";
-    Sign = "sign", inputs: "self", scalars: "", params: "";
-    Reciprocal = "reciprocal", inputs: "self", scalars: "", params: "";
-    LogicalNot = "logical_not", inputs: "self", scalars: "", params: "";
-    BitwiseNot = "bitwise_not", inputs: "self", scalars: "", params: "";
-    IsNan = "isnan", inputs: "self", scalars: "", params: "";
-    IsInf = "isinf", inputs: "self", scalars: "", params: "";
+    Neg = "neg", family: Elementwise, inputs: "self", scalars: "", params: "";
+    Abs = "abs", family: Elementwise, inputs: "self", scalars: "", params: "";
+    Exp = "exp", family: Elementwise, inputs: "self", scalars: "", params: "";
+    Exp2 = "exp2", family: Elementwise, inputs: "self", scalars: "", params: "";
+    Log = "log", family: Elementwise, inputs: "self", scalars: "", params: "";
+    Log2 = "log2", family: Elementwise, inputs: "self", scalars: "", params: "";
+    Log10 = "log10", family: Elementwise, inputs: "self", scalars: "", params: "";
+    Log1p = "log1p", family: Elementwise, inputs: "self", scalars: "", params: "";
+    Expm1 = "expm1", family: Elementwise, inputs: "self", scalars: "", params: "";
+    Sqrt = "sqrt", family: Elementwise, inputs: "self", scalars: "", params: "";
+    Rsqrt = "rsqrt", family: Elementwise, inputs: "self", scalars: "", params: "";
+    Sin = "sin", family: Elementwise, inputs: "self", scalars: "", params: "";
+    Cos = "cos", family: Elementwise, inputs: "self", scalars: "", params: "";
+    Tan = "tan", family: Elementwise, inputs: "self", scalars: "", params: "";
+    Tanh = "tanh", family: Elementwise, inputs: "self", scalars: "", params: "";
+    Sigmoid = "sigmoid", family: Elementwise, inputs: "self", scalars: "", params: "";
+    Relu = "relu", family: Elementwise, inputs: "self", scalars: "", params: "";
+    Gelu = "gelu", family: Elementwise, inputs: "self", scalars: "", params: "[approximate?: 0 = none (default), 1 = tanh]";
+    Silu = "silu", family: Elementwise, inputs: "self", scalars: "", params: "";
+    Erf = "erf", family: Elementwise, inputs: "self", scalars: "", params: "";
+    Erfinv = "erfinv", family: Elementwise, inputs: "self", scalars: "", params: "";
+    Lgamma = "lgamma", family: Elementwise, inputs: "self", scalars: "", params: "";
+    Digamma = "digamma", family: Elementwise, inputs: "self", scalars: "", params: "";
+    Floor = "floor", family: Elementwise, inputs: "self", scalars: "", params: "";
+    Ceil = "ceil", family: Elementwise, inputs: "self", scalars: "", params: "";
+    Round = "round", family: Elementwise, inputs: "self", scalars: "", params: "[decimals?: default 0]";
+    Trunc = "trunc", family: Elementwise, inputs: "self", scalars: "", params: "";
+    Sign = "sign", family: Elementwise, inputs: "self", scalars: "", params: "";
+    Reciprocal = "reciprocal", family: Elementwise, inputs: "self", scalars: "", params: "";
+    LogicalNot = "logical_not", family: Elementwise, inputs: "self", scalars: "", params: "";
+    BitwiseNot = "bitwise_not", family: Elementwise, inputs: "self", scalars: "", params: "";
+    IsNan = "isnan", family: Elementwise, inputs: "self", scalars: "", params: "";
+    IsInf = "isinf", family: Elementwise, inputs: "self", scalars: "", params: "";
     /// Replacements are static: PyTorch's defaults depend on the dtype (its max/min).
-    NanToNum = "nan_to_num", inputs: "self", scalars: "",
+    NanToNum = "nan_to_num", family: Elementwise, inputs: "self", scalars: "",
         params: "[given?: bitmask 1 = nan, 2 = posinf, 4 = neginf; nan: f64 bits; posinf: f64 bits; neginf: f64 bits] (absent = nan->0, +-inf->dtype max/min)";
 
     // ---- binary elementwise: `other` is inputs[1], or scalars[0] when only one input ----
-    Add = "add", inputs: "self, other", scalars: "other (when not an input), alpha?", params: "";
-    Sub = "sub", inputs: "self, other", scalars: "other (when not an input), alpha?", params: "";
+    Add = "add", family: Elementwise, inputs: "self, other", scalars: "other (when not an input), alpha?", params: "";
+    Sub = "sub", family: Elementwise, inputs: "self, other", scalars: "other (when not an input), alpha?", params: "";
     /// `other - alpha * self`.
-    Rsub = "rsub", inputs: "self, other", scalars: "other (when not an input), alpha?", params: "";
-    Mul = "mul", inputs: "self, other", scalars: "other (when not an input)", params: "";
-    Div = "div", inputs: "self, other", scalars: "other (when not an input)",
+    Rsub = "rsub", family: Elementwise, inputs: "self, other", scalars: "other (when not an input), alpha?", params: "";
+    Mul = "mul", family: Elementwise, inputs: "self, other", scalars: "other (when not an input)", params: "";
+    Div = "div", family: Elementwise, inputs: "self, other", scalars: "other (when not an input)",
         params: "[rounding_mode?: 0 = true division (default), 1 = trunc, 2 = floor]";
-    Remainder = "remainder", inputs: "self, other", scalars: "other (when not an input)", params: "";
-    Fmod = "fmod", inputs: "self, other", scalars: "other (when not an input)", params: "";
+    Remainder = "remainder", family: Elementwise, inputs: "self, other", scalars: "other (when not an input)", params: "";
+    Fmod = "fmod", family: Elementwise, inputs: "self, other", scalars: "other (when not an input)", params: "";
     /// `self ** exponent`; a scalar exponent stays a runtime scalar, and the values PyTorch's
     /// kernels special-case (2, 3, 0.5, -0.5, -1, -2, 1, 0) pick their own lowering
     /// (`Meta::variant`).
-    Pow = "pow", inputs: "self, exponent", scalars: "exponent (when not an input)", params: "";
+    Pow = "pow", family: Elementwise, inputs: "self, exponent", scalars: "exponent (when not an input)", params: "";
     /// `self ** exponent` with a scalar base.
-    PowScalarBase = "pow.Scalar", inputs: "exponent", scalars: "self", params: "";
-    Maximum = "maximum", inputs: "self, other", scalars: "other (when not an input)", params: "";
-    Minimum = "minimum", inputs: "self, other", scalars: "other (when not an input)", params: "";
-    Atan2 = "atan2", inputs: "self, other", scalars: "other (when not an input)", params: "";
-    Eq = "eq", inputs: "self, other", scalars: "other (when not an input)", params: "";
-    Ne = "ne", inputs: "self, other", scalars: "other (when not an input)", params: "";
-    Lt = "lt", inputs: "self, other", scalars: "other (when not an input)", params: "";
-    Le = "le", inputs: "self, other", scalars: "other (when not an input)", params: "";
-    Gt = "gt", inputs: "self, other", scalars: "other (when not an input)", params: "";
-    Ge = "ge", inputs: "self, other", scalars: "other (when not an input)", params: "";
-    LogicalAnd = "logical_and", inputs: "self, other", scalars: "other (when not an input)", params: "";
-    LogicalOr = "logical_or", inputs: "self, other", scalars: "other (when not an input)", params: "";
-    LogicalXor = "logical_xor", inputs: "self, other", scalars: "other (when not an input)", params: "";
-    BitwiseAnd = "bitwise_and", inputs: "self, other", scalars: "other (when not an input)", params: "";
-    BitwiseOr = "bitwise_or", inputs: "self, other", scalars: "other (when not an input)", params: "";
-    BitwiseXor = "bitwise_xor", inputs: "self, other", scalars: "other (when not an input)", params: "";
+    PowScalarBase = "pow.Scalar", family: Elementwise, inputs: "exponent", scalars: "self", params: "";
+    Maximum = "maximum", family: Elementwise, inputs: "self, other", scalars: "other (when not an input)", params: "";
+    Minimum = "minimum", family: Elementwise, inputs: "self, other", scalars: "other (when not an input)", params: "";
+    Atan2 = "atan2", family: Elementwise, inputs: "self, other", scalars: "other (when not an input)", params: "";
+    Eq = "eq", family: Elementwise, inputs: "self, other", scalars: "other (when not an input)", params: "";
+    Ne = "ne", family: Elementwise, inputs: "self, other", scalars: "other (when not an input)", params: "";
+    Lt = "lt", family: Elementwise, inputs: "self, other", scalars: "other (when not an input)", params: "";
+    Le = "le", family: Elementwise, inputs: "self, other", scalars: "other (when not an input)", params: "";
+    Gt = "gt", family: Elementwise, inputs: "self, other", scalars: "other (when not an input)", params: "";
+    Ge = "ge", family: Elementwise, inputs: "self, other", scalars: "other (when not an input)", params: "";
+    LogicalAnd = "logical_and", family: Elementwise, inputs: "self, other", scalars: "other (when not an input)", params: "";
+    LogicalOr = "logical_or", family: Elementwise, inputs: "self, other", scalars: "other (when not an input)", params: "";
+    LogicalXor = "logical_xor", family: Elementwise, inputs: "self, other", scalars: "other (when not an input)", params: "";
+    BitwiseAnd = "bitwise_and", family: Elementwise, inputs: "self, other", scalars: "other (when not an input)", params: "";
+    BitwiseOr = "bitwise_or", family: Elementwise, inputs: "self, other", scalars: "other (when not an input)", params: "";
+    BitwiseXor = "bitwise_xor", family: Elementwise, inputs: "self, other", scalars: "other (when not an input)", params: "";
     /// `self << other`; shifts of the bit width or more, or negative, give 0 (as PyTorch's).
-    BitwiseLeftShift = "bitwise_left_shift", inputs: "self, other", scalars: "other (when not an input)", params: "";
+    BitwiseLeftShift = "bitwise_left_shift", family: Elementwise, inputs: "self, other", scalars: "other (when not an input)", params: "";
     /// `self >> other`, arithmetic for signed dtypes; out-of-range shifts fill with the sign bit.
-    BitwiseRightShift = "bitwise_right_shift", inputs: "self, other", scalars: "other (when not an input)", params: "";
+    BitwiseRightShift = "bitwise_right_shift", family: Elementwise, inputs: "self, other", scalars: "other (when not an input)", params: "";
 
     // ---- ternary elementwise -----------------------------------------------------------
-    Where = "where", inputs: "condition, self?, other?", scalars: "self?, other?",
+    Where = "where", family: Elementwise, inputs: "condition, self?, other?", scalars: "self?, other?",
         params: "[self_kind?, other_kind?]: 1 = tensor (next input), 2 = scalar (next scalar); absent = tensors";
-    Clamp = "clamp", inputs: "self, min?, max?", scalars: "min?, max?",
+    Clamp = "clamp", family: Elementwise, inputs: "self, min?, max?", scalars: "min?, max?",
         params: "[min_kind, max_kind]: 0 = absent, 1 = tensor (next input), 2 = scalar (next scalar)";
-    Lerp = "lerp", inputs: "self, end, weight?", scalars: "weight (when not an input)", params: "";
-    Addcmul = "addcmul", inputs: "self, tensor1, tensor2", scalars: "value? (default 1)", params: "";
-    Addcdiv = "addcdiv", inputs: "self, tensor1, tensor2", scalars: "value? (default 1)", params: "";
+    Lerp = "lerp", family: Elementwise, inputs: "self, end, weight?", scalars: "weight (when not an input)", params: "";
+    Addcmul = "addcmul", family: Elementwise, inputs: "self, tensor1, tensor2", scalars: "value? (default 1)", params: "";
+    Addcdiv = "addcdiv", family: Elementwise, inputs: "self, tensor1, tensor2", scalars: "value? (default 1)", params: "";
 
     // ---- casts, copies and creation ----------------------------------------------------
-    Convert = "_to_copy", inputs: "self", scalars: "", params: "[dtype]";
-    Clone = "clone", inputs: "self", scalars: "", params: "";
+    Convert = "_to_copy", family: Creation, inputs: "self", scalars: "", params: "[dtype]", facts: { pointwise: true };
+    Clone = "clone", family: Creation, inputs: "self", scalars: "", params: "", facts: { pointwise: true };
     /// The new value of `self` after `self.copy_(src)`: `src` broadcast and cast to `self`.
-    Copy = "copy_", inputs: "self, src", scalars: "", params: "";
-    Fill = "fill_", inputs: "self, value? (0-d tensor)", scalars: "value (when not an input)", params: "";
-    Full = "full", inputs: "", scalars: "fill_value", params: "[dtype, sizes...]";
-    Zeros = "zeros", inputs: "", scalars: "", params: "[dtype, sizes...]";
-    Ones = "ones", inputs: "", scalars: "", params: "[dtype, sizes...]";
-    Arange = "arange", inputs: "", scalars: "", params: "[dtype, start: f64 bits, end: f64 bits, step: f64 bits]";
-    Linspace = "linspace", inputs: "", scalars: "start, end", params: "[dtype, steps]";
-    Eye = "eye", inputs: "", scalars: "", params: "[dtype, n, m]";
+    Copy = "copy_", family: Creation, inputs: "self, src", scalars: "", params: "", facts: { pointwise: true };
+    Fill = "fill_", family: Creation, inputs: "self, value? (0-d tensor)", scalars: "value (when not an input)", params: "";
+    Full = "full", family: Creation, inputs: "", scalars: "fill_value", params: "[dtype, sizes...]", facts: { size_params_from: Some(1) };
+    Zeros = "zeros", family: Creation, inputs: "", scalars: "", params: "[dtype, sizes...]", facts: { size_params_from: Some(1) };
+    Ones = "ones", family: Creation, inputs: "", scalars: "", params: "[dtype, sizes...]", facts: { size_params_from: Some(1) };
+    Arange = "arange", family: Creation, inputs: "", scalars: "", params: "[dtype, start: f64 bits, end: f64 bits, step: f64 bits]";
+    Linspace = "linspace", family: Creation, inputs: "", scalars: "start, end", params: "[dtype, steps]", facts: { size_params_from: Some(1) };
+    Eye = "eye", family: Creation, inputs: "", scalars: "", params: "[dtype, n, m]", facts: { size_params_from: Some(1) };
 
     // ---- reductions (dims empty = all dims) --------------------------------------------
-    Sum = "sum", inputs: "self", scalars: "", params: "[keepdim, dtype (-1 = none), dims...]";
-    Mean = "mean", inputs: "self", scalars: "", params: "[keepdim, dtype (-1 = none), dims...]";
-    Prod = "prod", inputs: "self", scalars: "", params: "[keepdim, dtype (-1 = none), dims...]";
-    Amax = "amax", inputs: "self", scalars: "", params: "[keepdim, dims...]";
-    Amin = "amin", inputs: "self", scalars: "", params: "[keepdim, dims...]";
-    Argmax = "argmax", inputs: "self", scalars: "", params: "[keepdim, dim?] (no dim = flattened)";
-    Argmin = "argmin", inputs: "self", scalars: "", params: "[keepdim, dim?] (no dim = flattened)";
-    Any = "any", inputs: "self", scalars: "", params: "[keepdim, dims...]";
-    All = "all", inputs: "self", scalars: "", params: "[keepdim, dims...]";
-    Var = "var", inputs: "self", scalars: "", params: "[keepdim, correction: f64 bits, dims...]";
-    Std = "std", inputs: "self", scalars: "", params: "[keepdim, correction: f64 bits, dims...]";
-    Logsumexp = "logsumexp", inputs: "self", scalars: "", params: "[keepdim, dims...]";
-    Norm = "linalg_vector_norm", inputs: "self", scalars: "", params: "[keepdim, dtype (-1 = none), ord: f64 bits, dims...]";
-    Softmax = "_softmax", inputs: "self", scalars: "", params: "[dim, half_to_float?]";
-    LogSoftmax = "_log_softmax", inputs: "self", scalars: "", params: "[dim, half_to_float?]";
+    Sum = "sum", family: Reduce, inputs: "self", scalars: "", params: "[keepdim, dtype (-1 = none), dims...]";
+    Mean = "mean", family: Reduce, inputs: "self", scalars: "", params: "[keepdim, dtype (-1 = none), dims...]";
+    Prod = "prod", family: Reduce, inputs: "self", scalars: "", params: "[keepdim, dtype (-1 = none), dims...]";
+    Amax = "amax", family: Reduce, inputs: "self", scalars: "", params: "[keepdim, dims...]";
+    Amin = "amin", family: Reduce, inputs: "self", scalars: "", params: "[keepdim, dims...]";
+    Argmax = "argmax", family: Reduce, inputs: "self", scalars: "", params: "[keepdim, dim?] (no dim = flattened)";
+    Argmin = "argmin", family: Reduce, inputs: "self", scalars: "", params: "[keepdim, dim?] (no dim = flattened)";
+    Any = "any", family: Reduce, inputs: "self", scalars: "", params: "[keepdim, dims...]";
+    All = "all", family: Reduce, inputs: "self", scalars: "", params: "[keepdim, dims...]";
+    Var = "var", family: Reduce, inputs: "self", scalars: "", params: "[keepdim, correction: f64 bits, dims...]";
+    Std = "std", family: Reduce, inputs: "self", scalars: "", params: "[keepdim, correction: f64 bits, dims...]";
+    Logsumexp = "logsumexp", family: Reduce, inputs: "self", scalars: "", params: "[keepdim, dims...]";
+    Norm = "linalg_vector_norm", family: Reduce, inputs: "self", scalars: "", params: "[keepdim, dtype (-1 = none), ord: f64 bits, dims...]";
+    Softmax = "_softmax", family: Reduce, inputs: "self", scalars: "", params: "[dim, half_to_float?]";
+    LogSoftmax = "_log_softmax", family: Reduce, inputs: "self", scalars: "", params: "[dim, half_to_float?]";
 
     // ---- matrix products ---------------------------------------------------------------
-    Mm = "mm", inputs: "self, mat2", scalars: "", params: "";
-    Bmm = "bmm", inputs: "self, mat2", scalars: "", params: "";
+    Mm = "mm", family: Linalg, inputs: "self, mat2", scalars: "", params: "", facts: { product_operands_from: Some(0) };
+    Bmm = "bmm", family: Linalg, inputs: "self, mat2", scalars: "", params: "", facts: { product_operands_from: Some(0) };
     /// `beta * self + alpha * (mat1 @ mat2)`.
-    Addmm = "addmm", inputs: "self, mat1, mat2", scalars: "beta? (default 1), alpha? (default 1)", params: "";
-    Baddbmm = "baddbmm", inputs: "self, batch1, batch2", scalars: "beta? (default 1), alpha? (default 1)", params: "";
-    Dot = "dot", inputs: "self, other", scalars: "", params: "";
-    Matmul = "matmul", inputs: "self, other", scalars: "", params: "";
+    Addmm = "addmm", family: Linalg, inputs: "self, mat1, mat2", scalars: "beta? (default 1), alpha? (default 1)", params: "", facts: { product_operands_from: Some(1) };
+    Baddbmm = "baddbmm", family: Linalg, inputs: "self, batch1, batch2", scalars: "beta? (default 1), alpha? (default 1)", params: "", facts: { product_operands_from: Some(1) };
+    Dot = "dot", family: Linalg, inputs: "self, other", scalars: "", params: "", facts: { product_operands_from: Some(0) };
+    Matmul = "matmul", family: Linalg, inputs: "self, other", scalars: "", params: "", facts: { product_operands_from: Some(0) };
 
     // ---- shape and indexing ------------------------------------------------------------
-    Cat = "cat", inputs: "tensors...", scalars: "", params: "[dim]";
-    Stack = "stack", inputs: "tensors...", scalars: "", params: "[dim]";
-    Flip = "flip", inputs: "self", scalars: "", params: "[dims...]";
-    Roll = "roll", inputs: "self", scalars: "", params: "[n, shifts x n, dims x (n or 0)] (no dims = roll the flattened tensor)";
-    ConstantPadNd = "constant_pad_nd", inputs: "self", scalars: "value? (default 0)",
+    Cat = "cat", family: Shape, inputs: "tensors...", scalars: "", params: "[dim]";
+    Stack = "stack", family: Shape, inputs: "tensors...", scalars: "", params: "[dim]";
+    Flip = "flip", family: Shape, inputs: "self", scalars: "", params: "[dims...]";
+    Roll = "roll", family: Shape, inputs: "self", scalars: "", params: "[n, shifts x n, dims x (n or 0)] (no dims = roll the flattened tensor)";
+    ConstantPadNd = "constant_pad_nd", family: Shape, inputs: "self", scalars: "value? (default 0)",
         params: "[pad...]: (low, high) pairs from the last dim backwards; negative crops";
-    Repeat = "repeat", inputs: "self", scalars: "", params: "[repeats...]";
-    Tril = "tril", inputs: "self", scalars: "", params: "[diagonal?: default 0]";
-    Triu = "triu", inputs: "self", scalars: "", params: "[diagonal?: default 0]";
-    Gather = "gather", inputs: "self, index", scalars: "", params: "[dim]";
-    IndexSelect = "index_select", inputs: "self, index", scalars: "", params: "[dim]";
-    Scatter = "scatter", inputs: "self, index, src?", scalars: "value (when no src)", params: "[dim]";
-    ScatterAdd = "scatter_add", inputs: "self, index, src", scalars: "", params: "[dim]";
+    Repeat = "repeat", family: Shape, inputs: "self", scalars: "", params: "[repeats...]", facts: { size_params_from: Some(0) };
+    Tril = "tril", family: Shape, inputs: "self", scalars: "", params: "[diagonal?: default 0]";
+    Triu = "triu", family: Shape, inputs: "self", scalars: "", params: "[diagonal?: default 0]";
+    Gather = "gather", family: Shape, inputs: "self, index", scalars: "", params: "[dim]", facts: { index_checks: true };
+    IndexSelect = "index_select", family: Shape, inputs: "self, index", scalars: "", params: "[dim]", facts: { index_checks: true };
+    Scatter = "scatter", family: Shape, inputs: "self, index, src?", scalars: "value (when no src)", params: "[dim]", facts: { index_checks: true };
+    ScatterAdd = "scatter_add", family: Shape, inputs: "self, index, src", scalars: "", params: "[dim]", facts: { index_checks: true };
     /// `src` combined into `self` at `index` along `dim` with a reduction other than a sum; a
     /// NaN wins in `amax` and `amin`, as in PyTorch's kernels.
-    ScatterReduce = "scatter_reduce", inputs: "self, index, src", scalars: "",
-        params: "[dim, combiner]: 1 = prod, 2 = amax, 3 = amin";
-    Embedding = "embedding", inputs: "weight, indices", scalars: "", params: "";
-    Expand = "expand", inputs: "self", scalars: "", params: "[sizes...] (-1 keeps a size)";
-    SumToSize = "sum_to_size", inputs: "self", scalars: "", params: "[sizes...]";
-    Reshape = "reshape", inputs: "self", scalars: "", params: "[sizes...] (one -1 is inferred)";
-    Permute = "permute", inputs: "self", scalars: "", params: "[dims...]";
-    Transpose = "transpose", inputs: "self", scalars: "", params: "[dim0, dim1]";
-    Slice = "slice", inputs: "self", scalars: "", params: "[dim, start, end, step] (start/end clamped like Python)";
-    Select = "select", inputs: "self", scalars: "", params: "[dim, index]";
+    ScatterReduce = "scatter_reduce", family: Shape, inputs: "self, index, src", scalars: "",
+        params: "[dim, combiner]: 1 = prod, 2 = amax, 3 = amin", facts: { index_checks: true };
+    Embedding = "embedding", family: Shape, inputs: "weight, indices", scalars: "", params: "", facts: { index_checks: true };
+    Expand = "expand", family: Shape, inputs: "self", scalars: "", params: "[sizes...] (-1 keeps a size)", facts: { pointwise: true, size_params_from: Some(0) };
+    SumToSize = "sum_to_size", family: Shape, inputs: "self", scalars: "", params: "[sizes...]", facts: { size_params_from: Some(0) };
+    Reshape = "reshape", family: Shape, inputs: "self", scalars: "", params: "[sizes...] (one -1 is inferred)", facts: { pointwise: true, size_params_from: Some(0) };
+    Permute = "permute", family: Shape, inputs: "self", scalars: "", params: "[dims...]", facts: { pointwise: true };
+    Transpose = "transpose", family: Shape, inputs: "self", scalars: "", params: "[dim0, dim1]", facts: { pointwise: true };
+    Slice = "slice", family: Shape, inputs: "self", scalars: "", params: "[dim, start, end, step] (start/end clamped like Python)", facts: { pointwise: true };
+    Select = "select", family: Shape, inputs: "self", scalars: "", params: "[dim, index]", facts: { pointwise: true };
 
     // ---- backward ops ------------------------------------------------------------------
-    ThresholdBackward = "threshold_backward", inputs: "grad_output, self", scalars: "threshold", params: "";
-    LogSoftmaxBackward = "_log_softmax_backward_data", inputs: "grad_output, output", scalars: "", params: "[dim, input_dtype]";
-    SoftmaxBackward = "_softmax_backward_data", inputs: "grad_output, output", scalars: "", params: "[dim, input_dtype]";
+    ThresholdBackward = "threshold_backward", family: Backward, inputs: "grad_output, self", scalars: "threshold", params: "", facts: { pointwise: true };
+    LogSoftmaxBackward = "_log_softmax_backward_data", family: Backward, inputs: "grad_output, output", scalars: "", params: "[dim, input_dtype]";
+    SoftmaxBackward = "_softmax_backward_data", family: Backward, inputs: "grad_output, output", scalars: "", params: "[dim, input_dtype]";
     /// Outputs `(output, total_weight)`.
-    NllLoss = "nll_loss_forward", inputs: "self, target, weight?", scalars: "",
-        params: "[reduction: 0 = none, 1 = mean, 2 = sum, ignore_index]";
-    NllLossBackward = "nll_loss_backward", inputs: "grad_output, self, target, total_weight, weight?", scalars: "",
+    NllLoss = "nll_loss_forward", family: Loss, inputs: "self, target, weight?", scalars: "",
+        params: "[reduction: 0 = none, 1 = mean, 2 = sum, ignore_index]", facts: { index_checks: true };
+    NllLossBackward = "nll_loss_backward", family: Loss, inputs: "grad_output, self, target, total_weight, weight?", scalars: "",
         params: "[reduction: 0 = none, 1 = mean, 2 = sum, ignore_index]";
 
     // ---- side-effecting ops ------------------------------------------------------------
     /// Outputs a 0-d bool flag (true when the assertion holds) that the engine checks after
     /// running: PyTorch's op has no result, so nothing reads the flag, and it is kept only
     /// because it is side-effecting.
-    AssertAsync = "_assert_async", inputs: "self", scalars: "", params: "";
+    AssertAsync = "_assert_async", family: Check, inputs: "self", scalars: "", params: "", facts: { side_effecting: true };
 
     // ---- random numbers ----------------------------------------------------------------
     // Each draw takes a 64-bit key from the device's generator as a lifted scalar (a new draw
     // never recompiles); the bits come from StableHLO's `rng_bit_generator` (Threefry).
     /// Values in `[from, to)`.
-    Uniform = "uniform", inputs: "", scalars: "from, to, key", params: "[dtype, sizes...]";
+    Uniform = "uniform", family: Random, inputs: "", scalars: "from, to, key", params: "[dtype, sizes...]", facts: { size_params_from: Some(1) };
     /// Normal values (Box-Muller over two uniform draws).
-    Normal = "normal", inputs: "", scalars: "mean, std, key", params: "[dtype, sizes...]";
+    Normal = "normal", family: Random, inputs: "", scalars: "mean, std, key", params: "[dtype, sizes...]", facts: { size_params_from: Some(1) };
     /// Integers in `[from, to)`; with `full_range`, the 63-bit range `[0, 2^63)` (`to` unused).
-    RandomInt = "random_", inputs: "", scalars: "from, to, key", params: "[dtype, full_range, sizes...]";
+    RandomInt = "random_", family: Random, inputs: "", scalars: "from, to, key", params: "[dtype, full_range, sizes...]", facts: { size_params_from: Some(2) };
     /// 1 with probability `p` (a tensor broadcast to `sizes`, or a scalar), else 0.
-    Bernoulli = "bernoulli", inputs: "p?", scalars: "p (when not an input), key", params: "[dtype, sizes...]";
+    Bernoulli = "bernoulli", family: Random, inputs: "p?", scalars: "p (when not an input), key", params: "[dtype, sizes...]", facts: { size_params_from: Some(1) };
     /// Outputs `(input * mask / (1 - p), mask)`, the mask keeping each element with probability
     /// `1 - p`; with `train` 0, `(input, all true)`.
-    NativeDropout = "native_dropout", inputs: "input", scalars: "p, key", params: "[train]";
-    NativeDropoutBackward = "native_dropout_backward", inputs: "grad_output, mask", scalars: "scale", params: "";
+    NativeDropout = "native_dropout", family: Random, inputs: "input", scalars: "p, key", params: "[train]";
+    NativeDropoutBackward = "native_dropout_backward", family: Random, inputs: "grad_output, mask", scalars: "scale", params: "";
 
     // ---- convolution and pooling -------------------------------------------------------
     // Lists in these params are counted: `n, v1 .. vn`.
     /// An N-d convolution, or with `transposed` its adjoint (PyTorch's conv_transpose); PyTorch
     /// has expanded every list to one value per spatial dim.
-    Convolution = "convolution_overrideable", inputs: "input, weight, bias?", scalars: "",
-        params: "[transposed, groups, stride list, padding list, dilation list, output_padding list]";
+    Convolution = "convolution_overrideable", family: Conv, inputs: "input, weight, bias?", scalars: "",
+        params: "[transposed, groups, stride list, padding list, dilation list, output_padding list]", facts: { product_operands_from: Some(0) };
     /// Outputs `(grad_input, grad_weight, grad_bias)`; one `output_mask` leaves out is an empty
     /// placeholder.
-    ConvolutionBackward = "convolution_backward_overrideable", inputs: "grad_output, input, weight", scalars: "",
-        params: "[output_mask: bitmask 1 = input, 2 = weight, 4 = bias, transposed, groups, stride list, padding list, dilation list, output_padding list]";
+    ConvolutionBackward = "convolution_backward_overrideable", family: Conv, inputs: "grad_output, input, weight", scalars: "",
+        params: "[output_mask: bitmask 1 = input, 2 = weight, 4 = bias, transposed, groups, stride list, padding list, dilation list, output_padding list]", facts: { product_operands_from: Some(0) };
     /// Outputs `(output, indices)`; an index is the flat position `h * W + w` in its plane.
-    MaxPool2dWithIndices = "max_pool2d_with_indices", inputs: "self", scalars: "",
+    MaxPool2dWithIndices = "max_pool2d_with_indices", family: Conv, inputs: "self", scalars: "",
         params: "[ceil_mode, kernel_size list, stride list (empty = kernel_size), padding list, dilation list] (lists of 1 or 2)";
-    MaxPool2dWithIndicesBackward = "max_pool2d_with_indices_backward", inputs: "grad_output, self, indices", scalars: "",
+    MaxPool2dWithIndicesBackward = "max_pool2d_with_indices_backward", family: Conv, inputs: "grad_output, self, indices", scalars: "",
         params: "[ceil_mode, kernel_size list, stride list (empty = kernel_size), padding list, dilation list] (lists of 1 or 2)";
-    AvgPool2d = "avg_pool2d", inputs: "self", scalars: "",
+    AvgPool2d = "avg_pool2d", family: Conv, inputs: "self", scalars: "",
         params: "[ceil_mode, count_include_pad, kernel_size list, stride list (empty = kernel_size), padding list, divisor_override?] (lists of 1 or 2)";
-    AvgPool2dBackward = "avg_pool2d_backward", inputs: "grad_output, self", scalars: "",
+    AvgPool2dBackward = "avg_pool2d_backward", family: Conv, inputs: "grad_output, self", scalars: "",
         params: "[ceil_mode, count_include_pad, kernel_size list, stride list (empty = kernel_size), padding list, divisor_override?] (lists of 1 or 2)";
-    AdaptiveAvgPool2d = "_adaptive_avg_pool2d", inputs: "self", scalars: "", params: "[output_size x 2]";
-    AdaptiveAvgPool2dBackward = "_adaptive_avg_pool2d_backward", inputs: "grad_output, self", scalars: "", params: "";
+    AdaptiveAvgPool2d = "_adaptive_avg_pool2d", family: Conv, inputs: "self", scalars: "", params: "[output_size x 2]";
+    AdaptiveAvgPool2dBackward = "_adaptive_avg_pool2d_backward", family: Conv, inputs: "grad_output, self", scalars: "", params: "";
 
     // ---- normalization -----------------------------------------------------------------
     // Optional inputs are placed by `has_*` presence flags (0 or 1) at the front of the params;
@@ -246,36 +317,36 @@ op_catalogue! {
     // the mask is zeros).
     /// Outputs `(output, save_mean, save_invstd)`; in evaluation the saved statistics are empty,
     /// as on PyTorch's CPU. The running statistics are updated by `_batch_norm_running_stats`.
-    NativeBatchNorm = "native_batch_norm",
+    NativeBatchNorm = "native_batch_norm", family: Normalization,
         inputs: "input, weight?, bias?, running_mean?, running_var?", scalars: "",
         params: "[has_weight, has_bias, has_running_mean, has_running_var, training, eps: f64 bits]";
     /// The new `(running_mean, running_var)` after a training step of batch norm on `input`
     /// (the running variance takes the unbiased batch variance). PyTorch updates them in place
     /// inside `native_batch_norm`; the kernel writes these outputs into them.
-    BatchNormRunningStats = "_batch_norm_running_stats",
+    BatchNormRunningStats = "_batch_norm_running_stats", family: Normalization,
         inputs: "input, running_mean, running_var", scalars: "momentum", params: "";
     /// Outputs `(grad_input, grad_weight, grad_bias)`.
-    NativeBatchNormBackward = "native_batch_norm_backward",
+    NativeBatchNormBackward = "native_batch_norm_backward", family: Normalization,
         inputs: "grad_out, input, weight?, running_mean?, running_var?, save_mean?, save_invstd?", scalars: "",
         params: "[has_weight, has_running_mean, has_running_var, has_save_mean, has_save_invstd, train, eps: f64 bits, output_mask]";
     /// Outputs `(output, mean, rstd)`.
-    NativeLayerNorm = "native_layer_norm", inputs: "input, weight?, bias?", scalars: "",
-        params: "[has_weight, has_bias, eps: f64 bits, normalized_shape...]";
-    NativeLayerNormBackward = "native_layer_norm_backward",
+    NativeLayerNorm = "native_layer_norm", family: Normalization, inputs: "input, weight?, bias?", scalars: "",
+        params: "[has_weight, has_bias, eps: f64 bits, normalized_shape...]", facts: { cheap_to_recompute: true };
+    NativeLayerNormBackward = "native_layer_norm_backward", family: Normalization,
         inputs: "grad_out, input, mean, rstd, weight?, bias?", scalars: "",
         params: "[has_weight, has_bias, output_mask, normalized_shape...]";
     /// Outputs `(output, mean, rstd)`, the statistics shaped `[N, group]`.
-    NativeGroupNorm = "native_group_norm", inputs: "input, weight?, bias?", scalars: "",
-        params: "[has_weight, has_bias, N, C, HxW, group, eps: f64 bits]";
-    NativeGroupNormBackward = "native_group_norm_backward",
+    NativeGroupNorm = "native_group_norm", family: Normalization, inputs: "input, weight?, bias?", scalars: "",
+        params: "[has_weight, has_bias, N, C, HxW, group, eps: f64 bits]", facts: { cheap_to_recompute: true };
+    NativeGroupNormBackward = "native_group_norm_backward", family: Normalization,
         inputs: "grad_out, input, mean, rstd, weight?", scalars: "",
         params: "[has_weight, N, C, HxW, group, output_mask]";
-    EmbeddingDenseBackward = "embedding_dense_backward", inputs: "grad_output, indices", scalars: "",
+    EmbeddingDenseBackward = "embedding_dense_backward", family: Backward, inputs: "grad_output, indices", scalars: "",
         params: "[num_weights, padding_idx, scale_grad_by_freq]";
-    Cumsum = "cumsum", inputs: "self", scalars: "", params: "[dim, dtype (-1 = none)]";
-    Cumprod = "cumprod", inputs: "self", scalars: "", params: "[dim, dtype (-1 = none)]";
-    Logcumsumexp = "logcumsumexp", inputs: "self", scalars: "", params: "[dim]";
-    MaskedFill = "masked_fill", inputs: "self, mask, value? (0-d tensor)",
+    Cumsum = "cumsum", family: Reduce, inputs: "self", scalars: "", params: "[dim, dtype (-1 = none)]";
+    Cumprod = "cumprod", family: Reduce, inputs: "self", scalars: "", params: "[dim, dtype (-1 = none)]";
+    Logcumsumexp = "logcumsumexp", family: Reduce, inputs: "self", scalars: "", params: "[dim]";
+    MaskedFill = "masked_fill", family: Elementwise, inputs: "self, mask, value? (0-d tensor)",
         scalars: "value (when not an input)", params: "";
 
     // ---- attention, sorting, indexing and optimizer ops --------------------------------
@@ -283,61 +354,61 @@ op_catalogue! {
     // to the host by the caller first, so each op has a static shape.
     /// Outputs `(values, indices)` sorted along `dim`. Always stable: equal values keep their
     /// order, which is PyTorch's for `stable=True` (and what its CPU kernel gives short rows).
-    Sort = "sort", inputs: "self", scalars: "", params: "[dim, descending]";
+    Sort = "sort", family: Indexing, inputs: "self", scalars: "", params: "[dim, descending]";
     /// Outputs `(values, indices)` of the `k` largest (or smallest) along `dim`, in sorted order.
-    TopK = "topk", inputs: "self", scalars: "", params: "[k, dim, largest, sorted]";
+    TopK = "topk", family: Indexing, inputs: "self", scalars: "", params: "[k, dim, largest, sorted]";
     /// `[rank, count]` int64 coordinates of the nonzero elements in row-major order: the
     /// transpose of PyTorch's result, which is column-major.
-    Nonzero = "nonzero", inputs: "self", scalars: "", params: "[count]";
+    Nonzero = "nonzero", family: Indexing, inputs: "self", scalars: "", params: "[count]";
     /// The `count` elements of `self` where the (broadcast) bool `mask` holds, row-major.
-    MaskedSelect = "masked_select", inputs: "self, mask", scalars: "", params: "[count]";
+    MaskedSelect = "masked_select", family: Indexing, inputs: "self, mask", scalars: "", params: "[count]";
     /// The new `self` after `self.masked_scatter_(mask, source)`.
-    MaskedScatter = "masked_scatter_", inputs: "self, mask, source", scalars: "", params: "";
+    MaskedScatter = "masked_scatter_", family: Indexing, inputs: "self, mask, source", scalars: "", params: "";
     /// `self[indices]` with integer index tensors selecting along the given dims (the caller
     /// turns bool masks into nonzero coordinates; unindexed dims are taken whole).
-    Index = "index", inputs: "self, indices...", scalars: "", params: "[dim of each index...]";
+    Index = "index", family: Indexing, inputs: "self, indices...", scalars: "", params: "[dim of each index...]", facts: { index_checks: true };
     /// The new `self` after `self[indices] = values` (`+=` with `accumulate`).
-    IndexPut = "index_put", inputs: "self, values, indices...", scalars: "",
-        params: "[accumulate (2: as 1, with index_add's errors), dim of each index...]";
+    IndexPut = "index_put", family: Indexing, inputs: "self, values, indices...", scalars: "",
+        params: "[accumulate (2: as 1, with index_add's errors), dim of each index...]", facts: { index_checks: true };
     // Attention and training: activation gradients, losses and fused optimizer steps.
     /// Softmax whose rows of all `-inf` (fully masked attention rows) give zeros.
-    SafeSoftmax = "_safe_softmax", inputs: "self", scalars: "", params: "[dim, dtype (-1 = none)]";
-    GeluBackward = "gelu_backward", inputs: "grad_output, self", scalars: "",
-        params: "[approximate?: 0 = none (default), 1 = tanh]";
-    TanhBackward = "tanh_backward", inputs: "grad_output, output", scalars: "", params: "";
-    SigmoidBackward = "sigmoid_backward", inputs: "grad_output, output", scalars: "", params: "";
+    SafeSoftmax = "_safe_softmax", family: Reduce, inputs: "self", scalars: "", params: "[dim, dtype (-1 = none)]";
+    GeluBackward = "gelu_backward", family: Activation, inputs: "grad_output, self", scalars: "",
+        params: "[approximate?: 0 = none (default), 1 = tanh]", facts: { pointwise: true };
+    TanhBackward = "tanh_backward", family: Activation, inputs: "grad_output, output", scalars: "", params: "", facts: { pointwise: true };
+    SigmoidBackward = "sigmoid_backward", family: Activation, inputs: "grad_output, output", scalars: "", params: "", facts: { pointwise: true };
     /// Outputs `(output, buffer)`, the buffer `exp(-|self|)` as on PyTorch's CPU.
-    LogSigmoidForward = "log_sigmoid_forward", inputs: "self", scalars: "", params: "";
+    LogSigmoidForward = "log_sigmoid_forward", family: Activation, inputs: "self", scalars: "", params: "";
     /// Recomputes what it needs from `self`; `buffer` is accepted and unused.
-    LogSigmoidBackward = "log_sigmoid_backward", inputs: "grad_output, self, buffer", scalars: "", params: "";
+    LogSigmoidBackward = "log_sigmoid_backward", family: Activation, inputs: "grad_output, self, buffer", scalars: "", params: "";
     // Losses: `reduction` is 0 = none, 1 = mean, 2 = sum.
-    MseLoss = "mse_loss", inputs: "self, target", scalars: "", params: "[reduction]";
-    MseLossBackward = "mse_loss_backward", inputs: "grad_output, self, target", scalars: "", params: "[reduction]";
-    SmoothL1Loss = "smooth_l1_loss", inputs: "self, target", scalars: "beta", params: "[reduction]";
-    SmoothL1LossBackward = "smooth_l1_loss_backward", inputs: "grad_output, self, target", scalars: "beta",
+    MseLoss = "mse_loss", family: Loss, inputs: "self, target", scalars: "", params: "[reduction]";
+    MseLossBackward = "mse_loss_backward", family: Loss, inputs: "grad_output, self, target", scalars: "", params: "[reduction]";
+    SmoothL1Loss = "smooth_l1_loss", family: Loss, inputs: "self, target", scalars: "beta", params: "[reduction]";
+    SmoothL1LossBackward = "smooth_l1_loss_backward", family: Loss, inputs: "grad_output, self, target", scalars: "beta",
         params: "[reduction]";
-    HuberLoss = "huber_loss", inputs: "self, target", scalars: "delta", params: "[reduction]";
-    HuberLossBackward = "huber_loss_backward", inputs: "grad_output, self, target", scalars: "delta",
+    HuberLoss = "huber_loss", family: Loss, inputs: "self, target", scalars: "delta", params: "[reduction]";
+    HuberLossBackward = "huber_loss_backward", family: Loss, inputs: "grad_output, self, target", scalars: "delta",
         params: "[reduction]";
-    BinaryCrossEntropy = "binary_cross_entropy", inputs: "self, target, weight?", scalars: "",
+    BinaryCrossEntropy = "binary_cross_entropy", family: Loss, inputs: "self, target, weight?", scalars: "",
         params: "[reduction]";
-    BinaryCrossEntropyBackward = "binary_cross_entropy_backward", inputs: "grad_output, self, target, weight?",
+    BinaryCrossEntropyBackward = "binary_cross_entropy_backward", family: Loss, inputs: "grad_output, self, target, weight?",
         scalars: "", params: "[reduction]";
     /// `nll_loss` over `[N, C, H, W]` with targets `[N, H, W]`; outputs `(output, total_weight)`.
-    NllLoss2d = "nll_loss2d_forward", inputs: "self, target, weight?", scalars: "",
-        params: "[reduction, ignore_index]";
-    NllLoss2dBackward = "nll_loss2d_backward", inputs: "grad_output, self, target, total_weight, weight?",
+    NllLoss2d = "nll_loss2d_forward", family: Loss, inputs: "self, target, weight?", scalars: "",
+        params: "[reduction, ignore_index]", facts: { index_checks: true };
+    NllLoss2dBackward = "nll_loss2d_backward", family: Loss, inputs: "grad_output, self, target, total_weight, weight?",
         scalars: "", params: "[reduction, ignore_index]";
     // Fused optimizer steps, one parameter per call; outputs the new parameter and state.
     /// Adam (AdamW with `adamw`); outputs `(param, exp_avg, exp_avg_sq, max_exp_avg_sq if
     /// amsgrad)`. `state_step` is the already incremented step count; where `found_inf` is 1
     /// nothing changes.
-    FusedAdam = "_fused_adam_",
+    FusedAdam = "_fused_adam_", family: Optim,
         inputs: "param, grad, exp_avg, exp_avg_sq, state_step, max_exp_avg_sq? (amsgrad), lr? (lr_is_tensor), found_inf? (has_found_inf)",
         scalars: "lr (when not an input), beta1, beta2, weight_decay, eps",
         params: "[amsgrad, maximize, adamw, lr_is_tensor, has_found_inf, weight_decay != 0, |1 - beta1| < 0.5]";
     /// SGD; outputs `(param, momentum_buffer if given)`.
-    FusedSgd = "_fused_sgd_",
+    FusedSgd = "_fused_sgd_", family: Optim,
         inputs: "param, grad, momentum_buffer? (has_momentum_buffer), lr? (lr_is_tensor), found_inf? (has_found_inf)",
         scalars: "lr (when not an input), weight_decay, momentum, dampening",
         params: "[nesterov, maximize, is_first_step, has_momentum_buffer, lr_is_tensor, has_found_inf, weight_decay != 0]";
@@ -347,26 +418,26 @@ op_catalogue! {
     /// `checks::index_checks`). Side-effecting: outputs the i64 verdict `[bad, first bad
     /// index, size, dim, style]`, which the engine reads at the next materialization point
     /// and turns into PyTorch's error (RFC 0012).
-    IndexCheck = "index_check", inputs: "index", scalars: "size? (read at run time instead of param 0: a padded extent's true length)",
-        params: "[size, negative_ok, dim, style, ignore? (an index never reported)]";
+    IndexCheck = "index_check", family: Check, inputs: "index", scalars: "size? (read at run time instead of param 0: a padded extent's true length)",
+        params: "[size, negative_ok, dim, style, ignore? (an index never reported)]", facts: { side_effecting: true };
 
     // ---- 3-d and adaptive max pooling --------------------------------------------------
     /// Outputs `(output, indices)`; an index is the flat position `(d * H + h) * W + w` in its
     /// volume.
-    MaxPool3dWithIndices = "max_pool3d_with_indices", inputs: "self", scalars: "",
+    MaxPool3dWithIndices = "max_pool3d_with_indices", family: Conv, inputs: "self", scalars: "",
         params: "[ceil_mode, kernel_size list, stride list (empty = kernel_size), padding list, dilation list] (lists of 1 or 3)";
-    MaxPool3dWithIndicesBackward = "max_pool3d_with_indices_backward", inputs: "grad_output, self, indices", scalars: "",
+    MaxPool3dWithIndicesBackward = "max_pool3d_with_indices_backward", family: Conv, inputs: "grad_output, self, indices", scalars: "",
         params: "[ceil_mode, kernel_size list, stride list (empty = kernel_size), padding list, dilation list] (lists of 1 or 3)";
-    AvgPool3d = "avg_pool3d", inputs: "self", scalars: "",
+    AvgPool3d = "avg_pool3d", family: Conv, inputs: "self", scalars: "",
         params: "[ceil_mode, count_include_pad, kernel_size list, stride list (empty = kernel_size), padding list, divisor_override?] (lists of 1 or 3)";
-    AvgPool3dBackward = "avg_pool3d_backward", inputs: "grad_output, self", scalars: "",
+    AvgPool3dBackward = "avg_pool3d_backward", family: Conv, inputs: "grad_output, self", scalars: "",
         params: "[ceil_mode, count_include_pad, kernel_size list, stride list (empty = kernel_size), padding list, divisor_override?] (lists of 1 or 3)";
     /// Outputs `(output, indices)`; an index is the flat position `h * W + w` in its plane.
-    AdaptiveMaxPool2d = "adaptive_max_pool2d", inputs: "self", scalars: "", params: "[output_size x 2]";
-    AdaptiveMaxPool2dBackward = "adaptive_max_pool2d_backward", inputs: "grad_output, self, indices", scalars: "", params: "";
+    AdaptiveMaxPool2d = "adaptive_max_pool2d", family: Conv, inputs: "self", scalars: "", params: "[output_size x 2]";
+    AdaptiveMaxPool2dBackward = "adaptive_max_pool2d_backward", family: Conv, inputs: "grad_output, self, indices", scalars: "", params: "";
     /// Whether each element of `elements` equals one of `test_elements` (compared in their
     /// promoted dtype); `invert` negates.
-    Isin = "isin", inputs: "elements, test_elements", scalars: "test_elements (when not an input)",
+    Isin = "isin", family: Reduce, inputs: "elements, test_elements", scalars: "test_elements (when not an input)",
         params: "[invert]";
 }
 
@@ -379,22 +450,44 @@ impl OpId {
         OpId::ALL.get(id as usize).copied()
     }
 
-    /// Where the op's size params begin (sizes, repeat counts, `eye`'s n and m, `linspace`'s
-    /// steps): those belong with the dimensions of a cache key, not with its structure.
-    pub fn first_size_param(self) -> Option<usize> {
-        match self {
-            OpId::Full | OpId::Zeros | OpId::Ones | OpId::Eye | OpId::Linspace => Some(1),
-            OpId::Uniform | OpId::Normal | OpId::Bernoulli => Some(1),
-            OpId::RandomInt => Some(2),
-            OpId::Expand | OpId::SumToSize | OpId::Reshape | OpId::Repeat => Some(0),
-            _ => None,
+    /// The module that computes the op's meta and lowering.
+    pub const fn family(self) -> Family {
+        self.facts().family
+    }
+
+    /// See [`OpFacts::pointwise`].
+    pub const fn is_pointwise(self) -> bool {
+        self.facts().pointwise
+    }
+
+    /// See [`OpFacts::size_params_from`].
+    pub const fn first_size_param(self) -> Option<usize> {
+        self.facts().size_params_from
+    }
+
+    /// See [`OpFacts::side_effecting`].
+    pub const fn is_side_effecting(self) -> bool {
+        self.facts().side_effecting
+    }
+
+    /// See [`OpFacts::index_checks`].
+    pub const fn has_index_checks(self) -> bool {
+        self.facts().index_checks
+    }
+
+    /// Whether input `k` is a matrix operand of a product ([`OpFacts::product_operands_from`]).
+    pub const fn is_product_operand(self, k: usize) -> bool {
+        match self.facts().product_operands_from {
+            Some(from) => k >= from,
+            None => false,
         }
     }
 
-    /// Whether the op must run even when nothing reads its outputs (it checks or changes
-    /// state beyond its results).
-    pub fn is_side_effecting(self) -> bool {
-        matches!(self, OpId::AssertAsync | OpId::IndexCheck)
+    /// Whether a region may compute the op's result again for a late reader: pointwise ops
+    /// and those [`OpFacts::cheap_to_recompute`] names (never random draws).
+    pub const fn is_recomputable(self) -> bool {
+        let facts = self.facts();
+        facts.pointwise || facts.cheap_to_recompute
     }
 
     pub fn from_name(name: &str) -> Option<Self> {

@@ -1,8 +1,10 @@
-//! Reductions over a dim list (`sum`, `mean`, `amax`, `argmax`, `var`, `norm`...) and softmax.
+//! Reductions over a dim list (`sum`, `mean`, `amax`, `argmax`, `var`, `norm`...), softmax
+//! (`_safe_softmax` too) and inclusive scans (`cumsum`, `cumprod`, `logcumsumexp`).
 
+use crate::creation::cast_like_pytorch;
 use crate::dtype::{DType, ScalarValue, Shape, TensorType};
 use crate::elementwise::{is_nan, k, not_implemented_for};
-use crate::emitter::{Cmp, Emitter, Value};
+use crate::emitter::{i64_array, Cmp, Emitter, Value};
 use crate::error::{ensure, OpError};
 use crate::params::{wrap_dim, wrap_dims};
 use crate::promote::{result_type, to_float, Operand};
@@ -70,10 +72,61 @@ fn empty_reduction_error(op: OpId, dims: &[usize], shape: &[i64]) -> Result<(), 
     Ok(())
 }
 
+/// Inclusive scans along a dim: `cumsum`, `cumprod` (an integer input scans in int64 unless a
+/// dtype is given) and `logcumsumexp`.
+fn scan_meta(a: &MetaArgs) -> Result<Meta, OpError> {
+    use OpId::*;
+    let i = a.inputs;
+    let p = &a.params;
+    match a.op {
+        Logcumsumexp => {
+            a.expect_counts(1..=1, 0..=0)?;
+            let x = &i[0];
+            if !x.dtype.is_float() {
+                return Err(not_implemented_for("logcumsumexp_out_cpu", x.dtype));
+            }
+            wrap_dim(p.get(0)?, x.rank())?;
+            Ok(Meta::single(x.clone(), vec![]))
+        }
+        Cumsum | Cumprod => {
+            a.expect_counts(1..=1, 0..=0)?;
+            let x = &i[0];
+            let dtype = p.dtype_opt(1)?.unwrap_or(if x.dtype.is_integral(true) {
+                DType::I64
+            } else {
+                x.dtype
+            });
+            wrap_dim(p.get(0)?, x.rank())?;
+            Ok(Meta::single(x.with_dtype(dtype), vec![]))
+        }
+        op => Err(OpError::runtime(format!("{}: not a scan", op.name()))),
+    }
+}
+
+/// `_safe_softmax`, the softmax of PyTorch's attention decomposition: rows that are all `-inf`
+/// give zeros.
+fn safe_softmax_meta(a: &MetaArgs) -> Result<Meta, OpError> {
+    a.expect_counts(1..=1, 0..=0)?;
+    let x = &a.inputs[0];
+    let dim = wrap_dim(a.params.get(0)?, x.rank())?;
+    let dtype = a.params.dtype_opt(1)?.unwrap_or(x.dtype);
+    if !dtype.is_float() {
+        let lastdim = if dim + 1 >= x.rank() { "lastdim_" } else { "" };
+        return Err(not_implemented_for(
+            &format!("softmax_{lastdim}kernel_impl"),
+            dtype,
+        ));
+    }
+    Ok(Meta::single(x.with_dtype(dtype), vec![]))
+}
+
 pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
     use OpId::*;
-    if a.op == Isin {
-        return isin_meta(a);
+    match a.op {
+        Isin => return isin_meta(a),
+        Cumsum | Cumprod | Logcumsumexp => return scan_meta(a),
+        SafeSoftmax => return safe_softmax_meta(a),
+        _ => {}
     }
     a.expect_counts(1..=1, 0..=0)?;
     let x = &a.inputs[0];
@@ -252,8 +305,11 @@ fn check_norm_empty(
 
 pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
     use OpId::*;
-    if a.op == Isin {
-        return Ok(vec![lower_isin(e, a)?]);
+    match a.op {
+        Isin => return Ok(vec![lower_isin(e, a)?]),
+        Cumsum | Cumprod | Logcumsumexp => return lower_scan(e, a),
+        SafeSoftmax => return Ok(vec![safe_softmax(e, a)?]),
+        _ => {}
     }
     let x = a.inputs[0];
     let out = a.out(0).clone();
@@ -633,4 +689,106 @@ fn lower_arg_reduce(e: &mut Emitter, a: &LowerArgs, x: Value) -> Result<Value, O
         vec![v, i]
     });
     Ok(e.reshape(r[1], &out.shape))
+}
+/// Inclusive scans along a dim: `cumsum`, `cumprod` and `logcumsumexp`. Each output reduces
+/// the window of the n elements ending at it (the identity padded in front).
+fn lower_scan(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+    let out = a.out(0).clone();
+    let x = cast_like_pytorch(e, a.inputs[0], out.dtype);
+    if out.rank() == 0 || out.numel() == 0 {
+        return Ok(vec![x]);
+    }
+    let dim = wrap_dim(a.params.get(0)?, out.rank())?;
+    let acc = out.dtype.compute_dtype();
+    let x = e.convert(x, acc);
+    let n = out.shape[dim];
+    let window: Vec<i64> = (0..out.rank())
+        .map(|d| if d == dim { n } else { 1 })
+        .collect();
+    let padding: Vec<String> = (0..out.rank())
+        .map(|d| format!("[{}, 0]", if d == dim { n - 1 } else { 0 }))
+        .collect();
+    let op = a.op;
+    let identity = match op {
+        OpId::Cumprod => 1.0,
+        OpId::Logcumsumexp => f64::NEG_INFINITY,
+        _ => 0.0,
+    };
+    let init = e.f64_constant(acc, identity);
+    let scalar = TensorType::scalar(acc);
+    let region = e.region(&[scalar.clone(), scalar], |e, args| {
+        let (l, r) = (args[0], args[1]);
+        vec![match op {
+            OpId::Cumprod => e.mul(l, r),
+            OpId::Logcumsumexp => {
+                // max + log1p(exp(-|l - r|)); an infinite max (both -inf, or one +inf) is the
+                // answer itself.
+                let m = e.max(l, r);
+                let d = e.sub(l, r);
+                let d = e.abs(d);
+                let nd = e.neg(d);
+                let ex = e.exp(nd);
+                let lp = e.unary("stablehlo.log_plus_one", ex);
+                let sum = e.add(m, lp);
+                let am = e.abs(m);
+                let inf = e.compare_const(Cmp::Eq, am, f64::INFINITY);
+                let v = e.select(inf, m, sum);
+                // XLA's `maximum` may drop a NaN: carry it explicitly.
+                let l_nan = e.compare(Cmp::Ne, l, l);
+                let r_nan = e.compare(Cmp::Ne, r, r);
+                let nan = e.or(l_nan, r_nan);
+                let nan_value = e.add(l, r);
+                e.select(nan, nan_value, v)
+            }
+            _ => e.add(l, r),
+        }]
+    });
+    let attrs = format!(
+        "window_dimensions = {}, window_strides = {}, padding = dense<[{}]> : tensor<{}x2xi64>",
+        i64_array(&window),
+        i64_array(&vec![1; out.rank()]),
+        padding.join(", "),
+        out.rank()
+    );
+    let ty = out.with_dtype(acc);
+    let r = e.op_with_regions(
+        "stablehlo.reduce_window",
+        &[x, init],
+        &[region],
+        &attrs,
+        vec![ty],
+    )[0];
+    Ok(vec![e.convert(r, out.dtype)])
+}
+
+fn safe_softmax(e: &mut Emitter, a: &LowerArgs) -> Result<Value, OpError> {
+    let out = a.out(0).clone();
+    let x = a.inputs[0];
+    let rank = e.rank(x);
+    let dim = wrap_dim(a.params.get(0)?, rank)?;
+    let xd = e.convert(x, out.dtype);
+    let (s, row_max) = softmax_and_max(e, xd, dim, false);
+    if rank == 0 {
+        let masked = e.compare_const(Cmp::Eq, x, f64::NEG_INFINITY);
+        let zero = k(e, s, 0.0);
+        return Ok(e.select(masked, zero, s));
+    }
+    let rows = match row_max {
+        // A row is all -inf exactly when its maximum is -inf (a NaN makes both false): the
+        // softmax's own maximum answers it, without another pass over the input.
+        Some(m) if e.dtype(x) == out.dtype => {
+            let masked = e.compare_const(Cmp::Eq, m, f64::NEG_INFINITY);
+            let all: Vec<usize> = (0..rank).collect();
+            e.broadcast_in_dim(masked, &out.shape, &all)
+        }
+        // With a dtype conversion, the input's own -inf decide, as in PyTorch.
+        _ => {
+            let masked = e.compare_const(Cmp::Eq, x, f64::NEG_INFINITY);
+            let all = e.reduce_with(masked, 1.0, &[dim], "stablehlo.and");
+            let kept: Vec<usize> = (0..rank).filter(|&d| d != dim).collect();
+            e.broadcast_in_dim(all, &out.shape, &kept)
+        }
+    };
+    let zero = k(e, s, 0.0);
+    Ok(e.select(rows, zero, s))
 }

@@ -518,7 +518,7 @@ impl Engine {
                 self.regrow(graph, &regrow)?;
             }
         }
-        if self.modes.current() == Mode::Strict && !ops::checks::has_index_checks(op) {
+        if self.modes.current() == Mode::Strict && !op.has_index_checks() {
             // A warm Strict op on device values skips the pending graph: same key, same
             // program, same results (see `Graph::run_if_compiled`).
             let mut cached = None;
@@ -543,7 +543,7 @@ impl Engine {
             }
         }
         let captured = graph.capture(op, inputs, scalars, params, outs)?;
-        if ops::checks::has_index_checks(op) {
+        if op.has_index_checks() {
             // Captured before the flush policy runs, so Strict runs op and check as one region.
             let shapes: smallvec::SmallVec<[&[i64]; 4]> =
                 inputs.iter().map(|t| t.sizes.as_slice()).collect();

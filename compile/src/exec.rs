@@ -116,6 +116,12 @@ impl DeviceValue {
         }
     }
 
+    /// Fails a value that is still pending: its job will never run (the flush that made it
+    /// failed before the job reached the queue). A resolved value is left as it is.
+    pub fn fail_if_pending(&self, error: ExecError) {
+        self.resolve(Err(error));
+    }
+
     /// Only the first outcome counts: a value is resolved once.
     fn resolve(&self, result: Outcome) {
         self.slot.fill(result);

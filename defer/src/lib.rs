@@ -5,6 +5,7 @@
 //! a device buffer), so every rule here is testable with plain values.
 
 pub mod bucket;
+pub mod fail_point;
 mod graph;
 mod memory_cut;
 mod mode;

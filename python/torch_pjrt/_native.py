@@ -16,12 +16,9 @@ import warnings
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _ENGINE_FILE = "libtorch_glue.so"
 
+# The exception classes the engine's status codes may name (`tpjrt_error_class`).
 _ERROR_TYPES = {
-    1: RuntimeError,
-    2: ValueError,
-    3: TypeError,
-    4: NotImplementedError,
-    5: IndexError,
+    cls.__name__: cls for cls in (RuntimeError, ValueError, TypeError, NotImplementedError, IndexError)
 }
 
 _lock = threading.Lock()
@@ -85,6 +82,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "tpjrt_api": (ctypes.c_void_p, []),
         "tpjrt_init": (c_int, [c_char_p]),
         "tpjrt_last_error": (c_char_p, []),
+        "tpjrt_error_class": (c_char_p, [c_int]),
         "tpjrt_sync": (c_int, []),
         "tpjrt_wait_warm_up": (c_int, []),
         "tpjrt_prepare_exit": (c_int, []),
@@ -165,9 +163,10 @@ def check(status: int) -> None:
     """Raises the engine's last error (of this thread) as the matching Python exception."""
     if status == 0:
         return
-    raw = lib().tpjrt_last_error()
+    engine = lib()
+    raw = engine.tpjrt_last_error()
     message = raw.decode("utf-8", "replace") if raw else f"pjrt engine error (status {status})"
-    raise _ERROR_TYPES.get(status, RuntimeError)(message)
+    raise _ERROR_TYPES.get(engine.tpjrt_error_class(status).decode(), RuntimeError)(message)
 
 
 def ensure_started() -> ctypes.CDLL:

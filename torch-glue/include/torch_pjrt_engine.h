@@ -200,6 +200,13 @@ int32_t tpjrt_init(const char *plugin);
 const char *tpjrt_last_error(void);
 
 /**
+ * The name of the Python exception class a status code maps to (`"ValueError"`, …;
+ * `"RuntimeError"` for a code it does not know), a static NUL-terminated string. The
+ * bindings take the mapping from here rather than keeping a table of their own.
+ */
+const char *tpjrt_error_class(int32_t code);
+
+/**
  * Looks up an op id by its ATen name (e.g. "add", "_to_copy").
  *
  * # Safety

@@ -122,10 +122,20 @@ fn guarded(f: impl FnOnce() -> Result<(), EngineError>) -> i32 {
                 .map(|s| s.to_string())
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "unknown panic".to_string());
-            set_last_error(&format!(
-                "internal error in the torch-pjrt engine: {what}. The engine is still usable; \
-                 please report this with the code that triggered it"
-            ));
+            let stopped = global::running().is_some_and(|engine| engine.stopped().is_some());
+            set_last_error(&if stopped {
+                format!(
+                    "internal error in the torch-pjrt engine: {what}. It left the engine's state \
+                     half-updated, so the engine has stopped: pjrt tensors can no longer be used \
+                     in this process. Restart the process, and please report this with the code \
+                     that triggered it"
+                )
+            } else {
+                format!(
+                    "internal error in the torch-pjrt engine: {what}. The engine is still usable; \
+                     please report this with the code that triggered it"
+                )
+            });
             TPJRT_RUNTIME_ERROR
         }
     }
@@ -372,6 +382,21 @@ pub unsafe extern "C" fn tpjrt_init(plugin: *const c_char) -> i32 {
 #[no_mangle]
 pub extern "C" fn tpjrt_last_error() -> *const c_char {
     LAST_ERROR.with(|e| e.borrow().as_ptr())
+}
+
+/// The name of the Python exception class a status code maps to (`"ValueError"`, …;
+/// `"RuntimeError"` for a code it does not know), a static NUL-terminated string. The
+/// bindings take the mapping from here rather than keeping a table of their own.
+#[no_mangle]
+pub extern "C" fn tpjrt_error_class(code: i32) -> *const c_char {
+    let name: &'static CStr = match code {
+        TPJRT_VALUE_ERROR => c"ValueError",
+        TPJRT_TYPE_ERROR => c"TypeError",
+        TPJRT_NOT_IMPLEMENTED => c"NotImplementedError",
+        TPJRT_INDEX_ERROR => c"IndexError",
+        _ => c"RuntimeError",
+    };
+    name.as_ptr()
 }
 
 /// Looks up an op id by its ATen name (e.g. "add", "_to_copy").

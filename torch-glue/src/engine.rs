@@ -1,11 +1,12 @@
 //! The engine: one per process. Composes capture (`defer`), fusion (`fuse`), compilation and the
 //! ordered execution queue (`compile`) and transfers (`pjrt`), under the process-wide eager mode.
 
+use crate::graph_lock::GraphLock;
 use crate::metrics::{Counters, MetricsSnapshot};
 use crate::recompile::{Budget, RecompileTracker, Verdict};
 use compile::{
-    CacheKey, CompileConfig, CompileError, CompileHandle, Compiler, DeviceValue, Effort, ExecJob,
-    ExecQueue, HostArgument, WeakDeviceValue,
+    CacheKey, CompileConfig, CompileError, CompileHandle, Compiler, DeviceValue, Effort, ExecError,
+    ExecJob, ExecQueue, HostArgument, WeakDeviceValue,
 };
 use defer::{
     Captured, EngineError, ErrorKind, Flush, FlushRequest, Graph, Mode, ModeStack, OpCall,
@@ -295,7 +296,7 @@ pub struct Engine {
     /// The options words of full and fast compiles' keys ([`Engine::options_for`]).
     options_key: u64,
     fast_options_key: u64,
-    graph: Mutex<Graph<DeviceValue>>,
+    graph: GraphLock<DeviceValue>,
     modes: ModeStack,
     counters: Counters,
     max_region_ops: usize,
@@ -319,6 +320,32 @@ pub struct Engine {
     warm_up: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
     /// How long the warm-up took, in nanoseconds, once it has succeeded (0 before).
     warm_up_nanos: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// The values a flush makes for its outputs, kept so that a flush failing before its job is on
+/// the queue can fail them ([`Engine::flush_atomically`]).
+#[derive(Default)]
+struct MadeValues(std::cell::RefCell<smallvec::SmallVec<[DeviceValue; 4]>>);
+
+impl MadeValues {
+    fn pending(&self) -> DeviceValue {
+        let value = DeviceValue::pending();
+        self.0.borrow_mut().push(value.clone());
+        value
+    }
+
+    fn any(&self) -> bool {
+        !self.0.borrow().is_empty()
+    }
+
+    fn fail_all(&self, message: &str) {
+        for value in self.0.borrow_mut().drain(..) {
+            value.fail_if_pending(ExecError::Task {
+                label: "flush".into(),
+                message: message.to_string(),
+            });
+        }
+    }
 }
 
 impl Engine {
@@ -349,7 +376,7 @@ impl Engine {
                 .map_err(|e| runtime_error("cannot start the execution thread", e))?,
             options_key,
             fast_options_key,
-            graph: Mutex::new({
+            graph: GraphLock::new({
                 let mut graph = Graph::new();
                 graph.set_donation(config.donate);
                 graph
@@ -440,20 +467,33 @@ impl Engine {
 
     // ----- storages -----
 
+    /// A new storage. Once the engine has stopped (see [`Engine::stopped`]) the id is still
+    /// given out, but every use of it fails.
     pub fn new_storage(&self, nbytes: u64) -> StorageId {
-        self.graph.lock().new_storage(nbytes)
+        self.graph.lock_even_if_stopped().new_storage(nbytes)
     }
 
+    /// Releases a storage; once the engine has stopped, does nothing (its state is not to be
+    /// trusted, and nothing can run any more).
     pub fn release_storage(&self, id: StorageId) -> Result<(), EngineError> {
-        self.graph.lock().release_storage(id)
+        if self.graph.stopped().is_some() {
+            return Ok(());
+        }
+        self.graph.lock()?.release_storage(id)
     }
 
     pub fn resize_storage(&self, id: StorageId, nbytes: u64) -> Result<(), EngineError> {
-        self.graph.lock().resize_storage(id, nbytes)
+        self.graph.lock()?.resize_storage(id, nbytes)
     }
 
     pub fn storage_nbytes(&self, id: StorageId) -> Result<u64, EngineError> {
-        self.graph.lock().storage_nbytes(id)
+        self.graph.lock()?.storage_nbytes(id)
+    }
+
+    /// Why the engine stopped, if it has: a panic or a failed flush left its graph
+    /// half-updated, and every later call that needs the graph fails with that reason.
+    pub fn stopped(&self) -> Option<&str> {
+        self.graph.stopped()
     }
 
     // ----- ops -----
@@ -489,7 +529,7 @@ impl Engine {
         outs: &[TensorRef],
     ) -> Result<Captured, EngineError> {
         Counters::bump(&self.counters.ops, 1);
-        let mut graph = self.graph.lock();
+        let mut graph = self.graph.lock()?;
         let located = location.is_some();
         if located {
             graph.set_capture_location(location);
@@ -521,7 +561,6 @@ impl Engine {
         if self.modes.current() == Mode::Strict && !op.has_index_checks() {
             // A warm Strict op on device values skips the pending graph: same key, same
             // program, same results (see `Graph::run_if_compiled`).
-            let mut cached = None;
             let call = OpCall {
                 op,
                 inputs,
@@ -529,17 +568,38 @@ impl Engine {
                 params,
                 outs,
             };
-            let run = graph.run_if_compiled(
-                call,
-                |_| DeviceValue::pending(),
-                |shapeless, dims, ops| {
-                    cached = self.lookup_program(shapeless, dims, ops);
-                    cached.is_some()
-                },
-            )?;
-            if let Some((captured, flush)) = run {
+            let made = MadeValues::default();
+            let mut created = Vec::new();
+            let ran = self.flush_atomically(&made, |planned| {
+                let mut cached = None;
+                let run = graph.run_if_compiled(
+                    call,
+                    |_| made.pending(),
+                    |shapeless, dims, ops| {
+                        cached = self.lookup_program(shapeless, dims, ops);
+                        cached.is_some()
+                    },
+                )?;
+                let Some((captured, flush)) = run else {
+                    return Ok(None);
+                };
+                planned.set(true);
+                if outs.is_empty() {
+                    created.extend(captured.outputs.iter().map(|(storage, _)| *storage));
+                }
                 self.launch(flush, cached)?;
-                return Ok(captured);
+                Ok(Some(captured))
+            });
+            match ran {
+                Ok(Some(captured)) => return Ok(captured),
+                Ok(None) => {}
+                Err(e) => {
+                    // The caller never learns the ids of the storages made for the op.
+                    for storage in created {
+                        let _ = graph.release_storage(storage);
+                    }
+                    return Err(e);
+                }
             }
         }
         let captured = graph.capture(op, inputs, scalars, params, outs)?;
@@ -730,18 +790,52 @@ impl Engine {
         graph: &mut Graph<DeviceValue>,
         request: FlushRequest<'_>,
     ) -> Result<FlushedValues, EngineError> {
-        // Tier 1 is asked as soon as the key is known: on a hit the region's source is never
-        // assembled.
-        let mut cached = None;
-        let has_program = |shapeless, dims, ops| {
-            cached = self.lookup_program(shapeless, dims, ops);
-            cached.is_some()
-        };
-        let Some(flush) = graph.flush_with(request, |_| DeviceValue::pending(), has_program)?
-        else {
-            return Ok(FlushedValues::new());
-        };
-        self.launch(flush, cached)
+        let made = MadeValues::default();
+        self.flush_atomically(&made, |planned| {
+            // Tier 1 is asked as soon as the key is known: on a hit the region's source is never
+            // assembled.
+            let mut cached = None;
+            let has_program = |shapeless, dims, ops| {
+                cached = self.lookup_program(shapeless, dims, ops);
+                cached.is_some()
+            };
+            let Some(flush) = graph.flush_with(request, |_| made.pending(), has_program)? else {
+                return Ok(FlushedValues::new());
+            };
+            planned.set(true);
+            self.launch(flush, cached)
+        })
+    }
+
+    /// Runs a flush and its launch (`attempt`, which sets `planned` once the graph has
+    /// returned its flush) so that no failure leaves a storage holding a value nothing will
+    /// compute: on an error or a panic before the job is on the queue, every value `made`
+    /// fails with it, so a read raises instead of waiting forever. A graph left half-updated (a
+    /// panic, or an error after it began installing values) stops the engine.
+    fn flush_atomically<T>(
+        &self,
+        made: &MadeValues,
+        attempt: impl FnOnce(&std::cell::Cell<bool>) -> Result<T, EngineError>,
+    ) -> Result<T, EngineError> {
+        let planned = std::cell::Cell::new(false);
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| attempt(&planned))) {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => {
+                if made.any() {
+                    made.fail_all(&e.message);
+                    if !planned.get() {
+                        self.graph
+                            .stop(format!("a flush failed while installing values: {e}"));
+                    }
+                }
+                Err(e)
+            }
+            Err(panic) => {
+                made.fail_all("internal error: the engine panicked while launching this value");
+                self.graph.stop("a panic during a flush");
+                std::panic::resume_unwind(panic)
+            }
+        }
     }
 
     /// Tier 1's program for a region key from the graph (this engine's options added).
@@ -844,6 +938,7 @@ impl Engine {
             });
             Counters::bump(&self.counters.host_to_device, 1);
         }
+        defer::fail_point::reach(defer::fail_point::FailPoint::LaunchEnqueue)?;
         Counters::bump(&self.counters.executions, 1);
         if !flush.checks.is_empty() {
             self.pending_checks.lock().extend(flush.checks);
@@ -894,7 +989,7 @@ impl Engine {
     /// `torch.pjrt.synchronize()`).
     pub fn sync(&self) -> Result<(), EngineError> {
         {
-            let mut graph = self.graph.lock();
+            let mut graph = self.graph.lock()?;
             self.flush_locked(&mut graph, FlushRequest::All)?;
         }
         self.queue.flush();
@@ -963,17 +1058,17 @@ impl Engine {
             return Ok(());
         }
         let whole = {
-            let mut graph = self.graph.lock();
+            let mut graph = self.graph.lock()?;
             graph.make_exact(t.storage)?;
             graph.is_whole(t)?
         };
         if !whole {
             // A strided tensor: copy it into a contiguous temporary on the device, read that.
-            let temp = self.graph.lock().new_storage(expected as u64);
+            let temp = self.graph.lock()?.new_storage(expected as u64);
             let result = (|| {
                 let temp_ref = TensorRef::contiguous(temp, t.dtype, &t.sizes);
                 {
-                    let mut graph = self.graph.lock();
+                    let mut graph = self.graph.lock()?;
                     graph.capture(
                         OpId::Clone,
                         std::slice::from_ref(t),
@@ -991,11 +1086,11 @@ impl Engine {
                 }
                 self.read_host(&temp_ref, dst)
             })();
-            self.graph.lock().release_storage(temp)?;
+            self.graph.lock()?.release_storage(temp)?;
             return result;
         }
         let source = {
-            let mut graph = self.graph.lock();
+            let mut graph = self.graph.lock()?;
             match graph.read_source(t)? {
                 Some(source) => source,
                 None => {
@@ -1039,7 +1134,7 @@ impl Engine {
         // A batch whose length keeps changing is uploaded padded to a bucket (bounded shapes):
         // the programs that read it are then one per bucket, not one per length.
         let padding = {
-            let mut graph = self.graph.lock();
+            let mut graph = self.graph.lock()?;
             // Read at each upload too, as at each append.
             graph.set_bounded(!matches!(env("TORCH_PJRT_DYNAMIC").as_deref(), Some("off")));
             if graph.is_whole(t)? {
@@ -1062,9 +1157,9 @@ impl Engine {
         Counters::bump(&self.counters.host_to_device_bytes, bytes.len() as u64);
         let value = DeviceValue::ready(Arc::new(buffer));
         if let Some((_, padding)) = padded {
-            return self.graph.lock().write_device_padded(t, value, padding);
+            return self.graph.lock()?.write_device_padded(t, value, padding);
         }
-        let mut graph = self.graph.lock();
+        let mut graph = self.graph.lock()?;
         if graph.is_whole(t)? {
             return graph.write_device(t, value);
         }
@@ -1094,7 +1189,7 @@ impl Engine {
             ));
         }
         let repad = {
-            let mut graph = self.graph.lock();
+            let mut graph = self.graph.lock()?;
             graph.mark_upload_site(t, dim, bound);
             t.sizes[dim] >= 2 && graph.is_whole(t)? && !graph.storage_is_padded(t.storage)
         };
@@ -1119,7 +1214,7 @@ impl Engine {
 
     pub fn metrics(&self) -> MetricsSnapshot {
         let (graph, pending_ops) = {
-            let graph = self.graph.lock();
+            let graph = self.graph.lock_even_if_stopped();
             (graph.stats(), graph.pending_len())
         };
         let compile = self.compiler.stats();
@@ -1213,7 +1308,7 @@ impl Engine {
 
     pub fn reset_metrics(&self) {
         self.counters.reset();
-        self.graph.lock().reset_stats();
+        self.graph.lock_even_if_stopped().reset_stats();
         self.compiler.reset_stats();
         self.recompiles.lock().reset();
         self.client.reset_peak_memory();

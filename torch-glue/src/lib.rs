@@ -11,6 +11,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 pub mod abi;
 pub mod engine;
 pub mod global;
+mod graph_lock;
 pub mod host_heap;
 pub mod metrics;
 pub mod recompile;

@@ -70,16 +70,24 @@ pub struct MetricsSnapshot {
     pub compiled_programs: Vec<compile::CompiledProgram>,
 }
 
+/// A number as JSON has it: integers without a fraction, and `null` for NaN and infinities,
+/// which JSON cannot write (a ratio of zero by zero must not make the whole report unreadable).
+fn json_number(v: f64) -> String {
+    if !v.is_finite() {
+        "null".to_string()
+    } else if v.fract() == 0.0 && v.abs() < 9e15 {
+        format!("{}", v as i64)
+    } else {
+        format!("{v}")
+    }
+}
+
 impl MetricsSnapshot {
     /// The snapshot as a JSON object (what the Python `metrics()` parses).
     pub fn to_json(&self) -> String {
         let mut out = String::from("{");
         for (k, v) in &self.values {
-            if v.fract() == 0.0 && v.abs() < 9e15 {
-                out.push_str(&format!("\"{k}\":{},", *v as i64));
-            } else {
-                out.push_str(&format!("\"{k}\":{v},"));
-            }
+            out.push_str(&format!("\"{k}\":{},", json_number(*v)));
         }
         out.push_str("\"fallback_ops\":{");
         let entries: Vec<String> = self
@@ -99,7 +107,7 @@ impl MetricsSnapshot {
                 format!(
                     "{{\"region\":{},\"seconds\":{},\"fast\":{},\"key\":\"{}\"}}",
                     json_string(&p.label),
-                    p.time.as_secs_f64(),
+                    json_number(p.time.as_secs_f64()),
                     p.fast,
                     p.key
                 )
@@ -227,5 +235,18 @@ mod tests {
         assert!(j.contains("\"compile_seconds\":0.25"), "{j}");
         assert!(j.contains("\"aten::\\\"odd\\\"\":2"), "{j}");
         assert!(j.ends_with("\"last_recompile_reason\":null}"), "{j}");
+    }
+
+    #[test]
+    fn json_writes_numbers_it_cannot_represent_as_null() {
+        let mut s = MetricsSnapshot::default();
+        s.values.insert("a_ratio", f64::NAN);
+        s.values.insert("b_bound", f64::INFINITY);
+        s.values.insert("c_count", 2.0);
+        let j = s.to_json();
+        assert!(j.contains("\"a_ratio\":null"), "{j}");
+        assert!(j.contains("\"b_bound\":null"), "{j}");
+        assert!(j.contains("\"c_count\":2"), "{j}");
+        assert!(!j.contains("NaN") && !j.contains("inf"), "{j}");
     }
 }

@@ -482,3 +482,20 @@ fn bad_modes() {
     assert_eq!(mode, 0, "the default mode survives the failed calls");
     assert_usable(metric("live_storages"));
 }
+
+#[test]
+fn each_status_code_names_its_python_exception_class() {
+    let class = |code| {
+        // SAFETY: the ABI returns a static NUL-terminated string.
+        unsafe { std::ffi::CStr::from_ptr(tpjrt_error_class(code)) }
+            .to_str()
+            .expect("ASCII")
+            .to_string()
+    };
+    assert_eq!(class(TPJRT_RUNTIME_ERROR), "RuntimeError");
+    assert_eq!(class(TPJRT_VALUE_ERROR), "ValueError");
+    assert_eq!(class(TPJRT_TYPE_ERROR), "TypeError");
+    assert_eq!(class(TPJRT_NOT_IMPLEMENTED), "NotImplementedError");
+    assert_eq!(class(TPJRT_INDEX_ERROR), "IndexError");
+    assert_eq!(class(99), "RuntimeError");
+}

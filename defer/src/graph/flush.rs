@@ -2,6 +2,7 @@
 //! donations, its key, and the values it installs in the storages that hold them.
 
 use super::*;
+use crate::fail_point::FailPoint;
 
 impl<V: Clone> Graph<V> {
     /// What `liveness` is asked for a flush request; a request for storages fills `requested`
@@ -81,6 +82,7 @@ impl<V: Clone> Graph<V> {
         if plan.region_len() == 0 {
             return Ok(None);
         }
+        crate::fail_point::reach(FailPoint::FlushPlanned)?;
         if plan.kept.is_empty() {
             // Every op of the region is dead: drop them; nothing runs.
             self.pending.drain(..plan.region_len());
@@ -236,6 +238,7 @@ impl<V: Clone> Graph<V> {
                 replacement.insert(output.value, e);
             }
         }
+        crate::fail_point::reach(FailPoint::FlushInstalled)?;
         let region_len = plan.region_len();
         let nodes: SmallVec<[Node; 1]> = if region_len == 1 && plan.kept.len() == 1 {
             // One kept op: moved once, not through a draining filter (a node is large).
@@ -259,6 +262,7 @@ impl<V: Clone> Graph<V> {
             }
         }
         self.forget_unread_externals();
+        crate::fail_point::reach(FailPoint::FlushDrained)?;
 
         // Donation is decided last: only now have the pending ops let go of what they no longer
         // read. An argument is paired with the output that replaced it in its storage (same

@@ -33,17 +33,6 @@ std::atomic<bool> g_started{false};
 std::mutex g_unavailable_mutex;
 std::string g_unavailable;  // why there is no table (guarded by g_unavailable_mutex)
 std::vector<std::string> g_missing_ops;
-int32_t g_op_clone = -1;
-int32_t g_op_to_copy = -1;
-int32_t g_op_copy = -1;
-
-int32_t lookup_op(const TpjrtApi* table, const char* name) {
-  int32_t id = -1;
-  if (table->op_id(name, &id) != TPJRT_OK) {
-    return -1;
-  }
-  return id;
-}
 }  // namespace
 
 std::string set_api(const TpjrtApi* table) {
@@ -68,9 +57,6 @@ std::string set_api(const TpjrtApi* table) {
     return "a different pjrt engine is already installed in this process; there is exactly one "
            "engine per process";
   }
-  g_op_clone = lookup_op(table, "clone");
-  g_op_to_copy = lookup_op(table, "_to_copy");
-  g_op_copy = lookup_op(table, "copy_");
   g_api.store(table);
   g_missing_ops = register_generated_kernels();
   return "";
@@ -111,19 +97,6 @@ void mark_started() {
   if (!g_started.load(std::memory_order_relaxed)) {
     g_started.store(true);
   }
-}
-
-int32_t builtin_op(const char* name) {
-  if (std::strcmp(name, "clone") == 0) {
-    return g_op_clone;
-  }
-  if (std::strcmp(name, "_to_copy") == 0) {
-    return g_op_to_copy;
-  }
-  if (std::strcmp(name, "copy_") == 0) {
-    return g_op_copy;
-  }
-  return -1;
 }
 
 void raise_engine_error(int32_t code, const char* context) {
@@ -512,8 +485,10 @@ void copy_device_to_device(const at::Tensor& src, const at::Tensor& dst) {
     return;
   }
   if (src.sizes() == dst.sizes()) {
+    static const int32_t clone_op = engine_op("clone");
+    static const int32_t to_copy_op = engine_op("_to_copy");
     const bool same_dtype = src.scalar_type() == dst.scalar_type();
-    OpCall call(same_dtype ? g_op_clone : g_op_to_copy, same_dtype ? "clone" : "_to_copy");
+    OpCall call(same_dtype ? clone_op : to_copy_op, same_dtype ? "clone" : "_to_copy");
     call.input(src);
     if (!same_dtype) {
       call.param(enc::code(dst));
@@ -522,7 +497,8 @@ void copy_device_to_device(const at::Tensor& src, const at::Tensor& dst) {
     call.run_inplace();
     return;
   }
-  OpCall call(g_op_copy, "copy_");
+  static const int32_t copy_op = engine_op("copy_");
+  OpCall call(copy_op, "copy_");
   call.input(dst);
   call.input(src);
   call.out(dst);
@@ -1250,11 +1226,6 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
 // ops: the normalization, then the running statistics as outputs written into those tensors.
 namespace {
 
-int32_t engine_op_named(const char* name) {
-  int32_t id = -1;
-  return api().op_id(name, &id) == TPJRT_OK ? id : -1;
-}
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_impl(
     const char* aten_name,
     const at::Tensor& input,
@@ -1265,9 +1236,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_impl(
     bool training,
     double momentum,
     double eps) {
-  // Kernels run only once the engine table is installed; a failed lookup is retried next call.
-  static const int32_t norm_op = engine_op_named("native_batch_norm");
-  static const int32_t stats_op = engine_op_named("_batch_norm_running_stats");
+  // Kernels run only once the engine table is installed; a lookup that raises is retried.
+  static const int32_t norm_op = engine_op("native_batch_norm");
+  static const int32_t stats_op = engine_op("_batch_norm_running_stats");
   OpCall c(norm_op, aten_name);
   c.input(input);
   for (const std::optional<at::Tensor>* t : {&weight, &bias, &running_mean, &running_var}) {

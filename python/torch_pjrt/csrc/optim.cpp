@@ -15,14 +15,13 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <type_traits>
 
 #include "pjrt_backend.h"
 
 namespace torch_pjrt {
 namespace {
 
-// The op ids, resolved once (the engine table is installed before any kernel runs).
-#define PJRT_OPTIM_OP(var, name) static const int32_t var = engine_op(name)
 
 void check_length(const char* op, at::TensorList list, size_t n, const char* what) {
   TORCH_CHECK(
@@ -59,6 +58,10 @@ struct LearningRate {
   const at::Tensor* tensor = nullptr;
 };
 
+LearningRate learning_rate(double lr) {
+  return LearningRate{lr};
+}
+
 LearningRate learning_rate(const at::Tensor& lr) {
   LearningRate r;
   if (is_pjrt(lr)) {
@@ -87,7 +90,7 @@ void fused_adam(
     bool maximize,
     const std::optional<at::Tensor>& grad_scale,
     const std::optional<at::Tensor>& found_inf) {
-  PJRT_OPTIM_OP(op, "_fused_adam_");
+  static const int32_t op = engine_op("_fused_adam_");
   const size_t n = params.size();
   check_length(name, grads, n, "grads");
   check_length(name, exp_avgs, n, "exp_avgs");
@@ -137,14 +140,17 @@ void fused_adam(
   }
 }
 
-void pjrt_fused_adam_(
+// The four `_fused_adam(w)_` overloads differ only in the variant and in the learning rate's
+// type (a double, or a tensor in `.tensor_lr`): one kernel, instantiated for each.
+template <bool AdamW, typename Lr>
+void pjrt_fused_adam(
     at::TensorList self,
     at::TensorList grads,
     at::TensorList exp_avgs,
     at::TensorList exp_avg_sqs,
     at::TensorList max_exp_avg_sqs,
     at::TensorList state_steps,
-    double lr,
+    Lr lr,
     double beta1,
     double beta2,
     double weight_decay,
@@ -153,72 +159,12 @@ void pjrt_fused_adam_(
     bool maximize,
     const std::optional<at::Tensor>& grad_scale,
     const std::optional<at::Tensor>& found_inf) {
-  fused_adam("aten::_fused_adam_", false, self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs,
-      state_steps, LearningRate{lr}, beta1, beta2, weight_decay, eps, amsgrad, maximize,
-      grad_scale, found_inf);
-}
-
-void pjrt_fused_adam_tensor_lr(
-    at::TensorList self,
-    at::TensorList grads,
-    at::TensorList exp_avgs,
-    at::TensorList exp_avg_sqs,
-    at::TensorList max_exp_avg_sqs,
-    at::TensorList state_steps,
-    const at::Tensor& lr,
-    double beta1,
-    double beta2,
-    double weight_decay,
-    double eps,
-    bool amsgrad,
-    bool maximize,
-    const std::optional<at::Tensor>& grad_scale,
-    const std::optional<at::Tensor>& found_inf) {
-  fused_adam("aten::_fused_adam_.tensor_lr", false, self, grads, exp_avgs, exp_avg_sqs,
-      max_exp_avg_sqs, state_steps, learning_rate(lr), beta1, beta2, weight_decay, eps, amsgrad,
-      maximize, grad_scale, found_inf);
-}
-
-void pjrt_fused_adamw_(
-    at::TensorList self,
-    at::TensorList grads,
-    at::TensorList exp_avgs,
-    at::TensorList exp_avg_sqs,
-    at::TensorList max_exp_avg_sqs,
-    at::TensorList state_steps,
-    double lr,
-    double beta1,
-    double beta2,
-    double weight_decay,
-    double eps,
-    bool amsgrad,
-    bool maximize,
-    const std::optional<at::Tensor>& grad_scale,
-    const std::optional<at::Tensor>& found_inf) {
-  fused_adam("aten::_fused_adamw_", true, self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs,
-      state_steps, LearningRate{lr}, beta1, beta2, weight_decay, eps, amsgrad, maximize,
-      grad_scale, found_inf);
-}
-
-void pjrt_fused_adamw_tensor_lr(
-    at::TensorList self,
-    at::TensorList grads,
-    at::TensorList exp_avgs,
-    at::TensorList exp_avg_sqs,
-    at::TensorList max_exp_avg_sqs,
-    at::TensorList state_steps,
-    const at::Tensor& lr,
-    double beta1,
-    double beta2,
-    double weight_decay,
-    double eps,
-    bool amsgrad,
-    bool maximize,
-    const std::optional<at::Tensor>& grad_scale,
-    const std::optional<at::Tensor>& found_inf) {
-  fused_adam("aten::_fused_adamw_.tensor_lr", true, self, grads, exp_avgs, exp_avg_sqs,
-      max_exp_avg_sqs, state_steps, learning_rate(lr), beta1, beta2, weight_decay, eps, amsgrad,
-      maximize, grad_scale, found_inf);
+  constexpr bool tensor_lr = !std::is_same_v<Lr, double>;
+  const char* name = AdamW ? (tensor_lr ? "aten::_fused_adamw_.tensor_lr" : "aten::_fused_adamw_")
+                           : (tensor_lr ? "aten::_fused_adam_.tensor_lr" : "aten::_fused_adam_");
+  fused_adam(name, AdamW, self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps,
+      learning_rate(lr), beta1, beta2, weight_decay, eps, amsgrad, maximize, grad_scale,
+      found_inf);
 }
 
 void fused_sgd(
@@ -235,7 +181,7 @@ void fused_sgd(
     bool is_first_step,
     const std::optional<at::Tensor>& grad_scale,
     const std::optional<at::Tensor>& found_inf) {
-  PJRT_OPTIM_OP(op, "_fused_sgd_");
+  static const int32_t op = engine_op("_fused_sgd_");
   const size_t n = params.size();
   check_length(name, grads, n, "grads");
   // As on the CPU, a zero momentum keeps no buffer.
@@ -278,39 +224,26 @@ void fused_sgd(
   }
 }
 
-void pjrt_fused_sgd_(
+// `_fused_sgd_` and its `.tensor_lr` overload: one kernel, instantiated for each learning-rate
+// type.
+template <typename Lr>
+void pjrt_fused_sgd(
     at::TensorList self,
     at::TensorList grads,
     at::TensorList momentum_buffer_list,
     double weight_decay,
     double momentum,
-    double lr,
+    Lr lr,
     double dampening,
     bool nesterov,
     bool maximize,
     bool is_first_step,
     const std::optional<at::Tensor>& grad_scale,
     const std::optional<at::Tensor>& found_inf) {
-  fused_sgd("aten::_fused_sgd_", self, grads, momentum_buffer_list, weight_decay, momentum,
-      LearningRate{lr}, dampening, nesterov, maximize, is_first_step, grad_scale, found_inf);
-}
-
-void pjrt_fused_sgd_tensor_lr(
-    at::TensorList self,
-    at::TensorList grads,
-    at::TensorList momentum_buffer_list,
-    double weight_decay,
-    double momentum,
-    const at::Tensor& lr,
-    double dampening,
-    bool nesterov,
-    bool maximize,
-    bool is_first_step,
-    const std::optional<at::Tensor>& grad_scale,
-    const std::optional<at::Tensor>& found_inf) {
-  fused_sgd("aten::_fused_sgd_.tensor_lr", self, grads, momentum_buffer_list, weight_decay,
-      momentum, learning_rate(lr), dampening, nesterov, maximize, is_first_step, grad_scale,
-      found_inf);
+  const char* name =
+      std::is_same_v<Lr, double> ? "aten::_fused_sgd_" : "aten::_fused_sgd_.tensor_lr";
+  fused_sgd(name, self, grads, momentum_buffer_list, weight_decay, momentum, learning_rate(lr),
+      dampening, nesterov, maximize, is_first_step, grad_scale, found_inf);
 }
 
 // Multiplies every gradient by `inv_scale`; `found_inf` becomes 1 if any element is not finite.
@@ -363,12 +296,12 @@ at::Tensor& pjrt_amp_update_scale_(
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("_fused_adam_", TORCH_FN(pjrt_fused_adam_));
-  m.impl("_fused_adam_.tensor_lr", TORCH_FN(pjrt_fused_adam_tensor_lr));
-  m.impl("_fused_adamw_", TORCH_FN(pjrt_fused_adamw_));
-  m.impl("_fused_adamw_.tensor_lr", TORCH_FN(pjrt_fused_adamw_tensor_lr));
-  m.impl("_fused_sgd_", TORCH_FN(pjrt_fused_sgd_));
-  m.impl("_fused_sgd_.tensor_lr", TORCH_FN(pjrt_fused_sgd_tensor_lr));
+  m.impl("_fused_adam_", TORCH_FN((pjrt_fused_adam<false, double>)));
+  m.impl("_fused_adam_.tensor_lr", TORCH_FN((pjrt_fused_adam<false, const at::Tensor&>)));
+  m.impl("_fused_adamw_", TORCH_FN((pjrt_fused_adam<true, double>)));
+  m.impl("_fused_adamw_.tensor_lr", TORCH_FN((pjrt_fused_adam<true, const at::Tensor&>)));
+  m.impl("_fused_sgd_", TORCH_FN(pjrt_fused_sgd<double>));
+  m.impl("_fused_sgd_.tensor_lr", TORCH_FN(pjrt_fused_sgd<const at::Tensor&>));
   m.impl(
       "_amp_foreach_non_finite_check_and_unscale_",
       TORCH_FN(pjrt_amp_non_finite_check_and_unscale_));

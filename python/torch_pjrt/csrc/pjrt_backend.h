@@ -177,9 +177,6 @@ at::Tensor in_memory_format(
     std::optional<at::MemoryFormat> memory_format,
     const at::Tensor& like);
 
-// Engine op ids of the ops the backend itself uses (copies), resolved when the table arrives.
-int32_t builtin_op(const char* name);
-
 // ----- random numbers (random.cpp) ---------------------------------------------------------------
 
 // The device's default generator (index -1: the current device), created on first use.

@@ -126,8 +126,6 @@ int64_t next_key(const std::optional<at::Generator>& gen, const at::Tensor& like
   return g.get<PjrtGeneratorImpl>()->next_key();
 }
 
-// The op ids, resolved once (the engine table is installed before any kernel runs).
-#define PJRT_RANDOM_OP(var, name) static const int32_t var = engine_op(name)
 
 // The engine op `op` drawn into `self` (any strides: the engine writes through views).
 at::Tensor& draw_into(at::Tensor& self, OpCall& c) {
@@ -140,7 +138,7 @@ at::Tensor& draw_into(at::Tensor& self, OpCall& c) {
 
 at::Tensor& pjrt_uniform_(
     at::Tensor& self, double from, double to, std::optional<at::Generator> gen) {
-  PJRT_RANDOM_OP(op, "uniform");
+  static const int32_t op = engine_op("uniform");
   OpCall c(op, "aten::uniform_");
   c.scalar(from);
   c.scalar(to);
@@ -150,7 +148,7 @@ at::Tensor& pjrt_uniform_(
 
 at::Tensor& pjrt_normal_(
     at::Tensor& self, double mean, double std, std::optional<at::Generator> gen) {
-  PJRT_RANDOM_OP(op, "normal");
+  static const int32_t op = engine_op("normal");
   OpCall c(op, "aten::normal_");
   c.scalar(mean);
   c.scalar(std);
@@ -161,7 +159,7 @@ at::Tensor& pjrt_normal_(
 // `random_` with an exclusive upper bound `to` (none: the dtype's own range, as PyTorch).
 at::Tensor& random_between(
     at::Tensor& self, int64_t from, std::optional<int64_t> to, std::optional<at::Generator> gen) {
-  PJRT_RANDOM_OP(op, "random_");
+  static const int32_t op = engine_op("random_");
   bool full_range = false;
   int64_t upper = 0;
   if (to.has_value()) {
@@ -212,7 +210,7 @@ at::Tensor& pjrt_random_from(
 }
 
 at::Tensor& pjrt_bernoulli_float(at::Tensor& self, double p, std::optional<at::Generator> gen) {
-  PJRT_RANDOM_OP(op, "bernoulli");
+  static const int32_t op = engine_op("bernoulli");
   OpCall c(op, "aten::bernoulli_");
   c.scalar(p);
   c.scalar(next_key(gen, self));
@@ -221,7 +219,7 @@ at::Tensor& pjrt_bernoulli_float(at::Tensor& self, double p, std::optional<at::G
 
 at::Tensor& pjrt_bernoulli_tensor(
     at::Tensor& self, const at::Tensor& p, std::optional<at::Generator> gen) {
-  PJRT_RANDOM_OP(op, "bernoulli");
+  static const int32_t op = engine_op("bernoulli");
   OpCall c(op, "aten::bernoulli_");
   c.input(p);
   c.scalar(next_key(gen, self));
@@ -230,7 +228,7 @@ at::Tensor& pjrt_bernoulli_tensor(
 
 // `bernoulli(self)`: `self` holds the probabilities; the result has its dtype and shape.
 at::Tensor pjrt_bernoulli(const at::Tensor& self, std::optional<at::Generator> gen) {
-  PJRT_RANDOM_OP(op, "bernoulli");
+  static const int32_t op = engine_op("bernoulli");
   OpCall c(op, "aten::bernoulli");
   c.input(self);
   c.scalar(next_key(gen, self));
@@ -240,7 +238,7 @@ at::Tensor pjrt_bernoulli(const at::Tensor& self, std::optional<at::Generator> g
 }
 
 at::Tensor pjrt_bernoulli_p(const at::Tensor& self, double p, std::optional<at::Generator> gen) {
-  PJRT_RANDOM_OP(op, "bernoulli");
+  static const int32_t op = engine_op("bernoulli");
   OpCall c(op, "aten::bernoulli.p");
   c.scalar(p);
   c.scalar(next_key(gen, self));
@@ -251,7 +249,7 @@ at::Tensor pjrt_bernoulli_p(const at::Tensor& self, double p, std::optional<at::
 
 std::tuple<at::Tensor, at::Tensor> pjrt_native_dropout(
     const at::Tensor& input, double p, std::optional<bool> train) {
-  PJRT_RANDOM_OP(op, "native_dropout");
+  static const int32_t op = engine_op("native_dropout");
   OpCall c(op, "aten::native_dropout");
   c.input(input);
   c.scalar(p);
@@ -265,7 +263,7 @@ std::tuple<at::Tensor, at::Tensor> pjrt_native_dropout(
 
 at::Tensor pjrt_native_dropout_backward(
     const at::Tensor& grad_output, const at::Tensor& mask, double scale) {
-  PJRT_RANDOM_OP(op, "native_dropout_backward");
+  static const int32_t op = engine_op("native_dropout_backward");
   OpCall c(op, "aten::native_dropout_backward");
   c.input(grad_output);
   c.input(mask);

@@ -178,6 +178,29 @@ def test_setitem_with_masks(dev, mode):
     check(assign, X, torch.randn(count, 6), grad=True, mode=mode)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_setitem_with_host_masks_compiles_once_per_shape(dev, mode):
+    # `x[cpu_mask] = value`: each new mask selects a different count of elements, but the
+    # assignment keeps the tensor's shape, so it runs one program whatever the mask.
+    gen = torch.Generator().manual_seed(3)
+    masks = [torch.rand(4, 5, 6, generator=gen) > 0.5 for _ in range(5)]
+    with torch_pjrt.eager_mode(mode):
+        x = X.to("pjrt")
+        want = X.clone()
+        for k, mask in enumerate(masks):
+            x[mask] = float(k)
+            want[mask] = float(k)
+            assert torch.equal(x.cpu(), want)
+            if k == 1:
+                after_two = torch_pjrt.metrics()["compilations"]
+        assert torch_pjrt.metrics()["compilations"] == after_two
+        # Along the leading dims only: the mask broadcasts over the rest.
+        lead = torch.rand(4, 5, generator=gen) > 0.5
+        x[lead] = -1.0
+        want[lead] = -1.0
+        assert torch.equal(x.cpu(), want)
+
+
 def test_setitem_integer_dtypes_and_errors(dev):
     def bump(x, i):
         y = x.clone()

@@ -17,8 +17,6 @@
 namespace torch_pjrt {
 namespace {
 
-// The op ids, resolved once (the engine table is installed before any kernel runs).
-#define PJRT_INDEXING_OP(var, name) static const int32_t var = engine_op(name)
 
 bool is_mask(const at::Tensor& t) {
   return t.scalar_type() == at::kBool || t.scalar_type() == at::kByte;
@@ -36,7 +34,7 @@ int64_t count_true(const at::Tensor& t) {
 // The engine's nonzero for a known count of nonzero elements: `[count, dim]`, column-major as
 // PyTorch's (the engine computes the transpose).
 at::Tensor nonzero_counted(const at::Tensor& self, int64_t count) {
-  PJRT_INDEXING_OP(op, "nonzero");
+  static const int32_t op = engine_op("nonzero");
   OpCall c(op, "aten::nonzero");
   c.input(self);
   c.param(count);
@@ -77,14 +75,14 @@ void masked_select_call(OpCall& c, const at::Tensor& self, const at::Tensor& mas
 }
 
 at::Tensor pjrt_masked_select(const at::Tensor& self, const at::Tensor& mask) {
-  PJRT_INDEXING_OP(op, "masked_select");
+  static const int32_t op = engine_op("masked_select");
   OpCall c(op, "aten::masked_select");
   masked_select_call(c, self, mask);
   return c.run_functional();
 }
 
 at::Tensor& pjrt_masked_select_out(const at::Tensor& self, const at::Tensor& mask, at::Tensor& out) {
-  PJRT_INDEXING_OP(op, "masked_select");
+  static const int32_t op = engine_op("masked_select");
   OpCall c(op, "aten::masked_select.out");
   masked_select_call(c, self, mask);
   c.out(out);
@@ -93,7 +91,7 @@ at::Tensor& pjrt_masked_select_out(const at::Tensor& self, const at::Tensor& mas
 }
 
 at::Tensor& pjrt_masked_scatter_(at::Tensor& self, const at::Tensor& mask, const at::Tensor& source) {
-  PJRT_INDEXING_OP(op, "masked_scatter_");
+  static const int32_t op = engine_op("masked_scatter_");
   OpCall c(op, "aten::masked_scatter_");
   c.input(self);
   c.input(mask);
@@ -219,7 +217,7 @@ void index_call(OpCall& c, const at::Tensor& self, const Indices& ix) {
 }
 
 at::Tensor pjrt_index(const at::Tensor& self, const IndexList& indices) {
-  PJRT_INDEXING_OP(op, "index");
+  static const int32_t op = engine_op("index");
   const Indices ix = expand_indices(self, indices, std::nullopt);
   OpCall c(op, "aten::index.Tensor");
   index_call(c, self, ix);
@@ -227,7 +225,7 @@ at::Tensor pjrt_index(const at::Tensor& self, const IndexList& indices) {
 }
 
 at::Tensor& pjrt_index_out(const at::Tensor& self, const IndexList& indices, at::Tensor& out) {
-  PJRT_INDEXING_OP(op, "index");
+  static const int32_t op = engine_op("index");
   const Indices ix = expand_indices(self, indices, std::nullopt);
   OpCall c(op, "aten::index.Tensor_out");
   index_call(c, self, ix);
@@ -236,9 +234,10 @@ at::Tensor& pjrt_index_out(const at::Tensor& self, const IndexList& indices, at:
   return out;
 }
 
-// The list's only tensor, when it is a mask on self's device, and the dims before it.
+// The list's only tensor, when it is a mask on self's device (or, with `host_mask_ok`, on the
+// host), and the dims before it.
 std::optional<std::pair<at::Tensor, int64_t>> single_mask(
-    const at::Tensor& self, const IndexList& indices) {
+    const at::Tensor& self, const IndexList& indices, bool host_mask_ok = false) {
   std::optional<std::pair<at::Tensor, int64_t>> found;
   int64_t dim = 0;
   for (const auto i : c10::irange(indices.size())) {
@@ -247,7 +246,7 @@ std::optional<std::pair<at::Tensor, int64_t>> single_mask(
       ++dim;
       continue;
     }
-    if (found.has_value() || !is_mask(*entry) || !is_pjrt(*entry)) {
+    if (found.has_value() || !is_mask(*entry) || !(is_pjrt(*entry) || host_mask_ok)) {
       return std::nullopt;
     }
     check_mask_shape(self, *entry, dim);
@@ -258,16 +257,22 @@ std::optional<std::pair<at::Tensor, int64_t>> single_mask(
 }
 
 // `self[mask] = value` with one element: a select against the mask broadcast over the trailing
-// dims (PyTorch dispatches this case to masked_fill_ too), so no count is read.
+// dims (PyTorch dispatches this case to masked_fill_ too), so no count is read. A mask on the
+// host is uploaded whole: its shape is the tensor's, so every mask of that shape runs one
+// program, where its selected positions (a count that changes with every mask) would make a
+// program per count.
 bool try_masked_fill(at::Tensor& self, const IndexList& indices, const at::Tensor& values) {
   if (values.numel() != 1) {
     return false;
   }
-  auto found = single_mask(self, indices);
+  auto found = single_mask(self, indices, /*host_mask_ok=*/true);
   if (!found.has_value()) {
     return false;
   }
   auto [mask, lead] = *found;
+  if (!is_pjrt(mask)) {
+    mask = mask.to(self.device());
+  }
   std::vector<int64_t> shape(mask.sizes().begin(), mask.sizes().end());
   shape.resize(self.dim() - lead, 1);
   at::Tensor condition = mask.reshape(shape);
@@ -278,7 +283,7 @@ bool try_masked_fill(at::Tensor& self, const IndexList& indices, const at::Tenso
   if (value.scalar_type() != self.scalar_type()) {
     value = value.to(self.scalar_type());
   }
-  PJRT_INDEXING_OP(op, "where");
+  static const int32_t op = engine_op("where");
   OpCall c(op, "aten::_index_put_impl_");
   c.input(condition);
   c.param(c.input_or_scalar(value));
@@ -328,7 +333,7 @@ at::Tensor& pjrt_index_put_impl_(
   const std::optional<int64_t> count =
       unsafe ? implied_mask_count(self, indices, values) : std::nullopt;
   Indices ix = expand_indices(self, indices, count);
-  PJRT_INDEXING_OP(op, "index_put");
+  static const int32_t op = engine_op("index_put");
   OpCall c(op, "aten::_index_put_impl_");
   c.input(self);
   c.input(values);
@@ -410,7 +415,7 @@ at::Tensor index_add_impl(
   }
   const at::Tensor flat_index = is_pjrt(index) ? index.reshape({-1})
                                                : index.reshape({-1}).to(self.device());
-  PJRT_INDEXING_OP(op, "index_put");
+  static const int32_t op = engine_op("index_put");
   OpCall c(op, "aten::index_add");
   c.input(self);
   c.input(values);

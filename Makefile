@@ -10,7 +10,7 @@ export VIRTUAL_ENV := $(abspath $(VENV))
 CARGO ?= cargo
 
 
-.PHONY: demo mlp-demo pjrt-demo test deps venv venv-peer system-deps build rust-test python-test python-build lint bench-build bench bench-python bench-criterion clean
+.PHONY: demo mlp-demo pjrt-demo test upstream-tests upstream-tests-ci deps venv venv-peer system-deps build rust-test python-test python-build lint bench-build bench bench-python bench-criterion clean
 
 # The main job: a small GPT-style language model trained on the CPU and on pjrt in Strict and
 # DeferAndFuse, with the loss curves, step times and a PNG (examples/gpt_demo.py).
@@ -124,6 +124,17 @@ python-test: deps python-build
 	wait $$opinfo || opinfo_rc=$$?; \
 	echo "--- tests/python/test_opinfo.py"; cat $(STAMPS)/opinfo-test.log; \
 	test $$rc = 0 && test $$opinfo_rc = 0
+
+# PyTorch's own device-generic test files (../shared/pytorch-tests/v2.4.0) on pjrt in Strict,
+# Debug and DeferAndFuse, judged against tests/upstream/expected_failures.toml (tests/upstream/run.py;
+# UPSTREAM_ARGS passes options, e.g. "--files test_indexing.py --modes strict"). Not part of `test`.
+UPSTREAM_ARGS ?=
+upstream-tests: deps python-build
+	$(PY) tests/upstream/run.py $(UPSTREAM_ARGS)
+
+# The subset CI runs: about ten minutes on a 2-core machine.
+upstream-tests-ci: deps python-build
+	$(PY) tests/upstream/run.py --ci $(UPSTREAM_ARGS)
 
 # The PyTorch plugin: the engine library (cargo) copied next to the package, the package installed
 # editable into the .venv (metadata only: it carries the torch.backends entry point), and the C++

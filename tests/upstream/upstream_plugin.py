@@ -103,8 +103,11 @@ def _first_line(text, tail=False):
     if not lines:
         return ""
     # A collection error's longrepr is a traceback whose last line names the exception.
-    line = lines[-1] if tail else lines[0]
-    return line[:300]
+    if tail:
+        return lines[-1][:300]
+    # Some messages say little on their first line ("Comparing", "Scalars are not equal!"):
+    # the next lines carry what differed.
+    return " | ".join(lines[:3])[:300]
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -201,6 +201,21 @@ def test_setitem_with_host_masks_compiles_once_per_shape(dev, mode):
         assert torch.equal(x.cpu(), want)
 
 
+def test_out_tensors_are_checked_as_pytorch_checks_them(dev):
+    x = (X > 0).to("pjrt")
+    out = torch.empty(0, dtype=torch.long, device="pjrt")
+    torch.nonzero(x, out=out)
+    assert torch.equal(out.cpu(), torch.nonzero(X > 0))
+    with pytest.raises(RuntimeError, match="scalar type Long"):
+        torch.nonzero(x, out=torch.empty(0, dtype=torch.float, device="pjrt"))
+    with pytest.raises(RuntimeError, match="on the same device"):
+        torch.nonzero(x, out=torch.empty(0, dtype=torch.long))
+    # Composites' out= variants too (xlogy with a scalar self is one).
+    y = X.abs().to("pjrt")
+    with pytest.raises(RuntimeError, match="on the same device"):
+        torch.xlogy(2.0, y, out=torch.empty(X.shape))
+
+
 def test_setitem_integer_dtypes_and_errors(dev):
     def bump(x, i):
         y = x.clone()

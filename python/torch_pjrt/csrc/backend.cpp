@@ -1186,7 +1186,18 @@ void note_kernel_cpu_fallback(const std::string& name) {
   note_cpu_fallback(name);
 }
 
+void check_out_device(const char* op, const at::Tensor& self, const at::Tensor& out) {
+  TORCH_CHECK(
+      out.device() == self.device(),
+      op,
+      ": expected self and out to be on the same device, but got out on ",
+      out.device(),
+      " and self on ",
+      self.device());
+}
+
 at::Tensor& write_out(const at::Tensor& result, at::Tensor& out) {
+  check_out_device("out=", result, out);
   TORCH_CHECK(
       c10::canCast(result.scalar_type(), out.scalar_type()),
       "result type ",

@@ -46,6 +46,11 @@ at::Tensor pjrt_nonzero(const at::Tensor& self) {
 }
 
 at::Tensor& pjrt_nonzero_out(const at::Tensor& self, at::Tensor& out) {
+  TORCH_CHECK(
+      out.scalar_type() == at::kLong,
+      "nonzero: Expected out tensor to have scalar type Long but got scalar type ",
+      out.scalar_type());
+  check_out_device("nonzero", self, out);
   const at::Tensor result = pjrt_nonzero(self);
   // As PyTorch's kernel: an output it has to resize gets the column-major layout.
   if (at::native::resize_output(out, result.sizes())) {

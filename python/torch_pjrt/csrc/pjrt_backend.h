@@ -43,6 +43,9 @@ inline bool present(const std::optional<at::Tensor>& t) {
   return t.has_value() && t->defined();
 }
 
+// PyTorch's check that an `out=` tensor is on the device the op runs on (`self`'s).
+void check_out_device(const char* op, const at::Tensor& self, const at::Tensor& out);
+
 // Writes a kernel's result into an `out=` tensor as the generated `.out` kernels do: the result
 // type must cast to `out`'s, `out` is resized as PyTorch's `resize_output` resizes it, then
 // copied into. Returns `out`.

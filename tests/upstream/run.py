@@ -64,7 +64,7 @@ BAD = ("failed", "error", "hang", "crash")
 # the same on every run and inside any run with a stride that divides it), leaving out the tests
 # the manifest marks `hang = true` (each would cost the whole per-test limit).
 CI_SAMPLE = {"test_shape_ops.py": 2, "test_indexing.py": 2, "test_type_promotion.py": 2,
-             "test_view_ops.py": 2, "test_ops.py": 200}
+             "test_view_ops.py": 2, "test_ops.py": 1000}
 CI_MODES = ("strict", "defer_and_fuse")
 
 
@@ -379,10 +379,12 @@ def run_jobs(jobs, supervisor, workers):
             while t.is_alive():
                 t.join(0.5)
     except KeyboardInterrupt:
+        # Stop here and report what ran: the workers are killed, the test each was running
+        # counts as not run.
+        log("interrupted: stopping the workers")
         supervisor.stop.set()
         for t in threads:
             t.join()
-        raise
 
 
 def make_jobs(folder, test_file, mode, ids, batch_size, device_only="privateuse1"):
@@ -520,6 +522,12 @@ def parse_args(argv):
                    help="results folder (default: %(default)s)")
     p.add_argument("--fail-on-unexpected-pass", action="store_true",
                    help="an unexpected pass (a manifest entry that no longer fails) fails the run")
+    p.add_argument("--deadline", type=float, metavar="MINUTES",
+                   help="stop after this many minutes and report what ran (the rest counts as "
+                        "not run)")
+    p.add_argument("--rejudge", type=Path, metavar="REPORT_JSON",
+                   help="run nothing: judge the outcomes of an earlier report.json against the "
+                        "manifest (after editing it)")
     p.add_argument("--check-cpu", action="store_true",
                    help="rerun new failures' CPU variants; those failing there are drafted as "
                         "version skew")
@@ -531,8 +539,16 @@ def parse_args(argv):
     return args
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def main(argv=None):
     args = parse_args(argv)
+    # SIGTERM (and SIGINT, which a shell ignores in background jobs) stops the run the way
+    # Ctrl-C does: workers killed, what ran reported.
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     folder = args.folder.resolve()
     if not folder.is_dir():
         sys.exit(f"no such folder: {folder}")
@@ -542,12 +558,14 @@ def main(argv=None):
     results = args.results.resolve()
     results.mkdir(parents=True, exist_ok=True)
     workdir = results / "work"
-    shutil.rmtree(workdir, ignore_errors=True)
-    workdir.mkdir(parents=True)
+    if not args.rejudge:
+        # Worker logs of the previous run go; a rejudged run keeps them.
+        shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True, exist_ok=True)
 
     t_start = time.monotonic()
     jobs = []
-    for test_file in files:
+    for test_file in files if not args.rejudge else []:
         t0 = time.monotonic()
         ids = collect(folder, test_file, results)
         if args.select:
@@ -564,9 +582,20 @@ def main(argv=None):
     jobs.sort(key=lambda j: (j.index, files.index(j.test_file), args.modes.index(j.mode)))
 
     supervisor = Supervisor(args.timeout, workdir)
+    if args.deadline:
+        timer = threading.Timer(max(0.0, args.deadline * 60 - (time.monotonic() - t_start)),
+                                supervisor.stop.set)
+        timer.daemon = True
+        timer.start()
     run_jobs(jobs, supervisor, args.workers)
+    not_run = sum(len(j.ids) for j in jobs) - sum(len(j.outcomes) for j in jobs)
     outcomes = [o for j in jobs for o in j.outcomes]
     elapsed = time.monotonic() - t_start
+    if args.rejudge:
+        earlier = json.loads(args.rejudge.read_text())
+        outcomes = [Outcome(**o) for o in earlier["outcomes"]]
+        files, args.modes, elapsed = earlier["files"], earlier["modes"], earlier["seconds"]
+        not_run = earlier.get("not_run", 0)
 
     new, fixed, known = judge(outcomes, entries)
     cpu_failures = set()
@@ -581,7 +610,8 @@ def main(argv=None):
               + (" (the CI subset)" if args.ci else "")
               + (f", every {args.sample}th test" if args.sample > 1 else "")
               + (f", ids matching {' '.join(args.select)}" if args.select else "")
-              + f"; {len(outcomes)} test runs in {elapsed / 60:.1f} min.\n",
+              + f"; {len(outcomes)} test runs in {elapsed / 60:.1f} min"
+              + (f" ({not_run} not run: stopped early)" if not_run else "") + ".\n",
               table, ""]
     if new:
         report.append(f"## Failures not in the manifest ({len(new)})\n")
@@ -606,7 +636,7 @@ def main(argv=None):
     (results / "report.md").write_text("\n".join(report))
     (results / "report.json").write_text(json.dumps({
         "folder": str(folder), "files": files, "modes": args.modes, "timeout": args.timeout,
-        "sample": args.sample, "ci": args.ci, "select": args.select, "seconds": round(elapsed, 1),
+        "sample": args.sample, "ci": args.ci, "not_run": not_run, "select": args.select, "seconds": round(elapsed, 1),
         "table": [{"file": f, "mode": m, **r} for (f, m), r in sorted(rows.items())],
         "outcomes": [o.__dict__ for o in outcomes],
         "new": [{"test": o.test_id, "mode": o.mode, "outcome": o.outcome, "message": o.message,
@@ -627,6 +657,9 @@ def main(argv=None):
     log("")
     log(f"{len(outcomes)} test runs in {elapsed / 60:.1f} min; report: {results / 'report.md'}")
     status = 0
+    if not_run:
+        log(f"STOPPED EARLY: {not_run} selected test runs did not run")
+        status = 1
     if new:
         log(f"FAIL: {len(new)} failures, errors or hangs not in the manifest "
             f"(draft entries: {draft})")

@@ -106,8 +106,13 @@ def _first_line(text, tail=False):
     if tail:
         return lines[-1][:300]
     # Some messages say little on their first line ("Comparing", "Scalars are not equal!"):
-    # the next lines carry what differed.
-    return " | ".join(lines[:3])[:300]
+    # the next lines carry what differed. PyTorch's repro hint ends the useful part.
+    useful = []
+    for line in lines[:3]:
+        if line.startswith("To execute this test"):
+            break
+        useful.append(line)
+    return " | ".join(useful)[:300]
 
 
 @pytest.hookimpl(hookwrapper=True)

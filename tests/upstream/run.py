@@ -22,6 +22,7 @@ first, so a failure the CPU shares is drafted as version skew.
 
 import argparse
 import fnmatch
+import importlib.metadata
 import json
 import os
 import queue
@@ -124,8 +125,8 @@ def worker_env(mode, device_only="privateuse1"):
     env.update(MODES[mode])
     env["PYTORCH_TESTING_DEVICE_ONLY_FOR"] = device_only
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")]))
-    # One worker per core: the XLA CPU client would otherwise start a thread pool per worker
-    # sized to the whole machine.
+    # Workers run side by side, one per core: the CPU reference computations of the tests would
+    # otherwise each start a thread pool the size of the machine.
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # the test folder may be shared or read-only
     return env
@@ -140,7 +141,9 @@ def collect(folder, test_file, results, device_only="privateuse1"):
     """Test ids of one file, cached by the file's size and time and the installed torch."""
     src = folder / test_file
     st = src.stat()
-    cache = results / "collected" / f"{test_file}.{device_only}.{st.st_size}.{int(st.st_mtime)}.txt"
+    torch_version = importlib.metadata.version("torch")
+    cache = (results / "collected" /
+             f"{test_file}.{device_only}.{st.st_size}.{int(st.st_mtime)}.{torch_version}.txt")
     if cache.exists():
         return cache.read_text().split()
     proc = subprocess.run(pytest_cmd(folder, test_file) + ["--collect-only"], cwd=folder,
@@ -312,10 +315,13 @@ class Supervisor:
                                   float(self.timeout))
                 log(f"  HANG {current} [{job.mode}] (killed after {self.timeout:g} s)")
             else:
-                tail = _tail(log_path)
+                tail = _tail(log_path, 60)
                 why = _signal_name(proc.returncode)
+                # The interpreter's fault handler names the fatal error above its module list.
+                fatal = [line for line in tail if line.startswith("Fatal Python error")]
+                detail = fatal[-1] if fatal else (tail[-1] if tail else "")
                 outcome = Outcome(current, job.mode, "crash",
-                                  f"worker died ({why}): {tail[-1] if tail else ''}"[:300],
+                                  f"worker died ({why}): {detail}"[:300],
                                   round(time.monotonic() - started_at, 2))
                 log(f"  CRASH {current} [{job.mode}] ({why})")
             self._record(job, outcome, done)

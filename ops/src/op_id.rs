@@ -44,6 +44,10 @@ pub struct OpFacts {
     /// Not pointwise, yet cheap to compute again and the same every time, so a region may
     /// recompute its result for a late reader instead of holding it (layer and group norms).
     pub cheap_to_recompute: bool,
+    /// An `out=` or in-place destination must have the result's dtype exactly (PyTorch's
+    /// same-dtype unary ops: `neg`, `floor`…), where other ops cast into any dtype the result
+    /// can be cast to.
+    pub out_dtype_exact: bool,
 }
 
 impl OpFacts {
@@ -57,6 +61,7 @@ impl OpFacts {
             index_checks: false,
             product_operands_from: None,
             cheap_to_recompute: false,
+            out_dtype_exact: false,
         }
     }
 }
@@ -109,8 +114,8 @@ macro_rules! op_catalogue {
 
 op_catalogue! {
     // ---- unary elementwise -------------------------------------------------------------
-    Neg = "neg", family: Elementwise, inputs: "self", scalars: "", params: "";
-    Abs = "abs", family: Elementwise, inputs: "self", scalars: "", params: "";
+    Neg = "neg", family: Elementwise, inputs: "self", scalars: "", params: "", facts: { out_dtype_exact: true };
+    Abs = "abs", family: Elementwise, inputs: "self", scalars: "", params: "", facts: { out_dtype_exact: true };
     Exp = "exp", family: Elementwise, inputs: "self", scalars: "", params: "";
     Exp2 = "exp2", family: Elementwise, inputs: "self", scalars: "", params: "";
     Log = "log", family: Elementwise, inputs: "self", scalars: "", params: "";
@@ -132,19 +137,19 @@ op_catalogue! {
     Erfinv = "erfinv", family: Elementwise, inputs: "self", scalars: "", params: "";
     Lgamma = "lgamma", family: Elementwise, inputs: "self", scalars: "", params: "";
     Digamma = "digamma", family: Elementwise, inputs: "self", scalars: "", params: "";
-    Floor = "floor", family: Elementwise, inputs: "self", scalars: "", params: "";
-    Ceil = "ceil", family: Elementwise, inputs: "self", scalars: "", params: "";
-    Round = "round", family: Elementwise, inputs: "self", scalars: "", params: "[decimals?: default 0]";
-    Trunc = "trunc", family: Elementwise, inputs: "self", scalars: "", params: "";
-    Sign = "sign", family: Elementwise, inputs: "self", scalars: "", params: "";
+    Floor = "floor", family: Elementwise, inputs: "self", scalars: "", params: "", facts: { out_dtype_exact: true };
+    Ceil = "ceil", family: Elementwise, inputs: "self", scalars: "", params: "", facts: { out_dtype_exact: true };
+    Round = "round", family: Elementwise, inputs: "self", scalars: "", params: "[decimals?: default 0]", facts: { out_dtype_exact: true };
+    Trunc = "trunc", family: Elementwise, inputs: "self", scalars: "", params: "", facts: { out_dtype_exact: true };
+    Sign = "sign", family: Elementwise, inputs: "self", scalars: "", params: "", facts: { out_dtype_exact: true };
     Reciprocal = "reciprocal", family: Elementwise, inputs: "self", scalars: "", params: "";
     LogicalNot = "logical_not", family: Elementwise, inputs: "self", scalars: "", params: "";
-    BitwiseNot = "bitwise_not", family: Elementwise, inputs: "self", scalars: "", params: "";
+    BitwiseNot = "bitwise_not", family: Elementwise, inputs: "self", scalars: "", params: "", facts: { out_dtype_exact: true };
     IsNan = "isnan", family: Elementwise, inputs: "self", scalars: "", params: "";
     IsInf = "isinf", family: Elementwise, inputs: "self", scalars: "", params: "";
     /// Replacements are static: PyTorch's defaults depend on the dtype (its max/min).
     NanToNum = "nan_to_num", family: Elementwise, inputs: "self", scalars: "",
-        params: "[given?: bitmask 1 = nan, 2 = posinf, 4 = neginf; nan: f64 bits; posinf: f64 bits; neginf: f64 bits] (absent = nan->0, +-inf->dtype max/min)";
+        params: "[given?: bitmask 1 = nan, 2 = posinf, 4 = neginf, facts: { out_dtype_exact: true }; nan: f64 bits; posinf: f64 bits; neginf: f64 bits] (absent = nan->0, +-inf->dtype max/min)";
 
     // ---- binary elementwise: `other` is inputs[1], or scalars[0] when only one input ----
     Add = "add", family: Elementwise, inputs: "self, other", scalars: "other (when not an input), alpha?", params: "";

@@ -310,3 +310,26 @@ def test_training_step_matches_cpu(pjrt):
     for p, q in zip(model.parameters(), ref.parameters()):
         assert_close(p.detach(), q.detach(), rtol=1e-4, atol=1e-5)
     assert torch_pjrt.metrics()["fallback_ops"] == {}
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_same_dtype_ops_refuse_an_out_of_another_dtype(pjrt, mode):
+    # PyTorch's neg, abs, floor, ceil, round, trunc, sign and bitwise_not write only into a
+    # destination of their result's dtype; float ops such as sqrt cast into any wider one.
+    x = torch.tensor([1.5, -2.25], device="pjrt")
+    with torch_pjrt.eager_mode(mode):
+        for op in (torch.neg, torch.abs, torch.floor, torch.ceil, torch.round, torch.trunc,
+                   torch.sign):
+            with pytest.raises(RuntimeError, match="Found dtype Double but expected Float"):
+                op(x, out=torch.empty(0, dtype=torch.float64, device="pjrt"))
+            out = torch.empty(0, dtype=torch.float32, device="pjrt")
+            op(x, out=out)
+            assert torch.equal(out.cpu(), op(x.cpu()))
+        with pytest.raises(RuntimeError, match="Found dtype Int but expected Long"):
+            torch.bitwise_not(x.long(), out=torch.empty(0, dtype=torch.int32, device="pjrt"))
+        wide = torch.empty(0, dtype=torch.float64, device="pjrt")
+        torch.sqrt(x.abs(), out=wide)
+        assert torch.allclose(wide.cpu(), x.cpu().abs().sqrt().double())
+        y = x.clone()
+        y.neg_()
+        assert torch.equal(y.cpu(), -x.cpu())

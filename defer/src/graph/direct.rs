@@ -35,6 +35,7 @@ impl<V: Clone> Graph<V> {
             types.push(t.ty());
         }
         let meta = ops::meta(op, &types, scalars, params)?;
+        super::check_out_dtypes(op, outs, &meta)?;
         if self.may_create_padded(op, inputs, &meta) {
             // It may be made padded (`creation_padded`): capture decides.
             return Ok(None);

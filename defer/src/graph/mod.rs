@@ -720,6 +720,7 @@ impl<V: Clone> Graph<V> {
             types.push(t.ty());
         }
         let meta = ops::meta(op, &types, scalars, params)?;
+        check_out_dtypes(op, outs, &meta)?;
         if outs.len() <= 1 && self.may_create_padded(op, inputs, &meta) {
             let true_ty = &meta.outputs[0];
             if let Some(captured) = self.creation_padded(op, true_ty, scalars, params, outs)? {
@@ -1211,3 +1212,26 @@ fn unknown_storage(id: StorageId) -> EngineError {
 
 #[cfg(test)]
 mod tests;
+
+/// PyTorch's rule for the destinations of its same-dtype ops ([`ops::OpFacts::out_dtype_exact`]):
+/// an `out=` (or in-place) tensor of another dtype is refused rather than cast into.
+pub(crate) fn check_out_dtypes(
+    op: OpId,
+    outs: &[TensorRef],
+    meta: &ops::Meta,
+) -> Result<(), EngineError> {
+    if !op.facts().out_dtype_exact {
+        return Ok(());
+    }
+    for (out, produced) in outs.iter().zip(&meta.outputs) {
+        if out.dtype != produced.dtype {
+            return Err(EngineError::runtime(format!(
+                "{}: Found dtype {} but expected {}",
+                op.name(),
+                out.dtype.scalar_type_name(),
+                produced.dtype.scalar_type_name()
+            )));
+        }
+    }
+    Ok(())
+}

@@ -149,7 +149,7 @@ op_catalogue! {
     IsInf = "isinf", family: Elementwise, inputs: "self", scalars: "", params: "";
     /// Replacements are static: PyTorch's defaults depend on the dtype (its max/min).
     NanToNum = "nan_to_num", family: Elementwise, inputs: "self", scalars: "",
-        params: "[given?: bitmask 1 = nan, 2 = posinf, 4 = neginf, facts: { out_dtype_exact: true }; nan: f64 bits; posinf: f64 bits; neginf: f64 bits] (absent = nan->0, +-inf->dtype max/min)";
+        params: "[given?: bitmask 1 = nan, 2 = posinf, 4 = neginf; nan: f64 bits; posinf: f64 bits; neginf: f64 bits] (absent = nan->0, +-inf->dtype max/min)", facts: { out_dtype_exact: true };
 
     // ---- binary elementwise: `other` is inputs[1], or scalars[0] when only one input ----
     Add = "add", family: Elementwise, inputs: "self, other", scalars: "other (when not an input), alpha?", params: "";

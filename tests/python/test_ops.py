@@ -325,6 +325,8 @@ def test_same_dtype_ops_refuse_an_out_of_another_dtype(pjrt, mode):
             out = torch.empty(0, dtype=torch.float32, device="pjrt")
             op(x, out=out)
             assert torch.equal(out.cpu(), op(x.cpu()))
+        with pytest.raises(RuntimeError, match="Found dtype Double but expected Float"):
+            torch.nan_to_num(x, out=torch.empty(0, dtype=torch.float64, device="pjrt"))
         with pytest.raises(RuntimeError, match="Found dtype Int but expected Long"):
             torch.bitwise_not(x.long(), out=torch.empty(0, dtype=torch.int32, device="pjrt"))
         wide = torch.empty(0, dtype=torch.float64, device="pjrt")

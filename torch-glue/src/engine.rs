@@ -568,9 +568,8 @@ impl Engine {
                 params,
                 outs,
             };
-            let made = MadeValues::default();
-            let mut created = Vec::new();
-            let ran = self.flush_atomically(&made, |planned| {
+            let mut created: smallvec::SmallVec<[StorageId; 2]> = smallvec::SmallVec::new();
+            let ran = self.flush_atomically(|made, planned| {
                 let mut cached = None;
                 let run = graph.run_if_compiled(
                     call,
@@ -790,8 +789,7 @@ impl Engine {
         graph: &mut Graph<DeviceValue>,
         request: FlushRequest<'_>,
     ) -> Result<FlushedValues, EngineError> {
-        let made = MadeValues::default();
-        self.flush_atomically(&made, |planned| {
+        self.flush_atomically(|made, planned| {
             // Tier 1 is asked as soon as the key is known: on a hit the region's source is never
             // assembled.
             let mut cached = None;
@@ -807,18 +805,21 @@ impl Engine {
         })
     }
 
-    /// Runs a flush and its launch (`attempt`, which sets `planned` once the graph has
-    /// returned its flush) so that no failure leaves a storage holding a value nothing will
-    /// compute: on an error or a panic before the job is on the queue, every value `made`
-    /// fails with it, so a read raises instead of waiting forever. A graph left half-updated (a
-    /// panic, or an error after it began installing values) stops the engine.
+    /// Runs a flush and its launch (`attempt`, which makes its output values with `made` and
+    /// sets `planned` once the graph has returned its flush) so that no failure leaves a
+    /// storage holding a value nothing will compute: on an error or a panic before the job is
+    /// on the queue, every value made fails with it, so a read raises instead of waiting
+    /// forever. A graph left half-updated (a panic, or an error after it began installing
+    /// values) stops the engine.
     fn flush_atomically<T>(
         &self,
-        made: &MadeValues,
-        attempt: impl FnOnce(&std::cell::Cell<bool>) -> Result<T, EngineError>,
+        attempt: impl FnOnce(&MadeValues, &std::cell::Cell<bool>) -> Result<T, EngineError>,
     ) -> Result<T, EngineError> {
+        let made = MadeValues::default();
         let planned = std::cell::Cell::new(false);
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| attempt(&planned))) {
+        let attempted =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| attempt(&made, &planned)));
+        match attempted {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) => {
                 if made.any() {

@@ -1210,9 +1210,6 @@ fn unknown_storage(id: StorageId) -> EngineError {
     ))
 }
 
-#[cfg(test)]
-mod tests;
-
 /// PyTorch's rule for the destinations of its same-dtype ops ([`ops::OpFacts::out_dtype_exact`]):
 /// an `out=` (or in-place) tensor of another dtype is refused rather than cast into.
 pub(crate) fn check_out_dtypes(
@@ -1235,3 +1232,6 @@ pub(crate) fn check_out_dtypes(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;

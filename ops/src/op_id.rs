@@ -1,7 +1,8 @@
 //! The op catalogue: one row per op with everything the engine knows about it besides its meta
 //! and lowering — stable numeric id, ATen name, the family module that computes it, its argument
 //! layout and its facts (pointwise, size params, side effects, index checks, product operands,
-//! cheap to recompute). Every row names its family, so no op falls into one by default.
+//! cheap to recompute, exact `out=` dtype). Every row names its family, so no op falls into one
+//! by default.
 
 /// Which module of this crate computes an op's meta and lowering.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

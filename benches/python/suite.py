@@ -34,7 +34,10 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 WORKER = os.path.join(HERE, "workloads.py")
 
 BACKENDS = ("cpu", "inductor", "torch_xla", "pjrt-strict", "pjrt-debug", "pjrt-defer_and_fuse")
-STEADY_WORKLOADS = ("tiny_ops", "chains", "norms", "mlp", "adam", "attention", "item_loop", "generate")
+STEADY_WORKLOADS = (
+    "tiny_ops", "chains", "norms", "mlp", "adam", "attention", "item_loop", "generate", "prompts",
+    "padded_batches",
+)
 WORKLOADS = STEADY_WORKLOADS + ("first_step",)
 TITLES = {
     "tiny_ops": "Tiny-op loop (per op)",
@@ -46,6 +49,8 @@ TITLES = {
     "item_loop": "MLP training step with loss.item() every step (per step)",
     "first_step": "Cold vs warm start: first MLP step in a fresh process",
     "generate": "Tiny GPT-2 and Llama generate(): repeated request (median), first request (first rep)",
+    "prompts": "Tiny GPT-2 generate() with a prompt of a new length at every request (per request)",
+    "padded_batches": "Tiny BERT fine-tune, batches padded to random lengths 8..128 (per step)",
 }
 LABELS = {
     "cpu": "CPU eager",

@@ -630,6 +630,114 @@ def wl_generate(r: Runner):
                 entry["note"] = f"first request compiled {entry['first_compiles']} programs"
 
 
+def wl_prompts(r: Runner):
+    """Tiny GPT-2 `generate()` of 8 tokens for prompts whose length changes at every request
+    (9..31 tokens, a new length each repetition): a chat server's traffic. Per request; the
+    programs the repetitions compiled are in "compiles"."""
+    if r.b.name == "inductor":
+        return
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        r.cases.append({"case": "prompts", "error": "transformers is not installed in this venv"})
+        return
+    import logging
+
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+
+    def make():
+        model = _tiny_decoder("gpt2").to(r.b.device)
+        kwargs = dict(max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=0)
+        calls = [0]
+
+        def run_once():
+            length = 9 + (calls[0] * 5) % 23
+            calls[0] += 1
+            ids = torch.randint(0, 500, (1, length), generator=torch.Generator().manual_seed(length))
+            with torch.no_grad():
+                return model.generate(ids.to(r.b.device), **kwargs).cpu()
+
+        return run_once
+
+    entry = r.case("gpt2, prompt length 9..31, 8 tokens", {"arch": "gpt2", "new_tokens": 8}, 1,
+                   "request", make)
+    if entry.get("compiles") is not None:
+        entry["note"] = f"the timed requests compiled {entry['compiles']} programs"
+
+
+def _tiny_bert():
+    """BERT for sequence classification: 2 layers, width 32, 2 heads, vocabulary 200, dropout
+    off (losses comparable across devices)."""
+    import transformers
+
+    config = transformers.BertConfig(
+        vocab_size=200, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64, num_labels=3, hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    torch.manual_seed(0)
+    return transformers.BertForSequenceClassification(config)
+
+
+def _collated_batch(step: int, length: int, batch: int = 4):
+    """Ids and an attention mask padded to the batch's longest row (`length`), as
+    `DataCollatorWithPadding` pads them."""
+    import random
+
+    rng = random.Random(step)
+    lens = [length] + [rng.randint(2, length) for _ in range(batch - 1)]
+    ids = torch.randint(1, 200, (batch, length), generator=torch.Generator().manual_seed(step))
+    mask = torch.zeros(batch, length, dtype=torch.long)
+    for row, n in enumerate(lens):
+        mask[row, :n] = 1
+    return ids * mask, mask
+
+
+BERT_STEPS = int(os.environ.get("BENCH_BERT_STEPS", "8" if QUICK else "16"))
+
+
+def wl_padded_batches(r: Runner):
+    """A tiny BERT fine-tuned (SGD) on batches padded to random lengths 8..128: one repetition is
+    BERT_STEPS steps of new random lengths (per step). The first repetition's programs are in
+    the note, the later ones' in "compiles"."""
+    if r.b.name == "inductor":
+        return
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        r.cases.append({"case": "bert", "error": "transformers is not installed in this venv"})
+        return
+    import random
+
+    def make():
+        model = _tiny_bert().to(r.b.device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        rng = random.Random(0)
+        calls = [0]
+
+        def run_once():
+            losses = []
+            for _ in range(BERT_STEPS):
+                step = calls[0]
+                calls[0] += 1
+                ids, mask = _collated_batch(step, rng.randint(8, 128))
+                labels = torch.randint(0, 3, (4,), generator=torch.Generator().manual_seed(step))
+                opt.zero_grad()
+                out = model(input_ids=ids.to(r.b.device), attention_mask=mask.to(r.b.device),
+                            labels=labels.to(r.b.device))
+                out.loss.backward()
+                opt.step()
+                losses.append(out.loss.detach())
+            return torch.stack(losses).cpu()
+
+        return run_once
+
+    entry = r.case("bert fine-tune, lengths 8..128", {"steps": BERT_STEPS}, BERT_STEPS, "step", make)
+    if entry.get("first_compiles") is not None:
+        entry["note"] = (f"first {BERT_STEPS} steps compiled {entry['first_compiles']} programs, "
+                         f"the timed ones {entry['compiles']}")
+
+
 WORKLOADS = {
     "tiny_ops": wl_tiny_ops,
     "chains": wl_chains,
@@ -640,6 +748,8 @@ WORKLOADS = {
     "item_loop": wl_item_loop,
     "first_step": wl_first_step,
     "generate": wl_generate,
+    "prompts": wl_prompts,
+    "padded_batches": wl_padded_batches,
 }
 
 

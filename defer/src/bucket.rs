@@ -22,12 +22,14 @@ pub struct Padding {
     pub bucket: i64,
 }
 
-/// A view of a padded value: its sizes and strides over the padded value's elements (offset
-/// 0), and which of its dimensions are padded.
+/// A view of a padded value: its sizes, strides and offset over the padded value's elements,
+/// and which of its dimensions are padded.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PaddedView {
     pub sizes: Shape,
     pub strides: SmallVec<[i64; 6]>,
+    /// The element the view starts at in the padded value.
+    pub offset: i64,
     pub dims: PaddedDims,
     /// Whether a padded dimension of the view merges the extent with dimensions outside it
     /// (`[batch, length, features]` read as `[batch * length, features]`): it then holds
@@ -88,18 +90,27 @@ impl Padding {
     }
 
     /// The view of the padded value that the view `(sizes, strides, offset)` of the true
-    /// tensor is, when the view reads every element of the true tensor, each padded dimension
-    /// as one dimension of its own (permuted, broadcast or with unit dimensions added);
-    /// `None` otherwise.
+    /// tensor is, when every true element it reads sits at the same place relative to its
+    /// dimension in the padded value; `None` otherwise.
+    ///
+    /// Each moving dimension of the view reads either inside one dimension of the true tensor
+    /// (a transpose, a split of the features into heads, a slice of the features such as the
+    /// key third of a fused `qkv` projection, a fixed position) or several whole ones merged
+    /// (a linear layer's `[batch * length]` rows; the extent only as the innermost of them).
+    /// A padded dimension is read whole or at one position: a slice of it (or a split) is
+    /// refused.
     pub fn translate(&self, sizes: &[i64], strides: &[i64], offset: i64) -> Option<PaddedView> {
-        if offset != 0 || sizes.len() != strides.len() || self.true_len() < 2 {
+        if offset < 0 || sizes.len() != strides.len() || self.true_len() < 2 {
+            return None;
+        }
+        let numel: i64 = self.sizes.iter().product();
+        if offset >= numel {
             return None;
         }
         let true_strides = contiguous_strides(&self.sizes);
         let padded_strides = contiguous_strides(&self.padded_sizes());
-        // The true tensor's dimensions that take part (every one larger than one), as atoms a
-        // view dimension consumes whole or, for a dimension other than the extent, in part (a
-        // split: `[batch, length, heads * head_dim]` read as `[batch, length, heads, head_dim]`).
+        // The true tensor's dimensions larger than one, outermost first, each with the index
+        // the view starts at and how far past it the view reaches.
         let mut atoms: SmallVec<[Atom; 8]> = (0..self.sizes.len())
             .filter(|&j| self.sizes[j] != 1)
             .map(|j| Atom {
@@ -107,92 +118,102 @@ impl Padding {
                 true_stride: true_strides[j],
                 padded_stride: padded_strides[j],
                 padded: self.dims.contains(&j),
+                start: (offset / true_strides[j]) % self.sizes[j],
+                reach: 0,
             })
             .collect();
-        // The view's moving dimensions, outermost (largest stride) first.
-        let mut moving: SmallVec<[usize; 6]> = (0..sizes.len())
-            .filter(|&i| sizes[i] != 1 && strides[i] != 0)
-            .collect();
-        moving.sort_by_key(|&i| std::cmp::Reverse(strides[i]));
-        let mut next = 0;
+        let padded_offset = atoms.iter().map(|a| a.start * a.padded_stride).sum();
         let mut out_sizes = Shape::from_slice(sizes);
         let mut out_strides: SmallVec<[i64; 6]> = SmallVec::from_elem(0, sizes.len());
         let mut dims = PaddedDims::new();
         let mut merged = false;
-        for &i in &moving {
-            // Dimensions the view does not move along are read at index 0 (the offset is 0):
-            // `hidden[:, 0]` reads the first position of the extent, a true one.
-            while atoms
-                .get(next)
-                .is_some_and(|a| a.true_stride >= strides[i] * sizes[i])
-            {
-                next += 1;
+        for i in 0..sizes.len() {
+            let (size, stride) = (sizes[i], strides[i]);
+            if size == 1 || stride == 0 {
+                continue;
             }
-            let mut group: SmallVec<[Atom; 4]> = SmallVec::new();
-            let mut product = 1;
-            while product < sizes[i] {
-                if sizes[i] % product != 0 {
-                    return None;
-                }
-                let need = sizes[i] / product;
-                let atom = *atoms.get(next)?;
-                if atom.size <= need {
-                    group.push(atom);
-                    product *= atom.size;
-                    next += 1;
-                } else {
-                    // The outer part of a larger dimension; its inner part is left for the
-                    // view's next dimensions. The extent is never split.
-                    if atom.padded || atom.size % need != 0 {
+            if stride < 0 {
+                return None;
+            }
+            // The true dimension the view's stride falls in.
+            let j = atoms
+                .iter()
+                .position(|a| a.true_stride <= stride && stride < a.true_stride * a.size)?;
+            let inner = atoms[j];
+            if stride % inner.true_stride != 0 {
+                return None;
+            }
+            let step = stride / inner.true_stride;
+            if step == 1 && size > inner.size - inner.start {
+                // Several whole dimensions merged: `j` and the ones outside it, the outermost
+                // of them possibly in part.
+                let mut product = 1;
+                let mut k = j;
+                loop {
+                    let atom = atoms[k];
+                    // The extent merged with a dimension inside it: its runs are not
+                    // contiguous.
+                    if (k != j && atom.padded) || size % product != 0 {
                         return None;
                     }
-                    let inner = atom.size / need;
-                    group.push(Atom {
-                        size: need,
-                        true_stride: atom.true_stride * inner,
-                        padded_stride: atom.padded_stride * inner,
-                        padded: false,
-                    });
-                    atoms[next].size = inner;
-                    product *= need;
+                    let need = size / product;
+                    if need <= atom.size - atom.start && k != j {
+                        // The outermost, from its start.
+                        atoms[k].reach = atoms[k].reach.max(need - 1);
+                        break;
+                    }
+                    if atom.start != 0 || k == 0 {
+                        return None;
+                    }
+                    atoms[k].reach = atom.size - 1;
+                    product *= atom.size;
+                    k -= 1;
                 }
+                let outer: i64 = size / inner.size;
+                if inner.padded {
+                    out_sizes[i] = outer * self.bucket;
+                    merged = true;
+                    dims.push(i);
+                }
+                out_strides[i] = inner.padded_stride;
+                continue;
             }
-            let last = *group.last()?;
-            if product != sizes[i] || strides[i] != last.true_stride {
-                return None;
-            }
-            let outer = &group[..group.len() - 1];
-            if outer.iter().any(|a| a.padded) {
-                // Merged with dimensions outside it, the extent must be the innermost of its
-                // group (each run of it stays contiguous).
-                return None;
-            }
-            if last.padded {
-                out_sizes[i] = outer.iter().map(|a| a.size).product::<i64>() * self.bucket;
-                merged |= !outer.is_empty();
+            if inner.padded {
+                // A padded dimension is read whole, or not moved along at all.
+                if step != 1 || size != inner.size || inner.start != 0 {
+                    return None;
+                }
+                out_sizes[i] = self.bucket;
                 dims.push(i);
             }
-            out_strides[i] = last.padded_stride;
+            atoms[j].reach += (size - 1) * step;
+            out_strides[i] = step * inner.padded_stride;
         }
-        // Dimensions inside the last one moved along are read at index 0 too.
+        // Every dimension's reads stay inside it: no index carries into the next dimension.
+        if atoms.iter().any(|a| a.start + a.reach >= a.size) {
+            return None;
+        }
         Some(PaddedView {
             sizes: out_sizes,
             strides: out_strides,
+            offset: padded_offset,
             dims,
             merged,
         })
     }
 }
 
-/// A run of the true tensor's elements along one dimension (or part of one) while a view is
-/// matched against it: its size, its stride in the true tensor and in the padded value, and
-/// whether it is the padded extent.
+/// One dimension of the true tensor while a view is matched against it: its size, its
+/// stride in the true tensor and in the padded value, whether it is a padded one, the index
+/// the view starts at and how many positions past it the view reads.
 #[derive(Clone, Copy, Debug)]
 struct Atom {
     size: i64,
     true_stride: i64,
     padded_stride: i64,
     padded: bool,
+    start: i64,
+    reach: i64,
 }
 
 /// How many append sites are remembered before the table starts afresh.
@@ -408,9 +429,14 @@ mod tests {
         assert!(hidden
             .translate(&[3, 3, 3, 32], &[288, 96, 32, 1], 0)
             .is_none());
-        // A split that does not divide is refused.
-        assert!(hidden
+        // Features read in rows of six, thirty of them: still inside the feature dimension.
+        let v = hidden
             .translate(&[3, 9, 5, 6], &[288, 32, 6, 1], 0)
+            .unwrap();
+        assert_eq!(v.strides.as_slice(), &[512, 32, 6, 1]);
+        // Thirty-six would carry into the next position.
+        assert!(hidden
+            .translate(&[3, 9, 6, 6], &[288, 32, 6, 1], 0)
             .is_none());
     }
 
@@ -434,10 +460,40 @@ mod tests {
     }
 
     #[test]
+    fn views_at_an_offset_read_the_same_elements_of_the_padded_value() {
+        // A fused projection's output [1, 9, 3 * 8] padded along its length; its key third
+        // split into 2 heads of 4 and moved before the length: [1, 2, 9, 4] at offset 8.
+        let qkv = Padding {
+            sizes: Shape::from_slice(&[1, 9, 24]),
+            dims: smallvec![1],
+            bucket: 16,
+        };
+        let v = qkv.translate(&[1, 2, 9, 4], &[216, 4, 24, 1], 8).unwrap();
+        assert_eq!(v.sizes.as_slice(), &[1, 2, 16, 4]);
+        assert_eq!(&v.strides[1..], &[4, 24, 1]);
+        assert_eq!(v.offset, 8);
+        assert_eq!(v.dims.as_slice(), &[2]);
+        // The value third reaches the end of each row; a wider read would carry into the
+        // next position.
+        assert!(qkv.translate(&[1, 2, 9, 4], &[216, 4, 24, 1], 16).is_some());
+        assert!(qkv.translate(&[1, 2, 9, 8], &[216, 8, 24, 1], 16).is_none());
+        // The cache's last position (`k[:, :, -1]`): exact elements at position 8.
+        let v = cache()
+            .translate(&[1, 2, 1, 4], &[72, 36, 4, 1], 32)
+            .unwrap();
+        assert!(v.dims.is_empty());
+        assert_eq!(v.offset, 32);
+        assert_eq!((v.strides[1], v.strides[3]), (64, 1));
+        // The second head's last position: offset 36 + 32 in the true tensor.
+        let v = cache().translate(&[4], &[1], 68).unwrap();
+        assert_eq!(v.offset, 64 + 32);
+    }
+
+    #[test]
     fn views_across_or_into_the_extent_are_refused() {
         let c = cache();
-        // The last position (a slice of the extent), at an offset.
-        assert!(c.translate(&[1, 2, 1, 4], &[72, 36, 4, 1], 32).is_none());
+        // The last two positions (a slice of the extent).
+        assert!(c.translate(&[1, 2, 2, 4], &[72, 36, 4, 1], 28).is_none());
         // The first five positions.
         assert!(c.translate(&[1, 2, 5, 4], &[72, 36, 4, 1], 0).is_none());
         // The extent merged with the head dim after it.

@@ -14,8 +14,8 @@ mod storage;
 
 pub use graph::{
     isolation_cuts, Captured, CapturedOutputs, EngineError, ErrorKind, ExternalValue, Flush,
-    FlushRequest, Graph, GraphStats, OpCall, PlannedRegion, ReadSource, RegionSource, Regrow,
-    TensorRef,
+    FlushRequest, Graph, GraphStats, HostGather, OpCall, PlannedRegion, ReadSource, RegionSource,
+    Regrow, TensorRef,
 };
 pub use mode::{Mode, ModeStack};
 pub use signature::{Change, RegionSignature};

@@ -344,6 +344,12 @@ fn along(op: OpId, params: &[i64], input: usize, rank: usize, dim: usize) -> Alo
         Gather | Index => Along::Combined(PadFill::Zero),
         // The engine's check of the indices an indexing op read: a padded index reads as 0.
         IndexCheck => Along::Combined(PadFill::Zero),
+        // Membership of each element on its own; padded test elements would be candidates.
+        Isin if input == 0 => Along::Independent,
+        // A triangle keeps or zeroes each element by its row and column alone, and true
+        // positions keep their indices as long as no run of the extent precedes them.
+        Tril | Triu if dim + 2 >= rank => Along::Prefix,
+        Tril | Triu => Along::Independent,
         IndexSelect if input == 1 => Along::Combined(PadFill::Zero),
         IndexSelect if input == 0 => match param_dim(0) {
             Some(d) if d != dim => Along::Independent,

@@ -79,6 +79,14 @@ fn templates() -> Vec<Template> {
         true,
     );
     index_padded.range = (0.0, 5.0);
+    // Which ids are special tokens (`isin(input_ids, eos)`), as generation's setup asks.
+    let mut isin = t(
+        OpId::Isin,
+        &[(DType::I64, &[n(2), L]), (DType::I64, &[n(3)])],
+        &[0],
+        true,
+    );
+    isin.range = (0.0, 6.0);
     let mut scaled = t(OpId::Mul, &[(F, &[n(1), n(2), n(8), L])], &[], true);
     scaled.scalars = vec![ScalarArg::float(0.125)];
     vec![
@@ -141,6 +149,12 @@ fn templates() -> Vec<Template> {
             false,
         ),
         t(OpId::Cat, &[(F, &[n(2), L]), (F, &[n(3), L])], &[0], true),
+        // A causal mask: the extent is both of the triangle's dimensions.
+        t(OpId::Tril, &[(F, &[L, L])], &[0], true),
+        t(OpId::Triu, &[(F, &[n(2), L, L])], &[1], true),
+        t(OpId::Tril, &[(F, &[n(3), L])], &[-1], true),
+        t(OpId::Triu, &[(F, &[L, n(3)])], &[0], true),
+        isin,
         index,
         select,
         gather_rows,

@@ -185,3 +185,29 @@ def test_without_bounded_shapes_a_dynamic_cache_step_recompiles_only_its_attenti
     assert len(set(settled)) == 1 and 0 < settled[0] <= 8, steps
     recent = m["compiled_programs"][-3 * settled[0]:]
     assert all(p["fast"] for p in recent), [p["region"] for p in recent]
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_a_prompt_of_a_new_length_in_a_seen_bucket_compiles_nothing(mode, arch):
+    # A prompt is a `[1, length]` upload; from the third length its site has seen, it arrives
+    # padded to a bucket and the whole request runs padded: the prefill (special-token checks,
+    # causal mask, fused q/k/v projections split into heads, the cache's first entry), its
+    # `input_ids` written into a growing buffer, the decoding steps and the final read of the
+    # tokens, cut out on the host. A prompt of any length in a bucket already served compiles
+    # nothing.
+    model = build(arch)
+    kwargs = dict(max_new_tokens=5, min_new_tokens=5, do_sample=False, pad_token_id=0)
+    prompts = {n: torch.randint(1, 500, (1, n), generator=torch.Generator().manual_seed(n))
+               for n in (9, 11, 13, 10, 12, 14)}
+    with torch.no_grad():
+        expected = {n: model.generate(ids, **kwargs) for n, ids in prompts.items()}
+        model.to("pjrt")
+        new_programs = {}
+        for n, ids in prompts.items():
+            before = torch_pjrt.metrics()["compilations"]
+            got = model.generate(ids.to("pjrt"), **kwargs).cpu()
+            new_programs[n] = torch_pjrt.metrics()["compilations"] - before
+            assert torch.equal(got, expected[n]), n
+    assert torch_pjrt.metrics()["padded_uploads"] > 0
+    # 9 and 11 are exact; 13 is the first padded request; 10, 12 and 14 share its bucket.
+    assert [new_programs[n] for n in (10, 12, 14)] == [0, 0, 0], new_programs

@@ -9,8 +9,8 @@ use compile::{
     ExecJob, ExecQueue, HostArgument, WeakDeviceValue,
 };
 use defer::{
-    Captured, EngineError, ErrorKind, Flush, FlushRequest, Graph, Mode, ModeStack, OpCall,
-    ReadSource, Regrow, StorageId, TensorRef,
+    Captured, EngineError, ErrorKind, Flush, FlushRequest, Graph, HostGather, Mode, ModeStack,
+    OpCall, ReadSource, Regrow, StorageId, TensorRef,
 };
 use ops::{DType, OpId, ScalarArg};
 use parking_lot::Mutex;
@@ -1058,6 +1058,12 @@ impl Engine {
         if expected == 0 {
             return Ok(());
         }
+        // A view of a small storage is cut out on the host: a device copy would compile a
+        // program per view shape (a growing sequence read at each length).
+        let gather = self.graph.lock()?.host_gather(t, HOST_GATHER_BYTES)?;
+        if let Some(gather) = gather {
+            return self.read_host_gathered(t, &gather, dst);
+        }
         let whole = {
             let mut graph = self.graph.lock()?;
             graph.make_exact(t.storage)?;
@@ -1118,6 +1124,53 @@ impl Engine {
         }
         Counters::bump(&self.counters.device_to_host, 1);
         Counters::bump(&self.counters.device_to_host_bytes, dst.len() as u64);
+        Ok(())
+    }
+
+    /// `read_host` of view `t` by `gather`: the storage's whole value is read, the view's
+    /// elements are copied out of it on the host.
+    fn read_host_gathered(
+        &self,
+        t: &TensorRef,
+        gather: &HostGather,
+        dst: &mut [u8],
+    ) -> Result<(), EngineError> {
+        let source = {
+            let mut graph = self.graph.lock()?;
+            match graph.storage_source(t.storage)? {
+                Some(source) => source,
+                None => {
+                    self.flush_locked(&mut graph, FlushRequest::All)?;
+                    graph.storage_source(t.storage)?.ok_or_else(|| {
+                        EngineError::runtime("internal error: a flushed storage is still pending")
+                    })?
+                }
+            }
+        };
+        self.verify_checks()?;
+        let element = t.dtype.size_bytes();
+        match source {
+            ReadSource::Zeros => dst.fill(0),
+            ReadSource::Device(value, ty) => {
+                let buffer = self.wait_device(&value)?;
+                let mut whole = vec![0u8; ty.numel() as usize * ty.dtype.size_bytes()];
+                buffer
+                    .to_host_into(&mut whole)
+                    .map_err(|e| runtime_error("copying a pjrt tensor to the host", e))?;
+                if ty.dtype != t.dtype || !gather.copy(&whole, element, dst) {
+                    return Err(EngineError::runtime(format!(
+                        "internal error: a view of {:?} at offset {} does not fit its storage's \
+                         value of {} {} elements",
+                        gather.sizes.as_slice(),
+                        gather.offset,
+                        ty.numel(),
+                        ty.dtype.name()
+                    )));
+                }
+                Counters::bump(&self.counters.device_to_host_bytes, whole.len() as u64);
+            }
+        }
+        Counters::bump(&self.counters.device_to_host, 1);
         Ok(())
     }
 
@@ -1315,6 +1368,10 @@ impl Engine {
         self.client.reset_peak_memory();
     }
 }
+
+/// Storages up to this size are read whole when a view of them is read on the host
+/// (`Graph::host_gather`); a larger one only when the view is most of it.
+const HOST_GATHER_BYTES: u64 = 64 * 1024;
 
 #[cfg(test)]
 mod client_option_tests {

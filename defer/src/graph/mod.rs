@@ -233,6 +233,81 @@ pub struct Flush<V> {
     pub checks: Vec<(V, String)>,
 }
 
+/// A view's elements within its storage's whole value, for a read gathered on the host:
+/// sizes, and strides and offset in elements of the value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostGather {
+    pub sizes: Shape,
+    pub strides: SmallVec<[i64; 6]>,
+    pub offset: i64,
+}
+
+impl HostGather {
+    /// Copies the view's elements (`element` bytes each) out of `value`, the whole value's
+    /// bytes, into `dst` in row-major order; `false` when the view reaches past `value`.
+    pub fn copy(&self, value: &[u8], element: usize, dst: &mut [u8]) -> bool {
+        let numel: i64 = self.sizes.iter().product();
+        if numel <= 0 {
+            return true;
+        }
+        let last = self.offset
+            + self
+                .sizes
+                .iter()
+                .zip(&self.strides)
+                .map(|(&n, &s)| (n - 1) * s)
+                .sum::<i64>();
+        if self.offset < 0 || (last as usize + 1) * element > value.len() {
+            return false;
+        }
+        if dst.len() != numel as usize * element {
+            return false;
+        }
+        // The innermost dimension moves in one copy when it is contiguous.
+        let rank = self.sizes.len();
+        let (inner, inner_stride) = match rank {
+            0 => (1, 1),
+            _ => (self.sizes[rank - 1], self.strides[rank - 1]),
+        };
+        let outer_rank = rank.saturating_sub(1);
+        let mut index: SmallVec<[i64; 6]> = SmallVec::from_elem(0, outer_rank);
+        let mut written = 0;
+        loop {
+            let base = self.offset
+                + index
+                    .iter()
+                    .zip(&self.strides)
+                    .map(|(&i, &s)| i * s)
+                    .sum::<i64>();
+            if inner_stride == 1 {
+                let from = base as usize * element;
+                let len = inner as usize * element;
+                dst[written..written + len].copy_from_slice(&value[from..from + len]);
+                written += len;
+            } else {
+                for k in 0..inner {
+                    let from = (base + k * inner_stride) as usize * element;
+                    dst[written..written + element].copy_from_slice(&value[from..from + element]);
+                    written += element;
+                }
+            }
+            // The next outer index, last dimension fastest.
+            let mut d = outer_rank;
+            loop {
+                if d == 0 {
+                    return true;
+                }
+                d -= 1;
+                index[d] += 1;
+                if index[d] < self.sizes[d] {
+                    break;
+                }
+                index[d] = 0;
+            }
+        }
+    }
+}
+
 /// Where a host read gets its bytes.
 #[derive(Clone, Debug)]
 pub enum ReadSource<V> {
@@ -1086,6 +1161,63 @@ impl<V: Clone> Graph<V> {
     }
 
     // ----- host transfers -----
+
+    /// How the host can read view `t` out of its storage's whole value instead of a device
+    /// copy (a program per view shape): when the storage holds at most `limit_bytes`, or
+    /// little more than the view, in `t`'s dtype. A view of a padded storage is read through
+    /// the padded value, so reading a padded result compiles nothing either.
+    pub fn host_gather(
+        &mut self,
+        t: &TensorRef,
+        limit_bytes: u64,
+    ) -> Result<Option<HostGather>, EngineError> {
+        let view_bytes = t.numel().max(0) as u64 * t.dtype.size_bytes() as u64;
+        let storage = self.storage(t.storage)?;
+        if storage.native != Some(t.dtype)
+            || (storage.nbytes > limit_bytes && storage.nbytes > 4 * view_bytes)
+            || t.sizes.len() != t.strides.len()
+            || t.strides.iter().any(|&s| s < 0)
+        {
+            return Ok(None);
+        }
+        let layout = match storage.padding.clone() {
+            Some(padding) => {
+                let Some(view) = padding.translate(&t.sizes, &t.strides, t.offset) else {
+                    return Ok(None);
+                };
+                // The true sizes, at the padded value's strides.
+                HostGather {
+                    sizes: t.sizes.clone(),
+                    strides: view.strides,
+                    offset: view.offset,
+                }
+            }
+            None => {
+                if self.placement(&"reading a pjrt tensor", t)?.whole {
+                    // The plain read moves the whole buffer as it is.
+                    return Ok(None);
+                }
+                HostGather {
+                    sizes: t.sizes.clone(),
+                    strides: t.strides.iter().copied().collect(),
+                    offset: t.offset,
+                }
+            }
+        };
+        Ok(Some(layout))
+    }
+
+    /// Where the bytes of storage `id`'s whole value (padded, when it is) come from; `None`
+    /// means a flush is needed first.
+    pub fn storage_source(&self, id: StorageId) -> Result<Option<ReadSource<V>>, EngineError> {
+        Ok(match &self.storage(id)?.value {
+            StorageValue::Uninit => Some(ReadSource::Zeros),
+            StorageValue::Device { value, ty } => {
+                Some(ReadSource::Device(value.clone(), ty.clone()))
+            }
+            StorageValue::Pending { .. } => None,
+        })
+    }
 
     /// Where the bytes of tensor `t` come from; `None` means a flush of its storage is needed
     /// first.

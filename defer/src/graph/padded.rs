@@ -87,6 +87,7 @@ impl<V: Clone> Graph<V> {
         let Some(PaddedView {
             sizes,
             strides,
+            offset,
             dims,
             ..
         }) = padding.translate(&t.sizes, &t.strides, t.offset)
@@ -98,10 +99,10 @@ impl<V: Clone> Graph<V> {
             dtype: t.dtype,
             sizes,
             strides,
-            offset: 0,
+            offset,
         };
         let base_len = padding.padded_numel();
-        let whole = view.contiguous_numel() == Some(base_len);
+        let whole = offset == 0 && view.contiguous_numel() == Some(base_len);
         let placement = Placement {
             native,
             base_len,
@@ -123,6 +124,29 @@ impl<V: Clone> Graph<V> {
         outs: &[TensorRef],
         types: &[TensorType],
     ) -> Result<Captured, EngineError> {
+        // `cat` skips 1-d empty inputs (PyTorch's legacy rule): a cache that starts as
+        // `torch.tensor([])` and takes a padded first entry is that entry, still padded.
+        if op == OpId::Cat && inputs.iter().any(|t| t.sizes.as_slice() == [0]) {
+            let kept: SmallVec<[TensorRef; 3]> = inputs
+                .iter()
+                .filter(|t| t.sizes.as_slice() != [0])
+                .cloned()
+                .collect();
+            let same_dtype = inputs
+                .iter()
+                .all(|t| kept.first().is_some_and(|k| k.dtype == t.dtype));
+            if let ([only], true) = (kept.as_slice(), same_dtype) {
+                let ty = only.ty();
+                return self.capture_padded(
+                    OpId::Clone,
+                    std::slice::from_ref(only),
+                    &[],
+                    &[],
+                    outs,
+                    std::slice::from_ref(&ty),
+                );
+            }
+        }
         if outs.len() <= 1 && self.bounded {
             if let Some(captured) = self.try_padded(op, inputs, scalars, params, outs, types)? {
                 self.stats.captured_ops += 1;
@@ -151,10 +175,12 @@ impl<V: Clone> Graph<V> {
             // An in-place op (or `out=`, as `_to_copy` into a fresh tensor) writing every
             // element of its storage: its result is the storage's new value, padded. Other
             // views of the same storage are capture's to check.
-            if !self.is_whole_out(out)?
-                || inputs.iter().any(|t| t.storage == out.storage && t != out)
-            {
+            if inputs.iter().any(|t| t.storage == out.storage && t != out) {
                 return Ok(None);
+            }
+            if !self.is_whole_out(out)? {
+                return self
+                    .write_padded_into_fresh_window(op, inputs, scalars, params, out, types);
             }
         }
         // The padded inputs' paddings, and the one extent (length and bucket) they share.
@@ -242,6 +268,96 @@ impl<V: Clone> Graph<V> {
         )))
     }
 
+    /// `op` on padded inputs written into `out`, a contiguous window of a storage nothing has
+    /// written yet (a growing sequence's new capacity buffer taking its padded first part:
+    /// `buffer[:n].copy_(ids)`). Past the window the storage holds no value, so the whole
+    /// bucket is written there: the true elements land in the window and the padding after
+    /// them, and the program knows the bucket, not the length. `None` when the result is not
+    /// padded as one run, or the bucket does not fit.
+    fn write_padded_into_fresh_window(
+        &mut self,
+        op: OpId,
+        inputs: &[TensorRef],
+        scalars: &[ScalarArg],
+        params: &[i64],
+        out: &TensorRef,
+        types: &[TensorType],
+    ) -> Result<Option<Captured>, EngineError> {
+        let fresh = matches!(self.storage(out.storage)?.value, StorageValue::Uninit);
+        let numel = out.numel();
+        if !fresh || self.is_padded(out.storage) || out.contiguous_numel() != Some(numel) {
+            return Ok(None);
+        }
+        let placement = self.placement(&"an output", out)?;
+        if placement.native != out.dtype {
+            return Ok(None);
+        }
+        // A run: every dimension before the padded one is a unit, so the true elements are
+        // the first ones of the padded value.
+        let fits = |p: &Padding| {
+            matches!(p.dims.as_slice(), [d] if p.sizes[..*d].iter().all(|&s| s == 1))
+                && p.sizes.iter().product::<i64>() == numel
+                && out.offset + p.padded_numel() <= placement.base_len
+        };
+        let meta = ops::meta(op, types, scalars, params)?;
+        let [ty] = meta.outputs.as_slice() else {
+            return Ok(None);
+        };
+        if ty.dtype != out.dtype || ty.shape.iter().product::<i64>() != numel {
+            return Ok(None);
+        }
+        let Some(captured) = self.try_padded(op, inputs, scalars, params, &[], types)? else {
+            return Ok(None);
+        };
+        let result = captured.outputs[0].0;
+        let padding = match self.padding_of(result) {
+            Some(p) if fits(&p) => p,
+            _ => {
+                // Exact after all, or padded otherwise: the caller captures the op on exact
+                // values; nothing reads the node made here.
+                self.release_storage(result)?;
+                return Ok(None);
+            }
+        };
+        let padded_numel = padding.padded_numel();
+        let whole = TensorRef::contiguous(result, out.dtype, &padding.padded_sizes());
+        let value = self.read_for_node(
+            &whole,
+            &Placement {
+                native: out.dtype,
+                base_len: padded_numel,
+                whole: true,
+                padded: false,
+            },
+        )?;
+        let flat_params = [padded_numel];
+        let flat = ops::meta(
+            OpId::Reshape,
+            &[TensorType::new(out.dtype, &padding.padded_sizes())],
+            &[],
+            &flat_params,
+        )?;
+        let node = self.push_node(
+            RegionOp::Aten(OpId::Reshape),
+            &flat_params,
+            &[],
+            flat,
+            SmallVec::from_elem(value, 1),
+        );
+        let target = TensorRef {
+            storage: out.storage,
+            dtype: out.dtype,
+            sizes: Shape::from_slice(&[padded_numel]),
+            strides: SmallVec::from_slice(&[1]),
+            offset: out.offset,
+        };
+        self.write_through_view(&target, &placement, node.output(0))?;
+        self.release_storage(result)?;
+        let mut outputs = CapturedOutputs::new();
+        outputs.push((out.storage, out.ty()));
+        Ok(Some(Captured { outputs }))
+    }
+
     /// `op` written through `out`, a view of a padded storage that reaches true positions only
     /// (`grad_input.select(1, 0).copy_(grad)`, as `select_backward` writes a gradient into
     /// zeros made padded): the op runs exact and its result is written into the padded value,
@@ -285,7 +401,7 @@ impl<V: Clone> Graph<V> {
             dtype: out.dtype,
             sizes: view.sizes,
             strides: view.strides,
-            offset: 0,
+            offset: view.offset,
         };
         let placement = Placement {
             native,
@@ -949,7 +1065,7 @@ impl<V: Clone> Graph<V> {
         }
         let dim = cat_dim(params, rank)?;
         let view = padding.translate(&a.sizes, &a.strides, a.offset)?;
-        if view.dims.as_slice() != [dim] || padding.dims[0] != dim {
+        if view.dims.as_slice() != [dim] || padding.dims[0] != dim || view.offset != 0 {
             return None;
         }
         let bucket = padding::bucket(a.sizes[dim] + b.sizes[dim]);

@@ -306,7 +306,7 @@ fn a_read_into_the_extent_cuts_the_padding_off_first() {
     let (cache, _) = grow_cache(&mut g, 4);
     assert!(g.is_padded(cache.storage));
     let len = cache.sizes[2];
-    // The last position: a slice of the extent, which no padded program reads.
+    // The last position alone is a true element of the padded value: read as it is.
     let last = TensorRef {
         sizes: Shape::from_slice(&[1, 2, 1, 4]),
         offset: (len - 1) * 4,
@@ -314,6 +314,16 @@ fn a_read_into_the_extent_cuts_the_padding_off_first() {
     };
     let captured = g.capture(OpId::Clone, &[last], &[], &[], &[]).unwrap();
     assert_eq!(captured.outputs[0].1.shape.as_slice(), &[1, 2, 1, 4]);
+    assert_eq!(g.stats().unpadded_values, 0);
+    assert!(g.is_padded(cache.storage));
+    // The last two: a slice of the extent, which no padded program reads.
+    let last_two = TensorRef {
+        sizes: Shape::from_slice(&[1, 2, 2, 4]),
+        offset: (len - 2) * 4,
+        ..cache.clone()
+    };
+    let captured = g.capture(OpId::Clone, &[last_two], &[], &[], &[]).unwrap();
+    assert_eq!(captured.outputs[0].1.shape.as_slice(), &[1, 2, 2, 4]);
     assert_eq!(g.stats().unpadded_values, 1);
     assert!(!g.is_padded(cache.storage));
     assert!(g.is_whole(&cache).unwrap());
@@ -519,4 +529,57 @@ fn an_append_writes_into_the_buffer_of_a_padded_value_nothing_else_holds() {
             flush.aliases
         );
     }
+}
+
+#[test]
+fn a_host_gather_copies_a_views_elements_in_row_major_order() {
+    // A [3, 4] value of one-byte elements 0..12; its transpose's first two columns.
+    let value: Vec<u8> = (0..12).collect();
+    let gather = HostGather {
+        sizes: Shape::from_slice(&[2, 3]),
+        strides: SmallVec::from_slice(&[1, 4]),
+        offset: 1,
+    };
+    let mut dst = [0u8; 6];
+    assert!(gather.copy(&value, 1, &mut dst));
+    assert_eq!(dst, [1, 5, 9, 2, 6, 10]);
+    // Rows of a contiguous window, two bytes per element.
+    let wide: Vec<u8> = (0..24).collect();
+    let window = HostGather {
+        sizes: Shape::from_slice(&[1, 3]),
+        strides: SmallVec::from_slice(&[3, 1]),
+        offset: 2,
+    };
+    let mut dst = [0u8; 6];
+    assert!(window.copy(&wide, 2, &mut dst));
+    assert_eq!(dst, [4, 5, 6, 7, 8, 9]);
+    // A view reaching past the value is refused.
+    let past = HostGather {
+        sizes: Shape::from_slice(&[5]),
+        strides: SmallVec::from_slice(&[3]),
+        offset: 0,
+    };
+    assert!(!past.copy(&value, 1, &mut [0u8; 5]));
+}
+
+#[test]
+fn a_view_of_a_padded_storage_is_gathered_through_the_padded_value() {
+    let mut g: Graph<u32> = Graph::new();
+    let (cache, _) = grow_cache(&mut g, 4);
+    assert!(g.is_padded(cache.storage));
+    let len = cache.sizes[2];
+    // The second head's last position.
+    let last = TensorRef {
+        sizes: Shape::from_slice(&[4]),
+        strides: SmallVec::from_slice(&[1]),
+        offset: len * 4 + (len - 1) * 4,
+        ..cache.clone()
+    };
+    let gather = g.host_gather(&last, 1 << 20).unwrap().unwrap();
+    let bucket = ops::padding::bucket(len);
+    assert_eq!(gather.offset, bucket * 4 + (len - 1) * 4);
+    assert_eq!(gather.strides.as_slice(), &[1]);
+    // The whole padded storage is read too; nothing was cut back.
+    assert!(g.host_gather(&cache, 1 << 20).unwrap().is_some());
+    assert_eq!(g.stats().unpadded_values, 0);
 }

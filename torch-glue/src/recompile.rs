@@ -286,7 +286,9 @@ impl RecompileTracker {
     }
 
     /// `padded[i]`: op `i` runs on padded values, whose programs change only when a bucket
-    /// fills (a few times in a sequence's life), so it is never cut out.
+    /// fills (a few times in a sequence's life), so it is never cut out; a recompile in which
+    /// one of them changed is a new bucket, which changes the ops made at the bucket's size
+    /// beside them too (`arange` of the bucket's length, windows read at it), and cuts nothing.
     fn note_varying_ops(
         &mut self,
         skeleton: u64,
@@ -297,7 +299,7 @@ impl RecompileTracker {
         let mut ops: Vec<usize> = Vec::new();
         for change in changes {
             match change.op_index {
-                Some(i) if padded.get(i).copied().unwrap_or(false) => {}
+                Some(i) if padded.get(i).copied().unwrap_or(false) => return,
                 Some(i) => ops.push(i),
                 None => return, // what the region materializes changed: not a few ops' shapes
             }
@@ -480,6 +482,24 @@ mod tests {
                 Mode::DeferAndFuse,
                 (0, extra as u64),
             );
+        }
+        assert!(!t.has_isolations());
+    }
+
+    #[test]
+    fn a_new_bucket_isolates_nothing() {
+        // A region with an append into a padded value (op 3) and an op made at the bucket's
+        // size beside it (op 5, an `arange` of the bucket's length): a new bucket changes both,
+        // which is the region's program for that bucket, not a few ops to cut out.
+        let mut t = RecompileTracker::new(None);
+        for (n, bucket) in [16i64, 32, 64, 128].into_iter().enumerate() {
+            let mut region = chain(20, 5, bucket);
+            region.ops[3].op = RegionOp::Append(std::sync::Arc::new(fuse::AppendOp {
+                dim: 0,
+                out_bucket: bucket,
+            }));
+            region.skeleton = signature::skeleton(region.ops.iter().map(|o| &o.op));
+            t.on_compile(region, "r", Mode::DeferAndFuse, (0, n as u64));
         }
         assert!(!t.has_isolations());
     }

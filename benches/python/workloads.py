@@ -630,10 +630,13 @@ def wl_generate(r: Runner):
                 entry["note"] = f"first request compiled {entry['first_compiles']} programs"
 
 
+PROMPTS_PER_REP = 4
+
+
 def wl_prompts(r: Runner):
     """Tiny GPT-2 `generate()` of 8 tokens for prompts whose length changes at every request
-    (9..31 tokens, a new length each repetition): a chat server's traffic. Per request; the
-    programs the repetitions compiled are in "compiles"."""
+    (17..31 tokens, one bucket of bounded shapes; a repetition is 4 requests): a chat server's
+    traffic. Per request; the programs the timed repetitions compiled are in "compiles"."""
     if r.b.name == "inductor":
         return
     try:
@@ -651,16 +654,20 @@ def wl_prompts(r: Runner):
         calls = [0]
 
         def run_once():
-            length = 9 + (calls[0] * 5) % 23
-            calls[0] += 1
-            ids = torch.randint(0, 500, (1, length), generator=torch.Generator().manual_seed(length))
-            with torch.no_grad():
-                return model.generate(ids.to(r.b.device), **kwargs).cpu()
+            outs = []
+            for _ in range(PROMPTS_PER_REP):
+                length = 17 + (calls[0] * 4) % 15
+                calls[0] += 1
+                ids = torch.randint(0, 500, (1, length),
+                                    generator=torch.Generator().manual_seed(length))
+                with torch.no_grad():
+                    outs.append(model.generate(ids.to(r.b.device), **kwargs).cpu())
+            return outs
 
         return run_once
 
-    entry = r.case("gpt2, prompt length 9..31, 8 tokens", {"arch": "gpt2", "new_tokens": 8}, 1,
-                   "request", make)
+    entry = r.case("gpt2, prompt length 17..31, 8 tokens", {"arch": "gpt2", "new_tokens": 8},
+                   PROMPTS_PER_REP, "request", make)
     if entry.get("compiles") is not None:
         entry["note"] = f"the timed requests compiled {entry['compiles']} programs"
 

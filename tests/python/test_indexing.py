@@ -2,6 +2,8 @@
 `index_put_` with integer index tensors and bool masks; nonzero and masked_select, whose result
 sizes depend on the data; and the gradients of each, in every eager mode, with no CPU fallback."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -120,6 +122,25 @@ def test_bool_masks(dev, mode):
     check(lambda x: x[x[:, :, 0] > 0.5], X, grad=True, mode=mode)
     check(lambda x, m: x[:, m], X, torch.tensor([True, False, True, True, False]), grad=True,
           mode=mode)
+
+
+def test_uint8_masks_warn_as_pytorch_does(dev):
+    # PyTorch warns at every indexing call, once per uint8 mask in the index list.
+    mask = torch.tensor([1, 0, 1, 1, 0], dtype=torch.uint8)
+    for index in (mask, mask.to("pjrt")):
+        x = X.to("pjrt")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = x[:, index]
+            x[:, index] = 0.0
+        deprecated = [w for w in caught if "indexing with dtype torch.uint8" in str(w.message)]
+        assert len(deprecated) == 2, [str(w.message) for w in caught]
+        torch.testing.assert_close(got.cpu(), X[:, mask.bool()])
+        assert not x[:, index].cpu().any()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        x[:, mask.bool().to("pjrt")]
+    assert not [w for w in caught if "uint8" in str(w.message)]
 
 
 def test_bool_mask_in_debug_mode(dev):

@@ -110,6 +110,18 @@ at::Tensor& pjrt_masked_scatter_(at::Tensor& self, const at::Tensor& mask, const
 
 using IndexList = c10::List<std::optional<at::Tensor>>;
 
+// PyTorch's indexing warns once per uint8 mask in the index list, at each call.
+void warn_byte_masks(const IndexList& indices) {
+  for (const auto i : c10::irange(indices.size())) {
+    const std::optional<at::Tensor> entry = indices.get(i);
+    if (entry.has_value() && entry->defined() && entry->scalar_type() == at::kByte) {
+      TORCH_WARN(
+          "indexing with dtype torch.uint8 is now deprecated, please use a dtype torch.bool "
+          "instead.");
+    }
+  }
+}
+
 // An index list as integer index tensors on self's device and the dims they select along.
 struct Indices {
   std::vector<at::Tensor> tensors;
@@ -223,6 +235,7 @@ void index_call(OpCall& c, const at::Tensor& self, const Indices& ix) {
 
 at::Tensor pjrt_index(const at::Tensor& self, const IndexList& indices) {
   static const int32_t op = engine_op("index");
+  warn_byte_masks(indices);
   const Indices ix = expand_indices(self, indices, std::nullopt);
   OpCall c(op, "aten::index.Tensor");
   index_call(c, self, ix);
@@ -231,6 +244,7 @@ at::Tensor pjrt_index(const at::Tensor& self, const IndexList& indices) {
 
 at::Tensor& pjrt_index_out(const at::Tensor& self, const IndexList& indices, at::Tensor& out) {
   static const int32_t op = engine_op("index");
+  warn_byte_masks(indices);
   const Indices ix = expand_indices(self, indices, std::nullopt);
   OpCall c(op, "aten::index.Tensor_out");
   index_call(c, self, ix);
@@ -330,6 +344,7 @@ at::Tensor& pjrt_index_put_impl_(
       " (got ",
       indices.size(),
       ")");
+  warn_byte_masks(indices);
   if (!accumulate && try_masked_fill(self, indices, values)) {
     return self;
   }

@@ -53,6 +53,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
                 outputs,
                 scalar_dtypes: ScalarDTypes::new(),
                 variant: 0,
+                float_default: None,
             })
         }
         LogSigmoidBackward => {

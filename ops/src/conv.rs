@@ -462,6 +462,7 @@ fn conv_meta(a: &MetaArgs) -> Result<Meta, OpError> {
                 outputs,
                 scalar_dtypes: ScalarDTypes::new(),
                 variant: 0,
+                float_default: None,
             })
         }
     }
@@ -1557,6 +1558,7 @@ fn pool_meta(a: &MetaArgs) -> Result<Meta, OpError> {
                 outputs,
                 scalar_dtypes: none,
                 variant: 0,
+                float_default: None,
             })
         }
         MaxPool2dWithIndicesBackward
@@ -1631,6 +1633,7 @@ fn pool_meta(a: &MetaArgs) -> Result<Meta, OpError> {
                 outputs,
                 scalar_dtypes: none,
                 variant: 0,
+                float_default: None,
             })
         }
         AdaptiveMaxPool2dBackward => {

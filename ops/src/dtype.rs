@@ -36,8 +36,12 @@ impl DType {
         DType::BF16,
     ];
 
-    /// The dtype PyTorch gives Python floats (`torch.get_default_dtype()`).
-    pub const DEFAULT_FLOAT: DType = DType::F32;
+    /// The dtype PyTorch gives Python floats and integer results of float ops
+    /// (`torch.get_default_dtype()`), for the meta running on this thread: float32 unless
+    /// [`scoped_default_float`] says otherwise.
+    pub fn default_float() -> DType {
+        DEFAULT_FLOAT.with(|d| d.get())
+    }
 
     pub fn from_code(code: i32) -> Option<Self> {
         DType::ALL.into_iter().find(|d| d.code() == code)
@@ -382,7 +386,31 @@ impl ScalarArg {
             (Some(d), _) => d,
             (None, ScalarValue::Bool(_)) => DType::Bool,
             (None, ScalarValue::Int(_)) => DType::I64,
-            (None, ScalarValue::Float(_)) => DType::DEFAULT_FLOAT,
+            (None, ScalarValue::Float(_)) => DType::default_float(),
         }
+    }
+}
+
+thread_local! {
+    static DEFAULT_FLOAT: std::cell::Cell<DType> = const { std::cell::Cell::new(DType::F32) };
+}
+
+/// Makes `dtype` PyTorch's default float dtype for the metas and lowerings run on this thread
+/// until the guard drops (the plugin passes `torch.get_default_dtype()` with each op call).
+/// Metas record a default other than float32 (`Meta::float_default`), which keys them apart.
+#[must_use]
+pub fn scoped_default_float(dtype: DType) -> DefaultFloatGuard {
+    let previous = DEFAULT_FLOAT.with(|d| d.replace(dtype));
+    DefaultFloatGuard { previous }
+}
+
+/// Restores the previous default float dtype when dropped.
+pub struct DefaultFloatGuard {
+    previous: DType,
+}
+
+impl Drop for DefaultFloatGuard {
+    fn drop(&mut self) {
+        DEFAULT_FLOAT.with(|d| d.set(self.previous));
     }
 }

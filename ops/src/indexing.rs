@@ -145,6 +145,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
                 outputs: smallvec::smallvec![i[0].clone(), i[0].with_dtype(DType::I64)],
                 scalar_dtypes: Default::default(),
                 variant: 0,
+                float_default: None,
             })
         }
         TopK => {
@@ -166,6 +167,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
                 outputs: smallvec::smallvec![values, indices],
                 scalar_dtypes: Default::default(),
                 variant: 0,
+                float_default: None,
             })
         }
         Nonzero => {

@@ -27,7 +27,7 @@ mod random;
 mod reduce;
 mod shape;
 
-pub use dtype::{DType, ScalarArg, ScalarValue, Shape, TensorType};
+pub use dtype::{scoped_default_float, DType, ScalarArg, ScalarValue, Shape, TensorType};
 pub use emitter::{Cmp, Emitter, Value};
 pub use error::{ErrorKind, OpError};
 pub use op_id::{Family, OpFacts, OpId};
@@ -43,6 +43,9 @@ pub struct Meta {
     /// `x ** 2` as a product. It is part of the region key: a value that picks another variant
     /// compiles another module, any other change of the value does not.
     pub variant: u8,
+    /// PyTorch's default float dtype when it was not float32 as this meta ran (it may pick
+    /// result and scalar dtypes, so it is part of the region key).
+    pub float_default: Option<DType>,
 }
 
 /// Inline lists: meta runs for every captured op, and most ops have one output and at most a
@@ -56,6 +59,7 @@ impl Meta {
             outputs: smallvec::smallvec![output],
             scalar_dtypes: scalar_dtypes.into(),
             variant: 0,
+            float_default: None,
         }
     }
 }
@@ -118,21 +122,28 @@ pub fn meta(
         scalars,
         params: Params::new(op, params),
     };
-    match op.family() {
-        Family::Elementwise => elementwise::meta(&args),
-        Family::Creation => creation::meta(&args),
-        Family::Reduce => reduce::meta(&args),
-        Family::Linalg => linalg::meta(&args),
-        Family::Shape => shape::meta(&args),
-        Family::Backward => backward::meta(&args),
-        Family::Check => checks::meta(&args),
-        Family::Random => random::meta(&args),
-        Family::Normalization => norm::meta(&args),
-        Family::Conv => conv::meta(&args),
-        Family::Indexing => indexing::meta(&args),
-        Family::Activation => activation::meta(&args),
-        Family::Loss => loss::meta(&args),
-        Family::Optim => optim::meta(&args),
+    let mut meta = family_meta(&args)?;
+    let default = DType::default_float();
+    meta.float_default = (default != DType::F32).then_some(default);
+    Ok(meta)
+}
+
+fn family_meta(args: &MetaArgs<'_>) -> Result<Meta, OpError> {
+    match args.op.family() {
+        Family::Elementwise => elementwise::meta(args),
+        Family::Creation => creation::meta(args),
+        Family::Reduce => reduce::meta(args),
+        Family::Linalg => linalg::meta(args),
+        Family::Shape => shape::meta(args),
+        Family::Backward => backward::meta(args),
+        Family::Check => checks::meta(args),
+        Family::Random => random::meta(args),
+        Family::Normalization => norm::meta(args),
+        Family::Conv => conv::meta(args),
+        Family::Indexing => indexing::meta(args),
+        Family::Activation => activation::meta(args),
+        Family::Loss => loss::meta(args),
+        Family::Optim => optim::meta(args),
     }
 }
 
@@ -153,6 +164,7 @@ pub fn lower(
         params: Params::new(op, params),
         meta,
     };
+    let _default = scoped_default_float(meta.float_default.unwrap_or(DType::F32));
     let outs = match op.family() {
         Family::Elementwise => elementwise::lower(e, &args),
         Family::Creation => creation::lower(e, &args),

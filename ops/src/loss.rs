@@ -189,6 +189,7 @@ fn nll_meta(a: &MetaArgs) -> Result<Meta, OpError> {
                 ],
                 scalar_dtypes: crate::ScalarDTypes::new(),
                 variant: 0,
+                float_default: None,
             })
         }
         NllLossBackward => {
@@ -279,6 +280,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
                 outputs,
                 scalar_dtypes: ScalarDTypes::new(),
                 variant: 0,
+                float_default: None,
             })
         }
         NllLoss2dBackward => {

@@ -116,6 +116,7 @@ fn three(a: TensorType, b: TensorType, c: TensorType) -> Meta {
         outputs: MetaOutputs::from_vec(vec![a, b, c]),
         scalar_dtypes: ScalarDTypes::new(),
         variant: 0,
+        float_default: None,
     }
 }
 
@@ -239,6 +240,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
                 outputs: MetaOutputs::from_vec(vec![rm.clone(), rv.clone()]),
                 scalar_dtypes: smallvec::smallvec![rm.dtype.compute_dtype()],
                 variant: 0,
+                float_default: None,
             })
         }
         NativeBatchNormBackward => {

@@ -194,6 +194,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
         outputs,
         scalar_dtypes: ScalarDTypes::from_elem(DType::F64, scalars),
         variant: 0,
+        float_default: None,
     })
 }
 

@@ -121,7 +121,7 @@ pub fn result_type(operands: &[Operand<'_>]) -> DType {
         .iter()
         .fold(ResultTypeState::default(), |s, o| s.operand(*o))
         .result()
-        .unwrap_or(DType::DEFAULT_FLOAT)
+        .unwrap_or_else(DType::default_float)
 }
 
 /// Integer and bool results of "float ops" (true division, sqrt, ...) become the default dtype.
@@ -129,7 +129,7 @@ pub fn to_float(d: DType) -> DType {
     if d.is_float() {
         d
     } else {
-        DType::DEFAULT_FLOAT
+        DType::default_float()
     }
 }
 
@@ -222,6 +222,29 @@ pub fn check_fits(value: crate::dtype::ScalarValue, dtype: DType) -> Result<(), 
 mod tests {
     use super::*;
     use crate::dtype::ScalarValue;
+
+    #[test]
+    fn integer_results_of_float_ops_take_the_scoped_default() {
+        let int = TensorType::new(DType::I64, &[2]);
+        assert_eq!(to_float(DType::I64), DType::F32);
+        {
+            let _f64 = crate::scoped_default_float(DType::F64);
+            assert_eq!(to_float(DType::I64), DType::F64);
+            assert_eq!(to_float(DType::F16), DType::F16);
+            assert_eq!(ScalarArg::float(2.5).own_dtype(), DType::F64);
+            let m = crate::meta(crate::OpId::Sqrt, std::slice::from_ref(&int), &[], &[]).unwrap();
+            assert_eq!(m.outputs[0].dtype, DType::F64);
+            assert_eq!(m.float_default, Some(DType::F64));
+            // An integer tensor times a Python float, and compared with one.
+            let scalar = [ScalarArg::float(2.5)];
+            let m = crate::meta(crate::OpId::Mul, std::slice::from_ref(&int), &scalar, &[]);
+            assert_eq!(m.unwrap().outputs[0].dtype, DType::F64);
+        }
+        // The guard restores float32, and float32 metas record nothing.
+        assert_eq!(to_float(DType::Bool), DType::F32);
+        let m = crate::meta(crate::OpId::Sqrt, &[int], &[], &[]).unwrap();
+        assert_eq!((m.outputs[0].dtype, m.float_default), (DType::F32, None));
+    }
 
     #[test]
     fn promotion_lattice() {

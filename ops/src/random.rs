@@ -138,6 +138,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
                 outputs: smallvec::smallvec![input.clone(), input.with_dtype(DType::Bool)],
                 scalar_dtypes: smallvec::smallvec![input.dtype.compute_dtype(), DType::I64],
                 variant: 0,
+                float_default: None,
             })
         }
         NativeDropoutBackward => {
@@ -160,7 +161,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
             let dtype = if grad.dtype.is_float() {
                 grad.dtype
             } else {
-                DType::DEFAULT_FLOAT
+                DType::default_float()
             };
             Ok(Meta::single(
                 grad.with_dtype(dtype),

@@ -147,6 +147,7 @@ fn abi_op_strict(c: &mut Criterion) {
             std::ptr::null()
         },
         num_outs: u64::from(with_out),
+        default_float: -1,
     };
     // Warm the cache.
     abi_calls(10, &call(false));
@@ -500,6 +501,7 @@ fn chain16_abi_4m(c: &mut Criterion) {
                 num_params: 0,
                 outs: std::ptr::null(),
                 num_outs: 0,
+                default_float: -1,
             };
             let mut out = [empty_output()];
             let mut n = 0u64;

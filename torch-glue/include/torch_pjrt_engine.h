@@ -56,7 +56,7 @@
 /**
  * The ABI version in `TpjrtApi::version`; bumped on any incompatible change.
  */
-#define TPJRT_ABI_VERSION 1
+#define TPJRT_ABI_VERSION 2
 
 /**
  * Above this many pending ops DeferAndFuse flushes on its own. Compile time grows ~0.7 ms per op
@@ -122,6 +122,12 @@ typedef struct TpjrtOpCall {
   uint64_t num_params;
   const struct TpjrtTensor *outs;
   uint64_t num_outs;
+  /**
+   * PyTorch's default float dtype (`torch.get_default_dtype()`) as the op is called, a dtype
+   * code; -1 or 0 (a zero-initialized call: uint8 is never a default float dtype) mean
+   * float32. Integer inputs of float ops, and Python floats, take it.
+   */
+  int32_t default_float;
 } TpjrtOpCall;
 
 /**

@@ -68,6 +68,10 @@ pub struct TpjrtOpCall {
     pub num_params: u64,
     pub outs: *const TpjrtTensor,
     pub num_outs: u64,
+    /// PyTorch's default float dtype (`torch.get_default_dtype()`) as the op is called, a dtype
+    /// code; -1 or 0 (a zero-initialized call: uint8 is never a default float dtype) mean
+    /// float32. Integer inputs of float ops, and Python floats, take it.
+    pub default_float: i32,
 }
 
 /// One result of an op: its storage (0 from `tpjrt_op_meta`), dtype and contiguous sizes.
@@ -272,6 +276,7 @@ struct DecodedCall {
     scalars: SmallVec<[ScalarArg; 4]>,
     params: SmallVec<[i64; 8]>,
     outs: SmallVec<[TensorRef; 1]>,
+    default_float: DType,
 }
 
 /// # Safety
@@ -296,8 +301,24 @@ unsafe fn decode(call: *const TpjrtOpCall) -> Result<DecodedCall, EngineError> {
                 ),
             )
         })?;
+    let default_float = match call.default_float {
+        -1 | 0 => DType::F32,
+        code => match dtype(code)? {
+            d if d.is_float() => d,
+            d => {
+                return Err(EngineError::new(
+                    ErrorKind::Type,
+                    format!(
+                        "the default dtype must be a floating point dtype, got {}",
+                        d.name()
+                    ),
+                ))
+            }
+        },
+    };
     // Pushed one by one: collecting into a `Result` moves each (large) tensor record twice.
     let mut decoded = DecodedCall {
+        default_float,
         op,
         inputs: SmallVec::new(),
         scalars: SmallVec::new(),
@@ -462,6 +483,7 @@ pub unsafe extern "C" fn tpjrt_op(
     guarded(|| {
         let engine = global::engine()?;
         let c = decode(call)?;
+        let _default_float = ops::scoped_default_float(c.default_float);
         // Asked here, before any engine lock is taken: the hook takes Python's lock.
         let location = engine
             .records_op_lines()
@@ -494,6 +516,7 @@ pub unsafe extern "C" fn tpjrt_op_meta(
 ) -> i32 {
     guarded(|| {
         let c = decode(call)?;
+        let _default_float = ops::scoped_default_float(c.default_float);
         let meta = crate::engine::op_meta(c.op, &c.inputs, &c.scalars, &c.params)?;
         let results: Vec<(StorageId, ops::TensorType)> = meta
             .outputs
@@ -715,7 +738,7 @@ pub extern "C" fn tpjrt_reset_metrics() -> i32 {
 }
 
 /// The ABI version in `TpjrtApi::version`; bumped on any incompatible change.
-pub const TPJRT_ABI_VERSION: u32 = 1;
+pub const TPJRT_ABI_VERSION: u32 = 2;
 
 /// Every ABI function in one table, so a plugin loaded separately (the C++ PrivateUse1 backend)
 /// reaches the same engine instance through one pointer handed over at import time.

@@ -390,6 +390,7 @@ fn bad_scalars_params_and_pointers() {
             num_params: 0,
             outs: std::ptr::null(),
             num_outs: 0,
+            default_float: -1,
         };
         let mut n = 0u64;
         // SAFETY: the null array is refused before anything is read through it.
@@ -402,6 +403,27 @@ fn bad_scalars_params_and_pointers() {
         // SAFETY: a null call is refused.
         let code = unsafe { tpjrt_op(std::ptr::null(), std::ptr::null_mut(), 0, &mut n) };
         expect_err(check(code), TPJRT_RUNTIME_ERROR, &["null op call"]);
+        // A default dtype that is not a floating point one (int64's code is 4).
+        let raw = [a.raw()];
+        let call = TpjrtOpCall {
+            op: op_id("neg"),
+            inputs: raw.as_ptr(),
+            num_inputs: 1,
+            scalars: std::ptr::null(),
+            num_scalars: 0,
+            params: std::ptr::null(),
+            num_params: 0,
+            outs: std::ptr::null(),
+            num_outs: 0,
+            default_float: 4,
+        };
+        // SAFETY: `raw` outlives the call.
+        let code = unsafe { tpjrt_op(&call, std::ptr::null_mut(), 0, &mut n) };
+        expect_err(
+            check(code),
+            TPJRT_TYPE_ERROR,
+            &["default dtype must be a floating point dtype", "int64"],
+        );
         release(&a).unwrap();
         release(&i).unwrap();
     });
@@ -426,6 +448,7 @@ fn too_little_room_for_outputs() {
             num_params: 2,
             outs: std::ptr::null(),
             num_outs: 0,
+            default_float: -1,
         };
         let mut one = [TpjrtOutput {
             storage: 0,

@@ -213,5 +213,10 @@ pub(super) fn op_digests<'a>(
         s.dtype(out.dtype);
         d.i64s(&out.shape);
     }
+    // A default float dtype other than float32 may have picked the result's or a scalar's
+    // dtype; float32 keys stay as they were.
+    if let Some(default) = meta.float_default {
+        s.u32(0x2_0000).dtype(default);
+    }
     (s.finish(), d.finish())
 }

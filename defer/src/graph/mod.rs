@@ -954,6 +954,7 @@ impl<V: Clone> Graph<V> {
             outputs: smallvec::smallvec![ty],
             scalar_dtypes,
             variant: 0,
+            float_default: None,
         };
         let mut inputs: SmallVec<[NodeInput; 3]> = SmallVec::new();
         inputs.push(base_input);

@@ -817,6 +817,7 @@ impl<V: Clone> Graph<V> {
             outputs: smallvec::smallvec![TensorType::new(out_ty.dtype, &padded_shape)],
             scalar_dtypes: ops::ScalarDTypes::from_elem(DType::I64, 1),
             variant: 0,
+            float_default: None,
         };
         let mut node_inputs: SmallVec<[NodeInput; 3]> = SmallVec::new();
         node_inputs.push(a_input);

@@ -583,3 +583,26 @@ fn a_view_of_a_padded_storage_is_gathered_through_the_padded_value() {
     assert!(g.host_gather(&cache, 1 << 20).unwrap().is_some());
     assert_eq!(g.stats().unpadded_values, 0);
 }
+
+#[test]
+fn a_default_float_other_than_float32_keys_its_programs_apart() {
+    // `int == 2.5` is a bool either way, but its scalar is compared in the default dtype: the
+    // dtype must be in the key. Float32's keys are those of a capture with no default given.
+    let mut g: Graph<u32> = Graph::new();
+    let ints = device(&mut g, DType::I64, &[3], 1);
+    let half = [ScalarArg::float(2.5)];
+    let keys = |g: &mut Graph<u32>, default: Option<DType>| {
+        let _guard = default.map(ops::scoped_default_float);
+        direct_and_flush_keys(g, OpId::Eq, std::slice::from_ref(&ints), &half, &[])
+    };
+    let (plain_direct, plain) = keys(&mut g, None);
+    let (f32_direct, f32) = keys(&mut g, Some(DType::F32));
+    let (f64_direct, f64) = keys(&mut g, Some(DType::F64));
+    assert_eq!((plain_direct, f32_direct), (plain, f32));
+    assert_eq!(
+        f64_direct, f64,
+        "the direct path keys the default as the flush does"
+    );
+    assert_eq!(plain, f32);
+    assert_ne!(f32.0, f64.0);
+}

@@ -693,6 +693,7 @@ TpjrtOpCall OpCall::make_call() {
   c.num_params = params_.size();
   c.outs = outs_.data();
   c.num_outs = outs_.size();
+  c.default_float = dtype_code(c10::typeMetaToScalarType(c10::get_default_dtype()));
   return c;
 }
 

@@ -68,7 +68,9 @@ struct Variants<Fn, at::Tensor (*)(const at::Tensor&, Rest...)> {
   static at::Tensor& in_place_floating(at::Tensor& self, Rest... rest) {
     TORCH_CHECK(
         at::isFloatingType(self.scalar_type()),
-        "result type Float can't be cast to the desired output type ",
+        "result type ",
+        c10::typeMetaToScalarType(c10::get_default_dtype()),
+        " can't be cast to the desired output type ",
         self.scalar_type());
     return in_place(self, rest...);
   }

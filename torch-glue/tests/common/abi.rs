@@ -183,6 +183,7 @@ pub fn op_room(
         num_params: params.len() as u64,
         outs: raw_outs.as_ptr(),
         num_outs: raw_outs.len() as u64,
+        default_float: -1,
     };
     let mut outputs: Vec<TpjrtOutput> = (0..room)
         .map(|_| TpjrtOutput {

@@ -84,3 +84,41 @@ def test_resize_and_set_on_fresh_storage(pjrt):
     assert s.nbytes() == 16
     u = torch.empty(0, device=pjrt).set_(t.untyped_storage(), 0, (3, 2), (2, 1))
     assert_close(u, torch.full((3, 2), 4.0))
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_negative_views_read_their_logical_values(pjrt, mode):
+    # `torch._neg_view` sets the negative bit: PyTorch's negation fallback resolves the inputs of
+    # most ops, but `clone` and `copy_` fall through to the device, which applies the bit itself.
+    x = torch.tensor([1.0, -2.0, 3.0, -4.5])
+    with torch_pjrt.eager_mode(mode):
+        n = torch._neg_view(x.to("pjrt"))
+        assert n.is_neg()
+        expected = -x
+        into = torch.zeros(4, device="pjrt")
+        into.copy_(n)
+        index = torch.tensor([3, 0, 1, 2])
+        got = {
+            "read": n.cpu(),
+            "clone": n.clone().cpu(),
+            "resolve_neg": n.resolve_neg().cpu(),
+            "flip": torch.flip(n, [0]).cpu(),
+            "trunc": torch.trunc(n).cpu(),
+            "add": (n + 1).cpu(),
+            "copy_": into.cpu(),
+            "embedding": torch.nn.functional.embedding(index.to("pjrt"), n.view(4, 1)).cpu(),
+        }
+    want = {
+        "read": expected,
+        "clone": expected,
+        "resolve_neg": expected,
+        "flip": torch.flip(expected, [0]),
+        "trunc": torch.trunc(expected),
+        "add": expected + 1,
+        "copy_": expected,
+        "embedding": expected.view(4, 1)[index],
+    }
+    for name, value in got.items():
+        torch.testing.assert_close(value, want[name], rtol=0, atol=0, msg=name)
+    # The view's storage is untouched.
+    torch.testing.assert_close(x.to("pjrt").cpu(), x)

@@ -591,6 +591,13 @@ void OpCall::input(const at::Tensor& t) {
     if (!device_) {
       device_ = t.device();
     }
+    if (C10_UNLIKELY(t.is_neg())) {
+      // A negative view reaching a kernel (`clone` and `copy_` fall through PyTorch's negation
+      // fallback, which resolves the inputs of every other op): its logical values.
+      keep_alive_.push_back(at::neg(at::_neg_view(t)));
+      inputs_.push_back(describe(keep_alive_.back()));
+      return;
+    }
     inputs_.push_back(describe(t));
     return;
   }
@@ -1079,19 +1086,44 @@ bool pjrt_has_compatible_shallow_copy_type(const at::Tensor& self, const at::Ten
   return dense(self) && dense(from);
 }
 
+// Negates the elements `t`'s storage holds (not its logical values): `t` read without its
+// negative bit.
+void negate_stored(const at::Tensor& t) {
+  at::NoGradGuard no_grad;
+  if (t.is_neg()) {
+    at::_neg_view(t).neg_();
+  } else {
+    t.neg_();
+  }
+}
+
 at::Tensor pjrt_copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {
   const at::Tensor& src = self;
+  // PyTorch's copy_ hands a device it does not know to `_copy_from` before it applies the
+  // negative bits itself: they are applied here.
   if (is_pjrt(src) && is_pjrt(dst)) {
+    // The engine reads a negative source's logical values (`OpCall::input`).
     copy_device_to_device(src, dst);
+    if (dst.is_neg()) {
+      negate_stored(dst);
+    }
   } else if (is_pjrt(dst)) {
+    // The host source is resolved (its logical values are written).
     copy_host_to_device(src.device().is_cpu() ? src : src.cpu(), dst);
+    if (dst.is_neg()) {
+      negate_stored(dst);
+    }
   } else if (is_pjrt(src)) {
-    if (dst.device().is_cpu()) {
+    if (dst.device().is_cpu() && !src.is_neg()) {
       copy_device_to_host(src, dst);
     } else {
-      // Another device: stage through the host.
+      // Staged through the host (another device, or a source with its negative bit): the
+      // host copy holds the source's stored elements, its logical values once negated.
       at::Tensor host = at::empty(src.sizes(), src.options().device(c10::kCPU));
       copy_device_to_host(src, host);
+      if (src.is_neg()) {
+        host.neg_();
+      }
       dst.copy_(host);
     }
   } else {

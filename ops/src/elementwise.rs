@@ -1227,13 +1227,16 @@ fn lower_clamp(e: &mut Emitter, a: &LowerArgs) -> Result<Value, OpError> {
         });
     }
     let mut x = prep(e, a.inputs[0], cd, &out.shape);
-    // min(max(x, lo), hi), NaN-propagating as PyTorch's clamp; on bool, max is `or`, min `and`.
+    // min(max(x, lo), hi), NaN-propagating as PyTorch's clamp: a NaN bound gives NaN, which
+    // XLA CPU's max and min do not (they return the other operand). On bool, max is `or`, min
+    // `and`.
     if let Some(lo) = bounds[0] {
         let lo = prep(e, lo, cd, &out.shape);
         x = if cd == DType::Bool {
             e.or(x, lo)
         } else {
-            e.max(x, lo)
+            let clamped = e.max(x, lo);
+            nan_from(e, lo, clamped, cd)
         };
     }
     if let Some(hi) = bounds[1] {
@@ -1241,10 +1244,20 @@ fn lower_clamp(e: &mut Emitter, a: &LowerArgs) -> Result<Value, OpError> {
         x = if cd == DType::Bool {
             e.and(x, hi)
         } else {
-            e.min(x, hi)
+            let clamped = e.min(x, hi);
+            nan_from(e, hi, clamped, cd)
         };
     }
     Ok(e.convert(x, out.dtype))
+}
+
+/// `value`, or `bound` where `bound` is NaN (float dtypes only).
+fn nan_from(e: &mut Emitter, bound: Value, value: Value, dtype: DType) -> Value {
+    if !dtype.is_float() {
+        return value;
+    }
+    let nan = is_nan(e, bound);
+    e.select(nan, bound, value)
 }
 
 fn lower_lerp(e: &mut Emitter, a: &LowerArgs) -> Value {

@@ -42,6 +42,18 @@ snapshot!(
     [],
     [2]
 );
+// NaN bounds propagate: clamp(x, lo, hi) with both bounds tensors (operand kinds 1, 1).
+snapshot!(
+    clamp_tensor_bounds,
+    OpId::Clamp,
+    [
+        t(DType::F64, &[3]),
+        t(DType::F64, &[3]),
+        t(DType::F64, &[3])
+    ],
+    [],
+    [1, 1]
+);
 snapshot!(
     pow_scalar_exponent,
     OpId::Pow,

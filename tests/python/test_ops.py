@@ -335,3 +335,23 @@ def test_same_dtype_ops_refuse_an_out_of_another_dtype(pjrt, mode):
         y = x.clone()
         y.neg_()
         assert torch.equal(y.cpu(), -x.cpu())
+
+
+@pytest.mark.parametrize("mode", ["strict", "debug", "defer_and_fuse"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_clamp_propagates_nan_bounds(pjrt, mode, dtype):
+    nan = float("nan")
+    x = torch.tensor([1.0, nan, 3.0, -1.0, 5.0], dtype=dtype)
+    lo = torch.tensor([0.0, 0.0, nan, 0.0, nan], dtype=dtype)
+    hi = torch.tensor([2.0, 2.0, 2.0, nan, 4.0], dtype=dtype)
+    cases = [
+        lambda x, lo, hi: torch.clamp(x, lo, hi),
+        lambda x, lo, hi: torch.clamp(x, min=lo),
+        lambda x, lo, hi: torch.clamp(x, max=hi),
+        lambda x, lo, hi: torch.clamp(x, min=nan),
+        lambda x, lo, hi: torch.clamp(x, -0.5, nan),
+    ]
+    with torch_pjrt.eager_mode(mode):
+        for fn in cases:
+            got = fn(x.to("pjrt"), lo.to("pjrt"), hi.to("pjrt")).cpu()
+            torch.testing.assert_close(got, fn(x, lo, hi), rtol=0, atol=0, equal_nan=True)

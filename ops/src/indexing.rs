@@ -83,10 +83,11 @@ fn index_plan(x: &TensorType, indices: &[TensorType], dims: &[i64]) -> Result<In
         })?;
     }
     let selects = batch.iter().product::<i64>() > 0;
-    if let Some(&d) = wrapped.iter().find(|&&d| selects && x.shape[d] == 0) {
-        return Err(OpError::index(format!(
-            "index is out of bounds for dimension {d} with size 0"
-        )));
+    if wrapped.iter().any(|&d| selects && x.shape[d] == 0) {
+        // PyTorch's words, which name no dimension.
+        return Err(OpError::index(
+            "index is out of bounds for dimension with size 0".to_string(),
+        ));
     }
     let adjacent = wrapped.windows(2).all(|w| w[1] == w[0] + 1);
     let rest = (0..rank).filter(|d| !wrapped.contains(d));
@@ -222,19 +223,20 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
                 return Err(p.invalid("param 0 must be 0, 1 or 2"));
             }
             let plan = index_plan(x, &i[2..], p.rest(1))?;
-            ensure!(
-                values.dtype == x.dtype,
-                "Index put requires the source and destination dtypes match, got {} for the \
-                 destination and {} for the source.",
-                x.dtype.scalar_type_name(),
-                values.dtype.scalar_type_name()
-            );
+            // PyTorch checks the shapes first: `a[mask] = torch.tensor([])` is a shape error.
             ensure!(
                 expandable_to(&values.shape, &plan.shape),
                 "shape mismatch: value tensor of shape {} cannot be broadcast to indexing result \
                  of shape {}",
                 fmt_shape(&values.shape),
                 fmt_shape(&plan.shape)
+            );
+            ensure!(
+                values.dtype == x.dtype,
+                "Index put requires the source and destination dtypes match, got {} for the \
+                 destination and {} for the source.",
+                x.dtype.scalar_type_name(),
+                values.dtype.scalar_type_name()
             );
             single(x.clone())
         }
@@ -672,6 +674,15 @@ mod tests {
             err.message,
             "shape mismatch: value tensor of shape [2, 5] cannot be broadcast to indexing result of shape [3, 5]"
         );
+        // Both wrong: the shape is named first, as PyTorch does.
+        let err = meta(
+            OpId::IndexPut,
+            &[x.clone(), t(DType::F64, &[0]), idx.clone()],
+            &[],
+            &[0, 0],
+        )
+        .unwrap_err();
+        assert!(err.message.starts_with("shape mismatch"), "{}", err.message);
         let err = meta(OpId::IndexPut, &[x, t(DType::F64, &[]), idx], &[], &[0, 0]).unwrap_err();
         assert!(err
             .message

@@ -143,6 +143,17 @@ def test_uint8_masks_warn_as_pytorch_does(dev):
     assert not [w for w in caught if "uint8" in str(w.message)]
 
 
+def test_index_errors_say_what_pytorch_says(dev):
+    x = torch.empty(10, 0, device="pjrt")
+    with pytest.raises(IndexError, match="^index is out of bounds for dimension with size 0$"):
+        x[:, [0, 1]]
+    a = torch.arange(0, 4, device="pjrt")
+    # The values' shape is checked before their dtype (an empty tensor is float32).
+    for values in (torch.tensor([]), torch.tensor([1, 2, 3])):
+        with pytest.raises(RuntimeError, match="shape mismatch"):
+            a[a > -1] = values.to("pjrt")
+
+
 def test_bool_mask_in_debug_mode(dev):
     check(lambda x: x[x > 0.5], X, grad=True, mode="debug")
 

@@ -122,3 +122,14 @@ def test_negative_views_read_their_logical_values(pjrt, mode):
         torch.testing.assert_close(value, want[name], rtol=0, atol=0, msg=name)
     # The view's storage is untouched.
     torch.testing.assert_close(x.to("pjrt").cpu(), x)
+    # Writes through a negative view land in its storage, negated (PyTorch resolves the view
+    # into a copy for the op and copies the result back with `copy_`).
+    with torch_pjrt.eager_mode(mode):
+        for write, value in [
+            (lambda v: v.add_(1.0), -1.0),
+            (lambda v: v.copy_(torch.ones(3, device="pjrt")), -1.0),
+            (lambda v: v.fill_(2.0), -2.0),
+        ]:
+            base = torch.zeros(3, device="pjrt")
+            write(torch._neg_view(base))
+            torch.testing.assert_close(base.cpu(), torch.full((3,), value))

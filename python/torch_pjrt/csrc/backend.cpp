@@ -1132,6 +1132,20 @@ at::Tensor pjrt_copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*
   return dst;
 }
 
+// `copy_` itself, not only `_copy_from`: PyTorch's generic copy_ reaches `_copy_from` through the
+// negation fallback, whose schema does not mark `dst` as written, so a negative view `dst` would
+// be resolved into a copy and the write lost.
+at::Tensor& pjrt_copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
+  if (self.is_same(src)) {
+    return self;
+  }
+  if (src._is_zerotensor()) {
+    return self.zero_();
+  }
+  pjrt_copy_from(src, self, non_blocking);
+  return self;
+}
+
 at::Tensor pjrt_copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
   if (dst.sizes() != self.sizes()) {
     if (is_pjrt(dst)) {
@@ -1250,6 +1264,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_reshape_alias", TORCH_FN(pjrt_reshape_alias));
   m.impl("resize_", TORCH_FN(pjrt_resize_));
   m.impl("_copy_from", TORCH_FN(pjrt_copy_from));
+  m.impl("copy_", TORCH_FN(pjrt_copy_));
   m.impl("_copy_from_and_resize", TORCH_FN(pjrt_copy_from_and_resize));
   m.impl("_local_scalar_dense", TORCH_FN(pjrt_local_scalar_dense));
   m.impl("set_.source_Storage", TORCH_FN(pjrt_set_storage));

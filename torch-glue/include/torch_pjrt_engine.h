@@ -292,8 +292,11 @@ int32_t tpjrt_read_host(const struct TpjrtTensor *src, void *data, uint64_t nbyt
 int32_t tpjrt_wait_warm_up(void);
 
 /**
- * Readies the process to exit (the Python package calls it from `atexit`): waits for the
- * warm-up and the compiles running now, and refuses later compiles.
+ * Readies the process to exit: waits for the warm-up and the compiles running now, and refuses
+ * later compiles. A client calls it before the process exits (the Python package does from
+ * `atexit`; a C program before returning from `main`): the runtime's global state is torn
+ * down at exit, some of it registered lazily by the first compile, and a compile still running
+ * then crashes the process.
  */
 int32_t tpjrt_prepare_exit(void);
 

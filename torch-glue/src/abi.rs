@@ -598,8 +598,11 @@ pub extern "C" fn tpjrt_wait_warm_up() -> i32 {
     })
 }
 
-/// Readies the process to exit (the Python package calls it from `atexit`): waits for the
-/// warm-up and the compiles running now, and refuses later compiles.
+/// Readies the process to exit: waits for the warm-up and the compiles running now, and refuses
+/// later compiles. A client calls it before the process exits (the Python package does from
+/// `atexit`; a C program before returning from `main`): the runtime's global state is torn
+/// down at exit, some of it registered lazily by the first compile, and a compile still running
+/// then crashes the process.
 #[no_mangle]
 pub extern "C" fn tpjrt_prepare_exit() -> i32 {
     guarded(|| {

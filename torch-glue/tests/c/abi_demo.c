@@ -162,5 +162,7 @@ int main(void) {
         CHECK(tpjrt_storage_release(all[i]->storage));
     }
     printf("done\n");
+    /* The warm-up compile may still run: the runtime must not be torn down under it. */
+    CHECK(tpjrt_prepare_exit());
     return 0;
 }

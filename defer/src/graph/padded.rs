@@ -32,16 +32,8 @@ impl<V: Clone> Graph<V> {
             .storage(id)?
             .native
             .ok_or_else(|| EngineError::runtime("internal error: a padded storage has no dtype"))?;
-        let padded_sizes = padding.padded_sizes();
-        let whole = TensorRef::contiguous(id, native, &padded_sizes);
-        let placement = Placement {
-            native,
-            base_len: padding.padded_numel(),
-            whole: true,
-            padded: false,
-        };
-        let mut input = self.read_for_node(&whole, &placement)?;
-        let mut ty = TensorType::new(native, &padded_sizes);
+        let mut input = self.read_whole_padded(id, native, &padding)?;
+        let mut ty = TensorType::new(native, &padding.padded_sizes());
         let mut last = None;
         for &d in &padding.dims {
             let params = [d as i64, 0, padding.sizes[d], 1];
@@ -62,6 +54,23 @@ impl<V: Clone> Graph<V> {
         }
         self.stats.unpadded_values += 1;
         Ok(())
+    }
+
+    /// The node input reading padded storage `id`'s whole padded value (of dtype `native`).
+    fn read_whole_padded(
+        &mut self,
+        id: StorageId,
+        native: DType,
+        padding: &Padding,
+    ) -> Result<NodeInput, EngineError> {
+        let whole = TensorRef::contiguous(id, native, &padding.padded_sizes());
+        let placement = Placement {
+            native,
+            base_len: padding.padded_numel(),
+            whole: true,
+            padded: false,
+        };
+        self.read_for_node(&whole, &placement)
     }
 
     /// Every padded storage `inputs` and `outs` touch, cut back to its true elements.
@@ -320,16 +329,7 @@ impl<V: Clone> Graph<V> {
             }
         };
         let padded_numel = padding.padded_numel();
-        let whole = TensorRef::contiguous(result, out.dtype, &padding.padded_sizes());
-        let value = self.read_for_node(
-            &whole,
-            &Placement {
-                native: out.dtype,
-                base_len: padded_numel,
-                whole: true,
-                padded: false,
-            },
-        )?;
+        let value = self.read_whole_padded(result, out.dtype, &padding)?;
         let flat_params = [padded_numel];
         let flat = ops::meta(
             OpId::Reshape,

@@ -539,6 +539,7 @@ def write_markdown(path: str, results: list, meta: dict, chart_name: str | None)
                     f"{p.get('host_to_device', 0):g} | {p.get('device_to_host', 0):g} | {fb} |"
                 )
     lines.append("")
+    lines += time_breakdown(results, idx)
 
     errors = [r for r in results if not r.get("ok")]
     if errors:
@@ -555,6 +556,58 @@ def write_markdown(path: str, results: list, meta: dict, chart_name: str | None)
     ]
     with open(path, "w") as f:
         f.write("\n".join(lines))
+
+
+# The engine's time counters (RFC 0032) shown per repetition, in this order.
+TIME_COLUMNS = (
+    ("host_op_seconds", "op calls"),
+    ("host_flush_seconds", "flush"),
+    ("host_wait_seconds", "waiting"),
+    ("host_transfer_seconds", "copies"),
+    ("exec_launch_seconds", "launch"),
+    ("device_seconds", "device"),
+)
+
+
+def bound_by(rep_s: float, profile: dict) -> str:
+    """Whether a repetition's time is mostly the device's or the host's: the device's time
+    (launch to completion) against the wall time."""
+    device = profile.get("device_seconds", 0.0)
+    if not rep_s:
+        return "—"
+    share = device / rep_s
+    return f"device ({share:.0%})" if share >= 0.5 else f"host ({1 - share:.0%})"
+
+
+def time_breakdown(results: list, idx: dict) -> list:
+    """Markdown lines: where each pjrt repetition's time went, from the engine's counters."""
+    lines = [
+        "## Where the time goes (pjrt)",
+        "",
+        "Per timed repetition, from `torch_pjrt.metrics()`: host time in the engine's op calls, in "
+        "planning and launching regions, blocked on the device for reads, and copying; the "
+        "launches' time and the device's (each launch to its completion event). *Bound* compares "
+        "the device's time with the repetition's: device-bound at half or more.",
+        "",
+        "| workload | case | mode | repetition | "
+        + " | ".join(label for _, label in TIME_COLUMNS)
+        + " | bound |",
+        "| --- | --- | --- | ---: | " + " | ".join("---:" for _ in TIME_COLUMNS) + " | --- |",
+    ]
+    for w in STEADY_WORKLOADS:
+        for case in cases_of(results, w):
+            for b in ("pjrt-strict", "pjrt-defer_and_fuse"):
+                c = idx.get((w, case, b))
+                if not c or "profile" not in c or "median_s" not in c:
+                    continue
+                p = c["profile"]
+                rep = c["median_s"] * c.get("count", 1)
+                cells = " | ".join(fmt_time(p.get(k, 0.0)) for k, _ in TIME_COLUMNS)
+                lines.append(
+                    f"| {w} | {case} | {b[5:]} | {fmt_time(rep)} | {cells} | {bound_by(rep, p)} |"
+                )
+    lines.append("")
+    return lines
 
 
 def write_chart(path: str, results: list, backends: list, quick: bool = False) -> bool:

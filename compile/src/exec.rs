@@ -169,6 +169,8 @@ pub struct ExecJob {
     /// (e.g. a region's packed lifted scalars): one queue item per job instead of one more per
     /// upload.
     pub uploads: SmallVec<[HostArgument; 1]>,
+    /// When the job was made: its time waiting in the queue is counted from here.
+    pub made_at: std::time::Instant,
 }
 
 /// A job's argument list: inline for the few arguments of one op, so an op-by-op job allocates
@@ -204,6 +206,7 @@ impl ExecJob {
                 .collect(),
             donatable: SmallVec::new(),
             uploads: SmallVec::new(),
+            made_at: std::time::Instant::now(),
         }
     }
 
@@ -245,6 +248,18 @@ pub struct ExecStats {
     pub failed: u64,
     /// Enqueued but not yet run.
     pub pending: u64,
+    /// Time the worker spent launching executions (arguments, uploads, the plugin's execute
+    /// call), compile waits excluded, in nanoseconds.
+    pub launch_nanos: u64,
+    /// Time the worker waited for executables still compiling, in nanoseconds.
+    pub compile_wait_nanos: u64,
+    /// Time from each launch to its completion event, summed over executions, in nanoseconds:
+    /// the device's time, queueing on the device included.
+    pub device_nanos: u64,
+    /// Time executions waited in the queue before they were taken, in nanoseconds.
+    pub queue_nanos: u64,
+    /// Executions launched by a caller waiting for them ([`ExecQueue::run_here`]).
+    pub caller_launches: u64,
 }
 
 #[derive(Default)]
@@ -254,6 +269,12 @@ struct QueueShared {
     executions: AtomicU64,
     tasks: AtomicU64,
     failed: AtomicU64,
+    launch_nanos: AtomicU64,
+    compile_wait_nanos: AtomicU64,
+    queue_nanos: AtomicU64,
+    caller_launches: AtomicU64,
+    /// Shared with the completion callbacks, which may outlive a borrow of the queue.
+    device_nanos: Arc<AtomicU64>,
     worker: OnceLock<ThreadId>,
     /// Completion events of launched executions that may still be running, oldest first: what
     /// `wait_launched` waits for, since a job no longer holds its results (they may all have
@@ -278,6 +299,14 @@ struct InboxState {
     closed: bool,
     /// The worker sleeps on `ready`: only then does a push need to wake it.
     worker_asleep: bool,
+    /// The worker is running a batch it took.
+    worker_busy: bool,
+    /// A caller is running a batch it took ([`ExecQueue::run_here`]): the worker leaves what
+    /// is queued meanwhile until the caller is done, so work still runs in enqueue order.
+    caller_running: bool,
+    /// Callers that will run what they queue themselves ([`ExecQueue::hold_worker`]): while
+    /// any does, a push does not wake the worker.
+    holds: usize,
 }
 
 impl Inbox {
@@ -288,12 +317,56 @@ impl Inbox {
             return Some(work);
         }
         state.items.push_back(work);
-        let wake = state.worker_asleep;
+        let wake = state.worker_asleep && state.holds == 0;
         drop(state);
         if wake {
             self.ready.notify_one();
         }
         None
+    }
+
+    /// Takes everything queued for the calling thread to run, when the worker is idle and
+    /// everything queued is an execution (a closure may expect the worker's thread).
+    fn take_for_caller(&self) -> Option<std::collections::VecDeque<Work>> {
+        let mut state = self.state.lock();
+        if state.worker_busy
+            || state.caller_running
+            || state.closed
+            || state.items.is_empty()
+            || !state.items.iter().all(|w| matches!(w, Work::Execute(_)))
+        {
+            // The caller blocks next: the worker must run what it declined.
+            self.wake_if_needed(state, true);
+            return None;
+        }
+        state.caller_running = true;
+        Some(std::mem::take(&mut state.items))
+    }
+
+    /// The caller's batch is done: the worker may take what was queued meanwhile.
+    fn caller_done(&self) {
+        let mut state = self.state.lock();
+        state.caller_running = false;
+        self.wake_if_needed(state, true);
+    }
+
+    /// Wakes a sleeping worker that has work (or must stop). A caller about to block passes
+    /// `despite_holds`: whatever it waits for may sit in the queue behind its own hold.
+    fn wake_if_needed(&self, state: parking_lot::MutexGuard<'_, InboxState>, despite_holds: bool) {
+        let wake = state.worker_asleep
+            && (state.holds == 0 || despite_holds)
+            && !state.caller_running
+            && (!state.items.is_empty() || state.closed);
+        drop(state);
+        if wake {
+            self.ready.notify_one();
+        }
+    }
+
+    fn release_hold(&self) {
+        let mut state = self.state.lock();
+        state.holds -= 1;
+        self.wake_if_needed(state, false);
     }
 
     fn close(&self) {
@@ -306,18 +379,31 @@ impl Inbox {
     fn take_all(&self, batch: &mut std::collections::VecDeque<Work>) -> bool {
         debug_assert!(batch.is_empty());
         let mut state = self.state.lock();
+        state.worker_busy = false;
         loop {
-            if !state.items.is_empty() {
+            if !state.items.is_empty() && !state.caller_running {
                 std::mem::swap(&mut state.items, batch);
+                state.worker_busy = true;
                 return true;
             }
-            if state.closed {
+            if state.closed && !state.caller_running {
                 return false;
             }
             state.worker_asleep = true;
             self.ready.wait(&mut state);
             state.worker_asleep = false;
         }
+    }
+}
+
+/// See [`ExecQueue::hold_worker`].
+pub struct WorkerHold<'a> {
+    inbox: &'a Inbox,
+}
+
+impl Drop for WorkerHold<'_> {
+    fn drop(&mut self) {
+        self.inbox.release_hold();
     }
 }
 
@@ -377,7 +463,7 @@ impl ExecQueue {
     fn send(&self, work: Work) {
         self.shared.enqueued.fetch_add(1, Ordering::Relaxed);
         if let Some(work) = self.inbox.push(work) {
-            self.shared.completed.fetch_add(1, Ordering::Relaxed);
+            self.shared.completed.fetch_add(1, Ordering::Release);
             let (label, outputs) = match work {
                 Work::Execute(job) => (job.label, job.outputs.into_vec()),
                 Work::Task { label, outputs, .. } => (label, outputs),
@@ -387,6 +473,38 @@ impl ExecQueue {
         }
     }
 
+    /// Lets the worker sleep through pushes while the guard lives: the caller is about to wait
+    /// for what it queues and runs it itself with [`ExecQueue::run_here`], so waking the worker
+    /// would only start a race for the work. Anything that blocks on the queue wakes the worker
+    /// anyway (`run_here` declining, `flush`), and work still queued when the guard goes wakes
+    /// it then, so a hold never leaves work stranded.
+    pub fn hold_worker(&self) -> WorkerHold<'_> {
+        self.inbox.state.lock().holds += 1;
+        WorkerHold { inbox: &self.inbox }
+    }
+
+    /// Runs the queued executions on the calling thread, in order, when the worker is idle:
+    /// a caller about to wait for a result launches it itself instead of waking the worker
+    /// and then being woken by it (two thread hand-offs on the path of every read). Returns
+    /// whether it ran anything; otherwise the worker runs the work as usual.
+    pub fn run_here(&self) -> bool {
+        let Some(batch) = self.inbox.take_for_caller() else {
+            return false;
+        };
+        struct Done<'a>(&'a Inbox);
+        impl Drop for Done<'_> {
+            fn drop(&mut self) {
+                self.0.caller_done();
+            }
+        }
+        let _done = Done(&self.inbox);
+        for item in batch {
+            self.shared.caller_launches.fetch_add(1, Ordering::Relaxed);
+            run(&self.shared, item);
+        }
+        true
+    }
+
     /// Blocks until everything enqueued before this call has run (executions launched, closures
     /// returned). Called from inside a queued closure it returns at once: the queue cannot wait
     /// for itself.
@@ -394,8 +512,14 @@ impl ExecQueue {
         if self.shared.worker.get() == Some(&std::thread::current().id()) {
             return;
         }
+        if self.shared.enqueued.load(Ordering::Acquire)
+            == self.shared.completed.load(Ordering::Acquire)
+        {
+            return; // everything enqueued has run: no marker, no hand-off
+        }
         let (done, finished) = crossbeam_channel::bounded(1);
         self.send(Work::Marker(done));
+        self.inbox.wake_if_needed(self.inbox.state.lock(), true);
         let _ = finished.recv();
     }
 
@@ -432,6 +556,11 @@ impl ExecQueue {
             tasks: load(&s.tasks),
             failed: load(&s.failed),
             pending: enqueued.saturating_sub(load(&s.completed)),
+            launch_nanos: load(&s.launch_nanos),
+            compile_wait_nanos: load(&s.compile_wait_nanos),
+            device_nanos: load(&s.device_nanos),
+            queue_nanos: load(&s.queue_nanos),
+            caller_launches: load(&s.caller_launches),
         }
     }
 }
@@ -490,6 +619,7 @@ fn serve(shared: &QueueShared, inbox: &Inbox) {
 fn run(shared: &QueueShared, item: Work) {
     match item {
         Work::Execute(job) => {
+            add_nanos(&shared.queue_nanos, job.made_at.elapsed());
             let outcome = catch_unwind(AssertUnwindSafe(|| execute(shared, &job))).unwrap_or_else(
                 |payload| {
                     Err(ExecError::Task {
@@ -507,11 +637,19 @@ fn run(shared: &QueueShared, item: Work) {
                 outputs,
                 ..
             } = job;
+            // The buffers themselves are let go of only after the results are out: the plugin's
+            // destruction of an argument waits for the execution reading it (measured: about
+            // the execution's whole time), which must not delay the reader.
+            let buffers: SmallVec<[Arc<Buffer>; 8]> = arguments
+                .iter()
+                .filter_map(|v| v.try_get().and_then(Result::ok))
+                .collect();
             drop(arguments);
             match outcome {
                 Ok(results) => resolve_all(shared, &label, &outputs, results),
                 Err(error) => fail_all(shared, &outputs, error),
             }
+            drop(buffers);
         }
         Work::Task {
             label,
@@ -529,20 +667,30 @@ fn run(shared: &QueueShared, item: Work) {
         }
         Work::Marker(done) => {
             // Counted before the flusher wakes, so it sees no pending work of its own.
-            shared.completed.fetch_add(1, Ordering::Relaxed);
+            shared.completed.fetch_add(1, Ordering::Release);
             let _ = done.send(());
             return;
         }
     }
-    shared.completed.fetch_add(1, Ordering::Relaxed);
+    shared.completed.fetch_add(1, Ordering::Release);
+}
+
+fn add_nanos(counter: &AtomicU64, elapsed: Duration) {
+    counter.fetch_add(
+        u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX),
+        Ordering::Relaxed,
+    );
 }
 
 fn execute(shared: &QueueShared, job: &ExecJob) -> Result<Vec<Arc<Buffer>>, ExecError> {
     let label = &job.label;
+    let waited = std::time::Instant::now();
     let executable = job.executable.wait().map_err(|source| ExecError::Compile {
         label: label.clone(),
         source,
     })?;
+    let started = std::time::Instant::now();
+    add_nanos(&shared.compile_wait_nanos, started - waited);
     let mut arguments = Vec::with_capacity(job.arguments.len() + job.uploads.len());
     for (index, argument) in job.arguments.iter().enumerate() {
         let buffer = argument.wait().map_err(|error| ExecError::Argument {
@@ -586,7 +734,11 @@ fn execute(shared: &QueueShared, job: &ExecJob) -> Result<Vec<Arc<Buffer>>, Exec
                 message: e.to_string(),
             })?;
     shared.executions.fetch_add(1, Ordering::Relaxed);
+    add_nanos(&shared.launch_nanos, started.elapsed());
     if let Some(completion) = completion {
+        let device_nanos = shared.device_nanos.clone();
+        // Timed from the launch: a program the plugin ran inside its execute call is ready here.
+        let _ = completion.on_ready(move |_| add_nanos(&device_nanos, started.elapsed()));
         let mut launched = shared.launched.lock();
         // Executions finish about in launch order: dropping the finished ones from the front
         // keeps the list short without scanning it.

@@ -333,3 +333,111 @@ fn dropping_the_queue_runs_what_was_enqueued() {
     assert!(out.is_resolved());
     assert!(out.wait().is_ok());
 }
+
+#[test]
+fn a_waiting_caller_runs_queued_executions_itself() {
+    let queue = ExecQueue::new().unwrap();
+    let times_two = ready_executable(2.0);
+    let a = value(&[1., 2., 3., 4.]);
+    let zeros = value(&[0., 0., 0., 0.]);
+    // Let the new worker reach its first sleep: an awake worker may take work a hold covers.
+    std::thread::sleep(Duration::from_millis(20));
+    for _ in 0..20 {
+        let first = DeviceValue::pending();
+        let second = DeviceValue::pending();
+        let hold = queue.hold_worker();
+        queue.enqueue(ExecJob::new(
+            "first",
+            times_two.clone(),
+            vec![a.clone(), zeros.clone()],
+            vec![first.clone()],
+        ));
+        queue.enqueue(ExecJob::new(
+            "second",
+            times_two.clone(),
+            vec![first.clone(), zeros.clone()],
+            vec![second.clone()],
+        ));
+        // The held worker was not woken: the caller runs both, in order, before returning.
+        assert!(queue.run_here());
+        assert!(first.is_resolved() && second.is_resolved());
+        drop(hold);
+        assert_eq!(
+            f32_values(&second.wait_ready().unwrap()),
+            vec![4., 8., 12., 16.]
+        );
+    }
+    let stats = queue.stats();
+    assert_eq!(
+        (stats.executions, stats.caller_launches, stats.pending),
+        (40, 40, 0)
+    );
+
+    // Without a hold the worker is woken and may take the work first; either way it runs
+    // once, in order.
+    let out = DeviceValue::pending();
+    queue.enqueue(ExecJob::new(
+        "unheld",
+        times_two.clone(),
+        vec![a.clone(), zeros.clone()],
+        vec![out.clone()],
+    ));
+    queue.run_here();
+    assert_eq!(f32_values(&out.wait_ready().unwrap()), vec![2., 4., 6., 8.]);
+
+    // Work left queued when a hold ends wakes the worker.
+    let out = DeviceValue::pending();
+    let hold = queue.hold_worker();
+    queue.enqueue(ExecJob::new(
+        "left to the worker",
+        times_two,
+        vec![a, zeros],
+        vec![out.clone()],
+    ));
+    drop(hold);
+    assert_eq!(f32_values(&out.wait_ready().unwrap()), vec![2., 4., 6., 8.]);
+    queue.flush();
+    assert_eq!(queue.stats().pending, 0);
+}
+
+#[test]
+fn a_caller_leaves_work_to_a_busy_worker_or_behind_a_closure() {
+    let queue = ExecQueue::new().unwrap();
+    let times_two = ready_executable(2.0);
+    let (release, gate) = std::sync::mpsc::channel::<()>();
+    let (started, worker_started) = std::sync::mpsc::channel::<()>();
+    queue.enqueue_fn("gate", vec![], move || {
+        let _ = started.send(());
+        let _ = gate.recv();
+        Ok(vec![])
+    });
+    worker_started.recv().unwrap();
+    let out = DeviceValue::pending();
+    queue.enqueue(ExecJob::new(
+        "after the gate",
+        times_two.clone(),
+        vec![value(&[1., 1., 1., 1.]), value(&[0., 0., 0., 0.])],
+        vec![out.clone()],
+    ));
+    // The worker is inside the closure: the job must wait for it, not run beside it.
+    assert!(!queue.run_here());
+    assert!(!out.is_resolved());
+    release.send(()).unwrap();
+    assert_eq!(f32_values(&out.wait_ready().unwrap()), vec![2., 2., 2., 2.]);
+
+    // A queued closure keeps the batch on the worker's thread.
+    queue.flush();
+    let (release, gate) = std::sync::mpsc::channel::<()>();
+    let (started, worker_started) = std::sync::mpsc::channel::<()>();
+    queue.enqueue_fn("second gate", vec![], move || {
+        let _ = started.send(());
+        let _ = gate.recv();
+        Ok(vec![])
+    });
+    worker_started.recv().unwrap();
+    queue.enqueue_fn("a closure", vec![], || Ok(vec![]));
+    assert!(!queue.run_here());
+    release.send(()).unwrap();
+    queue.flush();
+    assert_eq!(queue.stats().pending, 0);
+}

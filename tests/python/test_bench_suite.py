@@ -41,6 +41,9 @@ def test_suite_quick_run_writes_results(tmp_path):
         if backend.startswith("pjrt-"):
             assert isinstance(case["compiles"], int)
             assert case["profile"]["executions"] > 0
+            # Where the time went: the op calls and the device were timed.
+            assert case["profile"]["host_op_seconds"] > 0
+            assert case["profile"]["device_seconds"] > 0
             assert r["versions"]["torch_pjrt"]
         else:
             assert case["compiles"] is None
@@ -49,3 +52,7 @@ def test_suite_quick_run_writes_results(tmp_path):
     assert any(t.startswith("Tiny op") for t in statuses)
     report = (tmp_path / "latest.md").read_text()
     assert "## Summary" in report and "pjrt DeferAndFuse" in report
+    assert "## Where the time goes (pjrt)" in report
+    rows = [line for line in report.splitlines() if line.startswith("| tiny_ops |")
+            and ("host (" in line or "device (" in line)]
+    assert len(rows) == 2, rows  # Strict and DeferAndFuse

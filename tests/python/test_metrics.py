@@ -110,3 +110,75 @@ def test_metrics_report_is_text(pjrt):
     assert report.startswith("torch-pjrt metrics")
     for key in ("compilations", "cache_hits", "executions", "fallback_ops"):
         assert key in report
+
+
+TIME_KEYS = (
+    "host_op_seconds",
+    "host_flush_seconds",
+    "host_wait_seconds",
+    "host_transfer_seconds",
+    "exec_launch_seconds",
+    "exec_compile_wait_seconds",
+    "exec_queue_seconds",
+    "device_seconds",
+)
+
+
+def test_time_breakdown_adds_up_each_stage_and_resets(pjrt):
+    x = torch.randn(64, 64).to(pjrt)
+    with torch_pjrt.eager_mode("defer_and_fuse"):
+        (x @ x).relu().sum().item()  # compiled here; the loop below reuses it
+        torch_pjrt.reset_metrics()
+        assert all(torch_pjrt.metrics()[k] == 0 for k in TIME_KEYS)
+        for _ in range(20):
+            (x @ x).relu().sum().item()
+    m = torch_pjrt.metrics()
+    for key in TIME_KEYS:
+        assert isinstance(m[key], float) and m[key] >= 0, key
+    # Every stage a read goes through was timed; nothing compiled, so nothing waited for it.
+    for key in ("host_op_seconds", "host_flush_seconds", "host_wait_seconds",
+                "host_transfer_seconds", "exec_launch_seconds", "device_seconds"):
+        assert m[key] > 0, key
+    assert m["compilations"] == 0
+    assert m["exec_compile_wait_seconds"] < m["device_seconds"] + 0.05
+    # The device's time runs from each launch, so it covers the launches.
+    assert m["device_seconds"] >= m["exec_launch_seconds"] * 0.5
+    assert "host_wait_seconds" in torch_pjrt.metrics_report()
+
+
+def test_a_read_launches_its_region_from_the_reading_thread(pjrt):
+    x = torch.randn(16).to(pjrt)
+    with torch_pjrt.eager_mode("defer_and_fuse"):
+        (x * 2).sum().item()
+        torch_pjrt.reset_metrics()
+        values = [((x * 2 + i).sum()).item() for i in range(30)]
+    m = torch_pjrt.metrics()
+    assert m["executions"] == 30
+    # The execution thread was asleep at each read: the reader ran the region itself.
+    assert m["reader_launches"] >= 25, m["reader_launches"]
+    expected = [float((x.cpu() * 2 + i).sum()) for i in range(30)]
+    assert values == torch.tensor(expected).tolist() or all(
+        abs(a - b) < 1e-4 for a, b in zip(values, expected))
+
+
+def test_reads_from_several_threads_stay_correct(pjrt):
+    import threading
+
+    x = torch.arange(8, dtype=torch.float32).to(pjrt)
+    errors, results = [], {}
+
+    def reader(k):
+        try:
+            with torch_pjrt.eager_mode("defer_and_fuse"):
+                results[k] = [((x + k) * j).sum().item() for j in range(40)]
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=reader, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    for k in range(4):
+        assert results[k] == [float(((torch.arange(8.0) + k) * j).sum()) for j in range(40)]

@@ -320,6 +320,8 @@ pub struct Engine {
     warm_up: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
     /// How long the warm-up took, in nanoseconds, once it has succeeded (0 before).
     warm_up_nanos: Arc<std::sync::atomic::AtomicU64>,
+    /// The execution queue's cumulative times at the last `reset_metrics`.
+    exec_baseline: Mutex<compile::ExecStats>,
 }
 
 /// The values a flush makes for its outputs, kept so that a flush failing before its job is on
@@ -394,6 +396,7 @@ impl Engine {
             recompiles: Mutex::new(RecompileTracker::new(config.recompile_budget)),
             warm_up: Mutex::new(None),
             warm_up_nanos: Default::default(),
+            exec_baseline: Mutex::new(Default::default()),
         })
     }
 
@@ -528,6 +531,7 @@ impl Engine {
         params: &[i64],
         outs: &[TensorRef],
     ) -> Result<Captured, EngineError> {
+        let start = std::time::Instant::now();
         Counters::bump(&self.counters.ops, 1);
         let mut graph = self.graph.lock()?;
         let located = location.is_some();
@@ -538,6 +542,8 @@ impl Engine {
         if located {
             graph.set_capture_location(None);
         }
+        drop(graph);
+        Counters::add_time(&self.counters.op_nanos, start);
         captured
     }
 
@@ -715,6 +721,17 @@ impl Engine {
     /// regions reach the ordered queue in capture order. In DeferAndFuse a whole flush may run
     /// as several regions, cut where one would need more memory (RFC 0023).
     fn flush_locked(
+        &self,
+        graph: &mut Graph<DeviceValue>,
+        request: FlushRequest<'_>,
+    ) -> Result<FlushedValues, EngineError> {
+        let start = std::time::Instant::now();
+        let flushed = self.flush_locked_untimed(graph, request);
+        Counters::add_time(&self.counters.flush_nanos, start);
+        flushed
+    }
+
+    fn flush_locked_untimed(
         &self,
         graph: &mut Graph<DeviceValue>,
         request: FlushRequest<'_>,
@@ -979,9 +996,17 @@ impl Engine {
 
     /// Waits until a value is computed on the device; returns the error of what produced it.
     fn wait_device(&self, value: &DeviceValue) -> Result<Arc<pjrt::Buffer>, EngineError> {
-        value
+        let start = std::time::Instant::now();
+        if !value.is_resolved() {
+            // Launched from this thread when the worker is idle: no hand-off to the worker and
+            // back on the way to a read (it wakes the worker for what it leaves).
+            self.queue.run_here();
+        }
+        let ready = value
             .wait_ready()
-            .map_err(|e| EngineError::runtime(e.to_string()))
+            .map_err(|e| EngineError::runtime(e.to_string()));
+        Counters::add_time(&self.counters.wait_nanos, start);
+        ready
     }
 
     // ----- materialization and transfers -----
@@ -1096,6 +1121,8 @@ impl Engine {
             self.graph.lock()?.release_storage(temp)?;
             return result;
         }
+        // This thread runs the flush's region itself when it waits (`wait_device`).
+        let _hold = self.queue.hold_worker();
         let source = {
             let mut graph = self.graph.lock()?;
             match graph.read_source(t)? {
@@ -1117,9 +1144,11 @@ impl Engine {
             ReadSource::Zeros => dst.fill(0),
             ReadSource::Device(value, _) => {
                 let buffer = self.wait_device(&value)?;
+                let start = std::time::Instant::now();
                 buffer
                     .to_host_into(dst)
                     .map_err(|e| runtime_error("copying a pjrt tensor to the host", e))?;
+                Counters::add_time(&self.counters.transfer_nanos, start);
             }
         }
         Counters::bump(&self.counters.device_to_host, 1);
@@ -1135,6 +1164,8 @@ impl Engine {
         gather: &HostGather,
         dst: &mut [u8],
     ) -> Result<(), EngineError> {
+        // This thread runs the flush's region itself when it waits (`wait_device`).
+        let _hold = self.queue.hold_worker();
         let source = {
             let mut graph = self.graph.lock()?;
             match graph.storage_source(t.storage)? {
@@ -1154,9 +1185,11 @@ impl Engine {
             ReadSource::Device(value, ty) => {
                 let buffer = self.wait_device(&value)?;
                 let mut whole = vec![0u8; ty.numel() as usize * ty.dtype.size_bytes()];
+                let start = std::time::Instant::now();
                 buffer
                     .to_host_into(&mut whole)
                     .map_err(|e| runtime_error("copying a pjrt tensor to the host", e))?;
+                Counters::add_time(&self.counters.transfer_nanos, start);
                 if ty.dtype != t.dtype || !gather.copy(&whole, element, dst) {
                     return Err(EngineError::runtime(format!(
                         "internal error: a view of {:?} at offset {} does not fit its storage's \
@@ -1203,10 +1236,12 @@ impl Engine {
             Some((bytes, p)) => (bytes.as_slice(), p.padded_sizes()),
             None => (src, t.sizes.clone()),
         };
+        let start = std::time::Instant::now();
         let buffer = self
             .client
             .buffer_from_host(bytes, element_type(t.dtype), &sizes)
             .map_err(|e| runtime_error("copying a host tensor to pjrt", e))?;
+        Counters::add_time(&self.counters.transfer_nanos, start);
         Counters::bump(&self.counters.host_to_device, 1);
         Counters::bump(&self.counters.host_to_device_bytes, bytes.len() as u64);
         let value = DeviceValue::ready(Arc::new(buffer));
@@ -1315,6 +1350,41 @@ impl Engine {
             )
         };
         v.insert("recompiles", recompile_count as f64);
+        // Where the time went (RFC 0032): the host's stages, the execution thread's launches
+        // and compile waits, the device's time from launch to completion.
+        let seconds = |nanos: u64| nanos as f64 / 1e9;
+        v.insert("host_op_seconds", seconds(Counters::get(&c.op_nanos)));
+        v.insert("host_flush_seconds", seconds(Counters::get(&c.flush_nanos)));
+        v.insert("host_wait_seconds", seconds(Counters::get(&c.wait_nanos)));
+        v.insert(
+            "host_transfer_seconds",
+            seconds(Counters::get(&c.transfer_nanos)),
+        );
+        let exec = self.queue.stats();
+        let base = self.exec_baseline.lock().clone();
+        v.insert(
+            "exec_launch_seconds",
+            seconds(exec.launch_nanos.saturating_sub(base.launch_nanos)),
+        );
+        v.insert(
+            "exec_compile_wait_seconds",
+            seconds(
+                exec.compile_wait_nanos
+                    .saturating_sub(base.compile_wait_nanos),
+            ),
+        );
+        v.insert(
+            "exec_queue_seconds",
+            seconds(exec.queue_nanos.saturating_sub(base.queue_nanos)),
+        );
+        v.insert(
+            "reader_launches",
+            exec.caller_launches.saturating_sub(base.caller_launches) as f64,
+        );
+        v.insert(
+            "device_seconds",
+            seconds(exec.device_nanos.saturating_sub(base.device_nanos)),
+        );
         v.insert("executions", Counters::get(&c.executions) as f64);
         v.insert("donated_buffers", Counters::get(&c.donated_buffers) as f64);
         v.insert("repeat_cuts", Counters::get(&c.repeat_cuts) as f64);
@@ -1362,6 +1432,7 @@ impl Engine {
 
     pub fn reset_metrics(&self) {
         self.counters.reset();
+        *self.exec_baseline.lock() = self.queue.stats();
         self.graph.lock_even_if_stopped().reset_stats();
         self.compiler.reset_stats();
         self.recompiles.lock().reset();

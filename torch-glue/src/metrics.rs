@@ -23,12 +23,26 @@ pub struct Counters {
     pub memory_cuts: AtomicU64,
     /// Regions cut around ops whose shapes keep changing (DeferAndFuse's isolation cuts).
     pub isolation_cuts: AtomicU64,
+    /// Host time in the engine's op calls (capture, meta, and any flush an op triggered), ns.
+    pub op_nanos: AtomicU64,
+    /// Host time planning and launching regions, wherever a flush was triggered, ns.
+    pub flush_nanos: AtomicU64,
+    /// Host time blocked until the device had computed a value that was read, ns.
+    pub wait_nanos: AtomicU64,
+    /// Host time copying between host and device memory, ns.
+    pub transfer_nanos: AtomicU64,
     pub fallback_ops: Mutex<BTreeMap<String, u64>>,
 }
 
 impl Counters {
     pub fn bump(counter: &AtomicU64, by: u64) {
         counter.fetch_add(by, Ordering::Relaxed);
+    }
+
+    /// Adds the time since `start` to a nanosecond counter.
+    pub fn add_time(counter: &AtomicU64, start: std::time::Instant) {
+        let nanos = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        counter.fetch_add(nanos, Ordering::Relaxed);
     }
 
     pub fn get(counter: &AtomicU64) -> u64 {
@@ -48,6 +62,10 @@ impl Counters {
             &self.repeat_cuts,
             &self.memory_cuts,
             &self.isolation_cuts,
+            &self.op_nanos,
+            &self.flush_nanos,
+            &self.wait_nanos,
+            &self.transfer_nanos,
         ] {
             c.store(0, Ordering::Relaxed);
         }

@@ -37,12 +37,15 @@ pub(crate) enum Role {
 }
 
 /// A plan of several executions is taken only when it is estimated to peak lower than one by
-/// at least this much (or a sixty-fourth of one's peak), worth the extra launches.
-const MIN_GAIN_BYTES: u64 = 2048;
+/// at least this much (or a sixty-fourth of one's peak). Each extra execution costs a launch on
+/// every run and a compile per shape bucket (a fine-tuning loop over padded batches compiled
+/// three times the programs for cuts that saved kilobytes), so only a saving that could matter
+/// to a device's memory is worth one.
+pub(crate) const MIN_GAIN_BYTES: u64 = 1 << 20;
 
 /// Only a value at least this large places a candidate cut (before a result, after a last
-/// read).
-const MIN_CUT_VALUE_BYTES: u64 = 4096;
+/// read): smaller ones cannot add up to [`MIN_GAIN_BYTES`] in the few cuts a plan makes.
+const MIN_CUT_VALUE_BYTES: u64 = 64 << 10;
 
 /// How many candidate cuts the plan chooses from (those of the largest values first).
 const MAX_CANDIDATES: usize = 32;
@@ -192,7 +195,9 @@ pub(crate) fn plan_cuts(values: &[ValueLife], ops: usize) -> Vec<usize> {
 mod tests {
     use super::*;
 
-    const KIB: u64 = 1024;
+    /// The unit of the sizes below: large enough that the cuts they plan save what a cut must.
+    const MIB: u64 = 1 << 20;
+    const KIB: u64 = 1 << 10;
 
     fn temp(bytes: u64, def: usize, last_read: usize) -> ValueLife {
         ValueLife {
@@ -226,14 +231,14 @@ mod tests {
     /// an optimizer update (in place) with its scalars.
     fn mlp_step() -> (Vec<ValueLife>, usize) {
         let values = vec![
-            temp(32 * KIB, 0, 1), // 0: h = x @ w1 + b1
-            temp(32 * KIB, 1, 6), // 1: r = relu(h), read by dW2 and the mask
-            temp(KIB, 2, 3),      // 2: logits
-            temp(KIB, 3, 5),      // 3: dlogits
-            output(10 * KIB, 4),  // 4: dW2 = dlogits^T @ r
-            temp(32 * KIB, 5, 6), // 5: dr = dlogits @ w2
-            temp(32 * KIB, 6, 7), // 6: dh = dr * (r > 0)
-            output(128 * KIB, 7), // 7: dW1 = dh^T @ x
+            temp(32 * MIB, 0, 1), // 0: h = x @ w1 + b1
+            temp(32 * MIB, 1, 6), // 1: r = relu(h), read by dW2 and the mask
+            temp(MIB, 2, 3),      // 2: logits
+            temp(MIB, 3, 5),      // 3: dlogits
+            output(10 * MIB, 4),  // 4: dW2 = dlogits^T @ r
+            temp(32 * MIB, 5, 6), // 5: dr = dlogits @ w2
+            temp(32 * MIB, 6, 7), // 6: dh = dr * (r > 0)
+            output(128 * MIB, 7), // 7: dW1 = dh^T @ x
             scalars(32, 8),       // 8: the update's learning rate
         ];
         (values, 9)
@@ -243,14 +248,34 @@ mod tests {
     fn a_late_large_gradient_runs_apart_from_the_scratch_before_it() {
         let (values, ops) = mlp_step();
         // One execution: both gradients and the scalars, plus r, dr and dh live at once.
-        assert_eq!(segment_peak(&values, 0, ops), 138 * KIB + 32 + 96 * KIB);
+        assert_eq!(segment_peak(&values, 0, ops), 138 * MIB + 32 + 96 * MIB);
         // Cut before dW1 (dh crosses) and after its last read: the first part allocates only
         // dW2 and dh, and peaks at r, dlogits and dr; the second holds dh and both gradients;
         // the update runs once dh is gone.
-        assert_eq!(segment_peak(&values, 0, 7), 10 * KIB + 32 * KIB + 65 * KIB);
-        assert_eq!(segment_peak(&values, 7, 8), 138 * KIB + 32 * KIB);
-        assert_eq!(segment_peak(&values, 8, 9), 138 * KIB + 32);
+        assert_eq!(segment_peak(&values, 0, 7), 10 * MIB + 32 * MIB + 65 * MIB);
+        assert_eq!(segment_peak(&values, 7, 8), 138 * MIB + 32 * MIB);
+        assert_eq!(segment_peak(&values, 8, 9), 138 * MIB + 32);
         assert_eq!(plan_cuts(&values, ops), vec![7, 8]);
+    }
+
+    #[test]
+    fn no_cut_for_a_saving_under_a_mebibyte() {
+        // The same step a thousand times smaller: the same cuts would save 64 KiB, not worth
+        // two more launches per step and two more compiles per shape.
+        let (values, ops) = mlp_step();
+        let small: Vec<ValueLife> = values
+            .into_iter()
+            .map(|v| ValueLife {
+                bytes: if v.role == Role::Scalars {
+                    v.bytes
+                } else {
+                    v.bytes / MIB * KIB
+                },
+                ..v
+            })
+            .collect();
+        assert!(segment_peak(&small, 0, ops) - segment_peak(&small, 7, 8) < MIN_GAIN_BYTES);
+        assert_eq!(plan_cuts(&small, ops), Vec::<usize>::new());
     }
 
     #[test]
@@ -270,26 +295,26 @@ mod tests {
         // Everything live before the late result is read by its producer: it all crosses any
         // cut before it, and the second part holds it beside the result, as one execution does.
         let values = vec![
-            temp(64 * KIB, 0, 2),
-            temp(8 * KIB, 1, 2),
-            output(64 * KIB, 2),
+            temp(64 * MIB, 0, 2),
+            temp(8 * MIB, 1, 2),
+            output(64 * MIB, 2),
         ];
-        assert_eq!(segment_peak(&values, 0, 3), 64 * KIB + 72 * KIB);
-        assert_eq!(segment_peak(&values, 2, 3), 64 * KIB + 72 * KIB);
+        assert_eq!(segment_peak(&values, 0, 3), 64 * MIB + 72 * MIB);
+        assert_eq!(segment_peak(&values, 2, 3), 64 * MIB + 72 * MIB);
         assert_eq!(plan_cuts(&values, 3), Vec::<usize>::new());
     }
 
     #[test]
     fn an_argument_is_held_until_the_execution_that_reads_it_last_ends() {
         let argument = ValueLife {
-            bytes: 64 * KIB,
+            bytes: 64 * MIB,
             def: 0,
             last_read: Some(0),
             role: Role::Argument,
         };
-        let values = vec![argument, temp(64 * KIB, 1, 2), output(8 * KIB, 2)];
-        assert_eq!(segment_peak(&values, 0, 3), 8 * KIB + 128 * KIB);
-        assert_eq!(segment_peak(&values, 1, 3), 8 * KIB + 64 * KIB);
+        let values = vec![argument, temp(64 * MIB, 1, 2), output(8 * MIB, 2)];
+        assert_eq!(segment_peak(&values, 0, 3), 8 * MIB + 128 * MIB);
+        assert_eq!(segment_peak(&values, 1, 3), 8 * MIB + 64 * MIB);
         assert_eq!(plan_cuts(&values, 3), vec![1]);
     }
 
@@ -297,21 +322,21 @@ mod tests {
     fn donated_results_and_unmaterialized_temporaries_cost_nothing() {
         let values = vec![
             ValueLife {
-                bytes: 512 * KIB,
+                bytes: 512 * MIB,
                 def: 0,
                 last_read: None,
                 role: Role::DonatedOutput,
             },
             ValueLife {
-                bytes: 512 * KIB,
+                bytes: 512 * MIB,
                 def: 0,
                 last_read: Some(1),
                 role: Role::Temp {
                     materialized: false,
                 },
             },
-            output(4 * KIB, 1),
+            output(4 * MIB, 1),
         ];
-        assert_eq!(segment_peak(&values, 0, 2), 4 * KIB);
+        assert_eq!(segment_peak(&values, 0, 2), 4 * MIB);
     }
 }

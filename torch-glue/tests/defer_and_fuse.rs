@@ -825,9 +825,13 @@ fn mlp_gradients(e: &Engine) -> (Vec<f64>, Vec<f64>) {
     let fill = |n: usize, k: usize| -> Vec<f32> {
         (0..n).map(|i| ((i * k) % 17) as f32 / 17.0 - 0.5).collect()
     };
-    let x = upload_f32(e, &fill(32 * 128, 3), &[32, 128]);
-    let w1t = upload_f32(e, &fill(128 * 256, 5), &[128, 256]);
-    let w2 = upload_f32(e, &fill(10 * 256, 7), &[10, 256]);
+    // Batch, inputs, hidden: large enough that the cut saves more than a cut must (a MiB).
+    const B: usize = 256;
+    const I: usize = 1024;
+    const H: usize = 1024;
+    let x = upload_f32(e, &fill(B * I, 3), &[B as i64, I as i64]);
+    let w1t = upload_f32(e, &fill(I * H, 5), &[I as i64, H as i64]);
+    let w2 = upload_f32(e, &fill(10 * H, 7), &[10, H as i64]);
     let t = |a: &TensorRef| op(e, OpId::Transpose, &[a], &[], &[0, 1]);
     let h = op(e, OpId::Mm, &[&x, &w1t], &[], &[]);
     let r = op(e, OpId::Relu, &[&h], &[], &[]);
@@ -878,8 +882,8 @@ fn a_late_large_result_runs_apart_from_the_scratch_before_it() {
         results.push(mlp_gradients(e));
         peaks.push(metric(e, "peak_device_bytes") - live);
     }
-    // One region allocates the first layer's weight gradient (128 KiB) while the hidden
-    // activation and its gradients are live; cut before its product, the first region ends
+    // One region allocates the first layer's weight gradient (4 MiB) while the hidden
+    // activation and its gradients (1 MiB each) are live; cut before its product, the first region ends
     // with the hidden gradient and the second holds only it and the two weight gradients.
     assert_eq!(metric(&whole, "memory_cuts"), 0.0);
     assert_eq!(metric(&whole, "regions"), 1.0);

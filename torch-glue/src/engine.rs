@@ -1123,9 +1123,24 @@ impl Engine {
         }
         // This thread runs the flush's region itself when it waits (`wait_device`).
         let _hold = self.queue.hold_worker();
+        match self.materialized_source(|graph| graph.read_source(t))? {
+            ReadSource::Zeros => dst.fill(0),
+            ReadSource::Device(value, _) => self.copy_to_host(&value, dst)?,
+        }
+        Counters::bump(&self.counters.device_to_host, 1);
+        Counters::bump(&self.counters.device_to_host_bytes, dst.len() as u64);
+        Ok(())
+    }
+
+    /// What a read finds with `find` (`None`: still pending), everything pending flushed first
+    /// when it must be, with the launched assertions' verdicts checked.
+    fn materialized_source(
+        &self,
+        find: impl Fn(&mut Graph<DeviceValue>) -> Result<Option<ReadSource<DeviceValue>>, EngineError>,
+    ) -> Result<ReadSource<DeviceValue>, EngineError> {
         let source = {
             let mut graph = self.graph.lock()?;
-            match graph.read_source(t)? {
+            match find(&mut graph)? {
                 Some(source) => source,
                 None => {
                     // Everything pending runs, not only what the read needs (RFC 0012): a
@@ -1133,26 +1148,24 @@ impl Engine {
                     // activations live and die inside it, instead of leaving its backward pass
                     // to run with the next step's forward (both steps' activations held at once).
                     self.flush_locked(&mut graph, FlushRequest::All)?;
-                    graph.read_source(t)?.ok_or_else(|| {
+                    find(&mut graph)?.ok_or_else(|| {
                         EngineError::runtime("internal error: a flushed storage is still pending")
                     })?
                 }
             }
         };
         self.verify_checks()?;
-        match source {
-            ReadSource::Zeros => dst.fill(0),
-            ReadSource::Device(value, _) => {
-                let buffer = self.wait_device(&value)?;
-                let start = std::time::Instant::now();
-                buffer
-                    .to_host_into(dst)
-                    .map_err(|e| runtime_error("copying a pjrt tensor to the host", e))?;
-                Counters::add_time(&self.counters.transfer_nanos, start);
-            }
-        }
-        Counters::bump(&self.counters.device_to_host, 1);
-        Counters::bump(&self.counters.device_to_host_bytes, dst.len() as u64);
+        Ok(source)
+    }
+
+    /// Waits for `value` and copies all of it into `dst`.
+    fn copy_to_host(&self, value: &DeviceValue, dst: &mut [u8]) -> Result<(), EngineError> {
+        let buffer = self.wait_device(value)?;
+        let start = std::time::Instant::now();
+        buffer
+            .to_host_into(dst)
+            .map_err(|e| runtime_error("copying a pjrt tensor to the host", e))?;
+        Counters::add_time(&self.counters.transfer_nanos, start);
         Ok(())
     }
 
@@ -1166,30 +1179,12 @@ impl Engine {
     ) -> Result<(), EngineError> {
         // This thread runs the flush's region itself when it waits (`wait_device`).
         let _hold = self.queue.hold_worker();
-        let source = {
-            let mut graph = self.graph.lock()?;
-            match graph.storage_source(t.storage)? {
-                Some(source) => source,
-                None => {
-                    self.flush_locked(&mut graph, FlushRequest::All)?;
-                    graph.storage_source(t.storage)?.ok_or_else(|| {
-                        EngineError::runtime("internal error: a flushed storage is still pending")
-                    })?
-                }
-            }
-        };
-        self.verify_checks()?;
         let element = t.dtype.size_bytes();
-        match source {
+        match self.materialized_source(|graph| graph.storage_source(t.storage))? {
             ReadSource::Zeros => dst.fill(0),
             ReadSource::Device(value, ty) => {
-                let buffer = self.wait_device(&value)?;
                 let mut whole = vec![0u8; ty.numel() as usize * ty.dtype.size_bytes()];
-                let start = std::time::Instant::now();
-                buffer
-                    .to_host_into(&mut whole)
-                    .map_err(|e| runtime_error("copying a pjrt tensor to the host", e))?;
-                Counters::add_time(&self.counters.transfer_nanos, start);
+                self.copy_to_host(&value, &mut whole)?;
                 if ty.dtype != t.dtype || !gather.copy(&whole, element, dst) {
                     return Err(EngineError::runtime(format!(
                         "internal error: a view of {:?} at offset {} does not fit its storage's \

@@ -225,6 +225,8 @@ impl ExecJob {
 
 type TaskFn = Box<dyn FnOnce() -> Result<Vec<Arc<Buffer>>, String> + Send + 'static>;
 
+// Work moves through reused deques: boxing the large variant would allocate for every job.
+#[allow(clippy::large_enum_variant)]
 enum Work {
     Execute(ExecJob),
     Task {
@@ -253,8 +255,8 @@ pub struct ExecStats {
     pub launch_nanos: u64,
     /// Time the worker waited for executables still compiling, in nanoseconds.
     pub compile_wait_nanos: u64,
-    /// Time from each launch to its completion event, summed over executions, in nanoseconds:
-    /// the device's time, queueing on the device included.
+    /// Time the device was busy, in nanoseconds: the union of the intervals from each launch to
+    /// its completion event (executions queued behind one another are not counted twice).
     pub device_nanos: u64,
     /// Time executions waited in the queue before they were taken, in nanoseconds.
     pub queue_nanos: u64,
@@ -275,6 +277,8 @@ struct QueueShared {
     caller_launches: AtomicU64,
     /// Shared with the completion callbacks, which may outlive a borrow of the queue.
     device_nanos: Arc<AtomicU64>,
+    /// Where the union of launch-to-completion intervals ends so far (see `device_nanos`).
+    device_busy_until: Arc<parking_lot::Mutex<Option<std::time::Instant>>>,
     worker: OnceLock<ThreadId>,
     /// Completion events of launched executions that may still be running, oldest first: what
     /// `wait_launched` waits for, since a job no longer holds its results (they may all have
@@ -737,8 +741,19 @@ fn execute(shared: &QueueShared, job: &ExecJob) -> Result<Vec<Arc<Buffer>>, Exec
     add_nanos(&shared.launch_nanos, started.elapsed());
     if let Some(completion) = completion {
         let device_nanos = shared.device_nanos.clone();
+        let busy_until = shared.device_busy_until.clone();
         // Timed from the launch: a program the plugin ran inside its execute call is ready here.
-        let _ = completion.on_ready(move |_| add_nanos(&device_nanos, started.elapsed()));
+        // Completions arrive about in launch order; the part of an interval that an earlier one
+        // already covers is the device working through the queue, not more work.
+        let _ = completion.on_ready(move |_| {
+            let done = std::time::Instant::now();
+            let mut until = busy_until.lock();
+            let from = until.map_or(started, |u| u.max(started));
+            if done > from {
+                add_nanos(&device_nanos, done - from);
+                *until = Some(done);
+            }
+        });
         let mut launched = shared.launched.lock();
         // Executions finish about in launch order: dropping the finished ones from the front
         // keeps the list short without scanning it.

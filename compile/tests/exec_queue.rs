@@ -441,3 +441,35 @@ fn a_caller_leaves_work_to_a_busy_worker_or_behind_a_closure() {
     queue.flush();
     assert_eq!(queue.stats().pending, 0);
 }
+
+#[test]
+fn the_device_time_of_queued_executions_is_counted_once() {
+    let queue = ExecQueue::new().unwrap();
+    let times_two = ready_executable(2.0);
+    let zeros = value(&[0., 0., 0., 0.]);
+    let started = Instant::now();
+    let mut last = value(&[1., 1., 1., 1.]);
+    for _ in 0..50 {
+        let next = DeviceValue::pending();
+        queue.enqueue(ExecJob::new(
+            "chained",
+            times_two.clone(),
+            vec![last, zeros.clone()],
+            vec![next.clone()],
+        ));
+        last = next;
+    }
+    queue.wait_launched().unwrap();
+    let wall = started.elapsed();
+    assert_eq!(f32_values(&last.wait_ready().unwrap())[0], 2f32.powi(50));
+    let stats = queue.stats();
+    // Completion callbacks may still be running for the last executions: the sum must never
+    // exceed the wall time the executions spanned, however many were queued at once.
+    assert!(stats.device_nanos > 0);
+    assert!(
+        stats.device_nanos <= wall.as_nanos() as u64,
+        "{} ns of device time in {wall:?}",
+        stats.device_nanos
+    );
+    assert!(stats.launch_nanos > 0 && stats.queue_nanos > 0);
+}

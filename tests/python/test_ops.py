@@ -106,6 +106,32 @@ def test_type_promotion(pjrt):
     assert_close(i.to(pjrt) + torch.tensor(2.5), i + torch.tensor(2.5))
 
 
+@pytest.mark.parametrize("dtype", [torch.int16, torch.uint8, torch.bool, torch.float16, torch.float64])
+@pytest.mark.parametrize("shape", [(), (3,)])
+def test_a_python_number_in_a_tensor_argument_promotes_as_a_number(pjrt, dtype, shape):
+    # `torch.sub(5, x)` passes 5 as a wrapped number tensor: it yields to the tensor's dtype
+    # within its category, and gives its category's default dtype above it.
+    x = torch.tensor([1, 0, 1] if shape else 1).to(dtype)
+    d = x.to(pjrt)
+    calls = [
+        lambda t: torch.sub(5, t),
+        lambda t: torch.add(3, t, alpha=2),
+        lambda t: torch.mul(True, t),
+        lambda t: torch.sub(2.5, t),
+        lambda t: torch.maximum(torch.tensor(4), t),
+        lambda t: torch.rsub(t, 7),
+        lambda t: torch.true_divide(3, t.to(torch.float32) + 1),
+    ]
+    for call in calls:
+        try:
+            expected = call(x)
+        except RuntimeError:
+            continue  # refused on the CPU too (subtracting from a bool)
+        got = call(d)
+        assert got.dtype == expected.dtype, (dtype, shape, got.dtype, expected.dtype)
+        assert_close(got, expected)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
 def test_float_dtypes(pjrt, dtype):
     x = torch.randn(5, 3).to(dtype)

@@ -3,6 +3,7 @@
 // builder used by the generated kernels, and the CPU fallback.
 #include "pjrt_backend.h"
 
+#include <algorithm>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
@@ -601,6 +602,11 @@ void OpCall::input(const at::Tensor& t) {
     inputs_.push_back(describe(t));
     return;
   }
+  if (is_cpu_scalar_tensor(t) && t.unsafeGetTensorImpl()->is_wrapped_number()) {
+    wrapped_.emplace_back(inputs_.size(), t);
+    inputs_.push_back(TpjrtTensor{});  // described in upload_wrapped_numbers
+    return;
+  }
   TORCH_CHECK(
       is_cpu_scalar_tensor(t),
       "Expected all tensors to be on the same device, but found at least two devices, ",
@@ -688,8 +694,63 @@ void OpCall::trim_default_scalars() {
   }
 }
 
+namespace {
+
+// PyTorch's type-promotion categories: bool < integer < floating < complex.
+int promotion_category(at::ScalarType t) {
+  if (at::isComplexType(t)) {
+    return 3;
+  }
+  if (at::isFloatingType(t)) {
+    return 2;
+  }
+  return t == at::kBool ? 0 : 1;
+}
+
+}  // namespace
+
+// A wrapped number takes part in type promotion only when its category is above every tensor
+// input's, and then as the category's default dtype; otherwise it takes the operands' dtype.
+// Uploaded in a dtype that promotes the same way, so the engine's meta, which sees tensors
+// only, gives PyTorch's result dtype (`torch.sub(5, int16_scalar_tensor)` is int16, not int64).
+void OpCall::upload_wrapped_numbers() {
+  int top = -1;
+  std::optional<at::ScalarType> top_type;
+  for (size_t i = 0; i < inputs_.size(); ++i) {
+    if (std::any_of(wrapped_.begin(), wrapped_.end(), [&](const auto& w) { return w.first == i; })) {
+      continue;
+    }
+    const auto type = static_cast<at::ScalarType>(inputs_[i].dtype);
+    if (promotion_category(type) > top) {
+      top = promotion_category(type);
+      top_type = type;
+    }
+  }
+  for (const auto& [index, number] : wrapped_) {
+    at::ScalarType target = number.scalar_type();
+    const int category = promotion_category(target);
+    if (top_type && category <= top) {
+      target = *top_type;
+    } else if (category == 2) {
+      target = c10::typeMetaToScalarType(c10::get_default_dtype());
+    } else if (category == 3) {
+      target = c10::toComplexType(c10::typeMetaToScalarType(c10::get_default_dtype()));
+    }
+    at::Tensor uploaded = at::detail::empty_generic(
+        {}, &g_allocator, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), target,
+        std::nullopt);
+    copy_host_to_device(number.to(target), uploaded);
+    keep_alive_.push_back(uploaded);
+    inputs_[index] = describe(keep_alive_.back());
+  }
+  wrapped_.clear();
+}
+
 TpjrtOpCall OpCall::make_call() {
   TORCH_CHECK(op_ >= 0, name_, ": the pjrt engine does not implement this op");
+  if (C10_UNLIKELY(!wrapped_.empty())) {
+    upload_wrapped_numbers();
+  }
   TpjrtOpCall c{};
   c.op = op_;
   c.inputs = inputs_.data();

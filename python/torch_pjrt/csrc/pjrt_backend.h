@@ -241,6 +241,7 @@ class OpCall {
  private:
   TpjrtOpCall make_call();
   void trim_default_scalars();
+  void upload_wrapped_numbers();
   void check_outs(bool resize);
   c10::Device result_device() const;
 
@@ -253,6 +254,9 @@ class OpCall {
   c10::SmallVector<TpjrtTensor, 2> outs_;
   c10::SmallVector<at::Tensor, 2> out_tensors_;
   c10::SmallVector<at::Tensor, 2> keep_alive_;
+  // Python numbers passed where the op takes a tensor (`torch.sub(5, x)`): uploaded when the
+  // call is made, in the dtype type promotion gives them beside the other inputs.
+  c10::SmallVector<std::pair<size_t, at::Tensor>, 1> wrapped_;
   std::optional<c10::Device> device_;
 };
 

@@ -1,6 +1,6 @@
 """pytest plugin loaded into every worker of the upstream runner (tests/upstream/run.py).
 
-It does three things, and nothing else:
+It does four things, and nothing else:
 
 - bridges the version skew of older PyTorch test files against the installed torch: `skip`,
   `skipOps` and `xfail` moved from `common_methods_invocations` to `common_device_type`, and
@@ -12,8 +12,13 @@ It does three things, and nothing else:
   node id on the command line that is not found would do);
 - writes one JSON line per event to `UPSTREAM_EVENTS` (test start, outcome with the error's first
   line, test finish), flushed at once, so the supervisor outside the process knows which test is
-  running when it has to kill a hung or crashed worker.
+  running when it has to kill a hung or crashed worker;
+- ends each test with the device's pending work materialized: in Strict and DeferAndFuse an error
+  found on the device (an out-of-bounds index) is raised at the next materialization point (RFC
+  0012), so an error a test's own ops left pending fails that test's teardown, not whichever later
+  test reads a value first.
 """
+import sys
 
 import json
 import os
@@ -96,6 +101,18 @@ def pytest_runtest_logstart(nodeid, location):
 
 def pytest_runtest_logfinish(nodeid, location):
     _emit(ev="finish", id=nodeid)
+
+
+@pytest.fixture(autouse=True)
+def _pjrt_pending_errors():
+    """Materializes what the test left pending; its error fails this test's teardown."""
+    yield
+    engine = sys.modules.get("torch_pjrt")
+    if engine is not None:
+        try:
+            engine.sync()
+        except Exception as e:  # noqa: BLE001 - re-raised with the test it belongs to
+            raise RuntimeError(f"an error this test's pjrt ops left pending: {e}") from e
 
 
 def _first_line(text, tail=False):

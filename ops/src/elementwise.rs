@@ -266,6 +266,12 @@ fn binary_meta(a: &MetaArgs) -> Result<Meta, OpError> {
     };
     let common = result_type(&[x, y]);
     let other_value = operand_scalar(&y);
+    // An integer division by a zero scalar raises, as on the CPU, unless there is nothing to
+    // divide: PyTorch returns an empty result (`torch.triu_indices(3, 0)`'s reference divides
+    // its empty ranges by the zero column count).
+    let divides_by_zero = common.is_integral(false)
+        && other_value.is_some_and(|v| v.is_zero())
+        && !shape.contains(&0);
     let both_bool = operand_dtype(&x) == DType::Bool && operand_dtype(&y) == DType::Bool;
     let out = match a.op {
         Add | Sub | Rsub => {
@@ -296,7 +302,7 @@ fn binary_meta(a: &MetaArgs) -> Result<Meta, OpError> {
                     };
                     return Err(not_implemented_for(kernel, common));
                 }
-                if common.is_integral(false) && other_value.is_some_and(|v| v.is_zero()) {
+                if divides_by_zero {
                     return Err(zero_division());
                 }
                 common
@@ -311,7 +317,7 @@ fn binary_meta(a: &MetaArgs) -> Result<Meta, OpError> {
                 };
                 return Err(not_implemented_for(kernel, common));
             }
-            if common.is_integral(false) && other_value.is_some_and(|v| v.is_zero()) {
+            if divides_by_zero {
                 return Err(zero_division());
             }
             common

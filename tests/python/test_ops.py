@@ -132,6 +132,24 @@ def test_a_python_number_in_a_tensor_argument_promotes_as_a_number(pjrt, dtype, 
         assert_close(got, expected)
 
 
+def test_integer_division_by_zero_raises_only_when_there_is_something_to_divide(pjrt):
+    empty = torch.empty(0, 3, dtype=torch.long)
+    for call in (lambda t: t // 0, lambda t: torch.remainder(t, 0), lambda t: torch.fmod(t, 0),
+                 lambda t: torch.div(t, 0, rounding_mode="trunc")):
+        got = call(empty.to(pjrt))
+        assert got.shape == (0, 3) and got.dtype == torch.long
+        with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+            call(torch.ones(2, dtype=torch.long).to(pjrt))
+    # PyTorch's reference triu_indices divides its empty ranges by the zero column count.
+    import torch._refs as refs
+
+    for rows, cols in ((3, 0), (0, 0), (20, 0), (4, 5)):
+        expected = torch.triu_indices(rows, cols)
+        assert torch.equal(torch.triu_indices(rows, cols, device=pjrt).cpu(), expected)
+        got = refs.triu_indices(rows, cols, dtype=torch.long, device=pjrt)
+        assert torch.equal(got.cpu(), expected), (rows, cols)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
 def test_float_dtypes(pjrt, dtype):
     x = torch.randn(5, 3).to(dtype)

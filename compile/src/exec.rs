@@ -276,14 +276,32 @@ struct QueueShared {
     queue_nanos: AtomicU64,
     caller_launches: AtomicU64,
     /// Shared with the completion callbacks, which may outlive a borrow of the queue.
-    device_nanos: Arc<AtomicU64>,
-    /// Where the union of launch-to-completion intervals ends so far (see `device_nanos`).
-    device_busy_until: Arc<parking_lot::Mutex<Option<std::time::Instant>>>,
+    device_busy: Arc<parking_lot::Mutex<DeviceBusy>>,
     worker: OnceLock<ThreadId>,
     /// Completion events of launched executions that may still be running, oldest first: what
     /// `wait_launched` waits for, since a job no longer holds its results (they may all have
     /// been released, and the device still be computing them).
     launched: parking_lot::Mutex<std::collections::VecDeque<(Arc<str>, pjrt::Event)>>,
+}
+
+/// The device's busy time so far: the union of launch-to-completion intervals.
+#[derive(Default)]
+struct DeviceBusy {
+    nanos: u64,
+    /// Where the union ends so far.
+    until: Option<std::time::Instant>,
+}
+
+impl DeviceBusy {
+    /// Adds the part of `started..done` that no earlier interval covers: completions arrive
+    /// about in launch order, and the covered part is the device working through its queue.
+    fn complete(&mut self, started: std::time::Instant, done: std::time::Instant) {
+        let from = self.until.map_or(started, |u| u.max(started));
+        if done > from {
+            self.nanos += u64::try_from((done - from).as_nanos()).unwrap_or(u64::MAX);
+            self.until = Some(done);
+        }
+    }
 }
 
 /// The worker's inbox: a deque under a lock. The worker takes everything queued at once by
@@ -428,6 +446,27 @@ impl std::fmt::Debug for ExecQueue {
     }
 }
 
+impl ExecStats {
+    /// The counts and times accumulated since `earlier` (a snapshot of the same queue); the
+    /// pending count is this snapshot's.
+    pub fn since(&self, earlier: &ExecStats) -> ExecStats {
+        ExecStats {
+            enqueued: self.enqueued.saturating_sub(earlier.enqueued),
+            executions: self.executions.saturating_sub(earlier.executions),
+            tasks: self.tasks.saturating_sub(earlier.tasks),
+            failed: self.failed.saturating_sub(earlier.failed),
+            pending: self.pending,
+            launch_nanos: self.launch_nanos.saturating_sub(earlier.launch_nanos),
+            compile_wait_nanos: self
+                .compile_wait_nanos
+                .saturating_sub(earlier.compile_wait_nanos),
+            device_nanos: self.device_nanos.saturating_sub(earlier.device_nanos),
+            queue_nanos: self.queue_nanos.saturating_sub(earlier.queue_nanos),
+            caller_launches: self.caller_launches.saturating_sub(earlier.caller_launches),
+        }
+    }
+}
+
 impl ExecQueue {
     pub fn new() -> std::io::Result<ExecQueue> {
         let inbox = Arc::new(Inbox::default());
@@ -562,7 +601,7 @@ impl ExecQueue {
             pending: enqueued.saturating_sub(load(&s.completed)),
             launch_nanos: load(&s.launch_nanos),
             compile_wait_nanos: load(&s.compile_wait_nanos),
-            device_nanos: load(&s.device_nanos),
+            device_nanos: s.device_busy.lock().nanos,
             queue_nanos: load(&s.queue_nanos),
             caller_launches: load(&s.caller_launches),
         }
@@ -740,19 +779,11 @@ fn execute(shared: &QueueShared, job: &ExecJob) -> Result<Vec<Arc<Buffer>>, Exec
     shared.executions.fetch_add(1, Ordering::Relaxed);
     add_nanos(&shared.launch_nanos, started.elapsed());
     if let Some(completion) = completion {
-        let device_nanos = shared.device_nanos.clone();
-        let busy_until = shared.device_busy_until.clone();
+        let busy = shared.device_busy.clone();
         // Timed from the launch: a program the plugin ran inside its execute call is ready here.
-        // Completions arrive about in launch order; the part of an interval that an earlier one
-        // already covers is the device working through the queue, not more work.
         let _ = completion.on_ready(move |_| {
             let done = std::time::Instant::now();
-            let mut until = busy_until.lock();
-            let from = until.map_or(started, |u| u.max(started));
-            if done > from {
-                add_nanos(&device_nanos, done - from);
-                *until = Some(done);
-            }
+            busy.lock().complete(started, done);
         });
         let mut launched = shared.launched.lock();
         // Executions finish about in launch order: dropping the finished ones from the front

@@ -400,10 +400,9 @@ fn a_waiting_caller_runs_queued_executions_itself() {
     assert_eq!(queue.stats().pending, 0);
 }
 
-#[test]
-fn a_caller_leaves_work_to_a_busy_worker_or_behind_a_closure() {
-    let queue = ExecQueue::new().unwrap();
-    let times_two = ready_executable(2.0);
+/// Queues a closure that holds the worker until the returned sender sends; returns once the
+/// worker is inside it.
+fn block_worker(queue: &ExecQueue) -> std::sync::mpsc::Sender<()> {
     let (release, gate) = std::sync::mpsc::channel::<()>();
     let (started, worker_started) = std::sync::mpsc::channel::<()>();
     queue.enqueue_fn("gate", vec![], move || {
@@ -412,6 +411,14 @@ fn a_caller_leaves_work_to_a_busy_worker_or_behind_a_closure() {
         Ok(vec![])
     });
     worker_started.recv().unwrap();
+    release
+}
+
+#[test]
+fn a_caller_leaves_work_to_a_busy_worker_or_behind_a_closure() {
+    let queue = ExecQueue::new().unwrap();
+    let times_two = ready_executable(2.0);
+    let release = block_worker(&queue);
     let out = DeviceValue::pending();
     queue.enqueue(ExecJob::new(
         "after the gate",
@@ -427,14 +434,7 @@ fn a_caller_leaves_work_to_a_busy_worker_or_behind_a_closure() {
 
     // A queued closure keeps the batch on the worker's thread.
     queue.flush();
-    let (release, gate) = std::sync::mpsc::channel::<()>();
-    let (started, worker_started) = std::sync::mpsc::channel::<()>();
-    queue.enqueue_fn("second gate", vec![], move || {
-        let _ = started.send(());
-        let _ = gate.recv();
-        Ok(vec![])
-    });
-    worker_started.recv().unwrap();
+    let release = block_worker(&queue);
     queue.enqueue_fn("a closure", vec![], || Ok(vec![]));
     assert!(!queue.run_here());
     release.send(()).unwrap();

@@ -1355,31 +1355,15 @@ impl Engine {
             "host_transfer_seconds",
             seconds(Counters::get(&c.transfer_nanos)),
         );
-        let exec = self.queue.stats();
-        let base = self.exec_baseline.lock().clone();
-        v.insert(
-            "exec_launch_seconds",
-            seconds(exec.launch_nanos.saturating_sub(base.launch_nanos)),
-        );
+        let exec = self.queue.stats().since(&self.exec_baseline.lock());
+        v.insert("exec_launch_seconds", seconds(exec.launch_nanos));
         v.insert(
             "exec_compile_wait_seconds",
-            seconds(
-                exec.compile_wait_nanos
-                    .saturating_sub(base.compile_wait_nanos),
-            ),
+            seconds(exec.compile_wait_nanos),
         );
-        v.insert(
-            "exec_queue_seconds",
-            seconds(exec.queue_nanos.saturating_sub(base.queue_nanos)),
-        );
-        v.insert(
-            "reader_launches",
-            exec.caller_launches.saturating_sub(base.caller_launches) as f64,
-        );
-        v.insert(
-            "device_seconds",
-            seconds(exec.device_nanos.saturating_sub(base.device_nanos)),
-        );
+        v.insert("exec_queue_seconds", seconds(exec.queue_nanos));
+        v.insert("reader_launches", exec.caller_launches as f64);
+        v.insert("device_seconds", seconds(exec.device_nanos));
         v.insert("executions", Counters::get(&c.executions) as f64);
         v.insert("donated_buffers", Counters::get(&c.donated_buffers) as f64);
         v.insert("repeat_cuts", Counters::get(&c.repeat_cuts) as f64);

@@ -616,12 +616,16 @@ void OpCall::input(const at::Tensor& t) {
       "! (while running ",
       name_,
       " on pjrt; move the tensor with .to('pjrt'))");
+  inputs_.push_back(upload_scalar(t));
+}
+
+TpjrtTensor OpCall::upload_scalar(const at::Tensor& host) {
   at::Tensor uploaded = at::detail::empty_generic(
-      {}, &g_allocator, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), t.scalar_type(),
+      {}, &g_allocator, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), host.scalar_type(),
       std::nullopt);
-  copy_host_to_device(t, uploaded);
+  copy_host_to_device(host, uploaded);
   keep_alive_.push_back(uploaded);
-  inputs_.push_back(describe(keep_alive_.back()));
+  return describe(keep_alive_.back());
 }
 
 void OpCall::opt_input(const std::optional<at::Tensor>& t) {
@@ -736,12 +740,7 @@ void OpCall::upload_wrapped_numbers() {
     } else if (category == 3) {
       target = c10::toComplexType(c10::typeMetaToScalarType(c10::get_default_dtype()));
     }
-    at::Tensor uploaded = at::detail::empty_generic(
-        {}, &g_allocator, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), target,
-        std::nullopt);
-    copy_host_to_device(number.to(target), uploaded);
-    keep_alive_.push_back(uploaded);
-    inputs_[index] = describe(keep_alive_.back());
+    inputs_[index] = upload_scalar(number.to(target));
   }
   wrapped_.clear();
 }

@@ -242,6 +242,8 @@ class OpCall {
   TpjrtOpCall make_call();
   void trim_default_scalars();
   void upload_wrapped_numbers();
+  // Uploads a CPU 0-d tensor, kept alive for the call; its description.
+  TpjrtTensor upload_scalar(const at::Tensor& host);
   void check_outs(bool resize);
   c10::Device result_device() const;
 

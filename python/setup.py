@@ -65,5 +65,8 @@ setup(
         )
     ],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
-    entry_points={"torch.backends": ["torch_pjrt = torch_pjrt:_autoload"]},
+    entry_points={
+        "torch.backends": ["torch_pjrt = torch_pjrt:_autoload"],
+        "torch_dynamo_backends": ["pjrt = torch_pjrt._compiled:pjrt_backend"],
+    },
 )

@@ -3,7 +3,8 @@
     python workloads.py --backend pjrt-defer_and_fuse --workload chains --json-out out.json
 
 Backends: cpu (eager), inductor (torch.compile), torch_xla (its CPU PJRT client; needs the peer
-venv's python), pjrt-strict, pjrt-debug, pjrt-defer_and_fuse. Each workload is a list of cases;
+venv's python), pjrt-strict, pjrt-debug, pjrt-defer_and_fuse, pjrt-compiled
+(`torch.compile(backend="pjrt")` where inductor compiles, the code around it in Strict). Each workload is a list of cases;
 each case is timed as a median over repetitions, after warm-up repetitions, with the device synced
 before the clock stops. The result (JSON) goes to --json-out, or stdout without it.
 
@@ -35,7 +36,10 @@ REPS = max(1, int(os.environ.get("BENCH_REPS", "2" if QUICK else "5")))
 WARMUP = max(1, int(os.environ.get("BENCH_WARMUP", "1" if QUICK else "2")))
 BUDGET_S = float(os.environ.get("BENCH_BUDGET_S", "30" if QUICK else "150"))
 
-BACKENDS = ("cpu", "inductor", "torch_xla", "pjrt-strict", "pjrt-debug", "pjrt-defer_and_fuse")
+BACKENDS = (
+    "cpu", "inductor", "torch_xla", "pjrt-strict", "pjrt-debug", "pjrt-defer_and_fuse",
+    "pjrt-compiled",
+)
 
 if __name__ == "__main__" and "torch_xla" in sys.argv:
     # torch_xla reads PJRT_DEVICE when it is imported: choose its CPU client before anything
@@ -80,7 +84,9 @@ class Backend:
             import torch_pjrt
 
             self._tp = torch_pjrt
-            self.mode = name[len("pjrt-") :]
+            # The compiled mode's graphs run as regions of their own; the code around them runs
+            # in Strict, the default mode.
+            self.mode = "strict" if name == "pjrt-compiled" else name[len("pjrt-") :]
             self.device = torch.device("pjrt")
         else:
             self.device = torch.device("cpu")
@@ -104,9 +110,17 @@ class Backend:
             return self._tp.eager_mode(self.mode)
         return contextlib.nullcontext()
 
+    @property
+    def compiles(self) -> bool:
+        """Whether the backend runs `torch.compile`d functions (inductor, or pjrt's compiled
+        mode)."""
+        return self.name in ("inductor", "pjrt-compiled")
+
     def compile(self, fn):
         if self.name == "inductor":
             return torch.compile(fn, dynamic=False)
+        if self.name == "pjrt-compiled":
+            return torch.compile(fn, backend="pjrt", dynamic=False)
         return fn
 
     def compile_count(self):
@@ -257,7 +271,7 @@ def wl_tiny_ops(r: Runner):
     x0 = torch.zeros(16).to(b.device)
 
     def make():
-        if b.name == "inductor":
+        if b.compiles:
             # A compiled function runs many ops per call: compile a block of adds and call it
             # n / block times (tracing the whole 10,000-op loop would unroll it into one graph).
             block = 100
@@ -267,7 +281,7 @@ def wl_tiny_ops(r: Runner):
                     y = y + 1.0
                 return y
 
-            fn = torch.compile(add_block, dynamic=False)
+            fn = b.compile(add_block)
 
             def run_once():
                 y = x0
@@ -286,7 +300,7 @@ def wl_tiny_ops(r: Runner):
         return run_once
 
     e = r.case(f"{n} adds, 16 floats", {"ops": n}, n, "op", make)
-    if "error" not in e and b.name == "inductor":
+    if "error" not in e and b.compiles:
         e["note"] = "compiled blocks of 100 adds"
 
 
@@ -459,7 +473,7 @@ def wl_adam(r: Runner):
             params.append(p)
         # A compiled optimizer recompiles on every new float learning rate; a tensor one is how
         # torch.compile takes a schedule.
-        lr = torch.tensor(1e-3) if b.name == "inductor" else 1e-3
+        lr = torch.tensor(1e-3) if b.compiles else 1e-3
         opt = torch.optim.Adam(params, lr=lr)
         # Compiled before the scheduler wraps opt.step: dynamo skips the wrapper, and the graph
         # break there leaves a step ~100x slower than the compiled one.
@@ -593,7 +607,7 @@ def wl_generate(r: Runner):
     """Greedy `generate()` of a tiny GPT-2 and Llama from an 8-token prompt (BENCH_GEN_TOKENS new
     tokens, default 32), with HF's dynamic and static KV caches: the first request (compiles
     included: "first rep", and the programs it compiled in the note) and the repeated one."""
-    if r.b.name == "inductor":
+    if r.b.compiles:
         return  # generate() under torch.compile is another workload; CPU eager is the reference
     try:
         import transformers  # noqa: F401
@@ -637,7 +651,7 @@ def wl_prompts(r: Runner):
     """Tiny GPT-2 `generate()` of 8 tokens for prompts whose length changes at every request
     (17..31 tokens, one bucket of bounded shapes; a repetition is 4 requests): a chat server's
     traffic. Per request; the programs the timed repetitions compiled are in "compiles"."""
-    if r.b.name == "inductor":
+    if r.b.compiles:
         return
     try:
         import transformers  # noqa: F401
@@ -707,7 +721,7 @@ def wl_padded_batches(r: Runner):
     """A tiny BERT fine-tuned (SGD) on batches padded to random lengths 8..128: one repetition is
     BERT_STEPS steps of new random lengths (per step). The first repetition's programs are in
     the note, the later ones' in "compiles"."""
-    if r.b.name == "inductor":
+    if r.b.compiles:
         return
     try:
         import transformers  # noqa: F401

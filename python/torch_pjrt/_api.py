@@ -6,7 +6,7 @@ import contextlib
 import ctypes
 import json
 
-from . import _native
+from . import _compiled, _native
 
 EAGER_MODES = ("strict", "debug", "defer_and_fuse")
 
@@ -107,12 +107,18 @@ def metrics() -> dict:
     latest recompiles, oldest first: each a dict with ``op``, ``op_index``, ``what``, ``old``,
     ``new``, ``location``, ``message`` and every kept change under ``changes``) and
     ``compiled_programs`` (the latest compiles, oldest first: ``region``, ``seconds``, ``fast``;
-    ``compile_seconds`` is the total and ``compile_seconds_max`` the slowest)."""
+    ``compile_seconds`` is the total and ``compile_seconds_max`` the slowest). The compiled
+    mode (``torch.compile(backend="pjrt")``) adds ``compiled_graphs`` (graphs built),
+    ``compiled_graph_runs``, ``compiled_graph_seconds`` (compiling their programs),
+    ``compiled_graph_list`` (the latest graphs: ``graph``, ``kind``, ``ops``, ``programs``,
+    ``compile_seconds``, ``first_run_seconds``) and ``graph_breaks`` (Dynamo's, this
+    process)."""
     m = json.loads(_metrics_json())
     native = _native.native()
     if native is not None:
         # Sequences grown by appends (RFC 0028): capacity buffers allocated, appends into one.
         m["capacity_buffers"], m["capacity_appends"] = native._growth_counters()
+    m.update(_compiled.metrics())
     return m
 
 
@@ -122,6 +128,7 @@ def reset_metrics() -> None:
     native = _native.native()
     if native is not None:
         native._reset_growth_counters()
+    _compiled.reset_metrics()
 
 
 def mark_dynamic(tensor, dim: int, max: int | None = None) -> None:
@@ -167,6 +174,7 @@ def metrics_report() -> str:
     m.pop("last_recompile_reason", None)
     reasons = m.pop("recompile_reasons", []) or []
     programs = m.pop("compiled_programs", []) or []
+    graphs = m.pop("compiled_graph_list", []) or []
     lines = ["torch-pjrt metrics"]
     width = max([len(k) for k in m] + [12])
     for key in sorted(m):
@@ -184,6 +192,13 @@ def metrics_report() -> str:
         for p in programs:
             effort = " [fast]" if p["fast"] else ""
             lines.append(f"    {p['seconds']:8.4f}  {p['region']}{effort}")
+    if graphs:
+        lines.append("  compiled graphs (torch.compile, oldest first):")
+        for g in graphs:
+            lines.append(
+                f"    {g['graph']:<14} {g['ops']:5d} ops  {g['programs']:3d} programs  "
+                f"{g['compile_seconds']:8.4f} s compiling"
+            )
     if reasons:
         lines.append("  recent recompiles (oldest first):")
         for r in reasons:

@@ -84,6 +84,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "tpjrt_last_error": (c_char_p, []),
         "tpjrt_error_class": (c_char_p, [c_int]),
         "tpjrt_sync": (c_int, []),
+        "tpjrt_flush": (c_int, []),
         "tpjrt_wait_warm_up": (c_int, []),
         "tpjrt_prepare_exit": (c_int, []),
         "tpjrt_mode_push": (c_int, [c_int]),

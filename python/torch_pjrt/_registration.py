@@ -41,7 +41,7 @@ def register() -> None:
         _done = True
         import torch
 
-        from . import _device_module, _native
+        from . import _compiled, _device_module, _native
 
         try:
             if torch._C._get_privateuse1_backend_name() != "pjrt":
@@ -59,3 +59,4 @@ def register() -> None:
             )
         _native.load()
         _patch_printing()
+        _compiled.register()

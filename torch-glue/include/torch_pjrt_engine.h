@@ -301,6 +301,11 @@ int32_t tpjrt_wait_warm_up(void);
 int32_t tpjrt_prepare_exit(void);
 
 /**
+ * Launches everything pending as regions without waiting for the device.
+ */
+int32_t tpjrt_flush(void);
+
+/**
  * Materializes everything pending and waits for the device.
  */
 int32_t tpjrt_sync(void);

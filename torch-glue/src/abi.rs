@@ -613,6 +613,12 @@ pub extern "C" fn tpjrt_prepare_exit() -> i32 {
     })
 }
 
+/// Launches everything pending as regions without waiting for the device.
+#[no_mangle]
+pub extern "C" fn tpjrt_flush() -> i32 {
+    guarded(|| global::engine()?.flush_pending())
+}
+
 /// Materializes everything pending and waits for the device.
 #[no_mangle]
 pub extern "C" fn tpjrt_sync() -> i32 {

@@ -1013,6 +1013,16 @@ impl Engine {
 
     /// Materializes everything pending and waits for the device (`torch_pjrt.sync()`,
     /// `torch.pjrt.synchronize()`).
+    /// Launches everything pending as regions, without waiting for the device: a region
+    /// boundary (the compiled mode's graphs start and end on one).
+    pub fn flush_pending(&self) -> Result<(), EngineError> {
+        let mut graph = self.graph.lock()?;
+        if graph.pending_len() == 0 {
+            return Ok(());
+        }
+        self.flush_locked(&mut graph, FlushRequest::All).map(|_| ())
+    }
+
     pub fn sync(&self) -> Result<(), EngineError> {
         {
             let mut graph = self.graph.lock()?;

@@ -1,0 +1,250 @@
+"""The compiled mode: ``torch.compile(model, backend="pjrt")`` (RFC 0033).
+
+Dynamo hands the backend an FX graph; AOTAutograd functionalizes it and splits training into a
+forward and a backward graph (input mutations such as BatchNorm's running statistics or an
+optimizer's state stay in the graph as ``copy_`` into the input). Each graph then runs through
+the engine's own pipeline in DeferAndFuse, between two region boundaries: everything pending
+before it is launched first, and its ops are launched as one region when it returns, without
+waiting. So a graph is one program, compiled once and cached in the three tiers like any region,
+whatever eager mode the code around it runs in.
+
+An op the device has no kernel for would run on the CPU in the middle of the graph: compiling
+such a graph raises an error that names the op, instead of cutting the program silently.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+import threading
+import time
+
+from . import _native
+
+_DEFER_AND_FUSE = 2  # the engine's mode code, as in _api.EAGER_MODES
+# Dispatch keys whose kernels serve every device: an op with one of them runs through the
+# device's kernels for the ops it calls.
+_DEVICE_GENERIC_KEYS = (
+    "PrivateUse1",
+    "CompositeExplicitAutograd",
+    "CompositeExplicitAutogradNonFunctional",
+    "CompositeImplicitAutograd",
+)
+_GRAPHS_KEPT = 32
+
+_lock = threading.Lock()
+_counters = {"graphs": 0, "runs": 0, "compile_seconds": 0.0}
+_latest = collections.deque(maxlen=_GRAPHS_KEPT)
+_graph_break_baseline = 0
+
+
+def _dynamo_graph_breaks() -> int:
+    """Graph breaks Dynamo has counted in this process (every backend's: Dynamo decides them
+    before any backend sees a graph)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None:
+        return 0
+    return int(sum(utils.counters.get("graph_break", {}).values()))
+
+
+def metrics() -> dict:
+    """The compiled mode's counters, merged into ``torch_pjrt.metrics()``."""
+    global _graph_break_baseline
+    breaks = _dynamo_graph_breaks()
+    with _lock:
+        if breaks < _graph_break_baseline:  # torch._dynamo.reset() cleared Dynamo's counters
+            _graph_break_baseline = 0
+        return {
+            "compiled_graphs": _counters["graphs"],
+            "compiled_graph_runs": _counters["runs"],
+            "compiled_graph_seconds": _counters["compile_seconds"],
+            "compiled_graph_list": [dict(g) for g in _latest],
+            "graph_breaks": breaks - _graph_break_baseline,
+        }
+
+
+def reset_metrics() -> None:
+    global _graph_break_baseline
+    with _lock:
+        _counters.update(graphs=0, runs=0, compile_seconds=0.0)
+        _latest.clear()
+        _graph_break_baseline = _dynamo_graph_breaks()
+
+
+def _ops_without_device_kernel(gm) -> list[str]:
+    import torch
+
+    missing = []
+    for node in gm.graph.nodes:
+        target = node.target
+        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+            continue
+        name = target.name()
+        if not any(
+            torch._C._dispatch_has_kernel_for_dispatch_key(name, key)
+            for key in _DEVICE_GENERIC_KEYS
+        ):
+            missing.append(name)
+    return sorted(set(missing))
+
+
+def _fallback_counts() -> dict:
+    from ._api import metrics
+
+    return dict(metrics().get("fallback_ops") or {})
+
+
+class _CompiledGraph:
+    """One AOTAutograd graph (forward, backward or inference), run as one region."""
+
+    def __init__(self, gm, kind: str, name: str):
+        self.gm = gm
+        self.kind = kind
+        self.name = name
+        self.ops = sum(1 for n in gm.graph.nodes if n.op == "call_function")
+        self.warm = False
+
+    def __call__(self, args):
+        engine = _native.ensure_started()
+        if not self.warm:
+            return self._first_call(engine, args)
+        return self._run(engine, args)
+
+    def _run(self, engine, args):
+        # Pending work of the code around the graph is its own region: the graph's program is
+        # the same whatever ran before it.
+        _native.check(engine.tpjrt_flush())
+        _native.check(engine.tpjrt_mode_push(_DEFER_AND_FUSE))
+        try:
+            outputs = self.gm(*args)
+        finally:
+            _native.check(engine.tpjrt_mode_pop())
+        _native.check(engine.tpjrt_flush())
+        with _lock:
+            _counters["runs"] += 1
+        return outputs
+
+    def _first_call(self, engine, args):
+        """Runs the graph once and waits for it: the compile it causes is the graph's, and an
+        op that fell back to the CPU on the way is an error (the static check cannot see inside
+        composite kernels)."""
+        from ._api import metrics
+
+        _native.check(engine.tpjrt_sync())
+        before = metrics()
+        fallbacks_before = dict(before.get("fallback_ops") or {})
+        start = time.perf_counter()
+        outputs = self._run(engine, args)
+        _native.check(engine.tpjrt_sync())
+        seconds = time.perf_counter() - start
+        after = metrics()
+        fell_back = sorted(
+            op
+            for op, count in (after.get("fallback_ops") or {}).items()
+            if count > fallbacks_before.get(op, 0)
+        )
+        if fell_back:
+            raise NotImplementedError(_fallback_message(self.name, fell_back))
+        record = {
+            "graph": self.name,
+            "kind": self.kind,
+            "ops": self.ops,
+            "programs": int(after["compilations"] - before["compilations"]),
+            "compile_seconds": float(after["compile_seconds"] - before["compile_seconds"]),
+            "first_run_seconds": seconds,
+        }
+        with _lock:
+            _counters["graphs"] += 1
+            _counters["compile_seconds"] += record["compile_seconds"]
+            _latest.append(record)
+        self.warm = True
+        return outputs
+
+
+def _fallback_message(graph: str, ops: list[str]) -> str:
+    listed = ", ".join(ops)
+    return (
+        f"torch.compile(backend='pjrt'): graph {graph} calls {listed}, which the pjrt device has "
+        "no kernel for: in eager mode it runs on the CPU, but a compiled graph must run on the "
+        "device as one program. Run that part of the model eagerly (wrap it in "
+        "torch._dynamo.disable) or compile with another backend."
+    )
+
+
+_graph_numbers = collections.Counter()
+
+
+def _compiler(kind: str):
+    def compile_graph(gm, example_inputs):
+        missing = _ops_without_device_kernel(gm)
+        with _lock:
+            _graph_numbers[kind] += 1
+            name = f"{kind}_{_graph_numbers[kind]}"
+        if missing:
+            raise NotImplementedError(_fallback_message(name, missing))
+        graph = _CompiledGraph(gm, kind, name)
+
+        def run(args):
+            return graph(args)
+
+        run._boxed_call = True  # AOTAutograd calls it with one list of arguments
+        run.graph = graph
+        return run
+
+    return compile_graph
+
+
+def pjrt_backend(gm, example_inputs, **options):
+    """The Dynamo backend ``"pjrt"``: AOTAutograd's graphs, each run as one engine region."""
+    if options:
+        unknown = ", ".join(sorted(options))
+        raise ValueError(
+            f"torch.compile(backend='pjrt') takes no options, got {unknown}: the engine's own "
+            "settings (TORCH_PJRT_* variables, torch_pjrt.eager_mode) apply to compiled graphs"
+        )
+    from torch._dynamo.backends.common import aot_autograd
+
+    backend = aot_autograd(
+        fw_compiler=_compiler("forward"),
+        bw_compiler=_compiler("backward"),
+        inference_compiler=_compiler("inference"),
+        keep_inference_input_mutations=True,
+    )
+    return backend(gm, example_inputs)
+
+
+_INDUCTOR_MESSAGE = (
+    "torch.compile's default backend, inductor, generates code for CPU and CUDA devices and "
+    "cannot compile a model on the 'pjrt' device: compile it with "
+    "torch.compile(model, backend=\"pjrt\") instead"
+)
+
+
+def _refuse_inductor_on_pjrt() -> None:
+    """Makes inductor, given pjrt tensors, fail at once with a message naming the pjrt backend
+    (it would fail deep in its code generation otherwise)."""
+    import torch
+
+    wrapper = getattr(torch, "_TorchCompileInductorWrapper", None)
+    original = getattr(wrapper, "__call__", None)
+    if original is None or getattr(original, "_torch_pjrt", False):
+        return
+
+    def __call__(self, model_, inputs_, *args, **kwargs):
+        if any(getattr(getattr(t, "device", None), "type", None) == "pjrt" for t in inputs_):
+            raise RuntimeError(_INDUCTOR_MESSAGE)
+        return original(self, model_, inputs_, *args, **kwargs)
+
+    __call__._torch_pjrt = True
+    __call__.__wrapped__ = original
+    wrapper.__call__ = __call__
+
+
+def register() -> None:
+    """Registers the backend with Dynamo now when Dynamo is already imported (the
+    ``torch_dynamo_backends`` entry point registers it lazily otherwise), and the inductor
+    guard. Never imports Dynamo."""
+    _refuse_inductor_on_pjrt()
+    registry = sys.modules.get("torch._dynamo.backends.registry")
+    if registry is not None and "pjrt" not in registry._COMPILER_FNS:
+        registry.register_backend(pjrt_backend, name="pjrt")

@@ -33,7 +33,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 WORKER = os.path.join(HERE, "workloads.py")
 
-BACKENDS = ("cpu", "inductor", "torch_xla", "pjrt-strict", "pjrt-debug", "pjrt-defer_and_fuse")
+BACKENDS = (
+    "cpu", "inductor", "torch_xla", "pjrt-strict", "pjrt-debug", "pjrt-defer_and_fuse",
+    "pjrt-compiled",
+)
 STEADY_WORKLOADS = (
     "tiny_ops", "chains", "norms", "mlp", "adam", "attention", "item_loop", "generate", "prompts",
     "padded_batches",
@@ -59,6 +62,7 @@ LABELS = {
     "pjrt-strict": "pjrt Strict",
     "pjrt-debug": "pjrt Debug",
     "pjrt-defer_and_fuse": "pjrt DeferAndFuse",
+    "pjrt-compiled": "pjrt compiled",
 }
 # The suite picks these itself (mode by context manager, cache directories per cold/warm pair):
 # inherited values would skew the comparison.
@@ -335,7 +339,31 @@ def targets(results: list, idx: dict) -> tuple[list, dict]:
         fig = f"DeferAndFuse {n} compilations over {e.get('reps', 0) * e.get('count', 0)} timed steps" + (f" (others: {others})" if others else "")
         rows.append(("Adam + LR schedule: zero recompiles after warm-up", fig, status(n == 0, None if n is not None else "missing figures")))
 
-    # 6. Cold vs warm start.
+    # 6. The compiled mode (torch.compile(backend="pjrt")) against DeferAndFuse and inductor,
+    # on the workloads inductor compiles.
+    P, I = "pjrt-compiled", "inductor"
+    compared, slower = [], []
+    for w in ("tiny_ops", "mlp", "item_loop", "adam", "attention", "norms", "chains"):
+        for case in cases_of(results, w):
+            if is_diagnostic(idx, w, case):
+                continue
+            p, d = median_of(idx, w, case, P), median_of(idx, w, case, D)
+            if p and d:
+                compared.append(d / p)
+                if p > d:
+                    slower.append(f"{w}/{case} {fmt_ratio(d / p)}")
+    if compared:
+        fig = f"compiled vs DeferAndFuse: geomean {fmt_ratio(geomean(compared))} over {len(compared)} cases"
+        if slower:
+            fig += "; slower on " + ", ".join(slower)
+        rows.append(("Compiled ≥ DeferAndFuse on every case", fig, status(not slower)))
+    if tiny:
+        p, i = (median_of(idx, "tiny_ops", tiny[0], b) for b in (P, I))
+        fig = f"compiled {fmt_time(p)}/op, inductor {fmt_time(i)}/op (blocks of 100 adds)"
+        rows.append(("Tiny op: compiled within 2× inductor per op", fig,
+                     status(p is not None and i is not None and p <= 2 * i, None if (p and i) else "missing figures")))
+
+    # 7. Cold vs warm start.
     fs = {r["backend"]: r for r in results if r.get("workload") == "first_step" and r.get("ok")}
     r = fs.get(D)
     if r:
@@ -596,7 +624,7 @@ def time_breakdown(results: list, idx: dict) -> list:
     ]
     for w in STEADY_WORKLOADS:
         for case in cases_of(results, w):
-            for b in ("pjrt-strict", "pjrt-defer_and_fuse"):
+            for b in ("pjrt-strict", "pjrt-defer_and_fuse", "pjrt-compiled"):
                 c = idx.get((w, case, b))
                 if not c or "profile" not in c or "median_s" not in c:
                     continue
@@ -633,6 +661,7 @@ def write_chart(path: str, results: list, backends: list, quick: bool = False) -
         "pjrt-strict": "#9ecae1",
         "pjrt-debug": "#c6dbef",
         "pjrt-defer_and_fuse": "#08519c",
+        "pjrt-compiled": "#2ca02c",
     }
     for j, b in enumerate(shown):
         ys, xs = [], []

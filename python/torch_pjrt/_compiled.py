@@ -21,7 +21,6 @@ import time
 
 from . import _native
 
-_DEFER_AND_FUSE = 2  # the engine's mode code, as in _api.EAGER_MODES
 # Dispatch keys whose kernels serve every device: an op with one of them runs through the
 # device's kernels for the ops it calls.
 _DEVICE_GENERIC_KEYS = (
@@ -111,15 +110,13 @@ class _CompiledGraph:
         return self._run(engine, args)
 
     def _run(self, engine, args):
-        # Pending work of the code around the graph is its own region: the graph's program is
-        # the same whatever ran before it.
-        _native.check(engine.tpjrt_flush())
-        _native.check(engine.tpjrt_mode_push(_DEFER_AND_FUSE))
+        # Pending work of the code around the graph is launched as its own region, and the
+        # graph's ops become one region, launched when it returns.
+        _native.check(engine.tpjrt_graph_begin())
         try:
             outputs = self.gm(*args)
         finally:
-            _native.check(engine.tpjrt_mode_pop())
-        _native.check(engine.tpjrt_flush())
+            _native.check(engine.tpjrt_graph_end())
         with _lock:
             _counters["runs"] += 1
         return outputs
@@ -202,6 +199,7 @@ def pjrt_backend(gm, example_inputs, **options):
             f"torch.compile(backend='pjrt') takes no options, got {unknown}: the engine's own "
             "settings (TORCH_PJRT_* variables, torch_pjrt.eager_mode) apply to compiled graphs"
         )
+    from functorch.compile import min_cut_rematerialization_partition
     from torch._dynamo.backends.common import aot_autograd
 
     backend = aot_autograd(
@@ -209,6 +207,7 @@ def pjrt_backend(gm, example_inputs, **options):
         bw_compiler=_compiler("backward"),
         inference_compiler=_compiler("inference"),
         keep_inference_input_mutations=True,
+        partition_fn=min_cut_rematerialization_partition,
     )
     return backend(gm, example_inputs)
 

@@ -1,5 +1,5 @@
 """Smoke test of the benchmark suite (benches/python/suite.py): one small workload on CPU eager and
-pjrt Strict/DeferAndFuse through the suite's entry point, checking the shape of what it writes.
+pjrt Strict/DeferAndFuse/compiled through the suite's entry point, checking the shape of what it writes.
 The full suite is `make bench`, not part of `make test`."""
 
 import json
@@ -11,7 +11,7 @@ from conftest import ENGINE_ENV
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SUITE = os.path.join(ROOT, "benches", "python", "suite.py")
-BACKENDS = ("cpu", "pjrt-strict", "pjrt-defer_and_fuse")
+BACKENDS = ("cpu", "pjrt-strict", "pjrt-defer_and_fuse", "pjrt-compiled")
 
 
 def test_suite_quick_run_writes_results(tmp_path):
@@ -55,4 +55,5 @@ def test_suite_quick_run_writes_results(tmp_path):
     assert "## Where the time goes (pjrt)" in report
     rows = [line for line in report.splitlines() if line.startswith("| tiny_ops |")
             and ("host (" in line or "device (" in line)]
-    assert len(rows) == 2, rows  # Strict and DeferAndFuse
+    assert len(rows) == 3, rows  # Strict, DeferAndFuse and compiled
+    assert any(t.startswith("Tiny op: compiled") for t in statuses)

@@ -301,9 +301,15 @@ int32_t tpjrt_wait_warm_up(void);
 int32_t tpjrt_prepare_exit(void);
 
 /**
- * Launches everything pending as regions without waiting for the device.
+ * Opens a compiled-mode graph: launches what is pending, then defers every op into one region
+ * (no size cap, no cuts) until `tpjrt_graph_end`. Graphs nest; the mode is DeferAndFuse inside.
  */
-int32_t tpjrt_flush(void);
+int32_t tpjrt_graph_begin(void);
+
+/**
+ * Closes the innermost graph: launches its region without waiting for the device.
+ */
+int32_t tpjrt_graph_end(void);
 
 /**
  * Materializes everything pending and waits for the device.

@@ -613,10 +613,17 @@ pub extern "C" fn tpjrt_prepare_exit() -> i32 {
     })
 }
 
-/// Launches everything pending as regions without waiting for the device.
+/// Opens a compiled-mode graph: launches what is pending, then defers every op into one region
+/// (no size cap, no cuts) until `tpjrt_graph_end`. Graphs nest; the mode is DeferAndFuse inside.
 #[no_mangle]
-pub extern "C" fn tpjrt_flush() -> i32 {
-    guarded(|| global::engine()?.flush_pending())
+pub extern "C" fn tpjrt_graph_begin() -> i32 {
+    guarded(|| global::engine()?.graph_begin())
+}
+
+/// Closes the innermost graph: launches its region without waiting for the device.
+#[no_mangle]
+pub extern "C" fn tpjrt_graph_end() -> i32 {
+    guarded(|| global::engine()?.graph_end())
 }
 
 /// Materializes everything pending and waits for the device.

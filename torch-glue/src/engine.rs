@@ -303,6 +303,9 @@ pub struct Engine {
     repeat_cuts: bool,
     memory_cuts: bool,
     isolation_cuts: bool,
+    /// How many compiled-mode graphs are open ([`Engine::graph_begin`]): while any is, every op
+    /// is deferred into one region, without the size cap, repeat or isolation cuts.
+    open_graphs: std::sync::atomic::AtomicUsize,
     /// `TORCH_PJRT_LOG_RECOMPILES`: also each op's line is recorded ([`Engine::op_at`]).
     log_recompiles: bool,
     /// The outputs of the newest launched region, awaited by `sync` (weakly: holding them would
@@ -389,6 +392,7 @@ impl Engine {
             repeat_cuts: config.repeat_cuts,
             memory_cuts: config.memory_cuts,
             isolation_cuts: config.isolation_cuts,
+            open_graphs: Default::default(),
             log_recompiles: config.log_recompiles,
             last_outputs: Mutex::new(Vec::new()),
             pending_checks: Mutex::new(Vec::new()),
@@ -688,7 +692,10 @@ impl Engine {
         match self.modes.current() {
             Mode::DeferAndFuse => {
                 graph.note_deferred();
-                if graph.pending_len() >= self.max_region_ops {
+                if self.in_graph() {
+                    // A compiled graph is one region whatever its size: the graph is fixed, so
+                    // its program compiles once, and a cut would only add launches and copies.
+                } else if graph.pending_len() >= self.max_region_ops {
                     self.flush_locked(graph, FlushRequest::All)?;
                 } else if self.repeat_cuts {
                     // A loop without syncs: run one stretch of it while the next is captured.
@@ -737,6 +744,7 @@ impl Engine {
         request: FlushRequest<'_>,
     ) -> Result<FlushedValues, EngineError> {
         if self.isolation_cuts
+            && !self.in_graph()
             && self.modes.current() == Mode::DeferAndFuse
             && !matches!(request, FlushRequest::Prefix(_))
         {
@@ -1013,14 +1021,44 @@ impl Engine {
 
     /// Materializes everything pending and waits for the device (`torch_pjrt.sync()`,
     /// `torch.pjrt.synchronize()`).
-    /// Launches everything pending as regions, without waiting for the device: a region
-    /// boundary (the compiled mode's graphs start and end on one).
+    /// Launches everything pending as regions, without waiting for the device.
     pub fn flush_pending(&self) -> Result<(), EngineError> {
         let mut graph = self.graph.lock()?;
         if graph.pending_len() == 0 {
             return Ok(());
         }
         self.flush_locked(&mut graph, FlushRequest::All).map(|_| ())
+    }
+
+    fn in_graph(&self) -> bool {
+        self.open_graphs.load(std::sync::atomic::Ordering::Acquire) > 0
+    }
+
+    /// Opens a compiled-mode graph (RFC 0033): what is pending is launched first, so the
+    /// graph's program is the same whatever ran before it, and its ops are deferred into one
+    /// region until [`Engine::graph_end`].
+    pub fn graph_begin(&self) -> Result<(), EngineError> {
+        self.flush_pending()?;
+        self.modes.push(Mode::DeferAndFuse);
+        self.open_graphs
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Closes the graph [`Engine::graph_begin`] opened: launches its region, without waiting.
+    /// The mode and the graph count are restored even when the launch fails.
+    pub fn graph_end(&self) -> Result<(), EngineError> {
+        let launched = self.flush_pending();
+        let open = self.open_graphs.load(std::sync::atomic::Ordering::Acquire);
+        if open == 0 {
+            return Err(EngineError::runtime(
+                "graph_end without an open graph: each graph_end closes one graph_begin",
+            ));
+        }
+        self.open_graphs
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        self.modes.pop().map_err(EngineError::runtime)?;
+        launched
     }
 
     pub fn sync(&self) -> Result<(), EngineError> {

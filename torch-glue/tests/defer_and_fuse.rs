@@ -903,3 +903,46 @@ fn a_late_large_result_runs_apart_from_the_scratch_before_it() {
     assert_eq!(metric(&cut, "memory_cuts"), 1.0);
     assert_eq!(metric(&cut, "compilations"), 0.0);
 }
+
+#[test]
+fn a_compiled_graph_is_one_region_past_the_cap_between_launched_boundaries() {
+    // Strict around the graph, a cap of 64 ops: the graph's 300 ops still run as one region,
+    // and what was pending before it (nothing in Strict) never joins it.
+    let e = engine_with(Mode::Strict, Some(64));
+    let x = upload_f32(&e, &[1.0; 16], &[16]);
+    e.reset_metrics();
+    for call in 0..3 {
+        e.graph_begin().expect("graph_begin");
+        assert_eq!(e.modes().current(), Mode::DeferAndFuse);
+        let mut y = op(&e, OpId::Mul, &[&x], &[f(1.0)], &[]);
+        for _ in 0..299 {
+            let next = op(&e, OpId::Add, &[&y], &[f(1.0)], &[]);
+            release(&e, std::mem::replace(&mut y, next));
+        }
+        assert_eq!(m(&e).pending, 300.0, "call {call}: nothing cut inside the graph");
+        e.graph_end().expect("graph_end");
+        assert_eq!(e.modes().current(), Mode::Strict);
+        assert_eq!(m(&e).pending, 0.0, "graph_end launches the region");
+        assert_eq!(read_f32(&e, &y), vec![300.0; 16]);
+    }
+    let s = m(&e);
+    assert_eq!(s.regions, 3.0);
+    assert_eq!(s.compilations, 1.0, "one program for the three calls");
+
+    // DeferAndFuse around it: pending work is launched at graph_begin, on its own.
+    let e = engine_with(Mode::DeferAndFuse, None);
+    let x = upload_f32(&e, &[2.0; 4], &[4]);
+    let before = op(&e, OpId::Mul, &[&x], &[f(3.0)], &[]);
+    e.reset_metrics();
+    e.graph_begin().expect("graph_begin");
+    assert_eq!(m(&e).regions, 1.0, "the outside op ran before the graph");
+    let inside = op(&e, OpId::Add, &[&before], &[f(1.0)], &[]);
+    e.graph_end().expect("graph_end");
+    assert_eq!(read_f32(&e, &inside), vec![7.0; 4]);
+    assert_eq!(m(&e).regions, 2.0);
+
+    // An unmatched end is an error that leaves the mode alone.
+    let err = e.graph_end().expect_err("no open graph");
+    assert!(err.message.contains("graph_begin"), "{}", err.message);
+    assert_eq!(e.modes().current(), Mode::DeferAndFuse);
+}

@@ -54,6 +54,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
                 scalar_dtypes: ScalarDTypes::new(),
                 variant: 0,
                 float_default: None,
+                matmul_precision: None,
             })
         }
         LogSigmoidBackward => {

@@ -463,6 +463,7 @@ fn conv_meta(a: &MetaArgs) -> Result<Meta, OpError> {
                 scalar_dtypes: ScalarDTypes::new(),
                 variant: 0,
                 float_default: None,
+                matmul_precision: None,
             })
         }
     }
@@ -1559,6 +1560,7 @@ fn pool_meta(a: &MetaArgs) -> Result<Meta, OpError> {
                 scalar_dtypes: none,
                 variant: 0,
                 float_default: None,
+                matmul_precision: None,
             })
         }
         MaxPool2dWithIndicesBackward
@@ -1634,6 +1636,7 @@ fn pool_meta(a: &MetaArgs) -> Result<Meta, OpError> {
                 scalar_dtypes: none,
                 variant: 0,
                 float_default: None,
+                matmul_precision: None,
             })
         }
         AdaptiveMaxPool2dBackward => {

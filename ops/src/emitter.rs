@@ -1,6 +1,7 @@
 //! A builder for StableHLO modules in MLIR's generic textual form, one SSA value at a time.
 
 use crate::dtype::{DType, ScalarValue, Shape, TensorType};
+use crate::Precision;
 use std::fmt::Write;
 
 /// Float sums over at least this many elements run in two stages ([`Emitter::two_stage_sum`]).
@@ -854,13 +855,20 @@ impl Emitter {
     }
 
     /// The `precision_config` attribute (with its leading comma) for a matrix product or
-    /// convolution over `operand`: full float32 precision, as PyTorch's default
-    /// `torch.get_float32_matmul_precision() == "highest"` computes. Without it XLA's GPU
-    /// compiler multiplies float32 through TF32 (10-bit mantissas); CPU compilers ignore it.
+    /// convolution over `operand`: for float32, the precision PyTorch's
+    /// `torch.get_float32_matmul_precision()` asked for (full precision by default: without
+    /// the attribute XLA's GPU compiler multiplies float32 through TF32, 10-bit mantissas);
+    /// float64 always at full precision. CPU compilers ignore it.
     pub fn precision_config(&self, operand: Value) -> &'static str {
-        match self.dtype(operand) {
-            DType::F32 | DType::F64 => {
+        match (self.dtype(operand), Precision::current()) {
+            (DType::F64, _) | (DType::F32, Precision::Highest) => {
                 ", precision_config = [#stablehlo<precision HIGHEST>, #stablehlo<precision HIGHEST>]"
+            }
+            (DType::F32, Precision::High) => {
+                ", precision_config = [#stablehlo<precision HIGH>, #stablehlo<precision HIGH>]"
+            }
+            (DType::F32, Precision::Medium) => {
+                ", precision_config = [#stablehlo<precision DEFAULT>, #stablehlo<precision DEFAULT>]"
             }
             _ => "",
         }

@@ -147,6 +147,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
                 scalar_dtypes: Default::default(),
                 variant: 0,
                 float_default: None,
+                matmul_precision: None,
             })
         }
         TopK => {
@@ -169,6 +170,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
                 scalar_dtypes: Default::default(),
                 variant: 0,
                 float_default: None,
+                matmul_precision: None,
             })
         }
         Nonzero => {

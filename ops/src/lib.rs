@@ -22,6 +22,7 @@ pub mod op_id;
 mod optim;
 pub mod padding;
 pub mod params;
+pub mod precision;
 pub mod promote;
 mod random;
 mod reduce;
@@ -32,6 +33,7 @@ pub use emitter::{Cmp, Emitter, Value};
 pub use error::{ErrorKind, OpError};
 pub use op_id::{Family, OpFacts, OpId};
 pub use params::{dtype_param, f64_param, Params};
+pub use precision::{scoped_matmul_precision, Precision};
 
 /// The result of [`meta`]: output types, and the dtype each value scalar is lifted as.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -46,6 +48,10 @@ pub struct Meta {
     /// PyTorch's default float dtype when it was not float32 as this meta ran (it may pick
     /// result and scalar dtypes, so it is part of the region key).
     pub float_default: Option<DType>,
+    /// The float32 product precision when it was not `Highest` as the meta of a product or
+    /// convolution op ran with a float32 input (it picks the lowering's `precision_config`, so
+    /// it is part of the region key).
+    pub matmul_precision: Option<Precision>,
 }
 
 /// Inline lists: meta runs for every captured op, and most ops have one output and at most a
@@ -60,6 +66,7 @@ impl Meta {
             scalar_dtypes: scalar_dtypes.into(),
             variant: 0,
             float_default: None,
+            matmul_precision: None,
         }
     }
 }
@@ -125,6 +132,13 @@ pub fn meta(
     let mut meta = family_meta(&args)?;
     let default = DType::default_float();
     meta.float_default = (default != DType::F32).then_some(default);
+    let precision = Precision::current();
+    if precision != Precision::Highest
+        && matches!(op.family(), Family::Linalg | Family::Conv)
+        && inputs.iter().any(|t| t.dtype == DType::F32)
+    {
+        meta.matmul_precision = Some(precision);
+    }
     Ok(meta)
 }
 
@@ -165,6 +179,7 @@ pub fn lower(
         meta,
     };
     let _default = scoped_default_float(meta.float_default.unwrap_or(DType::F32));
+    let _precision = scoped_matmul_precision(meta.matmul_precision.unwrap_or_default());
     let outs = match op.family() {
         Family::Elementwise => elementwise::lower(e, &args),
         Family::Creation => creation::lower(e, &args),

@@ -190,6 +190,7 @@ fn nll_meta(a: &MetaArgs) -> Result<Meta, OpError> {
                 scalar_dtypes: crate::ScalarDTypes::new(),
                 variant: 0,
                 float_default: None,
+                matmul_precision: None,
             })
         }
         NllLossBackward => {
@@ -281,6 +282,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
                 scalar_dtypes: ScalarDTypes::new(),
                 variant: 0,
                 float_default: None,
+                matmul_precision: None,
             })
         }
         NllLoss2dBackward => {

@@ -117,6 +117,7 @@ fn three(a: TensorType, b: TensorType, c: TensorType) -> Meta {
         scalar_dtypes: ScalarDTypes::new(),
         variant: 0,
         float_default: None,
+        matmul_precision: None,
     }
 }
 
@@ -241,6 +242,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
                 scalar_dtypes: smallvec::smallvec![rm.dtype.compute_dtype()],
                 variant: 0,
                 float_default: None,
+                matmul_precision: None,
             })
         }
         NativeBatchNormBackward => {

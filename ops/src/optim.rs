@@ -195,6 +195,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
         scalar_dtypes: ScalarDTypes::from_elem(DType::F64, scalars),
         variant: 0,
         float_default: None,
+        matmul_precision: None,
     })
 }
 

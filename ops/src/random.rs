@@ -139,6 +139,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
                 scalar_dtypes: smallvec::smallvec![input.dtype.compute_dtype(), DType::I64],
                 variant: 0,
                 float_default: None,
+                matmul_precision: None,
             })
         }
         NativeDropoutBackward => {

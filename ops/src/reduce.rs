@@ -558,6 +558,8 @@ fn vector_norm(e: &mut Emitter, x: Value, dims: &[usize], ord: f64) -> Value {
         // written out (a gradient clip's norm over each gradient); the dot fuses into one loop.
         let all: Vec<usize> = (0..shape.len()).collect();
         let dtype = e.dtype(x);
+        // A norm, not a user's product: always at full precision.
+        let _exact = crate::scoped_matmul_precision(crate::Precision::Highest);
         let sum = e.dot_general(x, x, &[], &[], &all, &all, dtype);
         return e.sqrt(sum);
     }

@@ -198,3 +198,64 @@ class device:
         if self.idx >= 0 and self.idx != self.prev_idx:
             set_device(self.prev_idx)
         return False
+
+
+PRECISIONS = ("highest", "high", "medium")
+_extra_pass_warned = False
+
+
+def _warn_if_extra_passes(mode: str) -> None:
+    """On a TPU plugin float32 products are bfloat16 passes: "high" takes three, "highest"
+    six. Said once per process."""
+    global _extra_pass_warned
+    import os
+    import warnings
+
+    plugin = os.environ.get("TORCH_PJRT_PLUGIN", "cpu").lower()
+    if mode != "medium" and "tpu" in plugin and not _extra_pass_warned:
+        _extra_pass_warned = True
+        passes = 6 if mode == "highest" else 3
+        warnings.warn(
+            f"torch.pjrt.precision({mode!r}): on a TPU a float32 product at this precision "
+            f"takes {passes} bfloat16 passes; 'medium' takes one",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+class precision:
+    """Sets the precision of float32 matrix products and convolutions on pjrt for the enclosed
+    code: ``"highest"`` (full float32, PyTorch's default), ``"high"`` (TF32, or three bfloat16
+    passes) or ``"medium"`` (one bfloat16 pass; TF32 on GPUs). It is
+    ``torch.set_float32_matmul_precision`` scoped: process-wide like the eager modes (autograd's
+    threads see it), nestable, restored on exit. The precision is part of each product's
+    program key; XLA's CPU compiler computes every mode in full float32 (RFC 0034)."""
+
+    def __init__(self, mode: str):
+        if mode not in PRECISIONS:
+            raise ValueError(
+                f"unknown precision {mode!r}: expected one of "
+                + ", ".join(repr(p) for p in PRECISIONS)
+            )
+        self.mode = mode
+        self._saved: list[str] = []
+
+    def __enter__(self) -> "precision":
+        self._saved.append(torch.get_float32_matmul_precision())
+        torch.set_float32_matmul_precision(self.mode)
+        _warn_if_extra_passes(self.mode)
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        torch.set_float32_matmul_precision(self._saved.pop())
+        return False
+
+    def __call__(self, fn):
+        import functools
+
+        @functools.wraps(fn)
+        def wrapped(*args, **kwargs):
+            with precision(self.mode):
+                return fn(*args, **kwargs)
+
+        return wrapped

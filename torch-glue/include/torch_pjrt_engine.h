@@ -56,7 +56,7 @@
 /**
  * The ABI version in `TpjrtApi::version`; bumped on any incompatible change.
  */
-#define TPJRT_ABI_VERSION 2
+#define TPJRT_ABI_VERSION 3
 
 /**
  * Above this many pending ops DeferAndFuse flushes on its own. Compile time grows ~0.7 ms per op
@@ -128,6 +128,11 @@ typedef struct TpjrtOpCall {
    * float32. Integer inputs of float ops, and Python floats, take it.
    */
   int32_t default_float;
+  /**
+   * PyTorch's float32 product precision (`torch.get_float32_matmul_precision()`) as the op
+   * is called: 0 `"highest"` (also a zero-initialized call), 1 `"high"`, 2 `"medium"`.
+   */
+  int32_t matmul_precision;
 } TpjrtOpCall;
 
 /**

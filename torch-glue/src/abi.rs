@@ -72,6 +72,9 @@ pub struct TpjrtOpCall {
     /// code; -1 or 0 (a zero-initialized call: uint8 is never a default float dtype) mean
     /// float32. Integer inputs of float ops, and Python floats, take it.
     pub default_float: i32,
+    /// PyTorch's float32 product precision (`torch.get_float32_matmul_precision()`) as the op
+    /// is called: 0 `"highest"` (also a zero-initialized call), 1 `"high"`, 2 `"medium"`.
+    pub matmul_precision: i32,
 }
 
 /// One result of an op: its storage (0 from `tpjrt_op_meta`), dtype and contiguous sizes.
@@ -277,6 +280,7 @@ struct DecodedCall {
     params: SmallVec<[i64; 8]>,
     outs: SmallVec<[TensorRef; 1]>,
     default_float: DType,
+    matmul_precision: ops::Precision,
 }
 
 /// # Safety
@@ -316,9 +320,16 @@ unsafe fn decode(call: *const TpjrtOpCall) -> Result<DecodedCall, EngineError> {
             }
         },
     };
+    let matmul_precision = ops::Precision::from_code(call.matmul_precision).ok_or_else(|| {
+        invalid(format!(
+            "matmul precision code {} is not one of 0 (highest), 1 (high), 2 (medium)",
+            call.matmul_precision
+        ))
+    })?;
     // Pushed one by one: collecting into a `Result` moves each (large) tensor record twice.
     let mut decoded = DecodedCall {
         default_float,
+        matmul_precision,
         op,
         inputs: SmallVec::new(),
         scalars: SmallVec::new(),
@@ -484,6 +495,7 @@ pub unsafe extern "C" fn tpjrt_op(
         let engine = global::engine()?;
         let c = decode(call)?;
         let _default_float = ops::scoped_default_float(c.default_float);
+        let _precision = ops::scoped_matmul_precision(c.matmul_precision);
         // Asked here, before any engine lock is taken: the hook takes Python's lock.
         let location = engine
             .records_op_lines()
@@ -517,6 +529,7 @@ pub unsafe extern "C" fn tpjrt_op_meta(
     guarded(|| {
         let c = decode(call)?;
         let _default_float = ops::scoped_default_float(c.default_float);
+        let _precision = ops::scoped_matmul_precision(c.matmul_precision);
         let meta = crate::engine::op_meta(c.op, &c.inputs, &c.scalars, &c.params)?;
         let results: Vec<(StorageId, ops::TensorType)> = meta
             .outputs
@@ -754,7 +767,7 @@ pub extern "C" fn tpjrt_reset_metrics() -> i32 {
 }
 
 /// The ABI version in `TpjrtApi::version`; bumped on any incompatible change.
-pub const TPJRT_ABI_VERSION: u32 = 2;
+pub const TPJRT_ABI_VERSION: u32 = 3;
 
 /// Every ABI function in one table, so a plugin loaded separately (the C++ PrivateUse1 backend)
 /// reaches the same engine instance through one pointer handed over at import time.

@@ -919,7 +919,11 @@ fn a_compiled_graph_is_one_region_past_the_cap_between_launched_boundaries() {
             let next = op(&e, OpId::Add, &[&y], &[f(1.0)], &[]);
             release(&e, std::mem::replace(&mut y, next));
         }
-        assert_eq!(m(&e).pending, 300.0, "call {call}: nothing cut inside the graph");
+        assert_eq!(
+            m(&e).pending,
+            300.0,
+            "call {call}: nothing cut inside the graph"
+        );
         e.graph_end().expect("graph_end");
         assert_eq!(e.modes().current(), Mode::Strict);
         assert_eq!(m(&e).pending, 0.0, "graph_end launches the region");

@@ -218,5 +218,9 @@ pub(super) fn op_digests<'a>(
     if let Some(default) = meta.float_default {
         s.u32(0x2_0000).dtype(default);
     }
+    // So does a float32 product precision other than full (`torch.set_float32_matmul_precision`).
+    if let Some(precision) = meta.matmul_precision {
+        s.u32(0x3_0000 | precision.code());
+    }
     (s.finish(), d.finish())
 }

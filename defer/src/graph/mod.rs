@@ -955,6 +955,7 @@ impl<V: Clone> Graph<V> {
             scalar_dtypes,
             variant: 0,
             float_default: None,
+            matmul_precision: None,
         };
         let mut inputs: SmallVec<[NodeInput; 3]> = SmallVec::new();
         inputs.push(base_input);

@@ -818,6 +818,7 @@ impl<V: Clone> Graph<V> {
             scalar_dtypes: ops::ScalarDTypes::from_elem(DType::I64, 1),
             variant: 0,
             float_default: None,
+            matmul_precision: None,
         };
         let mut node_inputs: SmallVec<[NodeInput; 3]> = SmallVec::new();
         node_inputs.push(a_input);

@@ -761,6 +761,17 @@ TpjrtOpCall OpCall::make_call() {
   c.outs = outs_.data();
   c.num_outs = outs_.size();
   c.default_float = dtype_code(c10::typeMetaToScalarType(c10::get_default_dtype()));
+  switch (at::globalContext().float32MatmulPrecision()) {
+    case at::Float32MatmulPrecision::HIGHEST:
+      c.matmul_precision = 0;
+      break;
+    case at::Float32MatmulPrecision::HIGH:
+      c.matmul_precision = 1;
+      break;
+    case at::Float32MatmulPrecision::MEDIUM:
+      c.matmul_precision = 2;
+      break;
+  }
   return c;
 }
 

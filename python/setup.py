@@ -45,6 +45,7 @@ sources = [
     os.path.join(CSRC, "bags_and_windows.cpp"),
     os.path.join(CSRC, "grid_sample.cpp"),
     os.path.join(CSRC, "autocast.cpp"),
+    os.path.join(CSRC, "graphs.cpp"),
 ]
 if not METADATA_ONLY:
     sources += generated_sources()

@@ -474,7 +474,12 @@ def wl_adam(r: Runner):
         # A compiled optimizer recompiles on every new float learning rate; a tensor one is how
         # torch.compile takes a schedule.
         lr = torch.tensor(1e-3) if b.compiles else 1e-3
-        opt = torch.optim.Adam(params, lr=lr)
+        capturable = False
+        if b.name == "pjrt-compiled":
+            # On an accelerator a compiled optimizer keeps its step counts and learning rate on
+            # the device (capturable): its graph is then all device work, and replays.
+            lr, capturable = torch.tensor(1e-3, device=b.device), True
+        opt = torch.optim.Adam(params, lr=lr, capturable=capturable)
         # Compiled before the scheduler wraps opt.step: dynamo skips the wrapper, and the graph
         # break there leaves a step ~100x slower than the compiled one.
         opt_step = b.compile(opt.step)

@@ -105,6 +105,11 @@ impl DeviceValue {
 
     /// Whether this handle is the only one: no storage, queued job or other holder refers to
     /// the value, so its buffer may be donated to an execution.
+    /// Whether `other` is a handle of this same value.
+    pub fn same(&self, other: &DeviceValue) -> bool {
+        Arc::ptr_eq(&self.slot, &other.slot)
+    }
+
     pub fn is_unique(&self) -> bool {
         Arc::strong_count(&self.slot) == 1
     }

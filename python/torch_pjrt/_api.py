@@ -109,7 +109,8 @@ def metrics() -> dict:
     ``compiled_programs`` (the latest compiles, oldest first: ``region``, ``seconds``, ``fast``;
     ``compile_seconds`` is the total and ``compile_seconds_max`` the slowest). The compiled
     mode (``torch.compile(backend="pjrt")``) adds ``compiled_graphs`` (graphs built),
-    ``compiled_graph_runs``, ``compiled_graph_seconds`` (compiling their programs),
+    ``compiled_graph_runs``, ``compiled_graph_replays`` (runs of a recorded program),
+    ``compiled_graph_seconds`` (compiling their programs),
     ``compiled_graph_list`` (the latest graphs: ``graph``, ``kind``, ``ops``, ``programs``,
     ``compile_seconds``, ``first_run_seconds``) and ``graph_breaks`` (Dynamo's, this
     process)."""

@@ -32,7 +32,7 @@ _DEVICE_GENERIC_KEYS = (
 _GRAPHS_KEPT = 32
 
 _lock = threading.Lock()
-_counters = {"graphs": 0, "runs": 0, "compile_seconds": 0.0}
+_counters = {"graphs": 0, "runs": 0, "replays": 0, "compile_seconds": 0.0}
 _latest = collections.deque(maxlen=_GRAPHS_KEPT)
 _graph_break_baseline = 0
 
@@ -56,6 +56,7 @@ def metrics() -> dict:
         return {
             "compiled_graphs": _counters["graphs"],
             "compiled_graph_runs": _counters["runs"],
+            "compiled_graph_replays": _counters["replays"],
             "compiled_graph_seconds": _counters["compile_seconds"],
             "compiled_graph_list": [dict(g) for g in _latest],
             "graph_breaks": breaks - _graph_break_baseline,
@@ -65,7 +66,7 @@ def metrics() -> dict:
 def reset_metrics() -> None:
     global _graph_break_baseline
     with _lock:
-        _counters.update(graphs=0, runs=0, compile_seconds=0.0)
+        _counters.update(graphs=0, runs=0, replays=0, compile_seconds=0.0)
         _latest.clear()
         _graph_break_baseline = _dynamo_graph_breaks()
 
@@ -93,8 +94,77 @@ def _fallback_counts() -> dict:
     return dict(metrics().get("fallback_ops") or {})
 
 
+def _draws_random_numbers(gm) -> bool:
+    import torch
+
+    seeded = torch.Tag.nondeterministic_seeded
+    return any(
+        n.op == "call_function"
+        and isinstance(n.target, torch._ops.OpOverload)
+        and seeded in n.target.tags
+        for n in gm.graph.nodes
+    )
+
+
+class _Replay:
+    """A recorded graph: the engine's program handle, what the inputs looked like, and how to
+    build the outputs from the inputs and the fresh storages the program fills."""
+
+    def __init__(self, handle, offsets, storages, fresh, recipes):
+        self.handle = handle
+        self.offsets = offsets  # each input's storage offset
+        self.storages = storages  # how many distinct storages the inputs had
+        self.fresh = fresh  # (elements, dtype) of each fresh storage
+        self.recipes = recipes
+        self.misses = 0
+
+
+def _storage_key(t) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _plan_outputs(args, outputs):
+    """(fresh tensors, recipes) for rebuilding `outputs` on a replay, or None when they cannot
+    be rebuilt from the inputs and fresh storages."""
+    import torch
+
+    by_identity = {id(a): k for k, a in enumerate(args)}
+    by_storage = {}
+    for k, a in enumerate(args):
+        by_storage.setdefault(_storage_key(a), k)
+    fresh, fresh_index, recipes = [], {}, []
+    for out in outputs if isinstance(outputs, (list, tuple)) else ():
+        if out is None:
+            recipes.append(None)
+            continue
+        if not isinstance(out, torch.Tensor) or out.device.type != "pjrt":
+            return None
+        if id(out) in by_identity:
+            recipes.append(("input", by_identity[id(out)]))
+            continue
+        geometry = (tuple(out.shape), out.stride(), out.storage_offset())
+        key = _storage_key(out)
+        if key in by_storage:
+            k = by_storage[key]
+            if args[k].dtype != out.dtype:
+                return None
+            recipes.append(("view", k, geometry))
+            continue
+        m = fresh_index.get(key)
+        if m is None:
+            m = fresh_index[key] = len(fresh)
+            fresh.append(out)
+        recipes.append(("fresh", m, geometry))
+    if not isinstance(outputs, (list, tuple)):
+        return None
+    return fresh, recipes
+
+
 class _CompiledGraph:
-    """One AOTAutograd graph (forward, backward or inference), run as one region."""
+    """One AOTAutograd graph (forward, backward or inference), run as one region. Its first
+    call runs and waits (the compile is the graph's); its second runs and records the region as
+    a program over the graph's storages; later calls replay that program without running the
+    graph's ops, whenever the inputs are pjrt tensors shaped as when it was recorded."""
 
     def __init__(self, gm, kind: str, name: str):
         self.gm = gm
@@ -102,12 +172,90 @@ class _CompiledGraph:
         self.name = name
         self.ops = sum(1 for n in gm.graph.nodes if n.op == "call_function")
         self.warm = False
+        # Random ops draw from the generator's state as scalars of their own: a recorded
+        # program would repeat its numbers.
+        self.recordable = not _draws_random_numbers(gm)
+        self.replay = None
 
     def __call__(self, args):
         engine = _native.ensure_started()
+        if self.replay is not None:
+            outputs = self._replayed(args)
+            if outputs is not None:
+                return outputs
+        elif self.warm and self.recordable:
+            return self._recording(engine, args)
         if not self.warm:
             return self._first_call(engine, args)
         return self._run(engine, args)
+
+    def _replayed(self, args):
+        import torch
+
+        replay = self.replay
+        if len(args) != len(replay.offsets):
+            return None
+        storages = set()
+        for a, offset in zip(args, replay.offsets):
+            if (
+                not isinstance(a, torch.Tensor)
+                or a.device.type != "pjrt"
+                or a.storage_offset() != offset
+            ):
+                return None
+            storages.add(_storage_key(a))
+        if len(storages) != replay.storages:
+            return None
+        fresh = [torch.empty(n, dtype=dtype, device="pjrt") for n, dtype in replay.fresh]
+        if not torch.ops.torch_pjrt.graph_replay(replay.handle, args, fresh):
+            replay.misses += 1
+            if replay.misses > 3:  # the program keeps being unusable: stop asking
+                self.replay = None
+            return None
+        outputs = []
+        for recipe in replay.recipes:
+            if recipe is None:
+                outputs.append(None)
+            elif recipe[0] == "input":
+                outputs.append(args[recipe[1]])
+            else:
+                base = args[recipe[1]] if recipe[0] == "view" else fresh[recipe[1]]
+                size, stride, offset = recipe[2]
+                outputs.append(base.as_strided(size, stride, offset))
+        with _lock:
+            _counters["runs"] += 1
+            _counters["replays"] += 1
+        return tuple(outputs)
+
+    def _recording(self, engine, args):
+        import torch
+
+        self.recordable = False  # recorded at most once
+        if not all(isinstance(a, torch.Tensor) and a.device.type == "pjrt" for a in args):
+            return self._run(engine, args)
+        _native.check(engine.tpjrt_graph_begin())
+        try:
+            outputs = self.gm(*args)
+            plan = _plan_outputs(args, outputs)
+        except BaseException:
+            _native.check(engine.tpjrt_graph_end())
+            raise
+        if plan is None:
+            _native.check(engine.tpjrt_graph_end())
+        else:
+            fresh, recipes = plan
+            handle = torch.ops.torch_pjrt.graph_end_record(args, fresh)
+            if handle:
+                self.replay = _Replay(
+                    handle,
+                    [a.storage_offset() for a in args],
+                    len({_storage_key(a) for a in args}),
+                    [(f.untyped_storage().nbytes() // f.element_size(), f.dtype) for f in fresh],
+                    recipes,
+                )
+        with _lock:
+            _counters["runs"] += 1
+        return outputs
 
     def _run(self, engine, args):
         # Pending work of the code around the graph is launched as its own region, and the

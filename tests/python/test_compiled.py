@@ -38,7 +38,11 @@ def _mlp(seed=0):
 def _counts():
     torch_pjrt.sync()
     m = torch_pjrt.metrics()
-    return {k: m[k] for k in ("compilations", "regions", "compiled_graphs", "compiled_graph_runs")}
+    keys = (
+        "compilations", "regions", "compiled_graphs", "compiled_graph_runs",
+        "compiled_graph_replays", "graph_replays", "ops",
+    )
+    return {k: m[k] for k in keys}
 
 
 def test_backend_is_listed_after_import_torch():
@@ -67,8 +71,11 @@ def test_inference_matches_cpu_as_one_region_per_call():
         after = _counts()
     assert after["compilations"] == warm["compilations"], "no program after the first call"
     assert after["compiled_graph_runs"] - warm["compiled_graph_runs"] == 3
-    # The graph's 10 ops run as one region each call, whatever the surrounding mode.
-    assert after["regions"] - warm["regions"] == 3
+    # The graph's ops run as one region each call, whatever the surrounding mode: captured
+    # on the second call, which records the region as a program; the later calls replay it.
+    assert after["regions"] - warm["regions"] == 1
+    assert after["compiled_graph_replays"] - warm["compiled_graph_replays"] == 2
+    assert after["graph_replays"] - warm["graph_replays"] == 2
     graph = torch_pjrt.metrics()["compiled_graph_list"][-1]
     assert graph["kind"] == "inference" and graph["ops"] >= 6 and graph["programs"] == 1
 
@@ -112,6 +119,8 @@ def test_training_loop_losses_equal_defer_and_fuse_with_no_program_after_warm_up
         after = _counts()
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), rtol=1e-6, atol=1e-6)
     assert warm["compiled_graphs"] == 2, "a forward and a backward graph"
+    # The second step records each graph as a program, and the later ones replay it.
+    assert after["compiled_graph_replays"] - warm["compiled_graph_replays"] == 2 * (steps - 2)
     assert after["compilations"] == warm["compilations"]
     assert after["compiled_graph_runs"] - warm["compiled_graph_runs"] == 2 * (steps - 2)
     kinds = [g["kind"] for g in torch_pjrt.metrics()["compiled_graph_list"]]
@@ -300,3 +309,58 @@ def test_hf_models_compile_as_full_graphs_like_the_cpu(name):
                 )
     m = torch_pjrt.metrics()
     assert m["compiled_graphs"] == 2 and m["graph_breaks"] == 0
+
+
+def test_replays_capture_nothing_and_follow_new_inputs():
+    cpu = _mlp().eval()
+    model = torch.compile(copy.deepcopy(cpu).to("pjrt"), backend="pjrt")
+    with torch.no_grad(), in_mode_without_fallbacks("strict"):
+        for _ in range(2):
+            model(torch.randn(16, 8, device="pjrt"))
+        before = _counts()
+        for _ in range(5):
+            x = torch.randn(16, 8)
+            torch.testing.assert_close(model(x.to("pjrt")).cpu(), cpu(x), **TOL)
+        after = _counts()
+    assert after["compiled_graph_replays"] - before["compiled_graph_replays"] == 5
+    # The uploads and reads are the only engine ops: the graph's own ops are not captured.
+    assert after["ops"] - before["ops"] <= 2 * 5, (before, after)
+
+
+def test_a_graph_that_draws_random_numbers_is_never_replayed():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 64), nn.Dropout(0.5)).to("pjrt").train()
+    compiled = torch.compile(model, backend="pjrt")
+    x = torch.randn(4, 8, device="pjrt")
+    with torch.no_grad():
+        masks = [(compiled(x) == 0).cpu() for _ in range(4)]
+    assert torch_pjrt.metrics()["compiled_graph_replays"] == 0
+    assert not all(torch.equal(masks[0], m) for m in masks[1:]), "every call draws new numbers"
+
+
+def test_a_replay_reads_inputs_at_their_own_offsets():
+    @torch.compile(backend="pjrt", dynamic=False)
+    def f(x):
+        return (x * 2).sum(0)
+
+    base = torch.randn(8, 4)
+    pbase = base.to("pjrt")
+    for start in (0, 0, 0, 2, 4, 0):
+        # Views of one storage at new offsets: the program read the recorded offset, so a
+        # replay at another one must not reuse it blindly.
+        torch.testing.assert_close(f(pbase[start : start + 4]).cpu(), (base[start : start + 4] * 2).sum(0), **TOL)
+
+
+def test_an_out_of_range_index_in_a_replayed_graph_raises_at_the_read():
+    emb = nn.Embedding(10, 4).to("pjrt")
+    compiled = torch.compile(emb, backend="pjrt")
+    with torch.no_grad():
+        for _ in range(3):
+            compiled(torch.tensor([1, 2, 3], device="pjrt")).cpu()
+        assert torch_pjrt.metrics()["compiled_graph_replays"] >= 1
+        with pytest.raises((IndexError, RuntimeError), match="out of"):
+            compiled(torch.tensor([1, 12, 3], device="pjrt")).cpu()
+        # The engine stays usable, and so does the program.
+        torch.testing.assert_close(
+            compiled(torch.tensor([4], device="pjrt")).cpu(), emb.weight[4:5].detach().cpu()
+        )

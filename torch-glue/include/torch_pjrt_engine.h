@@ -173,6 +173,10 @@ typedef struct TpjrtApi {
   int32_t (*metrics_json)(char*, uint64_t, uint64_t*);
   int32_t (*reset_metrics)(void);
   int32_t (*mark_dynamic)(const struct TpjrtTensor*, int32_t, int64_t);
+  int32_t (*graph_begin)(void);
+  int32_t (*graph_end)(void);
+  int32_t (*graph_end_record)(const uint64_t*, uint64_t, const uint64_t*, uint64_t, uint64_t*);
+  int32_t (*graph_replay)(uint64_t, const uint64_t*, uint64_t, const uint64_t*, uint64_t, int32_t*);
 } TpjrtApi;
 
 #ifdef __cplusplus
@@ -315,6 +319,34 @@ int32_t tpjrt_graph_begin(void);
  * Closes the innermost graph: launches its region without waiting for the device.
  */
 int32_t tpjrt_graph_end(void);
+
+/**
+ * Closes the innermost graph like `tpjrt_graph_end`, and records its region as a program over
+ * the graph inputs' storages `inputs` and its fresh outputs' storages `fresh`. `*handle` is the
+ * program (for `tpjrt_graph_replay`), or 0 when the region cannot be replayed.
+ *
+ * # Safety
+ * `inputs` and `fresh` point to `num_inputs` and `num_fresh` ids; `handle` is writable.
+ */
+int32_t tpjrt_graph_end_record(const uint64_t *inputs,
+                               uint64_t num_inputs,
+                               const uint64_t *fresh,
+                               uint64_t num_fresh,
+                               uint64_t *handle);
+
+/**
+ * Runs recorded program `handle` on new storages, in the roles they had when it was recorded;
+ * `*replayed` is 0 when it could not run this way (then run the graph's ops instead).
+ *
+ * # Safety
+ * As `tpjrt_graph_end_record`; `replayed` is writable.
+ */
+int32_t tpjrt_graph_replay(uint64_t handle,
+                           const uint64_t *inputs,
+                           uint64_t num_inputs,
+                           const uint64_t *fresh,
+                           uint64_t num_fresh,
+                           int32_t *replayed);
 
 /**
  * Materializes everything pending and waits for the device.

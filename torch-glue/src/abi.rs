@@ -639,6 +639,64 @@ pub extern "C" fn tpjrt_graph_end() -> i32 {
     guarded(|| global::engine()?.graph_end())
 }
 
+fn storage_ids(ptr: *const u64, len: u64) -> Result<SmallVec<[StorageId; 8]>, EngineError> {
+    // SAFETY: the caller passes `len` readable ids at `ptr` (or len 0).
+    let ids = unsafe { slice(ptr, len)? };
+    Ok(ids.iter().map(|&id| StorageId(id)).collect())
+}
+
+/// Closes the innermost graph like `tpjrt_graph_end`, and records its region as a program over
+/// the graph inputs' storages `inputs` and its fresh outputs' storages `fresh`. `*handle` is the
+/// program (for `tpjrt_graph_replay`), or 0 when the region cannot be replayed.
+///
+/// # Safety
+/// `inputs` and `fresh` point to `num_inputs` and `num_fresh` ids; `handle` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn tpjrt_graph_end_record(
+    inputs: *const u64,
+    num_inputs: u64,
+    fresh: *const u64,
+    num_fresh: u64,
+    handle: *mut u64,
+) -> i32 {
+    guarded(|| {
+        if handle.is_null() {
+            return Err(invalid("a null handle pointer was passed".into()));
+        }
+        let inputs = storage_ids(inputs, num_inputs)?;
+        let fresh = storage_ids(fresh, num_fresh)?;
+        let recorded = global::engine()?.graph_end_record(&inputs, &fresh)?;
+        *handle = recorded;
+        Ok(())
+    })
+}
+
+/// Runs recorded program `handle` on new storages, in the roles they had when it was recorded;
+/// `*replayed` is 0 when it could not run this way (then run the graph's ops instead).
+///
+/// # Safety
+/// As `tpjrt_graph_end_record`; `replayed` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn tpjrt_graph_replay(
+    handle: u64,
+    inputs: *const u64,
+    num_inputs: u64,
+    fresh: *const u64,
+    num_fresh: u64,
+    replayed: *mut i32,
+) -> i32 {
+    guarded(|| {
+        if replayed.is_null() {
+            return Err(invalid("a null result pointer was passed".into()));
+        }
+        let inputs = storage_ids(inputs, num_inputs)?;
+        let fresh = storage_ids(fresh, num_fresh)?;
+        let ran = global::engine()?.graph_replay(handle, &inputs, &fresh)?;
+        *replayed = i32::from(ran);
+        Ok(())
+    })
+}
+
 /// Materializes everything pending and waits for the device.
 #[no_mangle]
 pub extern "C" fn tpjrt_sync() -> i32 {
@@ -795,6 +853,10 @@ pub struct TpjrtApi {
     pub metrics_json: unsafe extern "C" fn(*mut c_char, u64, *mut u64) -> i32,
     pub reset_metrics: extern "C" fn() -> i32,
     pub mark_dynamic: unsafe extern "C" fn(*const TpjrtTensor, i32, i64) -> i32,
+    pub graph_begin: extern "C" fn() -> i32,
+    pub graph_end: extern "C" fn() -> i32,
+    pub graph_end_record: unsafe extern "C" fn(*const u64, u64, *const u64, u64, *mut u64) -> i32,
+    pub graph_replay: unsafe extern "C" fn(u64, *const u64, u64, *const u64, u64, *mut i32) -> i32,
 }
 
 static API: TpjrtApi = TpjrtApi {
@@ -820,6 +882,10 @@ static API: TpjrtApi = TpjrtApi {
     metrics_json: tpjrt_metrics_json,
     reset_metrics: tpjrt_reset_metrics,
     mark_dynamic: tpjrt_mark_dynamic,
+    graph_begin: tpjrt_graph_begin,
+    graph_end: tpjrt_graph_end,
+    graph_end_record: tpjrt_graph_end_record,
+    graph_replay: tpjrt_graph_replay,
 };
 
 /// The function table of this engine library.

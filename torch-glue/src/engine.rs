@@ -16,6 +16,8 @@ use ops::{DType, OpId, ScalarArg};
 use parking_lot::Mutex;
 use std::sync::Arc;
 
+mod graphs;
+
 /// The values a flush produced: inline for the one or two results of an op-by-op flush.
 type FlushedValues = smallvec::SmallVec<[DeviceValue; 2]>;
 
@@ -306,6 +308,8 @@ pub struct Engine {
     /// How many compiled-mode graphs are open ([`Engine::graph_begin`]): while any is, every op
     /// is deferred into one region, without the size cap, repeat or isolation cuts.
     open_graphs: std::sync::atomic::AtomicUsize,
+    /// Compiled-mode graphs recorded as programs ([`Engine::graph_end_record`]), by handle - 1.
+    graph_programs: Mutex<Vec<Arc<graphs::GraphProgram>>>,
     /// `TORCH_PJRT_LOG_RECOMPILES`: also each op's line is recorded ([`Engine::op_at`]).
     log_recompiles: bool,
     /// The outputs of the newest launched region, awaited by `sync` (weakly: holding them would
@@ -393,6 +397,7 @@ impl Engine {
             memory_cuts: config.memory_cuts,
             isolation_cuts: config.isolation_cuts,
             open_graphs: Default::default(),
+            graph_programs: Mutex::new(Vec::new()),
             log_recompiles: config.log_recompiles,
             last_outputs: Mutex::new(Vec::new()),
             pending_checks: Mutex::new(Vec::new()),
@@ -1417,6 +1422,7 @@ impl Engine {
         v.insert("repeat_cuts", Counters::get(&c.repeat_cuts) as f64);
         v.insert("memory_cuts", Counters::get(&c.memory_cuts) as f64);
         v.insert("isolation_cuts", Counters::get(&c.isolation_cuts) as f64);
+        v.insert("graph_replays", Counters::get(&c.graph_replays) as f64);
         v.insert("ops", Counters::get(&c.ops) as f64);
         v.insert("deferred_ops", graph.deferred_ops as f64);
         v.insert("pending_ops", pending_ops as f64);

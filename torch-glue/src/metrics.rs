@@ -23,6 +23,8 @@ pub struct Counters {
     pub memory_cuts: AtomicU64,
     /// Regions cut around ops whose shapes keep changing (DeferAndFuse's isolation cuts).
     pub isolation_cuts: AtomicU64,
+    /// Compiled-mode graphs run as their recorded program, without capturing their ops.
+    pub graph_replays: AtomicU64,
     /// Host time in the engine's op calls (capture, meta, and any flush an op triggered), ns.
     pub op_nanos: AtomicU64,
     /// Host time planning and launching regions, wherever a flush was triggered, ns.
@@ -62,6 +64,7 @@ impl Counters {
             &self.repeat_cuts,
             &self.memory_cuts,
             &self.isolation_cuts,
+            &self.graph_replays,
             &self.op_nanos,
             &self.flush_nanos,
             &self.wait_nanos,

@@ -950,3 +950,105 @@ fn a_compiled_graph_is_one_region_past_the_cap_between_launched_boundaries() {
     assert!(err.message.contains("graph_begin"), "{}", err.message);
     assert_eq!(e.modes().current(), Mode::DeferAndFuse);
 }
+
+#[test]
+fn a_recorded_graph_replays_on_new_storages_without_capturing() {
+    let e = engine_with(Mode::Strict, None);
+    let w = upload_f32(&e, &[2.0; 4], &[4]);
+    let acc = upload_f32(&e, &[0.0; 4], &[4]);
+    // The graph: z = x * w + 1 (a fresh output), and acc += x in place (an input it writes).
+    let x = upload_f32(&e, &[1.0, 2.0, 3.0, 4.0], &[4]);
+    e.graph_begin().expect("graph_begin");
+    let y = op(&e, OpId::Mul, &[&x, &w], &[], &[]);
+    let z = op(&e, OpId::Add, &[&y], &[f(1.0)], &[]);
+    release(&e, y);
+    e.op(
+        OpId::Add,
+        &[acc.clone(), x.clone()],
+        &[f(1.0)],
+        &[],
+        std::slice::from_ref(&acc),
+    )
+    .expect("acc += x");
+    let handle = e
+        .graph_end_record(&[x.storage, w.storage, acc.storage], &[z.storage])
+        .expect("record");
+    assert!(
+        handle > 0,
+        "one region over the graph's storages is recordable"
+    );
+    assert_eq!(read_f32(&e, &z), vec![3.0, 5.0, 7.0, 9.0]);
+    assert_eq!(e.modes().current(), Mode::Strict);
+
+    e.reset_metrics();
+    for round in 1..=3 {
+        let x = upload_f32(&e, &[10.0, 20.0, 30.0, 40.0], &[4]);
+        let out = TensorRef::contiguous(e.new_storage(16), DType::F32, &[4]);
+        let ran = e
+            .graph_replay(handle, &[x.storage, w.storage, acc.storage], &[out.storage])
+            .expect("replay");
+        assert!(ran);
+        assert_eq!(read_f32(&e, &out), vec![21.0, 41.0, 61.0, 81.0]);
+        let r = round as f32;
+        assert_eq!(
+            read_f32(&e, &acc),
+            vec![
+                1.0 + 10.0 * r,
+                2.0 + 20.0 * r,
+                3.0 + 30.0 * r,
+                4.0 + 40.0 * r
+            ]
+        );
+    }
+    let s = e.metrics();
+    assert_eq!(s.values["graph_replays"], 3.0);
+    assert_eq!(s.values["compilations"], 0.0);
+    assert_eq!(
+        s.values["regions"], 0.0,
+        "nothing captured, nothing planned"
+    );
+
+    // An input of another type is not replayed: the caller runs the graph's ops instead.
+    let longer = upload_f32(&e, &[1.0; 8], &[8]);
+    let out = TensorRef::contiguous(e.new_storage(16), DType::F32, &[4]);
+    let ran = e
+        .graph_replay(
+            handle,
+            &[longer.storage, w.storage, acc.storage],
+            &[out.storage],
+        )
+        .expect("replay");
+    assert!(!ran);
+    // Wrong arity and unknown handles are errors that name the program.
+    let err = e
+        .graph_replay(handle, &[x.storage], &[out.storage])
+        .expect_err("arity");
+    assert!(
+        err.message.contains("recorded with 3 inputs"),
+        "{}",
+        err.message
+    );
+    let err = e
+        .graph_replay(handle + 100, &[], &[])
+        .expect_err("unknown handle");
+    assert!(
+        err.message.contains("no recorded program"),
+        "{}",
+        err.message
+    );
+}
+
+#[test]
+fn a_graph_that_reads_a_value_outside_its_inputs_is_not_recorded() {
+    let e = engine_with(Mode::Strict, None);
+    let hidden = upload_f32(&e, &[5.0; 4], &[4]);
+    let x = upload_f32(&e, &[1.0; 4], &[4]);
+    e.graph_begin().expect("graph_begin");
+    let z = op(&e, OpId::Mul, &[&x, &hidden], &[], &[]);
+    // `hidden` is not named as an input: a replay could not find its value.
+    let handle = e
+        .graph_end_record(&[x.storage], &[z.storage])
+        .expect("record");
+    assert_eq!(handle, 0);
+    assert_eq!(read_f32(&e, &z), vec![5.0; 4], "the graph still ran");
+}

@@ -1283,6 +1283,55 @@ impl<V: Clone> Graph<V> {
         Ok(())
     }
 
+    /// The storages whose values the pending ops read (each as it was when read), with those
+    /// values and their types: what the next region's arguments are made of.
+    pub fn read_storages(&self) -> Vec<(StorageId, V, TensorType)> {
+        self.external_of
+            .iter()
+            .filter_map(|(&(storage, _), e)| {
+                let read = self.externals.get(e)?;
+                Some((storage, read.value.clone(), read.ty.clone()))
+            })
+            .collect()
+    }
+
+    /// Whether storage `id` can take a whole value of type `ty` ([`Graph::install_value`]):
+    /// it exists, is not padded, and its bytes and element type fit `ty`.
+    pub fn can_install(&self, id: StorageId, ty: &TensorType) -> bool {
+        self.storages.get(&id).is_some_and(|st| {
+            st.padding.is_none()
+                && st.nbytes >= ty.nbytes()
+                && st.native.is_none_or(|native| native == ty.dtype)
+        })
+    }
+
+    /// Gives storage `id` a whole new device value of type `ty`, as a region's output would:
+    /// a replayed compiled-mode program installs its results this way. Check with
+    /// [`Graph::can_install`] first.
+    pub fn install_value(
+        &mut self,
+        id: StorageId,
+        value: V,
+        ty: TensorType,
+    ) -> Result<(), EngineError> {
+        if !self.can_install(id, &ty) {
+            return Err(EngineError::runtime(format!(
+                "internal error: storage {} cannot hold a value of {ty:?}",
+                id.0
+            )));
+        }
+        let storage = self.storages.get_mut(&id).unwrap();
+        storage.native.get_or_insert(ty.dtype);
+        let old = std::mem::replace(&mut storage.value, StorageValue::Device { value, ty });
+        storage.version += 1;
+        if let StorageValue::Pending { out, .. } = old {
+            self.drop_holder(out, id);
+        }
+        self.overwritten.remove(&id);
+        self.shared_values.remove(&id);
+        Ok(())
+    }
+
     /// Whether any of these storages holds a pending value.
     pub fn any_pending(&self, storages: &[StorageId]) -> bool {
         storages.iter().any(|s| {

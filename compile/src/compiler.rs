@@ -445,6 +445,12 @@ impl Compiler {
         found
     }
 
+    /// Drops every executable of tier 1 (the disk tiers keep theirs); returns how many went.
+    /// Compiles in flight still land in tier 1 when they finish.
+    pub fn clear_tier1(&self) -> u64 {
+        self.shared.tier1.shrink_to(0)
+    }
+
     /// Puts an executable obtained elsewhere into tier 1.
     pub fn insert(&self, key: CacheKey, executable: Arc<LoadedExecutable>) {
         self.shared.insert_tier1(key, executable);

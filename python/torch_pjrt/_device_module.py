@@ -173,6 +173,74 @@ def max_memory_allocated(device=None) -> int:
     return int(_api.metrics()["peak_device_bytes"])
 
 
+def memory_reserved(device=None) -> int:
+    """Bytes the device holds for pjrt: the engine keeps no allocator cache of its own (a freed
+    buffer goes back to the plugin at once), so this is :func:`memory_allocated`."""
+    return memory_allocated(device)
+
+
+def max_memory_reserved(device=None) -> int:
+    return max_memory_allocated(device)
+
+
+def memory_stats(device=None) -> dict:
+    """CUDA's `memory_stats` keys that the engine's accounting can give: allocated and reserved
+    bytes (current and peak) and the live buffer count."""
+    live, peak = memory_allocated(device), max_memory_allocated(device)
+    storages = 0
+    if _native.started():
+        from . import _api
+
+        storages = int(_api.metrics()["live_storages"])
+    stats = {}
+    for kind in ("allocated_bytes", "reserved_bytes", "active_bytes"):
+        stats[f"{kind}.all.current"] = live
+        stats[f"{kind}.all.peak"] = peak
+    stats["active.all.current"] = storages
+    stats["num_alloc_retries"] = 0
+    stats["num_ooms"] = 0
+    return stats
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    """Restarts :func:`max_memory_allocated` from the bytes live now (the other metrics keep
+    counting)."""
+    if _native.started():
+        _native.check(_native.lib().tpjrt_reset_peak_memory())
+
+
+def reset_max_memory_allocated(device=None) -> None:
+    reset_peak_memory_stats(device)
+
+
+def empty_cache() -> None:
+    """Drops the executables compiled in this process (a later use loads them from the disk
+    tiers, or compiles them again). Device buffers are freed when their tensors are: there is
+    no allocator cache to empty."""
+    if _native.started():
+        _native.check(_native.lib().tpjrt_empty_cache(None))
+
+
+def mem_get_info(device=None) -> tuple:
+    """(free, total) bytes of the device's memory. On the CPU plugin the device's memory is the
+    host's: MemAvailable and MemTotal of /proc/meminfo. Other plugins do not report it through
+    PJRT's C API yet."""
+    import os
+
+    plugin = os.environ.get("TORCH_PJRT_PLUGIN", "cpu")
+    if plugin in ("", "cpu") or plugin.endswith("xla_cpu_pjrt.so"):
+        fields = {}
+        with open("/proc/meminfo") as f:
+            for line in f:
+                name, _, rest = line.partition(":")
+                fields[name] = int(rest.split()[0]) * 1024
+        return fields["MemAvailable"], fields["MemTotal"]
+    raise RuntimeError(
+        f"torch.pjrt.mem_get_info: the {plugin!r} plugin does not report free device memory "
+        "through the PJRT C API; use torch.pjrt.memory_allocated() for what pjrt holds"
+    )
+
+
 def get_amp_supported_dtype() -> list:
     return [torch.float16, torch.bfloat16]
 

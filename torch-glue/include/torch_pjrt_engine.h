@@ -310,6 +310,19 @@ int32_t tpjrt_wait_warm_up(void);
 int32_t tpjrt_prepare_exit(void);
 
 /**
+ * Drops the in-process executables (`torch.pjrt.empty_cache()`); `*dropped` is how many.
+ *
+ * # Safety
+ * `dropped` is writable or null.
+ */
+int32_t tpjrt_empty_cache(uint64_t *dropped);
+
+/**
+ * Restarts the peak of live device bytes from the live bytes now.
+ */
+int32_t tpjrt_reset_peak_memory(void);
+
+/**
  * Opens a compiled-mode graph: launches what is pending, then defers every op into one region
  * (no size cap, no cuts) until `tpjrt_graph_end`. Graphs nest; the mode is DeferAndFuse inside.
  */

@@ -626,6 +626,30 @@ pub extern "C" fn tpjrt_prepare_exit() -> i32 {
     })
 }
 
+/// Drops the in-process executables (`torch.pjrt.empty_cache()`); `*dropped` is how many.
+///
+/// # Safety
+/// `dropped` is writable or null.
+#[no_mangle]
+pub unsafe extern "C" fn tpjrt_empty_cache(dropped: *mut u64) -> i32 {
+    guarded(|| {
+        let count = global::engine()?.empty_cache();
+        if !dropped.is_null() {
+            *dropped = count;
+        }
+        Ok(())
+    })
+}
+
+/// Restarts the peak of live device bytes from the live bytes now.
+#[no_mangle]
+pub extern "C" fn tpjrt_reset_peak_memory() -> i32 {
+    guarded(|| {
+        global::engine()?.reset_peak_memory();
+        Ok(())
+    })
+}
+
 /// Opens a compiled-mode graph: launches what is pending, then defers every op into one region
 /// (no size cap, no cuts) until `tpjrt_graph_end`. Graphs nest; the mode is DeferAndFuse inside.
 #[no_mangle]

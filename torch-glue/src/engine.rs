@@ -1463,6 +1463,19 @@ impl Engine {
         s
     }
 
+    /// `torch.pjrt.empty_cache()`: drops the in-process executables (a later use finds them
+    /// on disk, or compiles them again; a recorded graph program runs its graph's ops until
+    /// its executable is back); returns how many executables went.
+    pub fn empty_cache(&self) -> u64 {
+        self.compiler.clear_tier1()
+    }
+
+    /// `torch.pjrt.reset_peak_memory_stats()`: the peak of live device bytes starts again from
+    /// the live bytes now.
+    pub fn reset_peak_memory(&self) {
+        self.client.reset_peak_memory();
+    }
+
     pub fn reset_metrics(&self) {
         self.counters.reset();
         *self.exec_baseline.lock() = self.queue.stats();

@@ -269,6 +269,43 @@ pub struct ExecStats {
     pub caller_launches: u64,
 }
 
+/// A point in an [`ExecQueue`]'s order ([`ExecQueue::mark`]): done once the executions
+/// launched before it have finished on the device.
+#[derive(Default, Debug)]
+pub struct QueueMark {
+    remaining: parking_lot::Mutex<usize>,
+    done_at: parking_lot::Mutex<Option<std::time::Instant>>,
+    done: parking_lot::Condvar,
+}
+
+impl QueueMark {
+    fn finish_one(&self) {
+        let mut remaining = self.remaining.lock();
+        *remaining = remaining.saturating_sub(1);
+        if *remaining == 0 {
+            self.done_at
+                .lock()
+                .get_or_insert_with(std::time::Instant::now);
+            self.done.notify_all();
+        }
+    }
+
+    /// When the executions before the mark had all finished, if they have.
+    pub fn done_at(&self) -> Option<std::time::Instant> {
+        *self.done_at.lock()
+    }
+
+    /// Blocks until the mark is done; returns when that was.
+    pub fn wait(&self) -> std::time::Instant {
+        let mut remaining = self.remaining.lock();
+        while *remaining > 0 {
+            self.done.wait(&mut remaining);
+        }
+        drop(remaining);
+        self.done_at().expect("a finished mark has its time")
+    }
+}
+
 #[derive(Default)]
 struct QueueShared {
     enqueued: AtomicU64,
@@ -586,6 +623,32 @@ impl ExecQueue {
             }
         }
         first_error.map_or(Ok(()), Err)
+    }
+
+    /// A point in the queue's order (`torch.Event.record`): [`ExecQueue::flush`], then a mark
+    /// that completes when every execution launched so far has finished on the device, and
+    /// keeps when that was.
+    pub fn mark(&self) -> Arc<QueueMark> {
+        self.flush();
+        let mark = Arc::new(QueueMark::default());
+        let launched = self.shared.launched.lock();
+        // One count per running execution, plus one released below, so the mark cannot
+        // complete while callbacks are still being registered.
+        let running: Vec<&pjrt::Event> = launched
+            .iter()
+            .map(|(_, e)| e)
+            .filter(|e| !e.is_ready().unwrap_or(true))
+            .collect();
+        *mark.remaining.lock() = running.len() + 1;
+        for event in running {
+            let done = mark.clone();
+            if event.on_ready(move |_| done.finish_one()).is_err() {
+                mark.finish_one(); // the plugin took no callback: do not wait for it
+            }
+        }
+        drop(launched);
+        mark.finish_one();
+        mark
     }
 
     /// [`ExecQueue::flush`], then wait until `values` are computed on the device.

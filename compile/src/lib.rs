@@ -28,7 +28,8 @@ pub use config::{
 pub use cpu::{cpu_features_hash, host_cpu_features, host_cpu_features_hash};
 pub use error::{CompileError, ExecError};
 pub use exec::{
-    wait_all_ready, DeviceValue, ExecJob, ExecQueue, ExecStats, HostArgument, WeakDeviceValue,
+    wait_all_ready, DeviceValue, ExecJob, ExecQueue, ExecStats, HostArgument, QueueMark,
+    WeakDeviceValue,
 };
 pub use key::{options_fingerprint, CacheKey, FingerprintInputs};
 

@@ -473,3 +473,24 @@ fn the_device_time_of_queued_executions_is_counted_once() {
     );
     assert!(stats.launch_nanos > 0 && stats.queue_nanos > 0);
 }
+
+#[test]
+fn marks_complete_after_the_work_launched_before_them_in_order() {
+    let queue = ExecQueue::new().unwrap();
+    let times_two = ready_executable(2.0);
+    let first = queue.mark();
+    assert!(first.done_at().is_some(), "nothing launched: done at once");
+    let out = DeviceValue::pending();
+    queue.enqueue(ExecJob::new(
+        "before the mark",
+        times_two.clone(),
+        vec![value(&[1., 2., 3., 4.]), value(&[0., 0., 0., 0.])],
+        vec![out.clone()],
+    ));
+    let second = queue.mark();
+    let done = second.wait();
+    // The mark's work is computed, and the marks completed in queue order.
+    assert!(out.is_resolved());
+    assert!(done >= first.done_at().unwrap());
+    assert_eq!(second.done_at(), Some(done));
+}

@@ -327,3 +327,79 @@ class precision:
                 return fn(*args, **kwargs)
 
         return wrapped
+
+
+# ----- streams and events ------------------------------------------------------------------
+#
+# One ordered execution queue serves every stream of a device: work on any stream runs after
+# everything launched before it, so `wait_stream`/`wait_event` hold by construction, and an
+# event completes when the device has finished everything launched before it was recorded
+# (PJRT completion events), which is what `query`, `synchronize` and `elapsed_time` measure.
+
+
+# PyTorch's stream and event methods take exactly `torch.Stream`/`torch.Event` arguments (not
+# subclasses), so these make plain ones on the pjrt device.
+
+
+class Stream:
+    """A new pjrt stream: a ``torch.Stream`` on the pjrt device (``query``, ``synchronize``,
+    ``wait_event``, ``wait_stream``, ``record_event``, and ``with stream:``)."""
+
+    def __new__(cls, device=None, priority: int = 0) -> torch.Stream:
+        index = current_device() if device is None else _index(device)
+        return torch.Stream(device=torch.device("pjrt", index), priority=priority)
+
+
+class Event:
+    """A pjrt event: a ``torch.Event`` on the pjrt device (``record``, ``wait``, ``query``,
+    ``synchronize`` and ``elapsed_time``: milliseconds between two events' completions on the
+    device)."""
+
+    def __new__(
+        cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False
+    ) -> torch.Event:
+        return torch.Event(
+            device=torch.device("pjrt", current_device()),
+            enable_timing=enable_timing,
+            blocking=blocking,
+            interprocess=interprocess,
+        )
+
+
+def current_stream(device=None) -> torch.Stream:
+    """The calling thread's current pjrt stream."""
+    index = current_device() if device is None else _index(device)
+    return torch.accelerator.current_stream(torch.device("pjrt", index))
+
+
+def default_stream(device=None) -> torch.Stream:
+    """The default pjrt stream (id 0)."""
+    current = current_stream(device)
+    return torch.Stream(
+        stream_id=0, device_index=current.device_index, device_type=current.device_type
+    )
+
+
+def set_stream(stream_: torch.Stream) -> None:
+    """Makes ``stream_`` the calling thread's current stream."""
+    torch.accelerator.set_stream(stream_)
+
+
+class stream:
+    """Context manager that makes ``stream_`` current for the enclosed code (as
+    ``torch.cuda.stream``); ``None`` leaves the current stream."""
+
+    def __init__(self, stream_):
+        self.stream = stream_
+        self._previous = None
+
+    def __enter__(self):
+        if self.stream is not None:
+            self._previous = current_stream(self.stream.device)
+            set_stream(self.stream)
+        return self.stream
+
+    def __exit__(self, *exc) -> bool:
+        if self._previous is not None:
+            set_stream(self._previous)
+        return False

@@ -177,6 +177,11 @@ typedef struct TpjrtApi {
   int32_t (*graph_end)(void);
   int32_t (*graph_end_record)(const uint64_t*, uint64_t, const uint64_t*, uint64_t, uint64_t*);
   int32_t (*graph_replay)(uint64_t, const uint64_t*, uint64_t, const uint64_t*, uint64_t, int32_t*);
+  int32_t (*event_record)(uint64_t*);
+  int32_t (*event_query)(uint64_t, int32_t*);
+  int32_t (*event_synchronize)(uint64_t);
+  int32_t (*event_elapsed)(uint64_t, uint64_t, double*);
+  int32_t (*event_destroy)(uint64_t);
 } TpjrtApi;
 
 #ifdef __cplusplus
@@ -321,6 +326,40 @@ int32_t tpjrt_empty_cache(uint64_t *dropped);
  * Restarts the peak of live device bytes from the live bytes now.
  */
 int32_t tpjrt_reset_peak_memory(void);
+
+/**
+ * Records a device event; `*event` is its id (see `Engine::record_event`).
+ *
+ * # Safety
+ * `event` is writable.
+ */
+int32_t tpjrt_event_record(uint64_t *event);
+
+/**
+ * `*done` is 1 when the event's work has finished on the device, else 0.
+ *
+ * # Safety
+ * `done` is writable.
+ */
+int32_t tpjrt_event_query(uint64_t event, int32_t *done);
+
+/**
+ * Waits until the event's work has finished on the device.
+ */
+int32_t tpjrt_event_synchronize(uint64_t event);
+
+/**
+ * `*ms` is the time from `start`'s completion to `end`'s, in milliseconds (waits for both).
+ *
+ * # Safety
+ * `ms` is writable.
+ */
+int32_t tpjrt_event_elapsed(uint64_t start, uint64_t end, double *ms);
+
+/**
+ * Forgets an event.
+ */
+int32_t tpjrt_event_destroy(uint64_t event);
 
 /**
  * Opens a compiled-mode graph: launches what is pending, then defers every op into one region

@@ -650,6 +650,66 @@ pub extern "C" fn tpjrt_reset_peak_memory() -> i32 {
     })
 }
 
+/// Records a device event; `*event` is its id (see `Engine::record_event`).
+///
+/// # Safety
+/// `event` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn tpjrt_event_record(event: *mut u64) -> i32 {
+    guarded(|| {
+        if event.is_null() {
+            return Err(invalid("a null event pointer was passed".into()));
+        }
+        *event = global::engine()?.record_event()?;
+        Ok(())
+    })
+}
+
+/// `*done` is 1 when the event's work has finished on the device, else 0.
+///
+/// # Safety
+/// `done` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn tpjrt_event_query(event: u64, done: *mut i32) -> i32 {
+    guarded(|| {
+        if done.is_null() {
+            return Err(invalid("a null result pointer was passed".into()));
+        }
+        *done = i32::from(global::engine()?.query_event(event)?);
+        Ok(())
+    })
+}
+
+/// Waits until the event's work has finished on the device.
+#[no_mangle]
+pub extern "C" fn tpjrt_event_synchronize(event: u64) -> i32 {
+    guarded(|| global::engine()?.synchronize_event(event))
+}
+
+/// `*ms` is the time from `start`'s completion to `end`'s, in milliseconds (waits for both).
+///
+/// # Safety
+/// `ms` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn tpjrt_event_elapsed(start: u64, end: u64, ms: *mut f64) -> i32 {
+    guarded(|| {
+        if ms.is_null() {
+            return Err(invalid("a null result pointer was passed".into()));
+        }
+        *ms = global::engine()?.event_elapsed_ms(start, end)?;
+        Ok(())
+    })
+}
+
+/// Forgets an event.
+#[no_mangle]
+pub extern "C" fn tpjrt_event_destroy(event: u64) -> i32 {
+    guarded(|| {
+        global::engine()?.destroy_event(event);
+        Ok(())
+    })
+}
+
 /// Opens a compiled-mode graph: launches what is pending, then defers every op into one region
 /// (no size cap, no cuts) until `tpjrt_graph_end`. Graphs nest; the mode is DeferAndFuse inside.
 #[no_mangle]
@@ -881,6 +941,11 @@ pub struct TpjrtApi {
     pub graph_end: extern "C" fn() -> i32,
     pub graph_end_record: unsafe extern "C" fn(*const u64, u64, *const u64, u64, *mut u64) -> i32,
     pub graph_replay: unsafe extern "C" fn(u64, *const u64, u64, *const u64, u64, *mut i32) -> i32,
+    pub event_record: unsafe extern "C" fn(*mut u64) -> i32,
+    pub event_query: unsafe extern "C" fn(u64, *mut i32) -> i32,
+    pub event_synchronize: extern "C" fn(u64) -> i32,
+    pub event_elapsed: unsafe extern "C" fn(u64, u64, *mut f64) -> i32,
+    pub event_destroy: extern "C" fn(u64) -> i32,
 }
 
 static API: TpjrtApi = TpjrtApi {
@@ -910,6 +975,11 @@ static API: TpjrtApi = TpjrtApi {
     graph_end: tpjrt_graph_end,
     graph_end_record: tpjrt_graph_end_record,
     graph_replay: tpjrt_graph_replay,
+    event_record: tpjrt_event_record,
+    event_query: tpjrt_event_query,
+    event_synchronize: tpjrt_event_synchronize,
+    event_elapsed: tpjrt_event_elapsed,
+    event_destroy: tpjrt_event_destroy,
 };
 
 /// The function table of this engine library.

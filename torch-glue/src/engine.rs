@@ -308,6 +308,9 @@ pub struct Engine {
     /// How many compiled-mode graphs are open ([`Engine::graph_begin`]): while any is, every op
     /// is deferred into one region, without the size cap, repeat or isolation cuts.
     open_graphs: std::sync::atomic::AtomicUsize,
+    /// Recorded device events (`torch.Event` on pjrt), by id.
+    events: Mutex<std::collections::HashMap<u64, Arc<compile::QueueMark>>>,
+    next_event: std::sync::atomic::AtomicU64,
     /// Compiled-mode graphs recorded as programs ([`Engine::graph_end_record`]), by handle - 1.
     graph_programs: Mutex<Vec<Arc<graphs::GraphProgram>>>,
     /// `TORCH_PJRT_LOG_RECOMPILES`: also each op's line is recorded ([`Engine::op_at`]).
@@ -398,6 +401,8 @@ impl Engine {
             isolation_cuts: config.isolation_cuts,
             open_graphs: Default::default(),
             graph_programs: Mutex::new(Vec::new()),
+            events: Mutex::new(Default::default()),
+            next_event: std::sync::atomic::AtomicU64::new(1),
             log_recompiles: config.log_recompiles,
             last_outputs: Mutex::new(Vec::new()),
             pending_checks: Mutex::new(Vec::new()),
@@ -1461,6 +1466,53 @@ impl Engine {
         s.last_recompile_reason = recompile_reasons.last().map(|r| r.message());
         s.recompile_reasons = recompile_reasons;
         s
+    }
+
+    /// Records a device event (`torch.Event.record`): what is pending is launched, and the
+    /// event completes when everything launched before it has finished on the device. One
+    /// ordered queue serves every stream, so an event orders all streams' earlier work.
+    pub fn record_event(&self) -> Result<u64, EngineError> {
+        self.flush_pending()?;
+        let mark = self.queue.mark();
+        let id = self
+            .next_event
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.events.lock().insert(id, mark);
+        Ok(id)
+    }
+
+    fn event(&self, id: u64) -> Result<Arc<compile::QueueMark>, EngineError> {
+        self.events.lock().get(&id).cloned().ok_or_else(|| {
+            EngineError::runtime(format!(
+                "pjrt event {id} was never recorded or was destroyed"
+            ))
+        })
+    }
+
+    /// Whether the event's work has finished.
+    pub fn query_event(&self, id: u64) -> Result<bool, EngineError> {
+        Ok(self.event(id)?.done_at().is_some())
+    }
+
+    /// Waits for the event's work to finish.
+    pub fn synchronize_event(&self, id: u64) -> Result<(), EngineError> {
+        let mark = self.event(id)?;
+        let start = std::time::Instant::now();
+        mark.wait();
+        Counters::add_time(&self.counters.wait_nanos, start);
+        Ok(())
+    }
+
+    /// Milliseconds between two events' completions on the device (waits for both).
+    pub fn event_elapsed_ms(&self, start: u64, end: u64) -> Result<f64, EngineError> {
+        let (a, b) = (self.event(start)?, self.event(end)?);
+        let (a, b) = (a.wait(), b.wait());
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+        Ok(if b >= a { ms(b - a) } else { -ms(a - b) })
+    }
+
+    pub fn destroy_event(&self, id: u64) {
+        self.events.lock().remove(&id);
     }
 
     /// `torch.pjrt.empty_cache()`: drops the in-process executables (a later use finds them

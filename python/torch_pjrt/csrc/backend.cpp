@@ -283,6 +283,14 @@ c10::DeviceIndex device_count_nothrow() noexcept {
 
 namespace {
 
+// The current stream of each thread (0: the default stream), and the next new stream's id.
+thread_local c10::StreamId t_stream = 0;
+std::atomic<c10::StreamId> g_next_stream{1};
+
+c10::Stream stream_of(c10::Device d, c10::StreamId id) {
+  return c10::Stream(c10::Stream::UNSAFE, d, id);
+}
+
 void sync_engine() {
   if (!api_loaded() || !engine_started()) {
     return;  // nothing was ever queued
@@ -315,40 +323,83 @@ struct PjrtGuardImpl final : public c10::impl::DeviceGuardImplInterface {
       t_device = d.index();
     }
   }
+  // Streams: one ordered execution queue serves them all, so work on any stream runs after
+  // everything launched before it, on every stream. A stream is an id (0 the default one),
+  // current per thread as CUDA's are; events and queries are the engine's (device completion).
   c10::Stream getStream(c10::Device d) const override {
-    return c10::Stream(c10::Stream::DEFAULT, d);
+    return stream_of(d, t_stream);
   }
   c10::Stream getDefaultStream(c10::Device d) const override {
-    return c10::Stream(c10::Stream::DEFAULT, d);
+    return stream_of(d, 0);
   }
   c10::Stream getStreamFromGlobalPool(c10::Device d, bool /*high_priority*/) const override {
-    return c10::Stream(c10::Stream::DEFAULT, d);
+    return stream_of(d, g_next_stream.fetch_add(1));
   }
   c10::Stream getNewStream(c10::Device d, int /*priority*/) const override {
-    return c10::Stream(c10::Stream::DEFAULT, d);
+    return stream_of(d, g_next_stream.fetch_add(1));
   }
   c10::Stream exchangeStream(c10::Stream s) const override {
-    return c10::Stream(c10::Stream::DEFAULT, s.device());
+    c10::Stream old = stream_of(s.device(), t_stream);
+    t_stream = s.id();
+    return old;
   }
   c10::DeviceIndex deviceCount() const noexcept override {
     return device_count_nothrow();
   }
-  // One ordered execution queue per engine: events and streams are trivially in order.
-  void record(void** /*event*/, const c10::Stream& /*stream*/, const c10::DeviceIndex /*device*/,
-              const c10::EventFlag /*flag*/) const override {}
-  void block(void* /*event*/, const c10::Stream& /*stream*/) const override {}
-  bool queryEvent(void* /*event*/) const override {
-    return true;
+  void record(void** event, const c10::Stream& /*stream*/, const c10::DeviceIndex /*device*/,
+              const c10::EventFlag /*flag*/) const override {
+    TORCH_CHECK(api_loaded(), "the pjrt device is not available");
+    uint64_t id = 0;
+    check(api().event_record(&id), "recording a pjrt event");
+    if (*event != nullptr) {
+      (void)api().event_destroy(reinterpret_cast<uintptr_t>(*event));
+    }
+    *event = reinterpret_cast<void*>(static_cast<uintptr_t>(id));
   }
-  void destroyEvent(void* /*event*/, const c10::DeviceIndex /*device*/) const noexcept override {}
+  // A stream waiting for an event: the one queue already runs every later launch after it.
+  void block(void* /*event*/, const c10::Stream& /*stream*/) const override {}
+  bool queryEvent(void* event) const override {
+    if (event == nullptr) {
+      return true;  // never recorded: nothing to wait for
+    }
+    int32_t done = 0;
+    check(api().event_query(reinterpret_cast<uintptr_t>(event), &done), "querying a pjrt event");
+    return done != 0;
+  }
+  void destroyEvent(void* event, const c10::DeviceIndex /*device*/) const noexcept override {
+    if (event != nullptr && api_loaded()) {
+      (void)api().event_destroy(reinterpret_cast<uintptr_t>(event));
+    }
+  }
   bool queryStream(const c10::Stream& /*stream*/) const override {
-    return true;
+    if (!api_loaded() || !engine_started()) {
+      return true;
+    }
+    void* event = nullptr;
+    record(&event, c10::Stream(c10::Stream::DEFAULT, getDevice()), getDevice().index(),
+           c10::EventFlag::PYTORCH_DEFAULT);
+    const bool done = queryEvent(event);
+    destroyEvent(event, getDevice().index());
+    return done;
   }
   void synchronizeStream(const c10::Stream& /*stream*/) const override {
     sync_engine();
   }
-  void synchronizeEvent(void* /*event*/) const override {
-    sync_engine();
+  void synchronizeEvent(void* event) const override {
+    if (event == nullptr) {
+      return;
+    }
+    check(api().event_synchronize(reinterpret_cast<uintptr_t>(event)),
+          "synchronizing a pjrt event");
+  }
+  double elapsedTime(void* start, void* end, const c10::DeviceIndex /*device*/) const override {
+    TORCH_CHECK(start != nullptr && end != nullptr,
+                "elapsed_time: both events must be recorded first (event.record())");
+    double ms = 0;
+    check(api().event_elapsed(reinterpret_cast<uintptr_t>(start),
+                              reinterpret_cast<uintptr_t>(end), &ms),
+          "timing pjrt events");
+    return ms;
   }
   void synchronizeDevice(const c10::DeviceIndex /*device*/) const override {
     sync_engine();

@@ -13,9 +13,9 @@ pub mod signature;
 mod storage;
 
 pub use graph::{
-    isolation_cuts, Captured, CapturedOutputs, EngineError, ErrorKind, ExternalValue, Flush,
-    FlushRequest, Graph, GraphStats, HostGather, OpCall, PlannedRegion, ReadSource, RegionSource,
-    Regrow, TensorRef,
+    isolation_cuts, Captured, CapturedOutputs, CheckSite, EngineError, ErrorKind, ExternalValue,
+    Flush, FlushRequest, Graph, GraphStats, HostGather, OpCall, PlannedRegion, ReadSource,
+    RegionSource, Regrow, TensorRef,
 };
 pub use mode::{Mode, ModeStack};
 pub use signature::{Change, RegionSignature};

@@ -76,6 +76,9 @@ pub struct EngineConfig {
     pub recompile_budget: Option<Budget>,
     /// `TORCH_PJRT_LOG_RECOMPILES=1`: every recompile's reason is printed as it happens.
     pub log_recompiles: bool,
+    /// `TORCH_PJRT_TRACEBACKS=1`: record each op's Python line, so a check that fails at a
+    /// later materialization names the line that queued it.
+    pub tracebacks: bool,
     /// Whether DeferAndFuse runs the few ops whose shapes keep changing in a recurring region as
     /// regions of their own (RFC 0027); `TORCH_PJRT_ISOLATION_CUTS=0` turns it off.
     pub isolation_cuts: bool,
@@ -247,6 +250,10 @@ impl EngineConfig {
                 env("TORCH_PJRT_LOG_RECOMPILES").as_deref(),
                 Some(v) if !v.is_empty() && v != "0"
             ),
+            tracebacks: matches!(
+                env("TORCH_PJRT_TRACEBACKS").as_deref(),
+                Some(v) if !v.is_empty() && v != "0"
+            ),
         })
     }
 }
@@ -315,11 +322,14 @@ pub struct Engine {
     graph_programs: Mutex<Vec<Arc<graphs::GraphProgram>>>,
     /// `TORCH_PJRT_LOG_RECOMPILES`: also each op's line is recorded ([`Engine::op_at`]).
     log_recompiles: bool,
+    /// `TORCH_PJRT_TRACEBACKS`: each op's line is recorded, and a check that fails later names
+    /// the line that queued it.
+    tracebacks: bool,
     /// The outputs of the newest launched region, awaited by `sync` (weakly: holding them would
     /// keep them from being donated; released work is awaited through the queue's events).
     last_outputs: Mutex<Vec<WeakDeviceValue>>,
     /// Verdicts of launched `_assert_async` checks, verified at the next materialization point.
-    pending_checks: Mutex<Vec<(DeviceValue, String)>>,
+    pending_checks: Mutex<Vec<(DeviceValue, defer::CheckSite)>>,
     /// Which compiles rebuild a structure, why, and the recompile budgets.
     recompiles: Mutex<RecompileTracker>,
     /// The [`Flush::prefix`] digests of the large regions compiled whole, which isolation cuts
@@ -404,6 +414,7 @@ impl Engine {
             events: Mutex::new(Default::default()),
             next_event: std::sync::atomic::AtomicU64::new(1),
             log_recompiles: config.log_recompiles,
+            tracebacks: config.tracebacks,
             last_outputs: Mutex::new(Vec::new()),
             pending_checks: Mutex::new(Vec::new()),
             whole_regions: Mutex::new(Default::default()),
@@ -518,7 +529,7 @@ impl Engine {
     /// Whether ops should be told the user's line that runs them ([`Engine::op_at`]): when
     /// recompiles are logged, so that a fused region's explanation names the changed op's line.
     pub fn records_op_lines(&self) -> bool {
-        self.log_recompiles
+        self.log_recompiles || self.tracebacks
     }
 
     /// Runs (Strict, Debug) or defers (DeferAndFuse) one op.
@@ -1099,7 +1110,8 @@ impl Engine {
     fn verify_checks(&self) -> Result<(), EngineError> {
         let checks = std::mem::take(&mut *self.pending_checks.lock());
         let mut first_error = None;
-        for (value, op) in checks {
+        for (value, site) in checks {
+            let op = site.op;
             let result = self.wait_device(&value).and_then(|buffer| {
                 let bytes = buffer
                     .to_host()
@@ -1109,13 +1121,15 @@ impl Engine {
                         .chunks_exact(8)
                         .map(|w| i64::from_ne_bytes(w.try_into().expect("8 bytes")))
                         .collect();
-                    return ops::checks::index_check_error(&verdict)
-                        .map_or(Ok(()), |e| Err(e.into()));
+                    return ops::checks::index_check_error(&verdict).map_or(Ok(()), |e| {
+                        let e: EngineError = e.into();
+                        Err(EngineError::new(e.kind, site.locate(&e.message)))
+                    });
                 }
                 if bytes.first().copied().unwrap_or(0) == 0 {
-                    return Err(EngineError::runtime(format!(
+                    return Err(EngineError::runtime(site.locate(&format!(
                         "{op}: Expected Tensor with single nonzero value, but got zero"
-                    )));
+                    ))));
                 }
                 Ok(())
             });

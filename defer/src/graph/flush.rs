@@ -150,8 +150,8 @@ impl<V: Clone> Graph<V> {
         }
         // Side-effecting ops are kept even when nothing reads them; their results (check
         // verdicts) leave the region so the engine can act on them.
-        let mut check_outputs: Vec<(NodeOutput, String)> = Vec::new();
-        let mut checks_in_outputs: Vec<(usize, String)> = Vec::new();
+        let mut check_outputs: Vec<(NodeOutput, CheckSite)> = Vec::new();
+        let mut checks_in_outputs: Vec<(usize, CheckSite)> = Vec::new();
         for &id in &plan.kept {
             let node = &pending[position(id)];
             if !node.is_side_effecting() {
@@ -159,9 +159,13 @@ impl<V: Clone> Graph<V> {
             }
             for k in 0..node.meta.outputs.len() as u32 {
                 let out = id.output(k);
+                let site = CheckSite {
+                    op: node.op.name(),
+                    location: node.location.clone(),
+                };
                 match plan.output_position(out) {
-                    Some(i) => checks_in_outputs.push((i, node.op.name().to_string())),
-                    None => check_outputs.push((out, node.op.name().to_string())),
+                    Some(i) => checks_in_outputs.push((i, site)),
+                    None => check_outputs.push((out, site)),
                 }
             }
         }
@@ -172,7 +176,7 @@ impl<V: Clone> Graph<V> {
 
         // Install the new values.
         let outputs: SmallVec<[V; 2]> = output_types.iter().map(&mut make_output).collect();
-        let checks: Vec<(V, String)> = checks_in_outputs
+        let checks: Vec<(V, CheckSite)> = checks_in_outputs
             .into_iter()
             .map(|(i, label)| (outputs[i].clone(), label))
             .chain(

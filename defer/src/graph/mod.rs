@@ -230,7 +230,25 @@ pub struct Flush<V> {
     pub dropped_ops: usize,
     /// Verdicts of the region's side-effecting checks (`_assert_async`): 0-d bools that must be
     /// true, each with the op that produced it. They are extra outputs no storage holds.
-    pub checks: Vec<(V, String)>,
+    pub checks: Vec<(V, CheckSite)>,
+}
+
+/// Where a check verdict comes from: the checking op, and the user's line that queued it when
+/// op lines are recorded ([`Graph::set_capture_location`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckSite {
+    pub op: &'static str,
+    pub location: Option<Arc<str>>,
+}
+
+impl CheckSite {
+    /// `message`, followed by where the check was queued when that is known.
+    pub fn locate(&self, message: &str) -> String {
+        match &self.location {
+            Some(at) => format!("{message} (checked by {} queued at {at})", self.op),
+            None => message.to_string(),
+        }
+    }
 }
 
 /// A view's elements within its storage's whole value, for a read gathered on the host:

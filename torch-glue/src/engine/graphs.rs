@@ -39,7 +39,7 @@ pub(crate) struct GraphProgram {
     donated: Vec<usize>,
     scalar_packs: fuse::ScalarPacks,
     /// Results that are assertion verdicts, with the op that made each.
-    checks: Vec<(usize, String)>,
+    checks: Vec<(usize, defer::CheckSite)>,
 }
 
 /// A storage's device value and its type, when it holds a computed (or launched) one.

@@ -10,7 +10,7 @@ export VIRTUAL_ENV := $(abspath $(VENV))
 CARGO ?= cargo
 
 
-.PHONY: demo mlp-demo pjrt-demo test upstream-tests upstream-tests-ci upstream-tests-ci-if-present deps venv venv-peer system-deps build rust-test python-test python-build lint bench-build bench bench-python bench-criterion clean
+.PHONY: demo mlp-demo pjrt-demo test wheel upstream-tests upstream-tests-ci upstream-tests-ci-if-present deps venv venv-peer system-deps build rust-test python-test python-build lint bench-build bench bench-python bench-criterion clean
 
 # The main job: a small GPT-style language model trained on the CPU and on pjrt in Strict and
 # DeferAndFuse, with the loss curves, step times and a PNG (examples/gpt_demo.py).
@@ -171,6 +171,14 @@ $(STAMPS)/python-install: python/setup.py python/pyproject.toml $(STAMPS)/venv
 $(STAMPS)/python-ext: $(PY_EXT_SOURCES) $(STAMPS)/python-install
 	cd python && PATH="$(abspath $(VENV))/bin:$$PATH" $(abspath $(PY)) setup.py -q build_ext --inplace
 	@touch $@
+
+# A wheel of the package as built here: the engine library and the C++ extension inside
+# (the extension links in place from python/build, so this takes seconds after python-build).
+wheel: python-build
+	rm -f dist/torch_pjrt-*.whl
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pip wheel -q --disable-pip-version-check \
+		--no-build-isolation --no-deps -w dist ./python
+	@ls dist/torch_pjrt-*.whl
 
 clean:
 	$(CARGO) clean

@@ -50,8 +50,17 @@ sources = [
 if not METADATA_ONLY:
     sources += generated_sources()
 
+def requirements():
+    """The torch the extension was built against (its C++ ABI is that release's), and the PJRT
+    plugin package of the CPU."""
+    import torch
+
+    return [f"torch=={torch.__version__.split('+')[0]}", "xla-cpu-pjrt"]
+
+
 setup(
     name="torch-pjrt",
+    install_requires=requirements(),
     version="0.1.0",
     description="PyTorch run eagerly on PJRT devices (device 'pjrt')",
     packages=["torch_pjrt"],

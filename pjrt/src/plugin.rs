@@ -63,6 +63,10 @@ pub fn site_package_dirs() -> Vec<PathBuf> {
     if let Ok(paths) = std::env::var("PYTHONPATH") {
         dirs.extend(std::env::split_paths(&paths));
     }
+    // The embedding interpreter's path (the Python package sets it before starting the engine).
+    if let Ok(paths) = std::env::var("TORCH_PJRT_SITE_PACKAGES") {
+        dirs.extend(std::env::split_paths(&paths));
+    }
     if let Ok(venv) = std::env::var("VIRTUAL_ENV") {
         push_prefix(&mut dirs, Path::new(&venv));
     }

@@ -128,6 +128,15 @@ def load() -> None:
             warnings.warn(f"torch_pjrt: {_unavailable}", RuntimeWarning, stacklevel=2)
             return
         _C = native
+        # Where the engine looks for a PJRT plugin package (xla-cpu-pjrt, jax-cuda*-pjrt,
+        # libtpu) besides the usual places: this interpreter's own path, so an installed wheel
+        # finds the plugin of its venv without the venv being activated.
+        import os
+        import sys
+
+        os.environ.setdefault(
+            "TORCH_PJRT_SITE_PACKAGES", os.pathsep.join(p for p in sys.path if os.path.isdir(p))
+        )
         path = engine_library_path()
         try:
             lib = ctypes.CDLL(path)

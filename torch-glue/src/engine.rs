@@ -1060,6 +1060,7 @@ impl Engine {
     /// region until [`Engine::graph_end`].
     pub fn graph_begin(&self) -> Result<(), EngineError> {
         self.flush_pending()?;
+        self.graph.lock()?.take_zero_filled();
         self.modes.push(Mode::DeferAndFuse);
         self.open_graphs
             .fetch_add(1, std::sync::atomic::Ordering::AcqRel);

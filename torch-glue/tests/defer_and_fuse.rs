@@ -1052,3 +1052,18 @@ fn a_graph_that_reads_a_value_outside_its_inputs_is_not_recorded() {
     assert_eq!(handle, 0);
     assert_eq!(read_f32(&e, &z), vec![5.0; 4], "the graph still ran");
 }
+
+#[test]
+fn a_graph_that_read_an_unwritten_input_is_not_recorded() {
+    let e = engine_with(Mode::Strict, None);
+    let x = upload_f32(&e, &[1.0; 4], &[4]);
+    let unwritten = TensorRef::contiguous(e.new_storage(16), DType::F32, &[4]);
+    e.graph_begin().expect("graph_begin");
+    let z = op(&e, OpId::Add, &[&x, &unwritten], &[f(1.0)], &[]);
+    // The unwritten input read as zeros inside the region: a replay could not follow it.
+    let handle = e
+        .graph_end_record(&[x.storage, unwritten.storage], &[z.storage])
+        .expect("record");
+    assert_eq!(handle, 0);
+    assert_eq!(read_f32(&e, &z), vec![1.0; 4]);
+}

@@ -489,6 +489,9 @@ pub struct Graph<V> {
     direct_key_check: Option<(u64, u64)>,
     /// Whether growing sequences are padded to buckets (see `set_bounded`).
     bounded: bool,
+    /// Storages read before anything was written to them (read as zeros), since the last
+    /// [`Graph::take_zero_filled`].
+    zero_filled: Vec<StorageId>,
     /// Appends seen, to tell a growing sequence (see `crate::bucket::GrowthSites`).
     growth: crate::bucket::GrowthSites,
     /// Uploads seen, to tell a batch whose length changes (see `crate::bucket::UploadSites`).
@@ -526,6 +529,7 @@ impl<V: Clone> Graph<V> {
             memory_plans: HashMap::default(),
             op_labels: HashMap::default(),
             capture_location: None,
+            zero_filled: Vec::new(),
             #[cfg(debug_assertions)]
             direct_key_check: None,
             bounded: true,
@@ -1033,6 +1037,9 @@ impl<V: Clone> Graph<V> {
             Some(found) => found,
             None => {
                 // An unwritten storage reads as zeros: capture the fill.
+                if self.zero_filled.len() < 1024 {
+                    self.zero_filled.push(t.storage);
+                }
                 let mut params: SmallVec<[i64; 4]> = SmallVec::new();
                 params.push(placement.native.code() as i64);
                 params.push(placement.base_len);
@@ -1299,6 +1306,11 @@ impl<V: Clone> Graph<V> {
         self.overwritten.remove(&t.storage);
         self.shared_values.remove(&t.storage);
         Ok(())
+    }
+
+    /// The storages read as zeros (never written before) since the last call, at most 1024.
+    pub fn take_zero_filled(&mut self) -> Vec<StorageId> {
+        std::mem::take(&mut self.zero_filled)
     }
 
     /// The storages whose values the pending ops read (each as it was when read), with those

@@ -80,8 +80,14 @@ impl Engine {
         fresh: &[StorageId],
     ) -> Result<Option<GraphProgram>, EngineError> {
         let mut graph = self.graph.lock()?;
-        if graph.pending_len() == 0 || !graph.memory_cuts().is_empty() {
-            return Ok(None); // nothing to run, or not one region
+        // An input read before it was ever written was read as zeros baked into the region:
+        // a replay with a written one would compute from the zeros.
+        let zero_filled = graph.take_zero_filled();
+        if graph.pending_len() == 0
+            || !graph.memory_cuts().is_empty()
+            || inputs.iter().any(|s| zero_filled.contains(s))
+        {
+            return Ok(None); // nothing to run, not one region, or not a function of its inputs
         }
         // Every value the graph's ops read, and the storage it was read from: the region's
         // arguments are among them.

@@ -3,6 +3,7 @@ DeferAndFuse: values, graphs and programs counted, input mutations written back,
 tiers, dynamic shapes and the errors a user meets (RFC 0033)."""
 
 import copy
+import gc
 import json
 import os
 import sys
@@ -26,6 +27,10 @@ def fresh_dynamo():
     torch_pjrt.reset_metrics()
     yield
     torch._dynamo.reset()
+    # Dynamo's and AOTAutograd's objects hold device tensors in reference cycles: free them
+    # now, not at some later test's garbage collection (the memory tests measure peaks).
+    gc.collect()
+    torch_pjrt.sync()
 
 
 def _mlp(seed=0):

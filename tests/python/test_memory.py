@@ -1,6 +1,8 @@
 """Device memory accounting: live buffer bytes and their peak (with executables' scratch), as
 metrics()['live_device_bytes'] and ['peak_device_bytes'] and torch.pjrt.memory_allocated()."""
 
+import gc
+
 import pytest
 import torch
 
@@ -192,6 +194,9 @@ class _PeakOfOneStep:
 
 
 def model_step_peak(train, mode):
+    # Garbage of earlier tests (reference cycles holding device tensors) would count in the
+    # peak if it were collected only later.
+    gc.collect()
     timer = _PeakOfOneStep()
     with torch_pjrt.eager_mode(mode):
         train("pjrt", 5, timer)

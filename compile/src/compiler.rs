@@ -213,8 +213,35 @@ pub struct CompiledProgram {
     pub fast: bool,
 }
 
+/// Where a program in tier 1 came from, for [`Compiler::program_stats`].
+#[derive(Clone, Debug)]
+struct ProgramOrigin {
+    label: Arc<str>,
+    source: &'static str,
+    compile_time: Duration,
+}
+
+/// One program in tier 1: what it is, where it came from, how often it was found there.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProgramStats {
+    pub key: CacheKey,
+    pub label: Arc<str>,
+    /// `"compiled"`, `"tier2"` or `"tier3"` (loaded from that disk tier), or `"inserted"`.
+    pub source: &'static str,
+    /// Compiling it, when this process compiled it.
+    pub compile_time: Duration,
+    /// Tier-1 lookups that found it.
+    pub hits: u64,
+}
+
 struct Shared {
     client: pjrt::Client,
+    /// `TORCH_PJRT_CACHE_ONLY`: refuse to compile.
+    cache_only: bool,
+    /// `TORCH_PJRT_CACHE_MAX_MB`: tier 3's bound in bytes.
+    persistent_max_bytes: Option<u64>,
+    /// Where each program obtained by this compiler came from.
+    origins: Mutex<KeyMap<ProgramOrigin>>,
     compile_options: pjrt::CompileOptions,
     /// `compile_options` plus the fast-compile overrides, and the options word of its keys.
     fast_options: Option<(u64, pjrt::CompileOptions)>,
@@ -352,6 +379,9 @@ impl Compiler {
         }
         let shared = Arc::new(Shared {
             client,
+            cache_only: config.cache_only,
+            persistent_max_bytes: config.persistent_max_bytes,
+            origins: Mutex::new(KeyMap::default()),
             compile_options: config.compile_options.clone(),
             fast_options: fast_options.clone(),
             dump_dir: config.dump_dir.clone(),
@@ -449,6 +479,29 @@ impl Compiler {
     /// Compiles in flight still land in tier 1 when they finish.
     pub fn clear_tier1(&self) -> u64 {
         self.shared.tier1.shrink_to(0)
+    }
+
+    /// Every program in tier 1, with where it came from and how often it was found there.
+    pub fn program_stats(&self) -> Vec<ProgramStats> {
+        let origins = self.shared.origins.lock();
+        let mut stats: Vec<ProgramStats> = self
+            .shared
+            .tier1
+            .hits()
+            .into_iter()
+            .map(|(key, hits)| {
+                let origin = origins.get(&key);
+                ProgramStats {
+                    key,
+                    label: origin.map_or_else(|| Arc::from(""), |o| o.label.clone()),
+                    source: origin.map_or("inserted", |o| o.source),
+                    compile_time: origin.map_or(Duration::ZERO, |o| o.compile_time),
+                    hits,
+                }
+            })
+            .collect();
+        stats.sort_by(|a, b| b.hits.cmp(&a.hits).then(a.label.cmp(&b.label)));
+        stats
     }
 
     /// Puts an executable obtained elsewhere into tier 1.
@@ -712,14 +765,30 @@ impl Shared {
                 })
                 .ok()
         });
+        let origin = |source| ProgramOrigin {
+            label: label.clone(),
+            source,
+            compile_time: Duration::ZERO,
+        };
         if let Some((executable, _)) = self.load(Tier::Shared, &key) {
             bump(&self.counters.tier2_hits);
+            self.origins.lock().insert(key, origin("tier2"));
             return Ok(executable);
         }
         if let Some((executable, bytes)) = self.load(Tier::Persistent, &key) {
             bump(&self.counters.tier3_hits);
+            self.origins.lock().insert(key, origin("tier3"));
             self.store(Tier::Shared, &key, &bytes);
             return Ok(executable);
+        }
+        if self.cache_only {
+            return Err(CompileError::Refused {
+                key,
+                message: format!(
+                    "TORCH_PJRT_CACHE_ONLY is set and no cache tier holds the program of {}                      (key {key}): run once without TORCH_PJRT_CACHE_ONLY, with the same                      TORCH_PJRT_CACHE_DIR, to fill the cache",
+                    if label.is_empty() { "this region" } else { &label }
+                ),
+            });
         }
         self.compile_and_store(key, label, build)
     }
@@ -762,6 +831,11 @@ impl Shared {
                     Tier::Persistent => &self.counters.bytes_written_tier3,
                 };
                 counter.fetch_add(written, Ordering::Relaxed);
+                if let (Tier::Persistent, Some(max)) = (tier, self.persistent_max_bytes) {
+                    if let Err(e) = disk.trim_to(max) {
+                        self.disk_error(format!("trimming {}: {e}", disk.dir().display()));
+                    }
+                }
             }
             Err(e) => self.disk_error(format!("writing {}: {e}", disk.entry_path(key).display())),
         }
@@ -794,6 +868,14 @@ impl Shared {
             time: start.elapsed(),
             fast,
         };
+        self.origins.lock().insert(
+            key,
+            ProgramOrigin {
+                label: program.label.clone(),
+                source: "compiled",
+                compile_time: program.time,
+            },
+        );
         {
             let mut compiled = self.compiled.lock();
             let (recent, slowest) = &mut *compiled;

@@ -29,6 +29,11 @@ pub struct CompileConfig {
     /// Where to write the StableHLO text and key of every compiled module
     /// (`TORCH_PJRT_DUMP_DIR`).
     pub dump_dir: Option<PathBuf>,
+    /// `TORCH_PJRT_CACHE_ONLY=1`: a program found in no tier is an error instead of a compile.
+    pub cache_only: bool,
+    /// `TORCH_PJRT_CACHE_MAX_MB`: the persistent tier's bound; writing past it removes the
+    /// least recently written entries.
+    pub persistent_max_bytes: Option<u64>,
     /// Goes into the options fingerprint and the directory names: a new engine never loads
     /// an older engine's executables.
     pub engine_version: String,
@@ -50,6 +55,8 @@ impl Default for CompileConfig {
             shared_dir: None,
             persistent_dir: None,
             dump_dir: None,
+            cache_only: false,
+            persistent_max_bytes: None,
             engine_version: env!("CARGO_PKG_VERSION").to_string(),
             compile_options: pjrt::CompileOptions::default(),
             fast_overrides: Vec::new(),
@@ -130,6 +137,18 @@ impl CompileConfig {
         }
         config.persistent_dir = set("TORCH_PJRT_CACHE_DIR").map(PathBuf::from);
         config.dump_dir = set("TORCH_PJRT_DUMP_DIR").map(PathBuf::from);
+        config.cache_only = matches!(set("TORCH_PJRT_CACHE_ONLY").as_deref(), Some(v) if v != "0");
+        if let Some(max) = set("TORCH_PJRT_CACHE_MAX_MB") {
+            config.persistent_max_bytes = match max.parse::<f64>() {
+                Ok(mb) if mb > 0.0 && mb.is_finite() => Some((mb * (1u64 << 20) as f64) as u64),
+                _ => {
+                    return Err(CompileError::Config(format!(
+                        "TORCH_PJRT_CACHE_MAX_MB must be a positive number of mebibytes, got \
+                         '{max}'; unset it for no bound"
+                    )))
+                }
+            };
+        }
         Ok(config)
     }
 }
@@ -173,6 +192,14 @@ mod tests {
         assert_eq!(config.shared_dir, Some(PathBuf::from("/var/tmp/x")));
         let config = from(&[("TORCH_PJRT_SHARED_CACHE", "0")]).unwrap();
         assert_eq!(config.shared_dir, None);
+        assert!(!config.cache_only && config.persistent_max_bytes.is_none());
+        let config = from(&[
+            ("TORCH_PJRT_CACHE_ONLY", "1"),
+            ("TORCH_PJRT_CACHE_MAX_MB", "0.5"),
+        ])
+        .unwrap();
+        assert!(config.cache_only);
+        assert_eq!(config.persistent_max_bytes, Some(1 << 19));
     }
 
     #[test]
@@ -185,6 +212,8 @@ mod tests {
         assert!(err.to_string().contains("'many'"), "{err}");
         let err = from(&[("TORCH_PJRT_COMPILE_THREADS", "0")]).unwrap_err();
         assert!(err.to_string().contains("≥ 1"), "{err}");
+        let err = from(&[("TORCH_PJRT_CACHE_MAX_MB", "lots")]).unwrap_err();
+        assert!(err.to_string().contains("TORCH_PJRT_CACHE_MAX_MB"), "{err}");
         let err = from(&[("TORCH_PJRT_SHARED_CACHE", "maybe")]).unwrap_err();
         assert!(err.to_string().contains("TORCH_PJRT_SHARED_CACHE"), "{err}");
     }

@@ -146,6 +146,37 @@ impl DiskTier {
         written.map(|()| bytes.len() as u64)
     }
 
+    /// Removes the least recently written entries until the entries' bytes are at most
+    /// `max_bytes`; returns how many went. Other processes may be writing: a file that is gone
+    /// by the time it is removed is skipped.
+    pub(crate) fn trim_to(&self, max_bytes: u64) -> io::Result<u64> {
+        let mut entries: Vec<(std::time::SystemTime, u64, PathBuf)> = Vec::new();
+        for entry in std::fs::read_dir(&self.dir)? {
+            let entry = entry?;
+            let path = entry.path();
+            if path.extension().is_none_or(|e| e != "pjrt") {
+                continue;
+            }
+            if let Ok(meta) = entry.metadata() {
+                let written = meta.modified().unwrap_or(std::time::UNIX_EPOCH);
+                entries.push((written, meta.len(), path));
+            }
+        }
+        let mut total: u64 = entries.iter().map(|(_, len, _)| len).sum();
+        entries.sort();
+        let mut removed = 0;
+        for (_, len, path) in entries {
+            if total <= max_bytes {
+                break;
+            }
+            if std::fs::remove_file(&path).is_ok() {
+                removed += 1;
+            }
+            total = total.saturating_sub(len);
+        }
+        Ok(removed)
+    }
+
     /// Blocks until this process holds the key's exclusive lock (`flock` on `<key>.lock`). The
     /// lock files stay: removing one would race with a process about to lock it.
     pub(crate) fn lock(&self, key: &CacheKey) -> io::Result<KeyLock> {

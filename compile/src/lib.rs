@@ -21,7 +21,9 @@ mod key;
 mod mappings;
 mod tier1;
 
-pub use compiler::{CompileHandle, CompileStats, CompiledProgram, Compiler, RECENT_COMPILES_KEPT};
+pub use compiler::{
+    CompileHandle, CompileStats, CompiledProgram, Compiler, ProgramStats, RECENT_COMPILES_KEPT,
+};
 pub use config::{
     fast_overrides_for, CompileConfig, Effort, DEFAULT_SHARED_DIR, DEFAULT_TIER1_CAPACITY,
 };

@@ -35,6 +35,8 @@ pub(crate) type KeyMap<V> = HashMap<CacheKey, V, BuildHasherDefault<KeyHasher>>;
 struct Slot<V> {
     value: V,
     last_used: AtomicU64,
+    /// Lookups that found this entry.
+    hits: AtomicU64,
 }
 
 pub(crate) struct Tier1<V> {
@@ -57,6 +59,7 @@ impl<V: Clone> Tier1<V> {
         let slot = map.get(key)?;
         let now = self.clock.fetch_add(1, Ordering::Relaxed);
         slot.last_used.store(now, Ordering::Relaxed);
+        slot.hits.fetch_add(1, Ordering::Relaxed);
         Some(slot.value.clone())
     }
 
@@ -85,6 +88,7 @@ impl<V: Clone> Tier1<V> {
             Slot {
                 value,
                 last_used: AtomicU64::new(now),
+                hits: AtomicU64::new(0),
             },
         );
         evicted
@@ -106,6 +110,15 @@ impl<V: Clone> Tier1<V> {
             map.remove(&key);
         }
         excess as u64
+    }
+
+    /// Every entry's key and how many lookups found it.
+    pub(crate) fn hits(&self) -> Vec<(CacheKey, u64)> {
+        self.map
+            .read()
+            .iter()
+            .map(|(k, slot)| (*k, slot.hits.load(Ordering::Relaxed)))
+            .collect()
     }
 
     pub(crate) fn len(&self) -> usize {

@@ -12,6 +12,7 @@ Installing the package is enough: PyTorch loads it through the ``torch.backends`
 
 from ._api import (
     EAGER_MODES,
+    cache_stats,
     eager_mode,
     get_eager_mode,
     mark_dynamic,
@@ -26,6 +27,7 @@ from ._registration import register as _register
 
 __all__ = [
     "EAGER_MODES",
+    "cache_stats",
     "eager_mode",
     "get_eager_mode",
     "mark_dynamic",

@@ -88,16 +88,28 @@ def sync() -> None:
     _native.check(_native.ensure_started().tpjrt_sync())
 
 
-def _metrics_json() -> str:
-    engine = _native.ensure_started()
+def _json_from(function) -> str:
     length = ctypes.c_uint64(0)
     capacity = 4096
     while True:
         buffer = ctypes.create_string_buffer(capacity)
-        _native.check(engine.tpjrt_metrics_json(buffer, capacity, ctypes.byref(length)))
+        _native.check(function(buffer, capacity, ctypes.byref(length)))
         if length.value < capacity:
             return buffer.value.decode("utf-8", "replace")
         capacity = int(length.value) + 1
+
+
+def _metrics_json() -> str:
+    return _json_from(_native.ensure_started().tpjrt_metrics_json)
+
+
+def cache_stats() -> list:
+    """The programs in the in-process cache (tier 1), most used first: each a dict with ``key``,
+    ``region`` (its label), ``source`` (``"compiled"`` here, or loaded from ``"tier2"`` or
+    ``"tier3"``), ``compile_seconds`` (when compiled here) and ``hits`` (lookups that found
+    it). ``TORCH_PJRT_CACHE_ONLY=1`` makes any program missing from every tier an error, and
+    ``TORCH_PJRT_CACHE_MAX_MB`` bounds the persistent tier."""
+    return json.loads(_json_from(_native.ensure_started().tpjrt_cache_stats_json))
 
 
 def metrics() -> dict:

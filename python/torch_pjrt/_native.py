@@ -87,6 +87,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "tpjrt_graph_begin": (c_int, []),
         "tpjrt_empty_cache": (c_int, [ctypes.POINTER(c_u64)]),
         "tpjrt_reset_peak_memory": (c_int, []),
+        "tpjrt_cache_stats_json": (c_int, [ctypes.c_char_p, c_u64, ctypes.POINTER(c_u64)]),
         "tpjrt_graph_end": (c_int, []),
         "tpjrt_wait_warm_up": (c_int, []),
         "tpjrt_prepare_exit": (c_int, []),

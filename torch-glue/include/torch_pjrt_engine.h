@@ -315,6 +315,15 @@ int32_t tpjrt_wait_warm_up(void);
 int32_t tpjrt_prepare_exit(void);
 
 /**
+ * The in-process cache's programs as a JSON list (key, region, source, compile_seconds, hits),
+ * written like `tpjrt_metrics_json`.
+ *
+ * # Safety
+ * As `tpjrt_metrics_json`.
+ */
+int32_t tpjrt_cache_stats_json(char *buffer, uint64_t capacity, uint64_t *length);
+
+/**
  * Drops the in-process executables (`torch.pjrt.empty_cache()`); `*dropped` is how many.
  *
  * # Safety

@@ -626,6 +626,31 @@ pub extern "C" fn tpjrt_prepare_exit() -> i32 {
     })
 }
 
+/// The in-process cache's programs as a JSON list (key, region, source, compile_seconds, hits),
+/// written like `tpjrt_metrics_json`.
+///
+/// # Safety
+/// As `tpjrt_metrics_json`.
+#[no_mangle]
+pub unsafe extern "C" fn tpjrt_cache_stats_json(
+    buffer: *mut c_char,
+    capacity: u64,
+    length: *mut u64,
+) -> i32 {
+    guarded(|| {
+        let json = global::engine()?.cache_stats_json();
+        if !length.is_null() {
+            *length = json.len() as u64;
+        }
+        if !buffer.is_null() && capacity > 0 {
+            let n = json.len().min(capacity as usize - 1);
+            std::ptr::copy_nonoverlapping(json.as_ptr(), buffer as *mut u8, n);
+            *buffer.add(n) = 0;
+        }
+        Ok(())
+    })
+}
+
 /// Drops the in-process executables (`torch.pjrt.empty_cache()`); `*dropped` is how many.
 ///
 /// # Safety

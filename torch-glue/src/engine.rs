@@ -1537,6 +1537,11 @@ impl Engine {
         self.compiler.clear_tier1()
     }
 
+    /// `torch_pjrt.cache_stats()`: the programs of the in-process cache, as JSON.
+    pub fn cache_stats_json(&self) -> String {
+        crate::metrics::programs_json(&self.compiler.program_stats())
+    }
+
     /// `torch.pjrt.reset_peak_memory_stats()`: the peak of live device bytes starts again from
     /// the live bytes now.
     pub fn reset_peak_memory(&self) {

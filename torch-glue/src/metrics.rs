@@ -226,6 +226,24 @@ fn reason_json(r: &RecompileReason) -> String {
     out
 }
 
+/// `torch_pjrt.cache_stats()`: one JSON object per program in the in-process cache.
+pub fn programs_json(programs: &[compile::ProgramStats]) -> String {
+    let rows: Vec<String> = programs
+        .iter()
+        .map(|p| {
+            format!(
+                "{{\"key\":{},\"region\":{},\"source\":{},\"compile_seconds\":{},\"hits\":{}}}",
+                json_string(&p.key.to_string()),
+                json_string(&p.label),
+                json_string(p.source),
+                p.compile_time.as_secs_f64(),
+                p.hits
+            )
+        })
+        .collect();
+    format!("[{}]", rows.join(","))
+}
+
 fn json_string(s: &str) -> String {
     let mut out = String::from("\"");
     for c in s.chars() {

@@ -638,17 +638,31 @@ pub unsafe extern "C" fn tpjrt_cache_stats_json(
     length: *mut u64,
 ) -> i32 {
     guarded(|| {
-        let json = global::engine()?.cache_stats_json();
-        if !length.is_null() {
-            *length = json.len() as u64;
-        }
-        if !buffer.is_null() && capacity > 0 {
-            let n = json.len().min(capacity as usize - 1);
-            std::ptr::copy_nonoverlapping(json.as_ptr(), buffer as *mut u8, n);
-            *buffer.add(n) = 0;
-        }
+        write_text(
+            &global::engine()?.cache_stats_json(),
+            buffer,
+            capacity,
+            length,
+        );
         Ok(())
     })
+}
+
+/// Hands `text` to a caller's buffer: its length in `*length` (when not null) and as much of it
+/// as fits in `capacity` bytes, NUL-terminated, in `buffer` (when not null); a caller whose
+/// buffer was short asks again with `*length + 1`.
+///
+/// # Safety
+/// `buffer` has room for `capacity` bytes or is null; `length` is writable or null.
+unsafe fn write_text(text: &str, buffer: *mut c_char, capacity: u64, length: *mut u64) {
+    if !length.is_null() {
+        *length = text.len() as u64;
+    }
+    if !buffer.is_null() && capacity > 0 {
+        let n = text.len().min(capacity as usize - 1);
+        std::ptr::copy_nonoverlapping(text.as_ptr(), buffer as *mut u8, n);
+        *buffer.add(n) = 0;
+    }
 }
 
 /// Drops the in-process executables (`torch.pjrt.empty_cache()`); `*dropped` is how many.
@@ -911,15 +925,12 @@ pub unsafe extern "C" fn tpjrt_metrics_json(
     length: *mut u64,
 ) -> i32 {
     guarded(|| {
-        let json = global::engine()?.metrics().to_json();
-        if !length.is_null() {
-            *length = json.len() as u64;
-        }
-        if !buffer.is_null() && capacity > 0 {
-            let n = json.len().min(capacity as usize - 1);
-            std::ptr::copy_nonoverlapping(json.as_ptr(), buffer as *mut u8, n);
-            *buffer.add(n) = 0;
-        }
+        write_text(
+            &global::engine()?.metrics().to_json(),
+            buffer,
+            capacity,
+            length,
+        );
         Ok(())
     })
 }

@@ -16,6 +16,17 @@ GENERATED = os.path.join(CSRC, "generated")
 ENGINE_INCLUDE = os.path.normpath(os.path.join(HERE, "..", "torch-glue", "include"))
 
 
+def kineto_include():
+    """Kineto's headers, which PyTorch ships beside its own (csrc/profiler.cpp includes them)."""
+    from torch.utils.cpp_extension import include_paths
+
+    return next((os.path.join(p, "kineto") for p in include_paths()
+                 if os.path.isdir(os.path.join(p, "kineto"))), "")
+
+
+KINETO_INCLUDE = kineto_include()
+
+
 def generated_sources():
     sys.path.insert(0, os.path.join(HERE, CSRC))
     try:
@@ -46,6 +57,7 @@ sources = [
     os.path.join(CSRC, "grid_sample.cpp"),
     os.path.join(CSRC, "autocast.cpp"),
     os.path.join(CSRC, "graphs.cpp"),
+    os.path.join(CSRC, "profiler.cpp"),
 ]
 if not METADATA_ONLY:
     sources += generated_sources()
@@ -70,7 +82,7 @@ setup(
         CppExtension(
             name="torch_pjrt._C",
             sources=sources,
-            include_dirs=[os.path.join(HERE, CSRC), ENGINE_INCLUDE],
+            include_dirs=[os.path.join(HERE, CSRC), ENGINE_INCLUDE, KINETO_INCLUDE],
             extra_compile_args=["-O2", "-g0", "-Wno-unused-parameter"],
         )
     ],

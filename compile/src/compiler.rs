@@ -9,6 +9,7 @@ use crate::handle::Slot;
 use crate::key::{CacheKey, FingerprintInputs};
 use crate::mappings::MappingBudget;
 use crate::tier1::{KeyMap, Tier1};
+use crate::trace;
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Condvar, Mutex};
 use pjrt::LoadedExecutable;
@@ -708,6 +709,23 @@ fn release_free_heap() -> bool {
     }
 }
 
+/// Writes `<dir>/<key>.mlir`: the key as comments, then the module text (still valid MLIR).
+fn write_module(
+    dir: &Path,
+    key: &CacheKey,
+    text: &str,
+) -> Result<PathBuf, (PathBuf, std::io::Error)> {
+    let contents = format!(
+        "// torch-pjrt cache key {key}\n// shapeless={:016x} dims={:016x} options={:016x}\n{text}\n",
+        key.shapeless, key.dims, key.options
+    );
+    let path = dir.join(format!("{key}.mlir"));
+    match std::fs::write(&path, contents) {
+        Ok(()) => Ok(path),
+        Err(e) => Err((path, e)),
+    }
+}
+
 impl Shared {
     /// Inserts into tier 1, evicting by count and, past the mapping budget, a quarter of the
     /// entries (their executables unmap once no queued job holds them).
@@ -729,6 +747,8 @@ impl Shared {
             build,
             handle,
         } = job;
+        let started = Instant::now();
+        let traced_label = trace::on().then(|| label.clone());
         let result = catch_unwind(AssertUnwindSafe(|| self.obtain(key, label, build)))
             .unwrap_or_else(|payload| {
                 Err(CompileError::Panicked {
@@ -736,12 +756,45 @@ impl Shared {
                     message: panic_message(payload.as_ref()),
                 })
             });
+        if let Some(label) = traced_label {
+            self.trace_compile(key, &label, started, &result);
+        }
         match &result {
             Ok(executable) => self.insert_tier1(key, executable.clone()),
             Err(_) => bump(&self.counters.failures),
         }
         self.inflight.lock().remove(&key);
         handle.fill(result);
+    }
+
+    /// Records a compile-pool job in the trace: where its program came from (compiled, or
+    /// loaded from tier 2 or 3) and how long that took, or why it failed.
+    fn trace_compile(&self, key: CacheKey, label: &str, started: Instant, result: &CompileResult) {
+        let tier = match result {
+            Ok(_) => self
+                .origins
+                .lock()
+                .get(&key)
+                .map_or("compiled", |o| o.source),
+            Err(_) => "failed",
+        };
+        let mut event = trace::Event::until_now(
+            trace::Track::Compile,
+            format!(
+                "compile {}",
+                if label.is_empty() { "program" } else { label }
+            ),
+            started,
+        )
+        .arg("key", trace::Arg::Text(key.to_string()))
+        .arg("label", trace::Arg::Text(label.to_string()))
+        .arg("tier", trace::Arg::Text(tier.to_string()));
+        let seconds = (event.end - event.start).as_secs_f64();
+        event = event.arg("seconds", trace::Arg::Float(seconds));
+        if let Err(e) = result {
+            event = event.arg("error", trace::Arg::Text(e.to_string()));
+        }
+        trace::record(event);
     }
 
     /// Answers a job the closing pool will not run.
@@ -890,7 +943,11 @@ impl Shared {
         let executable = compiled.map_err(|e| {
             let message = e.to_string();
             self.dump_error(&key, &message);
-            CompileError::Compile { key, message }
+            let kept = self.keep_failed_module(&key, &text);
+            CompileError::Compile {
+                key,
+                message: format!("{message}\n{kept}"),
+            }
         })?;
         bump(&self.counters.compilations);
         if self.tier2.is_some() || self.tier3.is_some() {
@@ -908,13 +965,39 @@ impl Shared {
     /// `<dump>/<key>.mlir`: the key as comments, then the module text (still valid MLIR).
     fn dump(&self, key: &CacheKey, text: &str) {
         let Some(dir) = &self.dump_dir else { return };
-        let contents = format!(
-            "// torch-pjrt cache key {key}\n// shapeless={:016x} dims={:016x} options={:016x}\n{text}\n",
-            key.shapeless, key.dims, key.options
-        );
-        let path = dir.join(format!("{key}.mlir"));
-        if let Err(e) = std::fs::write(&path, contents) {
+        if let Err((path, e)) = write_module(dir, key, text) {
             self.disk_error(format!("writing {}: {e}", path.display()));
+        }
+    }
+
+    /// Writes the module of a failed compile where the user can read it, and says where: the
+    /// dump directory when there is one (already written), else `torch-pjrt-<uid>/failed` in
+    /// the system's temporary directory, so the module is at hand without a rerun.
+    fn keep_failed_module(&self, key: &CacheKey, text: &str) -> String {
+        let written = match &self.dump_dir {
+            Some(dir) => Ok(dir.join(format!("{key}.mlir"))),
+            None => {
+                // SAFETY: getuid takes no arguments and cannot fail.
+                let uid = unsafe { libc::getuid() };
+                let dir = std::env::temp_dir()
+                    .join(format!("torch-pjrt-{uid}"))
+                    .join("failed");
+                std::fs::create_dir_all(&dir)
+                    .map_err(|e| (dir.clone(), e))
+                    .and_then(|()| write_module(&dir, key, text))
+            }
+        };
+        match written {
+            Ok(path) => format!(
+                "The StableHLO module that failed to compile is in {} \
+                 (TORCH_PJRT_DUMP_DIR=<dir> keeps every compiled module).",
+                path.display()
+            ),
+            Err((path, e)) => format!(
+                "The StableHLO module that failed to compile could not be written to {}: {e}; \
+                 set TORCH_PJRT_DUMP_DIR=<dir> to keep every compiled module.",
+                path.display()
+            ),
         }
     }
 

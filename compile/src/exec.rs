@@ -6,6 +6,7 @@
 use crate::compiler::CompileHandle;
 use crate::error::{panic_message, ExecError};
 use crate::handle::Slot;
+use crate::trace;
 use crossbeam_channel::Sender;
 use pjrt::{Buffer, ExecuteOptions};
 use smallvec::SmallVec;
@@ -176,6 +177,9 @@ pub struct ExecJob {
     pub uploads: SmallVec<[HostArgument; 1]>,
     /// When the job was made: its time waiting in the queue is counted from here.
     pub made_at: std::time::Instant,
+    /// The number [`crate::trace`] gave the region this job runs, when a profiler was recording
+    /// as it was launched (0: none, and the execution is not recorded).
+    pub traced_region: u64,
 }
 
 /// A job's argument list: inline for the few arguments of one op, so an op-by-op job allocates
@@ -212,7 +216,14 @@ impl ExecJob {
             donatable: SmallVec::new(),
             uploads: SmallVec::new(),
             made_at: std::time::Instant::now(),
+            traced_region: 0,
         }
+    }
+
+    /// Records the job's execution in the trace as region `region` ([`crate::trace`]).
+    pub fn traced(mut self, region: u64) -> ExecJob {
+        self.traced_region = region;
+        self
     }
 
     /// Appends a host array to upload as the next argument after the existing ones.
@@ -846,12 +857,37 @@ fn execute(shared: &QueueShared, job: &ExecJob) -> Result<Vec<Arc<Buffer>>, Exec
             })?;
     shared.executions.fetch_add(1, Ordering::Relaxed);
     add_nanos(&shared.launch_nanos, started.elapsed());
-    if let Some(completion) = completion {
+    let traced = (job.traced_region != 0).then(|| {
+        trace::Event {
+            track: trace::Track::Device,
+            name: label.to_string(),
+            thread: 0,
+            start: started,
+            end: started,
+            args: Vec::new(),
+        }
+        .arg("region", trace::Arg::Int(job.traced_region as i64))
+        .arg("key", trace::Arg::Text(job.executable.key().to_string()))
+        .arg("arguments", trace::Arg::Int(arguments.len() as i64))
+        .arg("outputs", trace::Arg::Int(results.len() as i64))
+    });
+    let Some(completion) = completion else {
+        if let Some(mut event) = traced {
+            event.end = std::time::Instant::now();
+            trace::record(event);
+        }
+        return Ok(results.into_iter().map(Arc::new).collect());
+    };
+    {
         let busy = shared.device_busy.clone();
         // Timed from the launch: a program the plugin ran inside its execute call is ready here.
         let _ = completion.on_ready(move |_| {
             let done = std::time::Instant::now();
             busy.lock().complete(started, done);
+            if let Some(mut event) = traced {
+                event.end = done;
+                trace::record(event);
+            }
         });
         let mut launched = shared.launched.lock();
         // Executions finish about in launch order: dropping the finished ones from the front

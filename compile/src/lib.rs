@@ -7,6 +7,7 @@
 //!   tier; concurrent requests for one key compile once.
 //! * [`ExecQueue`] runs executions and closures in order on one worker thread; values flow
 //!   between jobs as [`DeviceValue`] futures, and errors flow with them.
+//! * [`trace`] records, while a profiler asks for it, what both of them did and when.
 //!
 //! This crate decides nothing about what to compile: keys and module text come from the caller.
 
@@ -20,6 +21,7 @@ mod handle;
 mod key;
 mod mappings;
 mod tier1;
+pub mod trace;
 
 pub use compiler::{
     CompileHandle, CompileStats, CompiledProgram, Compiler, ProgramStats, RECENT_COMPILES_KEPT,

@@ -96,6 +96,18 @@ fn compile_failure_reaches_every_waiter_and_compiler_stays_usable() {
         );
         assert!(message.contains(&k.to_string()), "{message}");
     }
+    // With no dump directory, the rejected module is still written where the message says.
+    let message = first.wait().unwrap_err().to_string();
+    let path = message
+        .split("failed to compile is in ")
+        .nth(1)
+        .and_then(|rest| rest.split(" (TORCH_PJRT_DUMP_DIR").next())
+        .unwrap_or_else(|| panic!("the message names the module's file: {message}"));
+    let kept = std::fs::read_to_string(path).unwrap();
+    assert!(
+        kept.contains("stablehlo.bogus_op") && kept.contains(&k.to_string()),
+        "{kept}"
+    );
     let stats = compiler.stats();
     assert_eq!((stats.failures, stats.compilations), (1, 0));
     assert!(compiler.lookup(&k).is_none(), "failures are not cached");
@@ -459,12 +471,18 @@ fn dump_dir_receives_text_and_key() {
         "{text}"
     );
     let bad = key(&compiler, 61);
-    compiler
+    let failed = compiler
         .request(bad, || Ok(INVALID_MODULE.to_string()))
         .wait()
         .unwrap_err();
     let error = std::fs::read_to_string(dump.path().join(format!("{bad}.error.txt"))).unwrap();
     assert!(error.contains("bogus_op"), "{error}");
+    // The failure points at the module in the dump directory.
+    let module = dump.path().join(format!("{bad}.mlir"));
+    assert!(
+        failed.to_string().contains(&module.display().to_string()),
+        "{failed}"
+    );
 }
 
 #[test]

@@ -54,6 +54,18 @@
 #define TPJRT_SCALAR_FLOAT 2
 
 /**
+ * Trace rows of `TpjrtTraceEvent::track`: a caller's thread (`thread` names it), a compile
+ * thread (likewise), the device's executions, the device's host transfers.
+ */
+#define TPJRT_TRACK_HOST 0
+
+#define TPJRT_TRACK_COMPILE 1
+
+#define TPJRT_TRACK_DEVICE 2
+
+#define TPJRT_TRACK_TRANSFER 3
+
+/**
  * The ABI version in `TpjrtApi::version`; bumped on any incompatible change.
  */
 #define TPJRT_ABI_VERSION 3
@@ -147,6 +159,21 @@ typedef struct TpjrtOutput {
 } TpjrtOutput;
 
 /**
+ * One event of the engine's trace, valid only during the sink call that receives it. Times
+ * are nanoseconds since the Unix epoch; `arg_values` are JSON literals.
+ */
+typedef struct TpjrtTraceEvent {
+  const char *name;
+  int32_t track;
+  int64_t thread;
+  int64_t start_ns;
+  int64_t end_ns;
+  uint64_t arg_count;
+  const char *const *arg_names;
+  const char *const *arg_values;
+} TpjrtTraceEvent;
+
+/**
  * Every ABI function in one table, so a plugin loaded separately (the C++ PrivateUse1 backend)
  * reaches the same engine instance through one pointer handed over at import time.
  */
@@ -182,6 +209,9 @@ typedef struct TpjrtApi {
   int32_t (*event_synchronize)(uint64_t);
   int32_t (*event_elapsed)(uint64_t, uint64_t, double*);
   int32_t (*event_destroy)(uint64_t);
+  int32_t (*trace_start)(void);
+  int32_t (*trace_stop)(void);
+  int32_t (*trace_take)(void(*)(void*, const struct TpjrtTraceEvent*), void*);
 } TpjrtApi;
 
 #ifdef __cplusplus
@@ -466,6 +496,25 @@ int32_t tpjrt_metrics_json(char *buffer, uint64_t capacity, uint64_t *length);
  * Zeroes every metric.
  */
 int32_t tpjrt_reset_metrics(void);
+
+/**
+ * Starts recording the engine's trace (regions, compiles, device executions, transfers),
+ * dropping what an earlier session left. Needs no running engine.
+ */
+int32_t tpjrt_trace_start(void);
+
+/**
+ * Stops recording; executions launched while recording are still recorded as they complete.
+ */
+int32_t tpjrt_trace_stop(void);
+
+/**
+ * Hands every recorded event to `sink` (called with `context`), oldest first, and forgets them.
+ *
+ * # Safety
+ * `sink` must be callable with `context` and must not keep the event's pointers.
+ */
+int32_t tpjrt_trace_take(void (*sink)(void*, const struct TpjrtTraceEvent*), void *context);
 
 /**
  * The function table of this engine library.

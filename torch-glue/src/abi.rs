@@ -944,6 +944,88 @@ pub extern "C" fn tpjrt_reset_metrics() -> i32 {
     })
 }
 
+/// Trace rows of `TpjrtTraceEvent::track`: a caller's thread (`thread` names it), a compile
+/// thread (likewise), the device's executions, the device's host transfers.
+pub const TPJRT_TRACK_HOST: i32 = 0;
+pub const TPJRT_TRACK_COMPILE: i32 = 1;
+pub const TPJRT_TRACK_DEVICE: i32 = 2;
+pub const TPJRT_TRACK_TRANSFER: i32 = 3;
+
+// The header's numbers are the trace's own.
+const _: () = {
+    assert!(TPJRT_TRACK_HOST == compile::trace::Track::Host as i32);
+    assert!(TPJRT_TRACK_COMPILE == compile::trace::Track::Compile as i32);
+    assert!(TPJRT_TRACK_DEVICE == compile::trace::Track::Device as i32);
+    assert!(TPJRT_TRACK_TRANSFER == compile::trace::Track::Transfer as i32);
+};
+
+/// One event of the engine's trace, valid only during the sink call that receives it. Times
+/// are nanoseconds since the Unix epoch; `arg_values` are JSON literals.
+#[repr(C)]
+pub struct TpjrtTraceEvent {
+    pub name: *const c_char,
+    pub track: i32,
+    pub thread: i64,
+    pub start_ns: i64,
+    pub end_ns: i64,
+    pub arg_count: u64,
+    pub arg_names: *const *const c_char,
+    pub arg_values: *const *const c_char,
+}
+
+/// Starts recording the engine's trace (regions, compiles, device executions, transfers),
+/// dropping what an earlier session left. Needs no running engine.
+#[no_mangle]
+pub extern "C" fn tpjrt_trace_start() -> i32 {
+    guarded(|| {
+        compile::trace::start();
+        Ok(())
+    })
+}
+
+/// Stops recording; executions launched while recording are still recorded as they complete.
+#[no_mangle]
+pub extern "C" fn tpjrt_trace_stop() -> i32 {
+    guarded(|| {
+        compile::trace::stop();
+        Ok(())
+    })
+}
+
+/// Hands every recorded event to `sink` (called with `context`), oldest first, and forgets them.
+///
+/// # Safety
+/// `sink` must be callable with `context` and must not keep the event's pointers.
+#[no_mangle]
+pub unsafe extern "C" fn tpjrt_trace_take(
+    sink: Option<unsafe extern "C" fn(*mut c_void, *const TpjrtTraceEvent)>,
+    context: *mut c_void,
+) -> i32 {
+    guarded(|| {
+        let sink = sink.ok_or_else(|| invalid("tpjrt_trace_take: null sink".into()))?;
+        let text = |s: &str| CString::new(s.replace('\0', " ")).unwrap_or_default();
+        for event in compile::trace::take() {
+            let name = text(&event.name);
+            let names: Vec<CString> = event.args.iter().map(|(n, _)| text(n)).collect();
+            let values: Vec<CString> = event.args.iter().map(|(_, v)| text(&v.to_json())).collect();
+            let name_ptrs: Vec<*const c_char> = names.iter().map(|c| c.as_ptr()).collect();
+            let value_ptrs: Vec<*const c_char> = values.iter().map(|c| c.as_ptr()).collect();
+            let raw = TpjrtTraceEvent {
+                name: name.as_ptr(),
+                track: event.track as i32,
+                thread: event.thread,
+                start_ns: compile::trace::unix_nanos(event.start),
+                end_ns: compile::trace::unix_nanos(event.end),
+                arg_count: name_ptrs.len() as u64,
+                arg_names: name_ptrs.as_ptr(),
+                arg_values: value_ptrs.as_ptr(),
+            };
+            sink(context, &raw);
+        }
+        Ok(())
+    })
+}
+
 /// The ABI version in `TpjrtApi::version`; bumped on any incompatible change.
 pub const TPJRT_ABI_VERSION: u32 = 3;
 
@@ -982,6 +1064,12 @@ pub struct TpjrtApi {
     pub event_synchronize: extern "C" fn(u64) -> i32,
     pub event_elapsed: unsafe extern "C" fn(u64, u64, *mut f64) -> i32,
     pub event_destroy: extern "C" fn(u64) -> i32,
+    pub trace_start: extern "C" fn() -> i32,
+    pub trace_stop: extern "C" fn() -> i32,
+    pub trace_take: unsafe extern "C" fn(
+        Option<unsafe extern "C" fn(*mut c_void, *const TpjrtTraceEvent)>,
+        *mut c_void,
+    ) -> i32,
 }
 
 static API: TpjrtApi = TpjrtApi {
@@ -1016,6 +1104,9 @@ static API: TpjrtApi = TpjrtApi {
     event_synchronize: tpjrt_event_synchronize,
     event_elapsed: tpjrt_event_elapsed,
     event_destroy: tpjrt_event_destroy,
+    trace_start: tpjrt_trace_start,
+    trace_stop: tpjrt_trace_stop,
+    trace_take: tpjrt_trace_take,
 };
 
 /// The function table of this engine library.

@@ -290,6 +290,16 @@ pub fn op_meta(
     Ok(ops::meta(op, &types, scalars, params)?)
 }
 
+/// Records a host transfer of `bytes` bytes, from `start` until now, on the device's transfer row.
+fn trace_transfer(direction: &str, start: std::time::Instant, bytes: usize) {
+    use compile::trace::{self, Arg, Event, Track};
+    trace::record(
+        Event::until_now(Track::Transfer, format!("pjrt copy {direction}"), start)
+            .arg("direction", Arg::Text(direction.to_string()))
+            .arg("bytes", Arg::Int(bytes as i64)),
+    );
+}
+
 fn runtime_error(context: &str, e: impl std::fmt::Display) -> EngineError {
     EngineError::runtime(format!("{context}: {e}"))
 }
@@ -600,6 +610,7 @@ impl Engine {
                 outs,
             };
             let mut created: smallvec::SmallVec<[StorageId; 2]> = smallvec::SmallVec::new();
+            let began = compile::trace::on().then(std::time::Instant::now);
             let ran = self.flush_atomically(|made, planned| {
                 let mut cached = None;
                 let run = graph.run_if_compiled(
@@ -617,7 +628,7 @@ impl Engine {
                 if outs.is_empty() {
                     created.extend(captured.outputs.iter().map(|(storage, _)| *storage));
                 }
-                self.launch(flush, cached)?;
+                self.launch(flush, cached, began)?;
                 Ok(Some(captured))
             });
             match ran {
@@ -835,6 +846,7 @@ impl Engine {
         graph: &mut Graph<DeviceValue>,
         request: FlushRequest<'_>,
     ) -> Result<FlushedValues, EngineError> {
+        let began = compile::trace::on().then(std::time::Instant::now);
         self.flush_atomically(|made, planned| {
             // Tier 1 is asked as soon as the key is known: on a hit the region's source is never
             // assembled.
@@ -847,7 +859,7 @@ impl Engine {
                 return Ok(FlushedValues::new());
             };
             planned.set(true);
-            self.launch(flush, cached)
+            self.launch(flush, cached, began)
         })
     }
 
@@ -909,10 +921,12 @@ impl Engine {
         }
     }
 
+    /// Launches a planned flush; `began` is when its planning began, when a profiler is recording.
     fn launch(
         &self,
         flush: Flush<DeviceValue>,
         cached: Option<Arc<pjrt::LoadedExecutable>>,
+        began: Option<std::time::Instant>,
     ) -> Result<FlushedValues, EngineError> {
         if flush.ops == 0 && flush.outputs.is_empty() && flush.checks.is_empty() {
             // Every op of the region was dead (dropped): there is nothing to compile or run.
@@ -925,6 +939,11 @@ impl Engine {
         };
         Counters::bump(&self.counters.donated_buffers, flush.aliases.len() as u64);
         let donated = flush.aliases.iter().map(|&(arg, _)| arg as usize);
+        let program = if cached.is_some() {
+            "tier1"
+        } else {
+            "requested"
+        };
         let handle: CompileHandle = match (cached, flush.region) {
             (Some(exe), _) => CompileHandle::ready(key, exe),
             (None, Some(source)) => {
@@ -990,6 +1009,9 @@ impl Engine {
         if !flush.checks.is_empty() {
             self.pending_checks.lock().extend(flush.checks);
         }
+        if let Some(began) = began {
+            job = self.trace_launch(job, began, flush.ops, program);
+        }
         self.queue.enqueue(job);
         {
             // Refilled in place: no allocation per op.
@@ -998,6 +1020,33 @@ impl Engine {
             last.extend(flush.outputs.iter().map(|v| v.downgrade()));
         }
         Ok(flush.outputs)
+    }
+
+    /// Records a region's planning and launch, from `began`, in the trace, and marks its job so
+    /// that its execution on the device is recorded under the same region number. `program`
+    /// says where the program came from: "tier1" (found in memory when the region was keyed),
+    /// "requested" (the compile thread's event says from which tier or compile).
+    fn trace_launch(
+        &self,
+        job: ExecJob,
+        began: std::time::Instant,
+        ops: usize,
+        program: &'static str,
+    ) -> ExecJob {
+        use compile::trace::{self, Arg, Event, Track};
+        let region = trace::next_region();
+        let label = job.label.to_string();
+        let first_ops = trace::first_ops(&label).to_string();
+        trace::record(
+            Event::until_now(Track::Host, format!("pjrt {label}"), began)
+                .arg("region", Arg::Int(region as i64))
+                .arg("key", Arg::Text(job.executable.key().to_string()))
+                .arg("ops", Arg::Int(ops as i64))
+                .arg("first_ops", Arg::Text(first_ops))
+                .arg("program", Arg::Text(program.to_string()))
+                .arg("mode", Arg::Text(self.modes.current().name().to_string())),
+        );
+        job.traced(region)
     }
 
     /// Gives the recompiles this thread recorded the user's line, from `locate` (called with no
@@ -1239,6 +1288,9 @@ impl Engine {
             .to_host_into(dst)
             .map_err(|e| runtime_error("copying a pjrt tensor to the host", e))?;
         Counters::add_time(&self.counters.transfer_nanos, start);
+        if compile::trace::on() {
+            trace_transfer("device to host", start, dst.len());
+        }
         Ok(())
     }
 
@@ -1310,6 +1362,9 @@ impl Engine {
             .buffer_from_host(bytes, element_type(t.dtype), &sizes)
             .map_err(|e| runtime_error("copying a host tensor to pjrt", e))?;
         Counters::add_time(&self.counters.transfer_nanos, start);
+        if compile::trace::on() {
+            trace_transfer("host to device", start, bytes.len());
+        }
         Counters::bump(&self.counters.host_to_device, 1);
         Counters::bump(&self.counters.host_to_device_bytes, bytes.len() as u64);
         let value = DeviceValue::ready(Arc::new(buffer));
@@ -1438,6 +1493,8 @@ impl Engine {
         v.insert("reader_launches", exec.caller_launches as f64);
         v.insert("device_seconds", seconds(exec.device_nanos));
         v.insert("executions", Counters::get(&c.executions) as f64);
+        // Since the process started (reset_metrics leaves it): 0 unless a profiler asked.
+        v.insert("profiler_events", compile::trace::recorded_total() as f64);
         v.insert("donated_buffers", Counters::get(&c.donated_buffers) as f64);
         v.insert("repeat_cuts", Counters::get(&c.repeat_cuts) as f64);
         v.insert("memory_cuts", Counters::get(&c.memory_cuts) as f64);

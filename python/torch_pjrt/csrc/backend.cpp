@@ -9,6 +9,7 @@
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/native/CPUFallback.h>
 #include <ATen/native/Resize.h>
+#include <ATen/record_function.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/view_native.h>
@@ -1345,7 +1346,16 @@ void note_cpu_fallback(const std::string& name) {
 }
 
 void pjrt_cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  note_cpu_fallback(c10::toString(op.schema().operator_name()));
+  const std::string name = c10::toString(op.schema().operator_name());
+  note_cpu_fallback(name);
+  // torch.profiler shows the op's run on the CPU, its copies included, as one named range.
+  // The range may keep a view of its name until it ends.
+  std::string label;
+  at::RecordFunction range(at::RecordScope::USER_SCOPE);
+  if (range.isActive()) {
+    label = "pjrt cpu fallback: " + name;
+    range.before(std::string_view(label));
+  }
   at::native::cpu_fallback(op, stack);
 }
 

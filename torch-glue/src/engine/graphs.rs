@@ -30,6 +30,8 @@ enum Target {
 pub(crate) struct GraphProgram {
     key: CacheKey,
     label: Arc<str>,
+    /// The region's op count, for the trace.
+    ops: usize,
     /// Per region argument: the graph input whose storage holds it, and the value's type.
     args: Vec<(usize, TensorType)>,
     inputs: usize,
@@ -93,6 +95,7 @@ impl Engine {
         // arguments are among them.
         let mut before = graph.read_storages();
         let start = std::time::Instant::now();
+        let began = compile::trace::on().then_some(start);
         let mut recorded = None;
         let flushed = self.flush_atomically(|made, planned| {
             let mut cached = None;
@@ -109,7 +112,7 @@ impl Engine {
             recorded = self.describe(&graph, &flush, inputs, fresh, &before)?;
             // The inputs' handles go before the launch, so the first run may donate them.
             before.clear();
-            self.launch(flush, cached)
+            self.launch(flush, cached, began)
         });
         Counters::add_time(&self.counters.flush_nanos, start);
         flushed?;
@@ -184,6 +187,7 @@ impl Engine {
                 options: self.options_for(flush.ops),
             },
             label: flush.label.clone(),
+            ops: flush.ops,
             args,
             inputs: inputs.len(),
             fresh: fresh.len(),
@@ -271,6 +275,9 @@ impl Engine {
                     what: "lifted scalars",
                 });
                 Counters::bump(&self.counters.host_to_device, 1);
+            }
+            if compile::trace::on() {
+                job = self.trace_launch(job, start, program.ops, "tier1 (graph replay)");
             }
             Counters::bump(&self.counters.executions, 1);
             Counters::bump(&self.counters.graph_replays, 1);

@@ -24,6 +24,7 @@ from ._api import (
     sync,
 )
 from ._registration import register as _register
+from .distributed import register as _register_distributed
 
 __all__ = [
     "EAGER_MODES",
@@ -43,8 +44,10 @@ __version__ = "0.1.0"
 
 
 def _autoload() -> None:
-    """The ``torch.backends`` entry point: registers the device; never starts PJRT."""
+    """The ``torch.backends`` entry point: registers the device and the ``"pjrt"`` c10d backend;
+    never starts PJRT."""
     _register()
+    _register_distributed()
 
 
-_register()
+_autoload()

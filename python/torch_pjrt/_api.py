@@ -7,6 +7,7 @@ import ctypes
 import json
 
 from . import _compiled, _native
+from . import distributed as _distributed
 
 EAGER_MODES = ("strict", "debug", "defer_and_fuse")
 
@@ -119,7 +120,8 @@ def metrics() -> dict:
     latest recompiles, oldest first: each a dict with ``op``, ``op_index``, ``what``, ``old``,
     ``new``, ``location``, ``message`` and every kept change under ``changes``) and
     ``compiled_programs`` (the latest compiles, oldest first: ``region``, ``seconds``, ``fast``;
-    ``compile_seconds`` is the total and ``compile_seconds_max`` the slowest). The compiled
+    ``compile_seconds`` is the total and ``compile_seconds_max`` the slowest), ``collectives``,
+    ``collective_bytes`` and ``collective_seconds`` (the pjrt c10d backend's). The compiled
     mode (``torch.compile(backend="pjrt")``) adds ``compiled_graphs`` (graphs built),
     ``compiled_graph_runs``, ``compiled_graph_replays`` (runs of a recorded program),
     ``compiled_graph_seconds`` (compiling their programs),
@@ -132,6 +134,7 @@ def metrics() -> dict:
         # Sequences grown by appends (RFC 0028): capacity buffers allocated, appends into one.
         m["capacity_buffers"], m["capacity_appends"] = native._growth_counters()
     m.update(_compiled.metrics())
+    m.update(_distributed.counters())
     return m
 
 
@@ -142,6 +145,7 @@ def reset_metrics() -> None:
     if native is not None:
         native._reset_growth_counters()
     _compiled.reset_metrics()
+    _distributed.reset_counters()
 
 
 def mark_dynamic(tensor, dim: int, max: int | None = None) -> None:

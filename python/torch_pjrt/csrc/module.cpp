@@ -11,6 +11,10 @@
 namespace py = pybind11;
 namespace m = torch_pjrt::module;
 
+namespace torch_pjrt::distributed {
+void add_bindings(py::module& mod);
+}
+
 PYBIND11_MODULE(_C, mod) {
   mod.doc() = "torch-pjrt PrivateUse1 backend (device 'pjrt')";
   mod.def(
@@ -42,4 +46,5 @@ PYBIND11_MODULE(_C, mod) {
       [](int index) { return py::bytes(m::get_rng_state(index)); },
       py::arg("index"));
   mod.def("_set_rng_state", &m::set_rng_state, py::arg("index"), py::arg("state"));
+  torch_pjrt::distributed::add_bindings(mod);
 }

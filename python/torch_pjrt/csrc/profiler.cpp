@@ -4,8 +4,10 @@
 // region launches and compiles on the host's threads beside the ATen ops, executions and host
 // transfers on a device track of their own. With the profiler off the engine records nothing.
 
-// The registry and Kineto's headers are compiled only for a Kineto build; PyTorch's Linux wheels
-// are one, and the extension is built against such a wheel.
+// The registry (a recent PyTorch) and Kineto's headers serve only a Kineto build of PyTorch, as
+// its Linux wheels are; against an older PyTorch this file compiles to nothing.
+#if __has_include(<torch/csrc/profiler/standalone/privateuse1_profiler.h>) && \
+    __has_include(<libkineto.h>)
 #define USE_KINETO 1
 
 // Kineto formats an activity's arguments with fmt, whose functions PyTorch's libraries keep to
@@ -177,3 +179,5 @@ REGISTER_PRIVATEUSE1_PROFILER(PjrtProfiler);
 
 }  // namespace
 }  // namespace torch_pjrt
+
+#endif  // a Kineto build

@@ -82,6 +82,7 @@ bench: deps python-build
 
 bench-python: deps python-build
 	$(PY) benches/python/suite.py --peer-python $(PEER_PY)
+	$(PY) benches/python/ddp.py
 
 # criterion writes its HTML reports only when it has a plotting backend: gnuplot (Debian).
 bench-criterion: deps $(STAMPS)/gnuplot

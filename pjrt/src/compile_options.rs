@@ -79,11 +79,13 @@ impl std::hash::Hash for CompileOverride {
     }
 }
 
-/// What a compile is asked for. One replica, one partition: this engine runs one device per
-/// executable.
+/// What a compile is asked for. One partition; one replica unless a program runs on several
+/// devices at once (a collective across a process's devices: `num_replicas` devices, replica
+/// `i` on addressable device `i`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct CompileOptions {
     pub device_ordinal: i64,
+    pub num_replicas: i64,
     /// Options set by name; a later entry for the same name wins.
     pub overrides: Vec<(String, CompileOverride)>,
 }
@@ -92,6 +94,7 @@ impl Default for CompileOptions {
     fn default() -> Self {
         CompileOptions {
             device_ordinal: -1,
+            num_replicas: 1,
             overrides: Vec::new(),
         }
     }
@@ -117,7 +120,7 @@ impl CompileOptions {
         CompileOptionsProto {
             executable_build_options: Some(ExecutableBuildOptionsProto {
                 device_ordinal: self.device_ordinal,
-                num_replicas: 1,
+                num_replicas: self.num_replicas.max(1),
                 num_partitions: 1,
             }),
             env_option_overrides,
@@ -134,6 +137,7 @@ mod tests {
     fn overrides_are_encoded_in_name_order_and_decode_back() {
         let options = CompileOptions {
             device_ordinal: -1,
+            num_replicas: 1,
             overrides: vec![
                 ("xla_b".to_string(), CompileOverride::Int(3)),
                 ("xla_a".to_string(), CompileOverride::Bool(true)),
@@ -142,6 +146,7 @@ mod tests {
         };
         let swapped = CompileOptions {
             device_ordinal: -1,
+            num_replicas: 1,
             overrides: vec![
                 ("xla_a".to_string(), CompileOverride::Bool(true)),
                 ("xla_c".to_string(), CompileOverride::Double(0.5)),

@@ -164,6 +164,62 @@ impl LoadedExecutable {
         Ok((results, event))
     }
 
+    /// Runs a program compiled for `argument_lists.len()` replicas: list `i` holds replica `i`'s
+    /// arguments, on the device that replica runs on. Returns each replica's results, ready
+    /// (collectives make the replicas finish together, so waiting costs nothing extra).
+    pub fn execute_replicated(&self, argument_lists: &[Vec<&Buffer>]) -> Result<Vec<Vec<Buffer>>> {
+        let replicas = argument_lists.len();
+        let num_args = argument_lists.first().map_or(0, Vec::len);
+        if replicas == 0 || argument_lists.iter().any(|list| list.len() != num_args) {
+            return Err(Error::InvalidArgument(format!(
+                "execute_replicated: every replica needs the same number of arguments, got \
+                 {:?}",
+                argument_lists.iter().map(Vec::len).collect::<Vec<_>>()
+            )));
+        }
+        let raw_lists: Vec<Vec<*mut sys::PJRT_Buffer>> = argument_lists
+            .iter()
+            .map(|list| list.iter().map(|b| b.raw()).collect())
+            .collect();
+        let raw_list_ptrs: Vec<*const *mut sys::PJRT_Buffer> =
+            raw_lists.iter().map(|list| list.as_ptr()).collect();
+        let mut outputs: Vec<Vec<*mut sys::PJRT_Buffer>> =
+            vec![vec![std::ptr::null_mut(); self.num_outputs]; replicas];
+        let output_ptrs: Vec<*mut *mut sys::PJRT_Buffer> =
+            outputs.iter_mut().map(|list| list.as_mut_ptr()).collect();
+        let mut complete_events: Vec<*mut sys::PJRT_Event> = vec![std::ptr::null_mut(); replicas];
+        // Replicated arguments are never donated: each belongs to its caller.
+        let non_donatable: Vec<i64> = (0..num_args as i64).collect();
+        let mut execute_options = args!(PJRT_ExecuteOptions {
+            non_donatable_input_indices: non_donatable.as_ptr(),
+            num_non_donatable_input_indices: non_donatable.len(),
+        });
+        let mut args = args!(PJRT_LoadedExecutable_Execute_Args {
+            executable: self.raw,
+            options: &mut execute_options,
+            argument_lists: raw_list_ptrs.as_ptr(),
+            num_devices: replicas,
+            num_args: num_args,
+            output_lists: output_ptrs.as_ptr(),
+            device_complete_events: complete_events.as_mut_ptr(),
+        });
+        api_call!(self.client.api(), PJRT_LoadedExecutable_Execute, &mut args)?;
+        let results: Vec<Vec<Buffer>> = outputs
+            .into_iter()
+            .map(|list| {
+                list.into_iter()
+                    // SAFETY: each is a fresh, owned buffer of this client.
+                    .map(|raw| unsafe { Buffer::from_raw(self.client.clone(), raw) })
+                    .collect()
+            })
+            .collect();
+        for raw in complete_events.into_iter().filter(|e| !e.is_null()) {
+            // SAFETY: an owned event of this plugin.
+            unsafe { Event::from_raw(*self.client.api(), raw) }.wait()?;
+        }
+        Ok(results)
+    }
+
     /// Serializes the executable for `Client::deserialize` on the same plugin build.
     pub fn serialize(&self) -> Result<Vec<u8>> {
         let view = self.view()?;

@@ -487,3 +487,50 @@ func.func public @main(%a: tensor<3x4xf32>) -> (tensor<3x4xf32>, tensor<4x3xf32>
     let mut short = vec![0u8; 8];
     assert!(!out[0].read_in_place(&mut short).unwrap());
 }
+
+/// A StableHLO `all_reduce` over the process's own devices runs as one program: one replica per
+/// device, each given its own device's buffer, each receiving the sum.
+#[test]
+fn all_reduce_runs_across_the_devices_of_one_process() {
+    let plugin = Plugin::load("cpu").unwrap();
+    let c = Client::with_options(
+        &plugin,
+        &[("cpu_device_count".to_string(), NamedValue::Int64(4))],
+    )
+    .unwrap();
+    let module = "module @all_reduce attributes {mhlo.num_replicas = 4 : i32, mhlo.num_partitions = 1 : i32} {
+  func.func public @main(%x: tensor<3xf32>) -> tensor<3xf32> {
+    %r = \"stablehlo.all_reduce\"(%x) ({
+    ^bb0(%a: tensor<f32>, %b: tensor<f32>):
+      %s = stablehlo.add %a, %b : tensor<f32>
+      stablehlo.return %s : tensor<f32>
+    }) {replica_groups = dense<[[0, 1, 2, 3]]> : tensor<1x4xi64>} : (tensor<3xf32>) -> tensor<3xf32>
+    return %r : tensor<3xf32>
+  }
+}";
+    let options = pjrt::CompileOptions {
+        num_replicas: 4,
+        ..Default::default()
+    };
+    let exe = c.compile_with_options(module, &options).unwrap();
+    let devices = c.addressable_devices().to_vec();
+    let inputs: Vec<_> = (0..4)
+        .map(|i| {
+            let v = [i as f32, 10.0 * i as f32, 1.0];
+            c.buffer_from_host_on(&f32_bytes(&v), ElementType::F32, &[3], &devices[i])
+                .unwrap()
+        })
+        .collect();
+    let lists: Vec<Vec<&pjrt::Buffer>> = inputs.iter().map(|b| vec![b]).collect();
+    let results = exe.execute_replicated(&lists).unwrap();
+    assert_eq!(results.len(), 4);
+    for replica in &results {
+        assert_eq!(
+            f32_values(&replica[0].to_host().unwrap()),
+            vec![6.0, 60.0, 4.0]
+        );
+    }
+    // Unequal argument lists are refused, not handed to the plugin.
+    let uneven = vec![vec![&inputs[0]], vec![]];
+    assert!(exe.execute_replicated(&uneven).is_err());
+}

@@ -23,6 +23,7 @@ rank, world = dist.get_rank(), dist.get_world_size()
 model, loss_fn = build(model_name)
 model = model.to("pjrt")
 ddp = torch.nn.parallel.DistributedDataParallel(model)
+ddp._set_ddp_runtime_logging_sample_rate(1)  # DDP's own timing of every step, through its timer
 opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
 losses = []
 for inputs, targets in global_batches(model_name, steps):
@@ -38,6 +39,7 @@ for inputs, targets in global_batches(model_name, steps):
     losses.append(global_loss.item())
 
 metrics = torch_pjrt.metrics()
+logging = ddp._get_ddp_logging_data()
 if rank == 0:
     with open(out_path, "w") as f:
         json.dump(
@@ -46,6 +48,11 @@ if rank == 0:
                 "params": {k: v.detach().cpu().flatten().tolist() for k, v in model.state_dict().items()},
                 "collectives": metrics["collectives"],
                 "fallback_ops": metrics["fallback_ops"],
+                "ddp_times": {
+                    k: logging.get(k, 0)
+                    for k in ("avg_forward_compute_time", "avg_backward_compute_time",
+                              "avg_backward_comm_time")
+                },
             },
             f,
         )

@@ -13,6 +13,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
+#include <torch/csrc/distributed/c10d/reducer_timer.hpp>
 #include <torch/csrc/utils/pybind.h>
 
 #include <atomic>
@@ -638,7 +639,31 @@ class HostStagedBackend final : public c10d::Backend {
   uint64_t sequence_ = 0;
 };
 
+// DDP's reducer times its forward, backward and communication per device type. Collectives here
+// complete before they return and the host's clock brackets them, so host times are what the
+// steps take (the CPU's timer does the same).
+class HostClockTimer final : public c10d::Timer {
+ public:
+  explicit HostClockTimer(c10::Device /* device */) {}
+
+  std::optional<int64_t> measureDifference(Event start, Event end) override {
+    int64_t start_time = getTimeRef(start);
+    int64_t end_time = getTimeRef(end);
+    if (start_time == c10d::kUnsetTime || end_time == c10d::kUnsetTime || end_time < start_time) {
+      return std::nullopt;
+    }
+    return end_time - start_time;
+  }
+};
+
 }  // namespace
+}  // namespace torch_pjrt::distributed
+
+namespace c10d {
+C10_REGISTER_TYPED_CLASS(TimerRegistry, c10::kPrivateUse1, torch_pjrt::distributed::HostClockTimer);
+}  // namespace c10d
+
+namespace torch_pjrt::distributed {
 
 void add_bindings(py::module& mod) {
   py::class_<HostStagedBackend, c10d::Backend, c10::intrusive_ptr<HostStagedBackend>>(

@@ -360,6 +360,50 @@ def test_bincount_and_histc_match_the_cpu(mode):
         torch.bincount(torch.tensor([1, -1]).to("pjrt"))
 
 
+def test_histc_counts_integers_as_cuda_does(mode):
+    # Mixture-of-experts routing counts expert ids of an integer tensor; the CPU refuses them.
+    ids = torch.randint(0, 8, (300,), generator=seeded(23), dtype=torch.int32)
+    got = torch.histc(ids.to("pjrt"), bins=8, min=0, max=7).cpu()
+    assert got.dtype == torch.int32
+    assert torch.equal(got, torch.bincount(ids, minlength=8).int())
+    # Integer bins are computed in integer arithmetic: (x - min) * bins // (max - min).
+    x = torch.tensor([0, 1, 2, 3, 4, 5, 6, 9, -1], dtype=torch.int64)
+    got = torch.histc(x.to("pjrt"), bins=4, min=0, max=6).cpu()
+    assert got.tolist() == [2, 1, 2, 2]
+    with pytest.raises(NotImplementedError, match="histogram"):
+        torch.histc(torch.tensor([True, False]).to("pjrt"), bins=2)
+
+
+@pytest.mark.parametrize("dim", [0, 1])
+def test_weight_norm_and_its_gradients(mode, dim):
+    v = torch.randn(5, 4, generator=seeded(24))
+    g = torch.randn(5, 1, generator=seeded(25)) if dim == 0 else torch.randn(1, 4, generator=seeded(25))
+    check(lambda v, g: torch._weight_norm(v, g, dim), (v, g), grads_of=(0, 1))
+    linear = nn.utils.parametrizations.weight_norm(nn.Linear(4, 3))
+    on_pjrt = nn.utils.parametrizations.weight_norm(nn.Linear(4, 3)).to("pjrt")
+    on_pjrt.load_state_dict(linear.state_dict())
+    x = torch.randn(2, 4, generator=seeded(26))
+    linear(x).sum().backward()
+    on_pjrt(x.to("pjrt")).sum().backward()
+    for a, b in zip(linear.parameters(), on_pjrt.parameters()):
+        assert_close(b.grad, a.grad, **TOL)
+
+
+def test_embedding_max_norm_renormalizes_in_place(mode):
+    torch.manual_seed(27)
+    cpu = nn.Embedding(10, 4, max_norm=1.0)
+    cpu.weight.data.mul_(3)
+    dev = nn.Embedding(10, 4, max_norm=1.0).to("pjrt")
+    dev.load_state_dict(cpu.state_dict())
+    ids = torch.tensor([1, 2, 1, 7])
+    cpu(ids).sum().backward()
+    dev(ids.to("pjrt")).sum().backward()
+    assert_close(dev.weight.detach(), cpu.weight.detach(), **TOL)
+    assert_close(dev.weight.grad, cpu.weight.grad, **TOL)
+    # Rows not looked up keep their norm.
+    assert dev.weight.detach().cpu()[0].norm() > 1.5
+
+
 def test_trace_and_triangle_indices(mode):
     check(torch.trace, (S[:, :5],))
     assert torch.trace(torch.arange(9).view(3, 3).to("pjrt")).item() == 12

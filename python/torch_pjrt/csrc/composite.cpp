@@ -564,16 +564,19 @@ at::Tensor pjrt_bincount(const at::Tensor& self, const std::optional<at::Tensor>
 }
 
 // `torch.histc`: `bins` equal bins over [min, max] (the data's range when both are 0); values
-// outside are not counted, and `max` itself falls in the last bin.
+// outside are not counted, and `max` itself falls in the last bin. Integer inputs are counted as
+// CUDA counts them (mixture-of-experts routing counts expert ids so): the bounds truncated to
+// the input's type and the bin computed in integer arithmetic, counts in the input's dtype.
 at::Tensor pjrt_histc(const at::Tensor& self, int64_t bins, const at::Scalar& min, const at::Scalar& max) {
   TORCH_CHECK(bins > 0, "torch.histc: bins must be > 0, but got ", bins);
+  bool integral = at::isIntegralType(self.scalar_type(), /*includeBool=*/false);
   TORCH_CHECK_NOT_IMPLEMENTED(
-      at::isFloatingType(self.scalar_type()),
-      "\"histogram_cpu\" not implemented for '",
+      at::isFloatingType(self.scalar_type()) || integral,
+      "\"histogram_pjrt\" not implemented for '",
       c10::toString(self.scalar_type()),
       "'");
-  double low = min.toDouble();
-  double high = max.toDouble();
+  double low = integral ? static_cast<double>(min.toLong()) : min.toDouble();
+  double high = integral ? static_cast<double>(max.toLong()) : max.toDouble();
   if (low == high && self.numel() > 0) {
     low = self.min().item<double>();
     high = self.max().item<double>();
@@ -592,11 +595,96 @@ at::Tensor pjrt_histc(const at::Tensor& self, int64_t bins, const at::Scalar& mi
   TORCH_CHECK(low < high, "torch.histc: max must be larger than min");
   at::Tensor x = self.reshape({-1});
   at::Tensor inside = (x >= low).logical_and(x <= high);
-  // In the input's dtype, in PyTorch's order: (x - low) / (high - low) * bins.
-  at::Tensor position = ((x - low) / (high - low) * static_cast<double>(bins)).to(at::kLong);
+  at::Tensor position;
+  if (integral) {
+    auto low_int = static_cast<int64_t>(low);
+    auto span = static_cast<int64_t>(high) - low_int;
+    position = (x.to(at::kLong) - low_int).mul(bins).div(span, "floor");
+  } else {
+    // In the input's dtype, in PyTorch's order: (x - low) / (high - low) * bins.
+    position = ((x - low) / (high - low) * static_cast<double>(bins)).to(at::kLong);
+  }
   at::Tensor bin = at::where(inside, position.clamp(0, bins - 1), at::zeros_like(position));
   at::Tensor ones = inside.to(self.scalar_type());
   return at::zeros({bins}, self.options()).index_add(0, bin, ones);
+}
+
+// The L2 norm of `v` over every dimension but `dim`, shaped to broadcast against `v` (the shape
+// of the magnitude `g` in weight normalization).
+at::Tensor norm_except_dim_keep(const at::Tensor& v, int64_t dim) {
+  std::vector<int64_t> reduce;
+  for (int64_t d = 0; d < v.dim(); ++d) {
+    if (d != dim) {
+      reduce.push_back(d);
+    }
+  }
+  return v.pow(2).sum(reduce, /*keepdim=*/true).sqrt();
+}
+
+// `torch.nn.utils.weight_norm`'s fused kernel: w = g * v / ||v|| (the norm over every dimension
+// but `dim`, computed in float for reduced-precision weights as PyTorch's CPU does), with the
+// norms kept for the backward pass.
+std::tuple<at::Tensor, at::Tensor> pjrt_weight_norm_interface(
+    const at::Tensor& v,
+    const at::Tensor& g,
+    int64_t dim) {
+  TORCH_CHECK(
+      dim == 0 || dim == v.dim() - 1,
+      "fused kernels can only be applied for first or last dim, got dim ",
+      dim);
+  at::ScalarType compute = at::isReducedFloatingType(v.scalar_type()) ? at::kFloat : v.scalar_type();
+  at::Tensor norms = norm_except_dim_keep(v.to(compute), dim);
+  at::Tensor w = (v.to(compute) * (g.to(compute) / norms)).to(v.scalar_type());
+  return {w, norms.reshape(g.sizes()).to(compute)};
+}
+
+// Its gradient: with s = sum over the other dimensions of grad_w * v,
+// grad_g = s / ||v|| and grad_v = g / ||v|| * (grad_w - v * s / ||v||^2).
+std::tuple<at::Tensor, at::Tensor> pjrt_weight_norm_interface_backward(
+    const at::Tensor& grad_w,
+    const at::Tensor& saved_v,
+    const at::Tensor& saved_g,
+    const at::Tensor& saved_norms,
+    int64_t dim) {
+  TORCH_CHECK(
+      dim == 0 || dim == saved_v.dim() - 1,
+      "fused kernels can only be applied for first or last dim, got dim ",
+      dim);
+  at::ScalarType compute = saved_norms.scalar_type();
+  at::Tensor v = saved_v.to(compute);
+  at::Tensor gw = grad_w.to(compute);
+  std::vector<int64_t> keep_shape(v.dim(), 1);
+  keep_shape[dim] = v.size(dim);
+  at::Tensor norms = saved_norms.reshape(keep_shape);
+  at::Tensor g = saved_g.to(compute).reshape(keep_shape);
+  std::vector<int64_t> reduce;
+  for (int64_t d = 0; d < v.dim(); ++d) {
+    if (d != dim) {
+      reduce.push_back(d);
+    }
+  }
+  at::Tensor s = (gw * v).sum(reduce, /*keepdim=*/true);
+  at::Tensor grad_g = (s / norms).reshape(saved_g.sizes()).to(saved_g.scalar_type());
+  at::Tensor grad_v = (g / norms * (gw - v * (s / norms.pow(2)))).to(saved_v.scalar_type());
+  return {grad_v, grad_g};
+}
+
+// `nn.Embedding(max_norm=...)`: the rows `indices` refers to whose `norm_type` norm exceeds
+// `max_norm` are scaled down to it, in place, as PyTorch's kernels do (scale max_norm / (norm +
+// 1e-7)). A row named twice gets the same new value twice, so no deduplication is needed.
+at::Tensor& pjrt_embedding_renorm_(
+    at::Tensor& self,
+    const at::Tensor& indices,
+    double max_norm,
+    double norm_type) {
+  TORCH_CHECK(self.dim() == 2, "embedding_renorm_(): self must be 2-D, got ", self.dim(), "-D");
+  at::NoGradGuard no_grad;
+  at::Tensor ids = indices.reshape({-1}).to(at::kLong);
+  at::Tensor rows = self.index_select(0, ids);
+  at::Tensor norms = at::linalg_vector_norm(rows, norm_type, at::IntArrayRef{1}, /*keepdim=*/true);
+  at::Tensor scale = at::where(norms > max_norm, max_norm / (norms + 1e-7), at::ones_like(norms));
+  self.index_copy_(0, ids, rows * scale);
+  return self;
 }
 
 // `torch.unique` without a dim: a stable sort, a mask of where the value changes, and the runs it
@@ -946,6 +1034,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("xlogy_.Scalar_Other", TORCH_FN(Variants<&pjrt_xlogy_scalar_other>::in_place));
   m.impl("bincount", TORCH_FN(pjrt_bincount));
   PJRT_WITH_OUT("histc", "histc.out", pjrt_histc)
+  m.impl("_weight_norm_interface", TORCH_FN(pjrt_weight_norm_interface));
+  m.impl("_weight_norm_interface_backward", TORCH_FN(pjrt_weight_norm_interface_backward));
+  m.impl("embedding_renorm_", TORCH_FN(pjrt_embedding_renorm_));
   m.impl("trace", TORCH_FN(pjrt_trace));
   m.impl(
       "tril_indices",

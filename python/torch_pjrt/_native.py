@@ -148,15 +148,57 @@ def load() -> None:
             native._set_engine_api(table)
             lib.tpjrt_set_location_hook(_location_hook_fn)
             _lib = lib
-            # Neither the runtime's background warm-up nor a region's compile may be running
-            # when the process tears the runtime down.
-            atexit.register(lib.tpjrt_prepare_exit)
+            atexit.register(_at_exit, lib)
         except (OSError, AttributeError, RuntimeError) as e:
             _unavailable = (
                 f"the torch-pjrt engine library {path} could not be loaded ({e}); rebuild it "
                 "with `make python-build`"
             )
             native._set_engine_unavailable(_unavailable)
+
+
+# Tensors of the exit-time backward passes below, kept to the end: freed on an autograd thread
+# after the interpreter began finalizing, they would need the GIL there.
+_settle_kept: list = []
+
+
+def _settle_autograd_device_threads() -> None:
+    """Waits until PyTorch's autograd thread of each pjrt device has let go of the backward
+    passes it ran, by running an empty backward pass through it.
+
+    Such a thread may hold the last reference to a finished backward pass, whose saved
+    thread-local state holds a Python object (the `contextvars` context that
+    `torch.autograd.backward` stashes); dropping it takes the GIL. When that thread is
+    late and asks for the GIL while the interpreter is finalizing, Python ends the thread with
+    `pthread_exit`, whose unwinding through PyTorch's noexcept destructors aborts the process
+    ("terminate called without an active exception"; RFC 0033). A thread runs its backward
+    passes in order, so once it ran this one it let go of the earlier ones; the engine's
+    `run_backward` releases the GIL meanwhile, and is called directly so that this pass saves
+    no Python object of its own.
+    """
+    import torch
+
+    count = ctypes.c_int32(0)
+    check(lib().tpjrt_device_count(ctypes.byref(count)))
+    for index in range(count.value):
+        device = torch.device("pjrt", index)
+        leaf = torch.empty(0, device=device, requires_grad=True)
+        grad = torch.empty(0, device=device)
+        torch.autograd.Variable._execution_engine.run_backward(
+            (leaf.view(0),), (grad,), False, False, (), True, True
+        )
+        _settle_kept.append(leaf)
+
+
+def _at_exit(lib: ctypes.CDLL) -> None:
+    if started():
+        try:
+            _settle_autograd_device_threads()
+        except Exception:  # noqa: BLE001 - a stopped engine: nothing to settle, exit anyway
+            pass
+    # Neither the runtime's background warm-up nor a region's compile may be running when the
+    # process tears the runtime down.
+    lib.tpjrt_prepare_exit()
 
 
 def native():

@@ -212,6 +212,8 @@ pub struct CompiledProgram {
     pub time: Duration,
     /// Compiled with the fast-compile options ([`crate::Effort::Fast`]).
     pub fast: bool,
+    /// Compiled with the quick-compile options ([`crate::Effort::Quick`]).
+    pub quick: bool,
 }
 
 /// Where a program in tier 1 came from, for [`Compiler::program_stats`].
@@ -246,6 +248,8 @@ struct Shared {
     compile_options: pjrt::CompileOptions,
     /// `compile_options` plus the fast-compile overrides, and the options word of its keys.
     fast_options: Option<(u64, pjrt::CompileOptions)>,
+    /// `compile_options` plus the quick-compile overrides, and the options word of its keys.
+    quick_options: Option<(u64, pjrt::CompileOptions)>,
     dump_dir: Option<PathBuf>,
     tier1: Tier1<Arc<LoadedExecutable>>,
     /// Tier 1 also shrinks when the process's memory mappings near the kernel's cap.
@@ -283,6 +287,7 @@ pub struct Compiler {
     threads: Vec<JoinHandle<()>>,
     options_fingerprint: u64,
     fast_options_fingerprint: u64,
+    quick_options_fingerprint: u64,
     cpu_features: String,
     cache_dir_name: String,
 }
@@ -326,27 +331,30 @@ impl Compiler {
             &config.engine_version,
         );
         inputs.cpu_features = config.cpu_features.clone();
-        let fast_options = (!config.fast_overrides.is_empty()).then(|| {
-            let mut options = config.compile_options.clone();
-            let user_names: Vec<String> =
-                options.overrides.iter().map(|(n, _)| n.clone()).collect();
-            let added: Vec<_> = config
-                .fast_overrides
-                .iter()
-                .filter(|(name, _)| !user_names.contains(name))
-                .cloned()
-                .collect();
-            // Ahead of the user's options: a later entry for a name wins.
-            options.overrides.splice(0..0, added);
-            let mut fast_inputs = FingerprintInputs::gather(
-                client.plugin(),
-                &client,
-                &options,
-                &config.engine_version,
-            );
-            fast_inputs.cpu_features = config.cpu_features.clone();
-            (fast_inputs.fingerprint(), options)
-        });
+        let with_overrides = |overrides: &[(String, pjrt::CompileOverride)]| {
+            (!overrides.is_empty()).then(|| {
+                let mut options = config.compile_options.clone();
+                let user_names: Vec<String> =
+                    options.overrides.iter().map(|(n, _)| n.clone()).collect();
+                let added: Vec<_> = overrides
+                    .iter()
+                    .filter(|(name, _)| !user_names.contains(name))
+                    .cloned()
+                    .collect();
+                // Ahead of the user's options: a later entry for a name wins.
+                options.overrides.splice(0..0, added);
+                let mut inputs = FingerprintInputs::gather(
+                    client.plugin(),
+                    &client,
+                    &options,
+                    &config.engine_version,
+                );
+                inputs.cpu_features = config.cpu_features.clone();
+                (inputs.fingerprint(), options)
+            })
+        };
+        let fast_options = with_overrides(&config.fast_overrides);
+        let quick_options = with_overrides(&config.quick_overrides);
         let cache_dir_name = format!(
             "torch-pjrt-{}-{}-plugin{:016x}-cpu{:016x}",
             path_safe(&config.engine_version),
@@ -385,6 +393,7 @@ impl Compiler {
             origins: Mutex::new(KeyMap::default()),
             compile_options: config.compile_options.clone(),
             fast_options: fast_options.clone(),
+            quick_options: quick_options.clone(),
             dump_dir: config.dump_dir.clone(),
             tier1: Tier1::new(config.tier1_capacity),
             mappings: MappingBudget::from_system(),
@@ -416,6 +425,9 @@ impl Compiler {
             fast_options_fingerprint: fast_options
                 .as_ref()
                 .map_or_else(|| inputs.fingerprint(), |(word, _)| *word),
+            quick_options_fingerprint: quick_options
+                .as_ref()
+                .map_or_else(|| inputs.fingerprint(), |(word, _)| *word),
             cpu_features: config.cpu_features,
             cache_dir_name,
         })
@@ -432,6 +444,7 @@ impl Compiler {
         match effort {
             Effort::Full => self.options_fingerprint,
             Effort::Fast => self.fast_options_fingerprint,
+            Effort::Quick => self.quick_options_fingerprint,
         }
     }
 
@@ -908,9 +921,10 @@ impl Shared {
         bump(&self.counters.misses);
         let text = build().map_err(|message| CompileError::Build { key, message })?;
         self.dump(&key, &text);
-        let (options, fast) = match &self.fast_options {
-            Some((word, fast)) if *word == key.options => (fast, true),
-            _ => (&self.compile_options, false),
+        let (options, fast, quick) = match (&self.fast_options, &self.quick_options) {
+            (Some((word, fast)), _) if *word == key.options => (fast, true, false),
+            (_, Some((word, quick))) if *word == key.options => (quick, false, true),
+            _ => (&self.compile_options, false, false),
         };
         let start = Instant::now();
         let compiled = self.client.compile_with_options(&text, options);
@@ -920,6 +934,7 @@ impl Shared {
             key,
             time: start.elapsed(),
             fast,
+            quick,
         };
         self.origins.lock().insert(
             key,

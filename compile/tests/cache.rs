@@ -559,3 +559,39 @@ fn closing_for_exit_waits_for_running_compiles_and_refuses_later_ones() {
     assert_eq!(calls.load(Ordering::SeqCst), 0);
     assert!(compiler.lookup(&key(&compiler, 40)).is_some());
 }
+
+#[test]
+fn each_effort_compiles_with_its_own_options_under_its_own_key() {
+    let compiler = compiler(CompileConfig {
+        fast_overrides: compile::fast_overrides_for("cpu"),
+        quick_overrides: compile::quick_overrides_for("cpu"),
+        ..config()
+    });
+    let words: Vec<u64> = [
+        compile::Effort::Full,
+        compile::Effort::Fast,
+        compile::Effort::Quick,
+    ]
+    .into_iter()
+    .map(|e| compiler.options_fingerprint_for(e))
+    .collect();
+    assert_eq!(words[0], compiler.options_fingerprint());
+    assert!(words[0] != words[1] && words[1] != words[2] && words[0] != words[2]);
+    for (id, &word) in words.iter().enumerate() {
+        let key = CacheKey::new(100 + id as u64, 0xd1d1, word);
+        let executable = compiler
+            .request(key, move || Ok(module(3.0)))
+            .wait()
+            .unwrap();
+        check_runs(&executable, 3.0);
+    }
+    let recent = compiler.stats().recent;
+    let efforts: Vec<(bool, bool)> = recent.iter().map(|p| (p.fast, p.quick)).collect();
+    assert_eq!(efforts, vec![(false, false), (true, false), (false, true)]);
+    // Without quick overrides a quick key is a full compile (the word is the full one).
+    let plain = compiler(config());
+    assert_eq!(
+        plain.options_fingerprint_for(compile::Effort::Quick),
+        plain.options_fingerprint()
+    );
+}

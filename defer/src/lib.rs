@@ -15,7 +15,7 @@ mod storage;
 pub use graph::{
     isolation_cuts, Captured, CapturedOutputs, CheckSite, EngineError, ErrorKind, ExternalValue,
     Flush, FlushRequest, Graph, GraphStats, HostGather, OpCall, PlannedRegion, ReadSource,
-    RegionSource, Regrow, TensorRef,
+    RegionSize, RegionSource, Regrow, TensorRef,
 };
 pub use mode::{Mode, ModeStack};
 pub use signature::{Change, RegionSignature};

@@ -119,7 +119,8 @@ def metrics() -> dict:
     ``fallback_ops`` (ATen op name -> number of CPU fallbacks) and ``recompile_reasons`` (the
     latest recompiles, oldest first: each a dict with ``op``, ``op_index``, ``what``, ``old``,
     ``new``, ``location``, ``message`` and every kept change under ``changes``) and
-    ``compiled_programs`` (the latest compiles, oldest first: ``region``, ``seconds``, ``fast``;
+    ``compiled_programs`` (the latest compiles, oldest first: ``region``, ``seconds``, ``fast``,
+    ``quick``;
     ``compile_seconds`` is the total and ``compile_seconds_max`` the slowest), ``collectives``,
     ``collective_bytes`` and ``collective_seconds`` (the pjrt c10d backend's). The compiled
     mode (``torch.compile(backend="pjrt")``) adds ``compiled_graphs`` (graphs built),
@@ -207,7 +208,7 @@ def metrics_report() -> str:
     if programs:
         lines.append("  latest compiles (seconds, oldest first):")
         for p in programs:
-            effort = " [fast]" if p["fast"] else ""
+            effort = " [fast]" if p["fast"] else " [quick]" if p.get("quick") else ""
             lines.append(f"    {p['seconds']:8.4f}  {p['region']}{effort}")
     if graphs:
         lines.append("  compiled graphs (torch.compile, oldest first):")

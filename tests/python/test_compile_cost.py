@@ -53,3 +53,45 @@ def test_fast_compiles_give_the_same_values_and_can_be_turned_off():
             results[setting] = torch.load(path)
         for fast, full in zip(results["1"], results["0"]):
             torch.testing.assert_close(fast, full, rtol=0, atol=0, equal_nan=True)
+
+
+def test_fused_regions_of_little_work_compile_quick_and_large_ones_full(pjrt):
+    small = torch.randn(64, 64).to(pjrt)  # 4096 elements an op: a decoding step's scale
+    large = torch.randn(1024, 1024).to(pjrt)  # a million: past the quick bound (2**18)
+    torch_pjrt.reset_metrics()
+    with torch_pjrt.eager_mode("defer_and_fuse"):
+        for x in (small, large):
+            y = x
+            for _ in range(6):
+                y = torch.tanh(y * 1.5 + 0.25)
+            y.sum().cpu()
+    fused = [p for p in torch_pjrt.metrics()["compiled_programs"] if p["region"].startswith("region of")]
+    assert [(p["quick"], p["fast"]) for p in fused] == [(True, False), (False, False)], fused
+    assert "[quick]" in torch_pjrt.metrics_report()
+
+
+def test_quick_compiles_give_close_values_and_can_be_turned_off():
+    code = """
+        import torch, torch_pjrt
+        torch.manual_seed(0)
+        x = torch.randn(50, 40).to("pjrt")
+        w = torch.randn(40, 30).to("pjrt")
+        with torch_pjrt.eager_mode("defer_and_fuse"):
+            y = torch.softmax(torch.tanh(x @ w) * 3.0, -1).log1p().cumsum(0)
+            out = y.cpu()
+        print([p["quick"] for p in torch_pjrt.metrics()["compiled_programs"]])
+        torch.save(out, OUT)
+    """
+    import os, tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        results = {}
+        for setting in ("1", "0"):
+            path = os.path.join(tmp, f"{setting}.pt")
+            out = assert_ok(
+                run_python(code.replace("OUT", repr(path)), env={"TORCH_PJRT_QUICK_COMPILE": setting})
+            )
+            assert out.strip() == ("[True]" if setting == "1" else "[False]"), out
+            results[setting] = torch.load(path)
+        # LLVM's optimization level may fuse a multiply-add differently: the last bit may differ.
+        torch.testing.assert_close(results["1"], results["0"], rtol=1e-6, atol=1e-6)

@@ -10,7 +10,7 @@ use compile::{
 };
 use defer::{
     Captured, EngineError, ErrorKind, Flush, FlushRequest, Graph, HostGather, Mode, ModeStack,
-    OpCall, ReadSource, Regrow, StorageId, TensorRef,
+    OpCall, ReadSource, RegionSize, Regrow, StorageId, TensorRef,
 };
 use ops::{DType, OpId, ScalarArg};
 use parking_lot::Mutex;
@@ -38,6 +38,12 @@ const REPEAT_MIN_WORK: u64 = 1 << 20;
 /// Programs of at most this many ops (Strict's and Debug's op, with its index checks) compile
 /// with [`Effort::Fast`]; larger regions get the plugin's full optimization (RFC 0025).
 pub const FAST_COMPILE_MAX_OPS: usize = 3;
+
+/// Fused regions whose ops produce at most this many elements compile with [`Effort::Quick`]:
+/// a small model's decoding step (a few thousand elements per op, about 90 ops) runs in the
+/// time of its launch whatever the code, while a training step's region of large tensors keeps
+/// the full optimization (RFC 0039).
+pub const QUICK_COMPILE_MAX_WORK: u64 = 1 << 18;
 
 /// How many whole regions' digests isolation cuts remember (RFC 0027).
 const WHOLE_REGIONS_KEPT: usize = 4096;
@@ -86,6 +92,10 @@ pub struct EngineConfig {
     /// ([`compile::fast_overrides_for`]); `TORCH_PJRT_FAST_COMPILE=0` compiles every program
     /// with the full ones.
     pub fast_compile: bool,
+    /// Whether fused regions of little work compile with the plugin's quick-compile options
+    /// ([`compile::quick_overrides_for`]); `TORCH_PJRT_QUICK_COMPILE=0` compiles them with the
+    /// full ones.
+    pub quick_compile: bool,
 }
 
 /// Parses `key=value,key=value` client options: `true`/`false` are booleans, integers are
@@ -245,6 +255,7 @@ impl EngineConfig {
                 .transpose()
                 .map_err(|m| EngineError::new(ErrorKind::Value, m))?,
             fast_compile: !matches!(env("TORCH_PJRT_FAST_COMPILE").as_deref(), Some("0")),
+            quick_compile: !matches!(env("TORCH_PJRT_QUICK_COMPILE").as_deref(), Some("0")),
             isolation_cuts: !matches!(env("TORCH_PJRT_ISOLATION_CUTS").as_deref(), Some("0")),
             log_recompiles: matches!(
                 env("TORCH_PJRT_LOG_RECOMPILES").as_deref(),
@@ -312,9 +323,10 @@ pub struct Engine {
     /// of those threads to wait for.
     started_by: u32,
     queue: ExecQueue,
-    /// The options words of full and fast compiles' keys ([`Engine::options_for`]).
+    /// The options words of full, fast and quick compiles' keys ([`Engine::options_for`]).
     options_key: u64,
     fast_options_key: u64,
+    quick_options_key: u64,
     graph: GraphLock<DeviceValue>,
     modes: ModeStack,
     counters: Counters,
@@ -396,10 +408,14 @@ impl Engine {
         if config.fast_compile {
             compile_config.fast_overrides = compile::fast_overrides_for(client.platform_name());
         }
+        if config.quick_compile {
+            compile_config.quick_overrides = compile::quick_overrides_for(client.platform_name());
+        }
         let compiler = Compiler::new(client.clone(), compile_config)
             .map_err(|e| runtime_error("cannot start the compiler", e))?;
         let options_key = compiler.options_fingerprint();
         let fast_options_key = compiler.options_fingerprint_for(Effort::Fast);
+        let quick_options_key = compiler.options_fingerprint_for(Effort::Quick);
         Ok(Engine {
             client,
             compiler: Arc::new(compiler),
@@ -408,6 +424,7 @@ impl Engine {
                 .map_err(|e| runtime_error("cannot start the execution thread", e))?,
             options_key,
             fast_options_key,
+            quick_options_key,
             graph: GraphLock::new({
                 let mut graph = Graph::new();
                 graph.set_donation(config.donate);
@@ -616,8 +633,8 @@ impl Engine {
                 let run = graph.run_if_compiled(
                     call,
                     |_| made.pending(),
-                    |shapeless, dims, ops| {
-                        cached = self.lookup_program(shapeless, dims, ops);
+                    |shapeless, dims, size| {
+                        cached = self.lookup_program(shapeless, dims, size);
                         cached.is_some()
                     },
                 )?;
@@ -851,8 +868,8 @@ impl Engine {
             // Tier 1 is asked as soon as the key is known: on a hit the region's source is never
             // assembled.
             let mut cached = None;
-            let has_program = |shapeless, dims, ops| {
-                cached = self.lookup_program(shapeless, dims, ops);
+            let has_program = |shapeless, dims, size| {
+                cached = self.lookup_program(shapeless, dims, size);
                 cached.is_some()
             };
             let Some(flush) = graph.flush_with(request, |_| made.pending(), has_program)? else {
@@ -902,20 +919,22 @@ impl Engine {
         &self,
         shapeless: u64,
         dims: u64,
-        ops: usize,
+        size: RegionSize,
     ) -> Option<Arc<pjrt::LoadedExecutable>> {
         self.compiler.lookup(&CacheKey {
             shapeless,
             dims,
-            options: self.options_for(ops),
+            options: self.options_for(size),
         })
     }
 
-    /// The options word of a program of `ops` ops: fast compiles for the few-op programs of
-    /// the op-by-op modes, full optimization for fused regions.
-    fn options_for(&self, ops: usize) -> u64 {
-        if ops <= FAST_COMPILE_MAX_OPS {
+    /// The options word of a region: fast compiles for the few-op programs of the op-by-op
+    /// modes, quick ones for fused regions of little work, full optimization for the rest.
+    fn options_for(&self, size: RegionSize) -> u64 {
+        if size.ops <= FAST_COMPILE_MAX_OPS {
             self.fast_options_key
+        } else if size.work <= QUICK_COMPILE_MAX_WORK {
+            self.quick_options_key
         } else {
             self.options_key
         }
@@ -935,7 +954,10 @@ impl Engine {
         let key = CacheKey {
             shapeless: flush.shapeless,
             dims: flush.dims,
-            options: self.options_for(flush.ops),
+            options: self.options_for(RegionSize {
+                ops: flush.ops,
+                work: flush.work,
+            }),
         };
         Counters::bump(&self.counters.donated_buffers, flush.aliases.len() as u64);
         let donated = flush.aliases.iter().map(|&(arg, _)| arg as usize);

@@ -126,10 +126,11 @@ impl MetricsSnapshot {
             .iter()
             .map(|p| {
                 format!(
-                    "{{\"region\":{},\"seconds\":{},\"fast\":{},\"key\":\"{}\"}}",
+                    "{{\"region\":{},\"seconds\":{},\"fast\":{},\"quick\":{},\"key\":\"{}\"}}",
                     json_string(&p.label),
                     json_number(p.time.as_secs_f64()),
                     p.fast,
+                    p.quick,
                     p.key
                 )
             })
@@ -161,7 +162,11 @@ impl MetricsSnapshot {
         if !self.compiled_programs.is_empty() {
             out.push_str("  latest compiles (seconds)\n");
             for p in &self.compiled_programs {
-                let effort = if p.fast { " [fast]" } else { "" };
+                let effort = match (p.fast, p.quick) {
+                    (true, _) => " [fast]",
+                    (_, true) => " [quick]",
+                    _ => "",
+                };
                 out.push_str(&format!(
                     "    {:>8.4}  {}{effort}\n",
                     p.time.as_secs_f64(),

@@ -6,7 +6,7 @@ use super::*;
 impl<V: Clone> Graph<V> {
     /// Strict's direct path, for an op that reads whole device values and writes new storages
     /// or one whole `out` tensor, while nothing is pending: keys the one-op region a capture
-    /// and flush of it would build (aliases included), and when `has_program(shapeless, dims, 1)`
+    /// and flush of it would build (aliases included), and when `has_program(shapeless, dims, size)`
     /// knows that key, installs the results and returns the region ready to launch, without a
     /// node, externals or a liveness plan, with the storages that hold its results. `None`:
     /// capture and flush it instead (no program for its key yet, or not an op this path
@@ -15,7 +15,7 @@ impl<V: Clone> Graph<V> {
         &mut self,
         call: OpCall<'_>,
         mut make_output: impl FnMut(&TensorType) -> V,
-        has_program: impl FnOnce(u64, u64, usize) -> bool,
+        has_program: impl FnOnce(u64, u64, RegionSize) -> bool,
     ) -> Result<Option<(Captured, Flush<V>)>, EngineError> {
         let OpCall {
             op,
@@ -121,7 +121,8 @@ impl<V: Clone> Graph<V> {
         }
         key.checks(0);
         let (shapeless, dims) = key.finish(&aliases);
-        if !has_program(shapeless, dims, 1) {
+        let work = meta.outputs.iter().map(|t| t.numel() as u64).sum();
+        if !has_program(shapeless, dims, RegionSize { ops: 1, work }) {
             #[cfg(debug_assertions)]
             {
                 self.direct_key_check = Some((shapeless, dims));
@@ -184,6 +185,7 @@ impl<V: Clone> Graph<V> {
                 dims,
                 region: None,
                 ops: 1,
+                work,
                 aliases,
                 args,
                 scalar_packs: packs,

@@ -41,14 +41,14 @@ impl<V: Clone> Graph<V> {
         self.flush_with(request, make_output, |_, _, _| false)
     }
 
-    /// [`Graph::flush`], asking `has_program(shapeless, dims, ops)` once the key is known: when it
+    /// [`Graph::flush`], asking `has_program(shapeless, dims, size)` once the key is known: when it
     /// answers yes, the region's source is not assembled (a warm flush needs only the key, the
     /// arguments and the outputs).
     pub fn flush_with(
         &mut self,
         request: FlushRequest<'_>,
         mut make_output: impl FnMut(&TensorType) -> V,
-        has_program: impl FnOnce(u64, u64, usize) -> bool,
+        has_program: impl FnOnce(u64, u64, RegionSize) -> bool,
     ) -> Result<Option<Flush<V>>, EngineError> {
         if self.pending.is_empty() {
             return Ok(None);
@@ -306,7 +306,12 @@ impl<V: Clone> Graph<V> {
             nodes => Arc::from(region_label(nodes)),
         };
         let ops = nodes.len();
-        let region = (!has_program(shapeless, dims, ops)).then(|| {
+        let work = nodes
+            .iter()
+            .flat_map(|node| node.meta.outputs.iter())
+            .map(|t| t.numel() as u64)
+            .sum();
+        let region = (!has_program(shapeless, dims, RegionSize { ops, work })).then(|| {
             Box::new(RegionSource {
                 nodes,
                 operands,
@@ -327,6 +332,7 @@ impl<V: Clone> Graph<V> {
             dims,
             region,
             ops,
+            work,
             aliases,
             args,
             scalar_packs: packs,

@@ -203,6 +203,14 @@ pub struct ExternalValue<V> {
     pub ty: TensorType,
 }
 
+/// How big a region is, for choosing how hard to compile it: its ops, and the elements they
+/// produce (a function of the region's key, so one key always gets one choice).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RegionSize {
+    pub ops: usize,
+    pub work: u64,
+}
+
 /// A planned region: everything the engine needs to compile (on a miss) and run it. Its output
 /// values are already installed in the storages that hold them.
 #[derive(Debug)]
@@ -216,6 +224,8 @@ pub struct Flush<V> {
     pub region: Option<Box<RegionSource>>,
     /// Number of ops that run.
     pub ops: usize,
+    /// Elements the ops that run produce.
+    pub work: u64,
     /// (argument, output) pairs: the output is the argument's storage's new value, and the
     /// argument's buffer is donated to it.
     pub aliases: SmallVec<[(u32, u32); 2]>,

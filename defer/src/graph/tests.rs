@@ -42,7 +42,7 @@ fn direct_and_flush_keys(
             call(op, inputs, scalars, outs),
             |_| 0,
             |s, d, ops| {
-                assert_eq!(ops, 1);
+                assert_eq!(ops.ops, 1);
                 asked = Some((s, d));
                 false
             },

@@ -99,8 +99,8 @@ impl Engine {
         let mut recorded = None;
         let flushed = self.flush_atomically(|made, planned| {
             let mut cached = None;
-            let has_program = |shapeless, dims, ops| {
-                cached = self.lookup_program(shapeless, dims, ops);
+            let has_program = |shapeless, dims, size| {
+                cached = self.lookup_program(shapeless, dims, size);
                 cached.is_some()
             };
             let Some(flush) =
@@ -184,7 +184,10 @@ impl Engine {
             key: CacheKey {
                 shapeless: flush.shapeless,
                 dims: flush.dims,
-                options: self.options_for(flush.ops),
+                options: self.options_for(defer::RegionSize {
+                    ops: flush.ops,
+                    work: flush.work,
+                }),
             },
             label: flush.label.clone(),
             ops: flush.ops,

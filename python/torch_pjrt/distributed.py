@@ -21,7 +21,8 @@ import os
 import sys
 import threading
 
-import torch
+# No top-level `import torch`: `import torch_pjrt` may come first, and importing torch then
+# reaches this package's autoload while it is still being imported.
 
 CHECK_MODES = ("off", "dispatch")
 
@@ -128,9 +129,15 @@ _registered = False
 def register() -> None:
     """Registers the ``"pjrt"`` c10d backend (once; a no-op without ``torch.distributed``)."""
     global _registered
-    if _registered or not torch.distributed.is_available():
+    if _registered:
         return
-    import torch.distributed as dist
+    import torch
+
+    # Inside torch's own import (its device-backend autoload) torch.distributed may not be
+    # there yet: the call made once torch is imported registers it then.
+    dist = getattr(torch, "distributed", None)
+    if dist is None or not hasattr(dist, "Backend") or not dist.is_available():
+        return
 
     if "pjrt" not in dist.Backend.backend_list:
         dist.Backend.register_backend(

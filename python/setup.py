@@ -55,6 +55,7 @@ sources = [
     os.path.join(CSRC, "sampling.cpp"),
     os.path.join(CSRC, "bags_and_windows.cpp"),
     os.path.join(CSRC, "grid_sample.cpp"),
+    os.path.join(CSRC, "complex.cpp"),
     os.path.join(CSRC, "autocast.cpp"),
     os.path.join(CSRC, "graphs.cpp"),
     os.path.join(CSRC, "profiler.cpp"),

@@ -335,6 +335,7 @@ fn runtime_zero(e: &mut Emitter, v: Value) -> Option<Value> {
     let flat = e.reshape(v, &[numel]);
     let first = e.slice(flat, &[0], &[1], &[1]);
     let first = e.reshape(first, &[]);
+    let first = e.real(first);
     let bits = match e.dtype(first) {
         DType::F32 => bitcast(e, first, DType::I32),
         DType::F64 => bitcast(e, first, DType::I64),
@@ -351,6 +352,13 @@ fn runtime_zero(e: &mut Emitter, v: Value) -> Option<Value> {
 /// `v` unchanged, bit for bit, but computed after `zero` (an `i32` zero from `runtime_zero`).
 fn after(e: &mut Emitter, v: Value, zero: Value) -> Value {
     let dtype = e.dtype(v);
+    if dtype.is_complex() {
+        let re = e.real(v);
+        let im = e.imag(v);
+        let re = after(e, re, zero);
+        let im = after(e, im, zero);
+        return e.complex(re, im);
+    }
     let shape = e.shape(v).to_vec();
     let as_int = match dtype {
         DType::F32 => Some(DType::I32),

@@ -40,6 +40,15 @@ fn encode(dtype: DType, value: ScalarValue, out: &mut PackBytes) {
         DType::BF16 => out.extend_from_slice(&f32_to_bf16_bits(f as f32).to_le_bytes()),
         DType::F32 => out.extend_from_slice(&(f as f32).to_le_bytes()),
         DType::F64 => out.extend_from_slice(&f.to_le_bytes()),
+        // A real scalar in a complex computation: its imaginary part is 0.
+        DType::C64 => {
+            out.extend_from_slice(&(f as f32).to_le_bytes());
+            out.extend_from_slice(&0f32.to_le_bytes());
+        }
+        DType::C128 => {
+            out.extend_from_slice(&f.to_le_bytes());
+            out.extend_from_slice(&0f64.to_le_bytes());
+        }
     }
 }
 

@@ -19,7 +19,7 @@ fn bitcast_same_size(e: &mut Emitter, v: Value, to: DType) -> Value {
         return e.convert(v, to);
     }
     let ty = e.ty(v).with_dtype(to);
-    e.op("stablehlo.bitcast_convert", &[v], "", ty)
+    e.bitcast(v, ty)
 }
 
 /// The dtype of the element size `size`: the view's or the base's.
@@ -84,7 +84,7 @@ pub fn lower_chain(
                     shape.pop();
                 }
                 let ty = TensorType::new(to, &shape);
-                e.op("stablehlo.bitcast_convert", &[v], "", ty)
+                e.bitcast(v, ty)
             }
             ViewOp::Gather { indices, shape } => {
                 let n = indices.len() as i64;

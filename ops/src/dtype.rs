@@ -18,12 +18,14 @@ pub enum DType {
     F16 = 5,
     F32 = 6,
     F64 = 7,
+    C64 = 9,
+    C128 = 10,
     Bool = 11,
     BF16 = 15,
 }
 
 impl DType {
-    pub const ALL: [DType; 10] = [
+    pub const ALL: [DType; 12] = [
         DType::U8,
         DType::I8,
         DType::I16,
@@ -32,6 +34,8 @@ impl DType {
         DType::F16,
         DType::F32,
         DType::F64,
+        DType::C64,
+        DType::C128,
         DType::Bool,
         DType::BF16,
     ];
@@ -56,12 +60,36 @@ impl DType {
             DType::U8 | DType::I8 | DType::Bool => 1,
             DType::I16 | DType::F16 | DType::BF16 => 2,
             DType::I32 | DType::F32 => 4,
-            DType::I64 | DType::F64 => 8,
+            DType::I64 | DType::F64 | DType::C64 => 8,
+            DType::C128 => 16,
         }
     }
 
     pub fn is_float(self) -> bool {
         matches!(self, DType::F16 | DType::BF16 | DType::F32 | DType::F64)
+    }
+
+    /// complex64 and complex128 (neither floating point nor integral, as in PyTorch).
+    pub fn is_complex(self) -> bool {
+        matches!(self, DType::C64 | DType::C128)
+    }
+
+    /// The dtype of a complex dtype's real and imaginary parts; any other dtype itself.
+    pub fn real_part(self) -> DType {
+        match self {
+            DType::C64 => DType::F32,
+            DType::C128 => DType::F64,
+            d => d,
+        }
+    }
+
+    /// The complex dtype whose parts have this float dtype (`c10::toComplexType`): float64 gives
+    /// complex128, the narrower floats complex64; a complex dtype is itself.
+    pub fn to_complex(self) -> DType {
+        match self {
+            DType::F64 | DType::C128 => DType::C128,
+            _ => DType::C64,
+        }
     }
 
     pub fn is_integral(self, include_bool: bool) -> bool {
@@ -101,6 +129,8 @@ impl DType {
             DType::F16 => "f16",
             DType::F32 => "f32",
             DType::F64 => "f64",
+            DType::C64 => "complex<f32>",
+            DType::C128 => "complex<f64>",
             DType::Bool => "i1",
             DType::BF16 => "bf16",
         }
@@ -117,6 +147,8 @@ impl DType {
             DType::F16 => "float16",
             DType::F32 => "float32",
             DType::F64 => "float64",
+            DType::C64 => "complex64",
+            DType::C128 => "complex128",
             DType::Bool => "bool",
             DType::BF16 => "bfloat16",
         }
@@ -137,6 +169,8 @@ impl DType {
             DType::F16 => "Half",
             DType::F32 => "Float",
             DType::F64 => "Double",
+            DType::C64 => "ComplexFloat",
+            DType::C128 => "ComplexDouble",
             DType::Bool => "Bool",
             DType::BF16 => "BFloat16",
         }
@@ -153,6 +187,8 @@ impl DType {
             DType::F16 => "c10::Half",
             DType::F32 => "float",
             DType::F64 => "double",
+            DType::C64 => "c10::complex<float>",
+            DType::C128 => "c10::complex<double>",
             DType::Bool => "bool",
             DType::BF16 => "c10::BFloat16",
         }
@@ -169,6 +205,8 @@ impl DType {
             DType::F16 => "c10::Half",
             DType::F32 => "float",
             DType::F64 => "double",
+            DType::C64 => "c10::complex<float>",
+            DType::C128 => "c10::complex<double>",
             DType::Bool => "bool",
             DType::BF16 => "c10::BFloat16",
         }
@@ -184,7 +222,8 @@ impl DType {
             DType::I64 => i64::MAX as f64,
             DType::F16 => 65504.0,
             DType::F32 => f32::MAX as f64,
-            DType::F64 => f64::MAX,
+            DType::F64 | DType::C128 => f64::MAX,
+            DType::C64 => f32::MAX as f64,
             DType::Bool => 1.0,
             DType::BF16 => 3.3895313892515355e38,
         }

@@ -141,8 +141,40 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
         OpId::Lerp => lerp_meta(a),
         OpId::Addcmul | OpId::Addcdiv => addc_meta(a),
         OpId::MaskedFill => masked_fill_meta(a),
+        OpId::Complex => complex_meta(a),
+        OpId::ConjPhysical => {
+            a.expect_counts(1..=1, 0..=0)?;
+            Ok(Meta::single(a.inputs[0].clone(), vec![]))
+        }
         _ => binary_meta(a),
     }
+}
+
+/// `torch.complex(real, imag)`: the parts must be float tensors of one dtype.
+fn complex_meta(a: &MetaArgs) -> Result<Meta, OpError> {
+    a.expect_counts(2..=2, 0..=0)?;
+    let (re, im) = (&a.inputs[0], &a.inputs[1]);
+    let part = |d: DType| matches!(d, DType::F16 | DType::F32 | DType::F64);
+    ensure!(
+        part(re.dtype) && part(im.dtype),
+        "Expected both inputs to be Half, Float or Double tensors but got {} and {}",
+        re.dtype.scalar_type_name(),
+        im.dtype.scalar_type_name()
+    );
+    ensure!(
+        re.dtype == im.dtype,
+        "Expected object of scalar type {} but got scalar type {} for second argument",
+        re.dtype.scalar_type_name(),
+        im.dtype.scalar_type_name()
+    );
+    if re.dtype == DType::F16 {
+        return Err(not_implemented_for("complex", re.dtype));
+    }
+    let shape = broadcast_shapes(&re.shape, &im.shape)?;
+    Ok(Meta::single(
+        TensorType::new(re.dtype.to_complex(), &shape),
+        vec![],
+    ))
 }
 
 fn unary_meta(a: &MetaArgs) -> Result<Meta, OpError> {
@@ -160,6 +192,8 @@ fn unary_meta(a: &MetaArgs) -> Result<Meta, OpError> {
             d
         }
         Abs if d == DType::Bool => return Err(not_implemented_for("abs_cpu", d)),
+        // The magnitude of a complex value is real.
+        Abs => d.real_part(),
         Relu => {
             ensure!(d != DType::Bool, "Boolean inputs not supported for relu");
             d
@@ -662,6 +696,13 @@ pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpErro
         OpId::Lerp => lower_lerp(e, a),
         OpId::Addcmul | OpId::Addcdiv => lower_addc(e, a),
         OpId::MaskedFill => lower_masked_fill(e, a),
+        OpId::Complex => {
+            let shape = a.out(0).shape.clone();
+            let re = e.broadcast_to(a.inputs[0], &shape);
+            let im = e.broadcast_to(a.inputs[1], &shape);
+            e.complex(re, im)
+        }
+        OpId::ConjPhysical => e.conj(a.inputs[0]),
         _ => lower_binary(e, a)?,
     };
     Ok(vec![v])
@@ -742,6 +783,7 @@ fn lower_unary(e: &mut Emitter, a: &LowerArgs) -> Result<Value, OpError> {
             return Ok(e.compare_const(Cmp::Eq, abs, f64::INFINITY));
         }
         Neg => return Ok(e.neg(x)),
+        Abs if in_dtype.is_complex() => return Ok(e.op("stablehlo.abs", &[x], "", out)),
         Abs if !in_dtype.is_float() => return Ok(e.abs(x)),
         Sign if !in_dtype.is_float() => return Ok(e.unary("stablehlo.sign", x)),
         Relu if !in_dtype.is_float() => {

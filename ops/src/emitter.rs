@@ -169,6 +169,15 @@ pub fn literal(dtype: DType, value: ScalarValue) -> String {
             };
             wrapped.to_string()
         }
+        // A real value as a complex element: `(real, imaginary)`.
+        DType::C64 | DType::C128 => {
+            let part = dtype.real_part();
+            format!(
+                "({}, {})",
+                literal(part, value),
+                literal(part, ScalarValue::Int(0))
+            )
+        }
         d => {
             let x = value.as_f64();
             // Small integers are exact in every float type: print them readably.
@@ -187,7 +196,7 @@ pub fn literal(dtype: DType, value: ScalarValue) -> String {
 
 fn comparison_type(dtype: DType) -> &'static str {
     match dtype {
-        d if d.is_float() => "FLOAT",
+        d if d.is_float() || d.is_complex() => "FLOAT",
         d if d.is_signed_int() => "SIGNED",
         _ => "UNSIGNED",
     }
@@ -458,7 +467,7 @@ impl Emitter {
     /// A constant of `v`'s type filled with `value`.
     pub fn full_like(&mut self, v: Value, value: f64) -> Value {
         let ty = self.ty(v).clone();
-        let value = if ty.dtype.is_float() {
+        let value = if ty.dtype.is_float() || ty.dtype.is_complex() {
             ScalarValue::Float(value)
         } else {
             ScalarValue::Int(value as i64)
@@ -725,8 +734,18 @@ impl Emitter {
         self.op("stablehlo.select", &[pred, on_true, on_false], "", ty)
     }
 
-    /// Raw `stablehlo.convert` (float to int truncates toward zero).
+    /// Raw `stablehlo.convert` (float to int truncates toward zero). A complex value converted
+    /// to a real dtype gives its real part, as PyTorch's casts do (StableHLO leaves that
+    /// conversion undefined, so the real part is taken first).
     pub fn convert(&mut self, v: Value, dtype: DType) -> Value {
+        if self.dtype(v) == dtype {
+            return v;
+        }
+        let v = if self.dtype(v).is_complex() && !dtype.is_complex() {
+            self.real(v)
+        } else {
+            v
+        };
         if self.dtype(v) == dtype {
             return v;
         }
@@ -743,6 +762,94 @@ impl Emitter {
             return self.compare_const(Cmp::Ne, v, 0.0);
         }
         self.convert(v, dtype)
+    }
+
+    // ---- complex values ------------------------------------------------------------------
+
+    /// The real part of a complex value (a real value itself).
+    pub fn real(&mut self, v: Value) -> Value {
+        self.part("stablehlo.real", v)
+    }
+
+    /// The imaginary part of a complex value.
+    pub fn imag(&mut self, v: Value) -> Value {
+        self.part("stablehlo.imag", v)
+    }
+
+    fn part(&mut self, name: &str, v: Value) -> Value {
+        let ty = self.ty(v);
+        if !ty.dtype.is_complex() {
+            return v;
+        }
+        let ty = ty.with_dtype(ty.dtype.real_part());
+        self.op(name, &[v], "", ty)
+    }
+
+    /// The complex value with parts `re` and `im` (of one float type and shape).
+    pub fn complex(&mut self, re: Value, im: Value) -> Value {
+        let ty = self.ty(re);
+        let ty = ty.with_dtype(ty.dtype.to_complex());
+        self.op("stablehlo.complex", &[re, im], "", ty)
+    }
+
+    /// The complex conjugate (a real value itself).
+    pub fn conj(&mut self, v: Value) -> Value {
+        if !self.dtype(v).is_complex() {
+            return v;
+        }
+        let re = self.real(v);
+        let im = self.imag(v);
+        let im = self.neg(im);
+        self.complex(re, im)
+    }
+
+    /// `v`'s bits read as `ty` (`stablehlo.bitcast_convert`, with its shape rules: a narrower
+    /// element type adds a trailing dimension, a wider one takes it away); `ty` may regroup the
+    /// elements into any shape of the same byte count. StableHLO reinterprets complex values only
+    /// as complex ones, so a complex value is read as pairs of its parts (its memory layout), and
+    /// pairs of parts make a complex value.
+    pub fn bitcast(&mut self, v: Value, ty: TensorType) -> Value {
+        let from = self.ty(v).clone();
+        if from == ty {
+            return v;
+        }
+        if from.dtype.is_complex() {
+            let re = self.real(v);
+            let im = self.imag(v);
+            let mut paired = from.shape.to_vec();
+            paired.push(1);
+            let re = self.reshape(re, &paired);
+            let im = self.reshape(im, &paired);
+            let parts = self.concatenate(&[re, im], paired.len() - 1);
+            return self.bitcast(parts, ty);
+        }
+        if ty.dtype.is_complex() {
+            let mut paired = ty.shape.to_vec();
+            paired.push(2);
+            let parts = self.bitcast(v, TensorType::new(ty.dtype.real_part(), &paired));
+            let last = paired.len() - 1;
+            let re = self.slice_dim(parts, last, 0, 1, 1);
+            let im = self.slice_dim(parts, last, 1, 2, 1);
+            let re = self.reshape(re, &ty.shape);
+            let im = self.reshape(im, &ty.shape);
+            return self.complex(re, im);
+        }
+        let (fs, ts) = (from.dtype.size_bytes(), ty.dtype.size_bytes());
+        if fs == ts {
+            let v = self.reshape(v, &ty.shape);
+            return self.op("stablehlo.bitcast_convert", &[v], "", ty);
+        }
+        if fs < ts {
+            let mut grouped = ty.shape.to_vec();
+            grouped.push((ts / fs) as i64);
+            let v = self.reshape(v, &grouped);
+            return self.op("stablehlo.bitcast_convert", &[v], "", ty);
+        }
+        let mut split = from.shape.to_vec();
+        split.push((fs / ts) as i64);
+        let split = TensorType::new(ty.dtype, &split);
+        let v = self.op("stablehlo.bitcast_convert", &[v], "", split);
+        self.reshape(v, &ty.shape)
     }
 
     // ---- reductions and contractions -----------------------------------------------------
@@ -861,7 +968,7 @@ impl Emitter {
     /// float64 always at full precision. CPU compilers ignore it.
     pub fn precision_config(&self, operand: Value) -> &'static str {
         match (self.dtype(operand), Precision::current()) {
-            (DType::F64, _) | (DType::F32, Precision::Highest) => {
+            (DType::F64 | DType::C64 | DType::C128, _) | (DType::F32, Precision::Highest) => {
                 ", precision_config = [#stablehlo<precision HIGHEST>, #stablehlo<precision HIGHEST>]"
             }
             (DType::F32, Precision::High) => {

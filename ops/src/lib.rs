@@ -129,7 +129,9 @@ pub fn meta(
         scalars,
         params: Params::new(op, params),
     };
+    refuse_complex(op, inputs)?;
     let mut meta = family_meta(&args)?;
+    refuse_complex(op, &meta.outputs)?;
     let default = DType::default_float();
     meta.float_default = (default != DType::F32).then_some(default);
     let precision = Precision::current();
@@ -140,6 +142,23 @@ pub fn meta(
         meta.matmul_precision = Some(precision);
     }
     Ok(meta)
+}
+
+/// PyTorch's message for an op its kernel does not implement for a dtype, when `op` reads or
+/// makes a complex tensor and its lowering is not known to be right for complex values
+/// ([`OpFacts::complex`]).
+fn refuse_complex(op: OpId, types: &[TensorType]) -> Result<(), OpError> {
+    if op.facts().complex {
+        return Ok(());
+    }
+    match types.iter().find(|t| t.dtype.is_complex()) {
+        Some(t) => Err(OpError::not_implemented(format!(
+            "\"{}\" is not implemented for '{}' on pjrt",
+            op.name(),
+            t.dtype.scalar_type_name()
+        ))),
+        None => Ok(()),
+    }
 }
 
 fn family_meta(args: &MetaArgs<'_>) -> Result<Meta, OpError> {
@@ -252,6 +271,33 @@ mod catalogue_tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn complex_values_reach_only_the_ops_that_compute_them() {
+        let z = TensorType::new(DType::C64, &[3]);
+        let x = TensorType::new(DType::F32, &[3]);
+        // An op lowered for real numbers refuses complex inputs, and complex results.
+        let e = meta(OpId::Erf, std::slice::from_ref(&z), &[], &[]).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::NotImplemented);
+        assert_eq!(
+            e.message,
+            "\"erf\" is not implemented for 'ComplexFloat' on pjrt"
+        );
+        let e = meta(OpId::Eye, &[], &[], &[DType::C64.code() as i64, 2, 2]);
+        assert_eq!(e.unwrap_err().kind, ErrorKind::NotImplemented);
+        // The magnitude is real; a complex product of a complex and a real tensor is complex.
+        let m = meta(OpId::Abs, std::slice::from_ref(&z), &[], &[]).unwrap();
+        assert_eq!(m.outputs[0].dtype, DType::F32);
+        let m = meta(OpId::Mul, &[z.clone(), x.clone()], &[], &[]).unwrap();
+        assert_eq!(m.outputs[0].dtype, DType::C64);
+        let m = meta(OpId::Zeros, &[], &[], &[DType::C128.code() as i64, 2]).unwrap();
+        assert_eq!(m.outputs[0].dtype, DType::C128);
+        // torch.complex takes two float tensors of one dtype.
+        let m = meta(OpId::Complex, &[x.clone(), x.clone()], &[], &[]).unwrap();
+        assert_eq!(m.outputs[0].dtype, DType::C64);
+        let x64 = TensorType::new(DType::F64, &[3]);
+        assert!(meta(OpId::Complex, &[x, x64], &[], &[]).is_err());
     }
 
     #[test]

@@ -49,6 +49,10 @@ pub struct OpFacts {
     /// same-dtype unary ops: `neg`, `floor`…), where other ops cast into any dtype the result
     /// can be cast to.
     pub out_dtype_exact: bool,
+    /// Meta and lowering are right for complex operands and results. Any other op refuses
+    /// complex values with `NotImplementedError` (the plugin then runs it on the CPU), so a
+    /// lowering written for real numbers never computes a complex result.
+    pub complex: bool,
 }
 
 impl OpFacts {
@@ -63,6 +67,7 @@ impl OpFacts {
             product_operands_from: None,
             cheap_to_recompute: false,
             out_dtype_exact: false,
+            complex: false,
         }
     }
 }
@@ -115,21 +120,21 @@ macro_rules! op_catalogue {
 
 op_catalogue! {
     // ---- unary elementwise -------------------------------------------------------------
-    Neg = "neg", family: Elementwise, inputs: "self", scalars: "", params: "", facts: { out_dtype_exact: true };
-    Abs = "abs", family: Elementwise, inputs: "self", scalars: "", params: "", facts: { out_dtype_exact: true };
-    Exp = "exp", family: Elementwise, inputs: "self", scalars: "", params: "";
+    Neg = "neg", family: Elementwise, inputs: "self", scalars: "", params: "", facts: { complex: true, out_dtype_exact: true };
+    Abs = "abs", family: Elementwise, inputs: "self", scalars: "", params: "", facts: { complex: true, out_dtype_exact: true };
+    Exp = "exp", family: Elementwise, inputs: "self", scalars: "", params: "", facts: { complex: true };
     Exp2 = "exp2", family: Elementwise, inputs: "self", scalars: "", params: "";
-    Log = "log", family: Elementwise, inputs: "self", scalars: "", params: "";
+    Log = "log", family: Elementwise, inputs: "self", scalars: "", params: "", facts: { complex: true };
     Log2 = "log2", family: Elementwise, inputs: "self", scalars: "", params: "";
     Log10 = "log10", family: Elementwise, inputs: "self", scalars: "", params: "";
     Log1p = "log1p", family: Elementwise, inputs: "self", scalars: "", params: "";
     Expm1 = "expm1", family: Elementwise, inputs: "self", scalars: "", params: "";
-    Sqrt = "sqrt", family: Elementwise, inputs: "self", scalars: "", params: "";
+    Sqrt = "sqrt", family: Elementwise, inputs: "self", scalars: "", params: "", facts: { complex: true };
     Rsqrt = "rsqrt", family: Elementwise, inputs: "self", scalars: "", params: "";
-    Sin = "sin", family: Elementwise, inputs: "self", scalars: "", params: "";
-    Cos = "cos", family: Elementwise, inputs: "self", scalars: "", params: "";
+    Sin = "sin", family: Elementwise, inputs: "self", scalars: "", params: "", facts: { complex: true };
+    Cos = "cos", family: Elementwise, inputs: "self", scalars: "", params: "", facts: { complex: true };
     Tan = "tan", family: Elementwise, inputs: "self", scalars: "", params: "";
-    Tanh = "tanh", family: Elementwise, inputs: "self", scalars: "", params: "";
+    Tanh = "tanh", family: Elementwise, inputs: "self", scalars: "", params: "", facts: { complex: true };
     Sigmoid = "sigmoid", family: Elementwise, inputs: "self", scalars: "", params: "";
     Relu = "relu", family: Elementwise, inputs: "self", scalars: "", params: "";
     Gelu = "gelu", family: Elementwise, inputs: "self", scalars: "", params: "[approximate?: 0 = none (default), 1 = tanh]";
@@ -143,7 +148,7 @@ op_catalogue! {
     Round = "round", family: Elementwise, inputs: "self", scalars: "", params: "[decimals?: default 0]", facts: { out_dtype_exact: true };
     Trunc = "trunc", family: Elementwise, inputs: "self", scalars: "", params: "", facts: { out_dtype_exact: true };
     Sign = "sign", family: Elementwise, inputs: "self", scalars: "", params: "", facts: { out_dtype_exact: true };
-    Reciprocal = "reciprocal", family: Elementwise, inputs: "self", scalars: "", params: "";
+    Reciprocal = "reciprocal", family: Elementwise, inputs: "self", scalars: "", params: "", facts: { complex: true };
     LogicalNot = "logical_not", family: Elementwise, inputs: "self", scalars: "", params: "";
     BitwiseNot = "bitwise_not", family: Elementwise, inputs: "self", scalars: "", params: "", facts: { out_dtype_exact: true };
     IsNan = "isnan", family: Elementwise, inputs: "self", scalars: "", params: "";
@@ -153,13 +158,13 @@ op_catalogue! {
         params: "[given?: bitmask 1 = nan, 2 = posinf, 4 = neginf; nan: f64 bits; posinf: f64 bits; neginf: f64 bits] (absent = nan->0, +-inf->dtype max/min)", facts: { out_dtype_exact: true };
 
     // ---- binary elementwise: `other` is inputs[1], or scalars[0] when only one input ----
-    Add = "add", family: Elementwise, inputs: "self, other", scalars: "other (when not an input), alpha?", params: "";
-    Sub = "sub", family: Elementwise, inputs: "self, other", scalars: "other (when not an input), alpha?", params: "";
+    Add = "add", family: Elementwise, inputs: "self, other", scalars: "other (when not an input), alpha?", params: "", facts: { complex: true };
+    Sub = "sub", family: Elementwise, inputs: "self, other", scalars: "other (when not an input), alpha?", params: "", facts: { complex: true };
     /// `other - alpha * self`.
-    Rsub = "rsub", family: Elementwise, inputs: "self, other", scalars: "other (when not an input), alpha?", params: "";
-    Mul = "mul", family: Elementwise, inputs: "self, other", scalars: "other (when not an input)", params: "";
+    Rsub = "rsub", family: Elementwise, inputs: "self, other", scalars: "other (when not an input), alpha?", params: "", facts: { complex: true };
+    Mul = "mul", family: Elementwise, inputs: "self, other", scalars: "other (when not an input)", params: "", facts: { complex: true };
     Div = "div", family: Elementwise, inputs: "self, other", scalars: "other (when not an input)",
-        params: "[rounding_mode?: 0 = true division (default), 1 = trunc, 2 = floor]";
+        params: "[rounding_mode?: 0 = true division (default), 1 = trunc, 2 = floor]", facts: { complex: true };
     Remainder = "remainder", family: Elementwise, inputs: "self, other", scalars: "other (when not an input)", params: "";
     Fmod = "fmod", family: Elementwise, inputs: "self, other", scalars: "other (when not an input)", params: "";
     /// `self ** exponent`; a scalar exponent stays a runtime scalar, and the values PyTorch's
@@ -171,8 +176,8 @@ op_catalogue! {
     Maximum = "maximum", family: Elementwise, inputs: "self, other", scalars: "other (when not an input)", params: "";
     Minimum = "minimum", family: Elementwise, inputs: "self, other", scalars: "other (when not an input)", params: "";
     Atan2 = "atan2", family: Elementwise, inputs: "self, other", scalars: "other (when not an input)", params: "";
-    Eq = "eq", family: Elementwise, inputs: "self, other", scalars: "other (when not an input)", params: "";
-    Ne = "ne", family: Elementwise, inputs: "self, other", scalars: "other (when not an input)", params: "";
+    Eq = "eq", family: Elementwise, inputs: "self, other", scalars: "other (when not an input)", params: "", facts: { complex: true };
+    Ne = "ne", family: Elementwise, inputs: "self, other", scalars: "other (when not an input)", params: "", facts: { complex: true };
     Lt = "lt", family: Elementwise, inputs: "self, other", scalars: "other (when not an input)", params: "";
     Le = "le", family: Elementwise, inputs: "self, other", scalars: "other (when not an input)", params: "";
     Gt = "gt", family: Elementwise, inputs: "self, other", scalars: "other (when not an input)", params: "";
@@ -190,7 +195,7 @@ op_catalogue! {
 
     // ---- ternary elementwise -----------------------------------------------------------
     Where = "where", family: Elementwise, inputs: "condition, self?, other?", scalars: "self?, other?",
-        params: "[self_kind?, other_kind?]: 1 = tensor (next input), 2 = scalar (next scalar); absent = tensors";
+        params: "[self_kind?, other_kind?]: 1 = tensor (next input), 2 = scalar (next scalar); absent = tensors", facts: { complex: true };
     Clamp = "clamp", family: Elementwise, inputs: "self, min?, max?", scalars: "min?, max?",
         params: "[min_kind, max_kind]: 0 = absent, 1 = tensor (next input), 2 = scalar (next scalar)";
     Lerp = "lerp", family: Elementwise, inputs: "self, end, weight?", scalars: "weight (when not an input)", params: "";
@@ -198,22 +203,22 @@ op_catalogue! {
     Addcdiv = "addcdiv", family: Elementwise, inputs: "self, tensor1, tensor2", scalars: "value? (default 1)", params: "";
 
     // ---- casts, copies and creation ----------------------------------------------------
-    Convert = "_to_copy", family: Creation, inputs: "self", scalars: "", params: "[dtype]", facts: { pointwise: true };
-    Clone = "clone", family: Creation, inputs: "self", scalars: "", params: "", facts: { pointwise: true };
+    Convert = "_to_copy", family: Creation, inputs: "self", scalars: "", params: "[dtype]", facts: { complex: true, pointwise: true };
+    Clone = "clone", family: Creation, inputs: "self", scalars: "", params: "", facts: { complex: true, pointwise: true };
     /// The new value of `self` after `self.copy_(src)`: `src` broadcast and cast to `self`.
-    Copy = "copy_", family: Creation, inputs: "self, src", scalars: "", params: "", facts: { pointwise: true };
-    Fill = "fill_", family: Creation, inputs: "self, value? (0-d tensor)", scalars: "value (when not an input)", params: "";
-    Full = "full", family: Creation, inputs: "", scalars: "fill_value", params: "[dtype, sizes...]", facts: { size_params_from: Some(1) };
-    Zeros = "zeros", family: Creation, inputs: "", scalars: "", params: "[dtype, sizes...]", facts: { size_params_from: Some(1) };
-    Ones = "ones", family: Creation, inputs: "", scalars: "", params: "[dtype, sizes...]", facts: { size_params_from: Some(1) };
+    Copy = "copy_", family: Creation, inputs: "self, src", scalars: "", params: "", facts: { complex: true, pointwise: true };
+    Fill = "fill_", family: Creation, inputs: "self, value? (0-d tensor)", scalars: "value (when not an input)", params: "", facts: { complex: true };
+    Full = "full", family: Creation, inputs: "", scalars: "fill_value", params: "[dtype, sizes...]", facts: { complex: true, size_params_from: Some(1) };
+    Zeros = "zeros", family: Creation, inputs: "", scalars: "", params: "[dtype, sizes...]", facts: { complex: true, size_params_from: Some(1) };
+    Ones = "ones", family: Creation, inputs: "", scalars: "", params: "[dtype, sizes...]", facts: { complex: true, size_params_from: Some(1) };
     Arange = "arange", family: Creation, inputs: "", scalars: "", params: "[dtype, start: f64 bits, end: f64 bits, step: f64 bits]";
     Linspace = "linspace", family: Creation, inputs: "", scalars: "start, end", params: "[dtype, steps]", facts: { size_params_from: Some(1) };
     Eye = "eye", family: Creation, inputs: "", scalars: "", params: "[dtype, n, m]", facts: { size_params_from: Some(1) };
 
     // ---- reductions (dims empty = all dims) --------------------------------------------
-    Sum = "sum", family: Reduce, inputs: "self", scalars: "", params: "[keepdim, dtype (-1 = none), dims...]";
-    Mean = "mean", family: Reduce, inputs: "self", scalars: "", params: "[keepdim, dtype (-1 = none), dims...]";
-    Prod = "prod", family: Reduce, inputs: "self", scalars: "", params: "[keepdim, dtype (-1 = none), dims...]";
+    Sum = "sum", family: Reduce, inputs: "self", scalars: "", params: "[keepdim, dtype (-1 = none), dims...]", facts: { complex: true };
+    Mean = "mean", family: Reduce, inputs: "self", scalars: "", params: "[keepdim, dtype (-1 = none), dims...]", facts: { complex: true };
+    Prod = "prod", family: Reduce, inputs: "self", scalars: "", params: "[keepdim, dtype (-1 = none), dims...]", facts: { complex: true };
     Amax = "amax", family: Reduce, inputs: "self", scalars: "", params: "[keepdim, dims...]";
     Amin = "amin", family: Reduce, inputs: "self", scalars: "", params: "[keepdim, dims...]";
     Argmax = "argmax", family: Reduce, inputs: "self", scalars: "", params: "[keepdim, dim?] (no dim = flattened)";
@@ -228,26 +233,26 @@ op_catalogue! {
     LogSoftmax = "_log_softmax", family: Reduce, inputs: "self", scalars: "", params: "[dim, half_to_float?]";
 
     // ---- matrix products ---------------------------------------------------------------
-    Mm = "mm", family: Linalg, inputs: "self, mat2", scalars: "", params: "", facts: { product_operands_from: Some(0) };
-    Bmm = "bmm", family: Linalg, inputs: "self, mat2", scalars: "", params: "", facts: { product_operands_from: Some(0) };
+    Mm = "mm", family: Linalg, inputs: "self, mat2", scalars: "", params: "", facts: { complex: true, product_operands_from: Some(0) };
+    Bmm = "bmm", family: Linalg, inputs: "self, mat2", scalars: "", params: "", facts: { complex: true, product_operands_from: Some(0) };
     /// `beta * self + alpha * (mat1 @ mat2)`.
     Addmm = "addmm", family: Linalg, inputs: "self, mat1, mat2", scalars: "beta? (default 1), alpha? (default 1)", params: "", facts: { product_operands_from: Some(1) };
     Baddbmm = "baddbmm", family: Linalg, inputs: "self, batch1, batch2", scalars: "beta? (default 1), alpha? (default 1)", params: "", facts: { product_operands_from: Some(1) };
-    Dot = "dot", family: Linalg, inputs: "self, other", scalars: "", params: "", facts: { product_operands_from: Some(0) };
-    Matmul = "matmul", family: Linalg, inputs: "self, other", scalars: "", params: "", facts: { product_operands_from: Some(0) };
+    Dot = "dot", family: Linalg, inputs: "self, other", scalars: "", params: "", facts: { complex: true, product_operands_from: Some(0) };
+    Matmul = "matmul", family: Linalg, inputs: "self, other", scalars: "", params: "", facts: { complex: true, product_operands_from: Some(0) };
 
     // ---- shape and indexing ------------------------------------------------------------
-    Cat = "cat", family: Shape, inputs: "tensors...", scalars: "", params: "[dim]";
-    Stack = "stack", family: Shape, inputs: "tensors...", scalars: "", params: "[dim]";
-    Flip = "flip", family: Shape, inputs: "self", scalars: "", params: "[dims...]";
-    Roll = "roll", family: Shape, inputs: "self", scalars: "", params: "[n, shifts x n, dims x (n or 0)] (no dims = roll the flattened tensor)";
+    Cat = "cat", family: Shape, inputs: "tensors...", scalars: "", params: "[dim]", facts: { complex: true };
+    Stack = "stack", family: Shape, inputs: "tensors...", scalars: "", params: "[dim]", facts: { complex: true };
+    Flip = "flip", family: Shape, inputs: "self", scalars: "", params: "[dims...]", facts: { complex: true };
+    Roll = "roll", family: Shape, inputs: "self", scalars: "", params: "[n, shifts x n, dims x (n or 0)] (no dims = roll the flattened tensor)", facts: { complex: true };
     ConstantPadNd = "constant_pad_nd", family: Shape, inputs: "self", scalars: "value? (default 0)",
         params: "[pad...]: (low, high) pairs from the last dim backwards; negative crops";
-    Repeat = "repeat", family: Shape, inputs: "self", scalars: "", params: "[repeats...]", facts: { size_params_from: Some(0) };
+    Repeat = "repeat", family: Shape, inputs: "self", scalars: "", params: "[repeats...]", facts: { complex: true, size_params_from: Some(0) };
     Tril = "tril", family: Shape, inputs: "self", scalars: "", params: "[diagonal?: default 0]";
     Triu = "triu", family: Shape, inputs: "self", scalars: "", params: "[diagonal?: default 0]";
-    Gather = "gather", family: Shape, inputs: "self, index", scalars: "", params: "[dim]", facts: { index_checks: true };
-    IndexSelect = "index_select", family: Shape, inputs: "self, index", scalars: "", params: "[dim]", facts: { index_checks: true };
+    Gather = "gather", family: Shape, inputs: "self, index", scalars: "", params: "[dim]", facts: { complex: true, index_checks: true };
+    IndexSelect = "index_select", family: Shape, inputs: "self, index", scalars: "", params: "[dim]", facts: { complex: true, index_checks: true };
     Scatter = "scatter", family: Shape, inputs: "self, index, src?", scalars: "value (when no src)", params: "[dim]", facts: { index_checks: true };
     ScatterAdd = "scatter_add", family: Shape, inputs: "self, index, src", scalars: "", params: "[dim]", facts: { index_checks: true };
     /// `src` combined into `self` at `index` along `dim` with a reduction other than a sum; a
@@ -255,13 +260,13 @@ op_catalogue! {
     ScatterReduce = "scatter_reduce", family: Shape, inputs: "self, index, src", scalars: "",
         params: "[dim, combiner]: 1 = prod, 2 = amax, 3 = amin", facts: { index_checks: true };
     Embedding = "embedding", family: Shape, inputs: "weight, indices", scalars: "", params: "", facts: { index_checks: true };
-    Expand = "expand", family: Shape, inputs: "self", scalars: "", params: "[sizes...] (-1 keeps a size)", facts: { pointwise: true, size_params_from: Some(0) };
+    Expand = "expand", family: Shape, inputs: "self", scalars: "", params: "[sizes...] (-1 keeps a size)", facts: { complex: true, pointwise: true, size_params_from: Some(0) };
     SumToSize = "sum_to_size", family: Shape, inputs: "self", scalars: "", params: "[sizes...]", facts: { size_params_from: Some(0) };
-    Reshape = "reshape", family: Shape, inputs: "self", scalars: "", params: "[sizes...] (one -1 is inferred)", facts: { pointwise: true, size_params_from: Some(0) };
-    Permute = "permute", family: Shape, inputs: "self", scalars: "", params: "[dims...]", facts: { pointwise: true };
-    Transpose = "transpose", family: Shape, inputs: "self", scalars: "", params: "[dim0, dim1]", facts: { pointwise: true };
-    Slice = "slice", family: Shape, inputs: "self", scalars: "", params: "[dim, start, end, step] (start/end clamped like Python)", facts: { pointwise: true };
-    Select = "select", family: Shape, inputs: "self", scalars: "", params: "[dim, index]", facts: { pointwise: true };
+    Reshape = "reshape", family: Shape, inputs: "self", scalars: "", params: "[sizes...] (one -1 is inferred)", facts: { complex: true, pointwise: true, size_params_from: Some(0) };
+    Permute = "permute", family: Shape, inputs: "self", scalars: "", params: "[dims...]", facts: { complex: true, pointwise: true };
+    Transpose = "transpose", family: Shape, inputs: "self", scalars: "", params: "[dim0, dim1]", facts: { complex: true, pointwise: true };
+    Slice = "slice", family: Shape, inputs: "self", scalars: "", params: "[dim, start, end, step] (start/end clamped like Python)", facts: { complex: true, pointwise: true };
+    Select = "select", family: Shape, inputs: "self", scalars: "", params: "[dim, index]", facts: { complex: true, pointwise: true };
 
     // ---- backward ops ------------------------------------------------------------------
     ThresholdBackward = "threshold_backward", family: Backward, inputs: "grad_output, self", scalars: "threshold", params: "", facts: { pointwise: true };
@@ -445,6 +450,12 @@ op_catalogue! {
     /// promoted dtype); `invert` negates.
     Isin = "isin", family: Reduce, inputs: "elements, test_elements", scalars: "test_elements (when not an input)",
         params: "[invert]";
+
+    // ---- complex numbers ---------------------------------------------------------------
+    /// `torch.complex(real, imag)`: two float tensors of one dtype, broadcast together.
+    Complex = "complex", family: Elementwise, inputs: "real, imag", scalars: "", params: "", facts: { complex: true };
+    /// The complex conjugate as stored values (no conjugate bit); a real tensor's copy.
+    ConjPhysical = "_conj_physical", family: Elementwise, inputs: "self", scalars: "", params: "", facts: { complex: true };
 }
 
 impl OpId {

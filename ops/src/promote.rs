@@ -11,6 +11,14 @@ pub fn promote_types(a: DType, b: DType) -> DType {
     }
     match (a, b) {
         (Bool, x) | (x, Bool) => x,
+        // A complex dtype wide enough for both: complex64 with float64 is complex128.
+        (x, y) if x.is_complex() || y.is_complex() => {
+            if x == C128 || y == C128 || x == F64 || y == F64 {
+                C128
+            } else {
+                C64
+            }
+        }
         (F16, BF16) | (BF16, F16) => F32,
         (x, y) if x.is_float() && y.is_float() => float_rank_max(x, y),
         (x, y) if x.is_float() => {
@@ -73,6 +81,13 @@ fn promote_opt(a: Option<DType>, b: DType) -> Option<DType> {
 /// The higher-priority result wins unless the lower one is of a higher category.
 fn combine_categories(higher: Option<DType>, lower: Option<DType>) -> Option<DType> {
     let Some(h) = higher else { return lower };
+    if h.is_complex() {
+        return Some(h);
+    }
+    if let Some(l) = lower.filter(|l| l.is_complex()) {
+        // A float keeps its width in the complex result; an integer takes the complex dtype.
+        return Some(if h.is_float() { h.to_complex() } else { l });
+    }
     if h.is_float() {
         return Some(h);
     }
@@ -126,7 +141,7 @@ pub fn result_type(operands: &[Operand<'_>]) -> DType {
 
 /// Integer and bool results of "float ops" (true division, sqrt, ...) become the default dtype.
 pub fn to_float(d: DType) -> DType {
-    if d.is_float() {
+    if d.is_float() || d.is_complex() {
         d
     } else {
         DType::default_float()
@@ -197,7 +212,7 @@ pub fn fits_in(value: crate::dtype::ScalarValue, dtype: DType) -> bool {
         }
         ScalarValue::Int(i) => (i as f64).abs() <= dtype.max_value(),
         ScalarValue::Float(f) => {
-            if dtype.is_float() {
+            if dtype.is_float() || dtype.is_complex() {
                 !f.is_finite() || (f >= dtype.min_value() && f <= dtype.max_value())
             } else {
                 f.is_finite() && f >= dtype.min_value() && f <= dtype.max_value()
@@ -252,6 +267,32 @@ mod tests {
         assert_eq!(promote_types(DType::BF16, DType::F16), DType::F32);
         assert_eq!(promote_types(DType::I64, DType::F16), DType::F16);
         assert_eq!(promote_types(DType::Bool, DType::U8), DType::U8);
+    }
+
+    #[test]
+    fn complex_promotion() {
+        assert_eq!(promote_types(DType::C64, DType::F64), DType::C128);
+        assert_eq!(promote_types(DType::F16, DType::C64), DType::C64);
+        assert_eq!(promote_types(DType::I64, DType::C64), DType::C64);
+        assert_eq!(promote_types(DType::C64, DType::C128), DType::C128);
+        let f64_tensor = TensorType::new(DType::F64, &[3]);
+        let i32_tensor = TensorType::new(DType::I32, &[3]);
+        let c64_zero_d = TensorType::scalar(DType::C64);
+        // A 0-d complex operand raises the category, keeping the float operand's width.
+        assert_eq!(
+            result_type(&[Operand::Tensor(&f64_tensor), Operand::Tensor(&c64_zero_d)]),
+            DType::C128
+        );
+        assert_eq!(
+            result_type(&[Operand::Tensor(&i32_tensor), Operand::Tensor(&c64_zero_d)]),
+            DType::C64
+        );
+        let c128 = TensorType::new(DType::C128, &[3]);
+        let zero_d_f32 = ScalarArg::tensor(ScalarValue::Float(1.0), DType::F32);
+        assert_eq!(
+            result_type(&[Operand::Tensor(&c128), Operand::Scalar(&zero_d_f32)]),
+            DType::C128
+        );
     }
 
     #[test]

@@ -218,7 +218,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
         }),
         Mean => {
             let d = dtype_arg.unwrap_or(x.dtype);
-            if !d.is_float() {
+            if !d.is_float() && !d.is_complex() {
                 let which = if dtype_arg.is_some() {
                     "Optional"
                 } else {

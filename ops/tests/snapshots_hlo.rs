@@ -194,3 +194,41 @@ snapshot!(
     [],
     [1, -100]
 );
+// Complex values: a real Python scalar lifted as a complex one, the real magnitude, the parts
+// put together, the conjugate, a complex sum and a complex product.
+snapshot!(
+    add_complex_real_scalar,
+    OpId::Add,
+    [t(DType::C64, &[3])],
+    [ScalarArg::float(2.0)],
+    []
+);
+snapshot!(abs_complex, OpId::Abs, [t(DType::C128, &[3])], [], []);
+snapshot!(
+    complex_from_parts,
+    OpId::Complex,
+    [t(DType::F32, &[2, 3]), t(DType::F32, &[3])],
+    [],
+    []
+);
+snapshot!(
+    conj_physical,
+    OpId::ConjPhysical,
+    [t(DType::C64, &[3])],
+    [],
+    []
+);
+snapshot!(
+    sum_complex,
+    OpId::Sum,
+    [t(DType::C64, &[2, 3])],
+    [],
+    [0, -1, 1]
+);
+snapshot!(
+    mm_complex,
+    OpId::Mm,
+    [t(DType::C64, &[2, 3]), t(DType::C64, &[3, 4])],
+    [],
+    []
+);

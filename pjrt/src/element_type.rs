@@ -15,10 +15,12 @@ pub enum ElementType {
     BF16,
     F32,
     F64,
+    C64,
+    C128,
 }
 
 impl ElementType {
-    pub const ALL: [ElementType; 10] = [
+    pub const ALL: [ElementType; 12] = [
         ElementType::Pred,
         ElementType::S8,
         ElementType::S16,
@@ -29,6 +31,8 @@ impl ElementType {
         ElementType::BF16,
         ElementType::F32,
         ElementType::F64,
+        ElementType::C64,
+        ElementType::C128,
     ];
 
     /// Bytes per element in a dense host buffer.
@@ -37,7 +41,8 @@ impl ElementType {
             ElementType::Pred | ElementType::S8 | ElementType::U8 => 1,
             ElementType::S16 | ElementType::F16 | ElementType::BF16 => 2,
             ElementType::S32 | ElementType::F32 => 4,
-            ElementType::S64 | ElementType::F64 => 8,
+            ElementType::S64 | ElementType::F64 | ElementType::C64 => 8,
+            ElementType::C128 => 16,
         }
     }
 
@@ -54,6 +59,8 @@ impl ElementType {
             ElementType::BF16 => "bf16",
             ElementType::F32 => "f32",
             ElementType::F64 => "f64",
+            ElementType::C64 => "complex<f32>",
+            ElementType::C128 => "complex<f64>",
         }
     }
 
@@ -69,6 +76,8 @@ impl ElementType {
             ElementType::BF16 => sys::PJRT_Buffer_Type_BF16,
             ElementType::F32 => sys::PJRT_Buffer_Type_F32,
             ElementType::F64 => sys::PJRT_Buffer_Type_F64,
+            ElementType::C64 => sys::PJRT_Buffer_Type_C64,
+            ElementType::C128 => sys::PJRT_Buffer_Type_C128,
         }
     }
 

@@ -22,7 +22,7 @@ mod graphs;
 type FlushedValues = smallvec::SmallVec<[DeviceValue; 2]>;
 
 /// The engine version: part of every cache key and cache directory name.
-pub const ENGINE_VERSION: &str = concat!("torch-pjrt-", env!("CARGO_PKG_VERSION"), "+hlo11");
+pub const ENGINE_VERSION: &str = concat!("torch-pjrt-", env!("CARGO_PKG_VERSION"), "+hlo12");
 
 /// Above this many pending ops DeferAndFuse flushes on its own. Compile time grows ~0.7 ms per op
 /// past a hundred on the CPU plugin (0.5 s at 1,500 ops), so a cap near a thousand keeps any
@@ -283,6 +283,8 @@ pub fn element_type(dtype: DType) -> pjrt::ElementType {
         DType::BF16 => E::BF16,
         DType::F32 => E::F32,
         DType::F64 => E::F64,
+        DType::C64 => E::C64,
+        DType::C128 => E::C128,
     }
 }
 

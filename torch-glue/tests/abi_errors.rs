@@ -194,15 +194,15 @@ fn dtype_mismatch() {
                 );
             }
         }
-        // complex64 (ScalarType 9) is not a pjrt dtype.
+        // complex32 (ScalarType 8) is not a pjrt dtype.
         let complex = AbiTensor {
-            dtype: 9,
+            dtype: 8,
             ..a.clone()
         };
         expect_err(
             op(op_id("neg"), &[&complex], &[], &[]),
             TPJRT_TYPE_ERROR,
-            &["dtype code 9", "supported: float64, float32"],
+            &["dtype code 8", "supported: float64, float32"],
         );
         expect_err(
             op(op_id("bitwise_and"), &[&a, &a], &[], &[]),

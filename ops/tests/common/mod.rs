@@ -27,6 +27,8 @@ pub fn element_type(d: DType) -> pjrt::ElementType {
         DType::BF16 => E::BF16,
         DType::F32 => E::F32,
         DType::F64 => E::F64,
+        DType::C64 => E::C64,
+        DType::C128 => E::C128,
     }
 }
 
@@ -50,6 +52,15 @@ pub fn encode(dtype: DType, values: &[f64]) -> Vec<u8> {
             }
             DType::F32 => out.extend_from_slice(&(x as f32).to_le_bytes()),
             DType::F64 => out.extend_from_slice(&x.to_le_bytes()),
+            // A real value as a complex element: imaginary part 0.
+            DType::C64 => {
+                out.extend_from_slice(&(x as f32).to_le_bytes());
+                out.extend_from_slice(&0f32.to_le_bytes());
+            }
+            DType::C128 => {
+                out.extend_from_slice(&x.to_le_bytes());
+                out.extend_from_slice(&0f64.to_le_bytes());
+            }
         }
     }
     out
@@ -82,6 +93,7 @@ pub fn decode(dtype: DType, bytes: &[u8]) -> Vec<f64> {
             DType::BF16 => f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16) as f64,
             DType::F32 => f32::from_le_bytes(c.try_into().unwrap()) as f64,
             DType::F64 => f64::from_le_bytes(c.try_into().unwrap()),
+            DType::C64 | DType::C128 => panic!("complex values are read with decode_complex"),
         })
         .collect()
 }

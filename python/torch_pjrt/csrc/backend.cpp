@@ -640,9 +640,17 @@ bool is_cpu_scalar_tensor(const at::Tensor& t) {
 
 void OpCall::input(const at::Tensor& t) {
   TORCH_CHECK(t.defined(), name_, ": an undefined tensor was passed to the pjrt device");
+  note_complex(t);
   if (C10_LIKELY(is_pjrt(t))) {
     if (!device_) {
       device_ = t.device();
+    }
+    if (C10_UNLIKELY(t.is_conj())) {
+      // A conjugate view reaching a kernel (the ops PyTorch's conjugation fallback lets through:
+      // `clone`, `copy_`, products): its logical values. `t.conj()` has no conjugate bit.
+      keep_alive_.push_back(at::conj_physical(t.conj()));
+      inputs_.push_back(describe(keep_alive_.back()));
+      return;
     }
     if (C10_UNLIKELY(t.is_neg())) {
       // A negative view reaching a kernel (`clone` and `copy_` fall through PyTorch's negation
@@ -693,7 +701,7 @@ void OpCall::inputs(at::ITensorListRef ts) {
 }
 
 int64_t OpCall::input_or_scalar(const at::Tensor& t) {
-  if (is_cpu_scalar_tensor(t)) {
+  if (is_cpu_scalar_tensor(t) && !t.is_complex()) {
     const int32_t tensor_dtype = t.unsafeGetTensorImpl()->is_wrapped_number()
         ? -1
         : dtype_code(t.scalar_type());
@@ -713,13 +721,34 @@ int64_t OpCall::opt_input_or_scalar(const std::optional<at::Tensor>& t) {
 }
 
 void OpCall::scalar(const at::Scalar& s) {
-  scalars_.push_back(scalar_of(s, -1));
+  scalars_.push_back(real_scalar(s));
   trimmable_.push_back(false);
 }
 
 void OpCall::scalar_default1(const at::Scalar& s) {
-  scalars_.push_back(scalar_of(s, -1));
+  scalars_.push_back(real_scalar(s));
   trimmable_.push_back(true);
+}
+
+TpjrtScalar OpCall::real_scalar(const at::Scalar& s) {
+  if (C10_UNLIKELY(s.isComplex())) {
+    // The call runs on the CPU (`on_cpu`); a placeholder keeps the layout.
+    complex_ = true;
+    complex_scalar_ = true;
+    return scalar_of(at::Scalar(0.0), -1);
+  }
+  return scalar_of(s, -1);
+}
+
+bool OpCall::complex_on_cpu() {
+  if (complex_scalar_) {
+    return true;
+  }
+  trim_default_scalars();
+  TpjrtOpCall c = make_call();
+  TpjrtOutput meta[4];
+  uint64_t count = 0;
+  return api().op_meta(&c, meta, 4, &count) == TPJRT_NOT_IMPLEMENTED;
 }
 
 int64_t OpCall::opt_scalar(const std::optional<at::Scalar>& s) {
@@ -731,6 +760,7 @@ int64_t OpCall::opt_scalar(const std::optional<at::Scalar>& s) {
 }
 
 void OpCall::out(const at::Tensor& t) {
+  note_complex(t);
   TORCH_CHECK(
       is_pjrt(t),
       name_,
@@ -1003,6 +1033,8 @@ void check_dtype_supported(at::ScalarType t) {
     case at::kChar:
     case at::kByte:
     case at::kBool:
+    case at::kComplexFloat:
+    case at::kComplexDouble:
       return;
     default:
       TORCH_CHECK_TYPE(
@@ -1010,7 +1042,7 @@ void check_dtype_supported(at::ScalarType t) {
           "dtype ",
           t,
           " is not supported on pjrt; supported: float64, float32, float16, bfloat16, int64, "
-          "int32, int16, int8, uint8, bool");
+          "int32, int16, int8, uint8, bool, complex64, complex128");
   }
 }
 
@@ -1220,32 +1252,49 @@ void negate_stored(const at::Tensor& t) {
   }
 }
 
+// Conjugates the elements `t`'s storage holds: `t` read without its conjugate bit.
+void conjugate_stored(const at::Tensor& t) {
+  at::NoGradGuard no_grad;
+  (t.is_conj() ? t.conj() : t).conj_physical_();
+}
+
+// A copy wrote `dst`'s logical values into its storage as they are: where `dst` is a negative
+// or conjugate view, the storage must hold them negated or conjugated.
+void apply_view_bits(const at::Tensor& dst) {
+  if (dst.is_neg()) {
+    negate_stored(dst);
+  }
+  if (dst.is_conj()) {
+    conjugate_stored(dst);
+  }
+}
+
 at::Tensor pjrt_copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {
   const at::Tensor& src = self;
   // PyTorch's copy_ hands a device it does not know to `_copy_from` before it applies the
   // negative bits itself: they are applied here.
   if (is_pjrt(src) && is_pjrt(dst)) {
-    // The engine reads a negative source's logical values (`OpCall::input`).
+    // The engine reads a negative or conjugate source's logical values (`OpCall::input`).
     copy_device_to_device(src, dst);
-    if (dst.is_neg()) {
-      negate_stored(dst);
-    }
+    apply_view_bits(dst);
   } else if (is_pjrt(dst)) {
     // The host source is resolved (its logical values are written).
     copy_host_to_device(src.device().is_cpu() ? src : src.cpu(), dst);
-    if (dst.is_neg()) {
-      negate_stored(dst);
-    }
+    apply_view_bits(dst);
   } else if (is_pjrt(src)) {
-    if (dst.device().is_cpu() && !src.is_neg()) {
+    if (dst.device().is_cpu() && !src.is_neg() && !src.is_conj()) {
       copy_device_to_host(src, dst);
     } else {
-      // Staged through the host (another device, or a source with its negative bit): the
-      // host copy holds the source's stored elements, its logical values once negated.
+      // Staged through the host (another device, or a source with its negative or conjugate
+      // bit): the host copy holds the source's stored elements, its logical values once
+      // negated or conjugated.
       at::Tensor host = at::empty(src.sizes(), src.options().device(c10::kCPU));
       copy_device_to_host(src, host);
       if (src.is_neg()) {
         host.neg_();
+      }
+      if (src.is_conj()) {
+        host.conj_physical_();
       }
       dst.copy_(host);
     }
@@ -1345,6 +1394,8 @@ void note_cpu_fallback(const std::string& name) {
   }
 }
 
+}  // namespace
+
 void pjrt_cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const std::string name = c10::toString(op.schema().operator_name());
   note_cpu_fallback(name);
@@ -1358,8 +1409,6 @@ void pjrt_cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
   }
   at::native::cpu_fallback(op, stack);
 }
-
-}  // namespace
 
 void note_kernel_cpu_fallback(const std::string& name) {
   note_cpu_fallback(name);

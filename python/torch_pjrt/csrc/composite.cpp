@@ -987,8 +987,12 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("var_mean.correction", TORCH_FN(pjrt_var_mean));
   m.impl("std_mean.correction", TORCH_FN(pjrt_std_mean));
 
+// These compositions are for real numbers; PyTorch's CPU kernels take complex values too.
 #define PJRT_FLOAT_UNARY(name, fn)                                                                 \
-  PJRT_WITH_OUT(#name, #name ".out", fn)                                                          \
+  m.impl(#name, [](const at::Tensor& self) {                                                      \
+    return self.is_complex() ? unary_on_cpu("aten::" #name, self) : fn(self);                     \
+  });                                                                                             \
+  m.impl(#name ".out", TORCH_FN(Variants<&fn>::out));                                             \
   m.impl(#name "_", TORCH_FN(Variants<&fn>::in_place_floating));
   PJRT_FLOAT_UNARY(atan, pjrt_atan)
   PJRT_FLOAT_UNARY(asin, pjrt_asin)

@@ -100,8 +100,14 @@ struct Variants<Fn, std::tuple<at::Tensor, at::Tensor> (*)(const at::Tensor&, Re
   m.impl(in_place_name, TORCH_FN(::torch_pjrt::Variants<&fn>::in_place));
 
 // The dtype a floating-point function computes in: `dtype` itself when it is floating, else (an
-// integer or bool input) the default float dtype, as PyTorch does.
+// integer or bool input) the default float dtype, as PyTorch does. The kernels that ask are
+// composed for real numbers: a complex input is refused rather than cast to its real part.
 inline at::ScalarType floating_dtype(at::ScalarType dtype) {
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      !at::isComplexType(dtype),
+      "this pjrt kernel is composed for real numbers; it is not implemented for '",
+      dtype,
+      "'");
   return at::isFloatingType(dtype) ? dtype
                                    : at::typeMetaToScalarType(at::get_default_dtype());
 }
@@ -115,6 +121,14 @@ inline at::Tensor as_floating(const at::Tensor& self) {
 // first: it counts the fallback in the metrics and warns once, or raises NotImplementedError with
 // TORCH_PJRT_FALLBACK=error, as the boxed CPU fallback does.
 void note_kernel_cpu_fallback(const std::string& name);
+
+// The boxed CPU fallback (counted, warned or refused as TORCH_PJRT_FALLBACK says): the op runs on
+// copies of its pjrt arguments on the CPU, and its results and written arguments come back.
+void pjrt_cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+// The unary op `name` (`aten::sinh`) run through the CPU fallback: for a complex `self` that a
+// kernel composed for real numbers cannot compute, where PyTorch's CPU kernel can.
+at::Tensor unary_on_cpu(const char* name, const at::Tensor& self);
 
 // ----- storages ---------------------------------------------------------------------------------
 
@@ -230,6 +244,13 @@ class OpCall {
   }
   void out(const at::Tensor& t);
 
+  // Whether the call must run on the CPU instead: a complex Python number among its scalars
+  // (the engine's scalars are real), or complex tensors the engine op refuses (its meta raises
+  // NotImplementedError for an op whose lowering is not known to be right for them).
+  bool on_cpu() {
+    return C10_UNLIKELY(complex_) && complex_on_cpu();
+  }
+
   // Runs the op; the engine creates the results.
   at::Tensor run_functional();
   std::vector<at::Tensor> run_functional_n(size_t n);
@@ -246,6 +267,11 @@ class OpCall {
   TpjrtTensor upload_scalar(const at::Tensor& host);
   void check_outs(bool resize);
   c10::Device result_device() const;
+  bool complex_on_cpu();
+  TpjrtScalar real_scalar(const at::Scalar& s);
+  void note_complex(const at::Tensor& t) {
+    complex_ = complex_ || t.is_complex();
+  }
 
   int32_t op_;
   const char* name_;
@@ -260,6 +286,9 @@ class OpCall {
   // call is made, in the dtype type promotion gives them beside the other inputs.
   c10::SmallVector<std::pair<size_t, at::Tensor>, 1> wrapped_;
   std::optional<c10::Device> device_;
+  // A complex tensor or number was passed; a complex number cannot reach the engine.
+  bool complex_ = false;
+  bool complex_scalar_ = false;
 };
 
 // ----- param encoders used by the kernel table --------------------------------------------------

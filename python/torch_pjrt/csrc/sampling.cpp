@@ -256,6 +256,9 @@ at::Tensor pjrt_logit_backward(
 }
 
 at::Tensor pjrt_sinc(const at::Tensor& self) {
+  if (self.is_complex()) {
+    return unary_on_cpu("aten::sinc", self);
+  }
   at::Tensor x = as_floating(self);
   at::Tensor product = x * M_PI;
   return at::where(x == 0, at::ones_like(x), at::sin(product) / product);

@@ -43,7 +43,7 @@ pub const FAST_COMPILE_MAX_OPS: usize = 3;
 /// a small model's decoding step (a few thousand elements per op, about 90 ops) runs in the
 /// time of its launch whatever the code, while a training step's region of large tensors keeps
 /// the full optimization (RFC 0039).
-pub const QUICK_COMPILE_MAX_WORK: u64 = 1 << 18;
+const QUICK_COMPILE_MAX_WORK: u64 = 1 << 18;
 
 /// How many whole regions' digests isolation cuts remember (RFC 0027).
 const WHOLE_REGIONS_KEPT: usize = 4096;

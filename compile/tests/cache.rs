@@ -589,7 +589,7 @@ fn each_effort_compiles_with_its_own_options_under_its_own_key() {
     let efforts: Vec<(bool, bool)> = recent.iter().map(|p| (p.fast, p.quick)).collect();
     assert_eq!(efforts, vec![(false, false), (true, false), (false, true)]);
     // Without quick overrides a quick key is a full compile (the word is the full one).
-    let plain = compiler(config());
+    let plain = common::compiler(config());
     assert_eq!(
         plain.options_fingerprint_for(compile::Effort::Quick),
         plain.options_fingerprint()

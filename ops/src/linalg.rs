@@ -151,10 +151,65 @@ fn matmul_shape(a: &TensorType, b: &TensorType) -> Result<Shape, OpError> {
     }
 }
 
+/// `linalg.solve_triangular`'s checks and result shape, in PyTorch's words.
+fn solve_triangular_shape(m: &TensorType, b: &TensorType, left: bool) -> Result<Shape, OpError> {
+    ensure!(
+        m.dtype == b.dtype,
+        "linalg.solve_triangular: Expected A and B to have the same dtype, but found A of type {} \
+         and B of type {} instead",
+        m.dtype.scalar_type_name(),
+        b.dtype.scalar_type_name()
+    );
+    if !matches!(m.dtype, DType::F32 | DType::F64) {
+        return Err(not_implemented_for("linalg_solve_triangular", m.dtype));
+    }
+    ensure!(
+        m.rank() >= 2,
+        "linalg.solve_triangular: The input tensor A must have at least 2 dimensions."
+    );
+    ensure!(
+        b.rank() >= 2,
+        "linalg.solve_triangular: The input tensor B must have at least 2 dimensions."
+    );
+    let (rm, rb) = (m.rank(), b.rank());
+    let n = m.shape[rm - 1];
+    ensure!(
+        m.shape[rm - 2] == n,
+        "linalg.solve_triangular: A must be batches of square matrices, but they are {} by {} \
+         matrices",
+        m.shape[rm - 2],
+        n
+    );
+    let (b_rows, b_cols) = (b.shape[rb - 2], b.shape[rb - 1]);
+    let fits = if left { b_rows == n } else { b_cols == n };
+    ensure!(
+        fits,
+        "linalg.solve_triangular: Incompatible shapes of A and B for the equation {} ({}x{} and \
+         {}x{})",
+        if left { "AX = B" } else { "XA = B" },
+        n,
+        n,
+        b_rows,
+        b_cols
+    );
+    let mut shape = broadcast_shapes(&m.shape[..rm - 2], &b.shape[..rb - 2])?;
+    shape.push(b_rows);
+    shape.push(b_cols);
+    Ok(shape)
+}
+
 pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
     use OpId::*;
     let i = a.inputs;
     let (shape, dtype, scalars) = match a.op {
+        SolveTriangular => {
+            a.expect_counts(2..=2, 0..=0)?;
+            (
+                solve_triangular_shape(&i[0], &i[1], a.params.flag(1)?)?,
+                i[0].dtype,
+                0,
+            )
+        }
         Mm => {
             a.expect_counts(2..=2, 0..=0)?;
             (mm_shape(&i[0], &i[1])?, i[0].dtype, 0)
@@ -252,6 +307,23 @@ pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpErro
     let out = a.out(0).clone();
     let v = match a.op {
         Mm | Bmm | Dot | Matmul => matmul(e, a.inputs[0], a.inputs[1], &out),
+        SolveTriangular => {
+            let (upper, left, unit) = (a.params.flag(0)?, a.params.flag(1)?, a.params.flag(2)?);
+            // stablehlo.triangular_solve wants equal batch dims: both are broadcast to the
+            // result's, A keeping its square matrices.
+            let rank = out.shape.len();
+            let n = e.shape(a.inputs[0])[e.rank(a.inputs[0]) - 1];
+            let mut a_shape = out.shape[..rank - 2].to_vec();
+            a_shape.extend_from_slice(&[n, n]);
+            let m = e.broadcast_to(a.inputs[0], &a_shape);
+            let b = e.broadcast_to(a.inputs[1], &out.shape);
+            let attrs = format!(
+                "left_side = {left}, lower = {}, unit_diagonal = {unit}, transpose_a = \
+                 #stablehlo<transpose NO_TRANSPOSE>",
+                !upper
+            );
+            e.op("stablehlo.triangular_solve", &[m, b], &attrs, out.clone())
+        }
         Addmm | Baddbmm => {
             let cd = out.dtype.compute_dtype();
             let prod_ty = out.with_dtype(cd);

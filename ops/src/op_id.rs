@@ -240,6 +240,8 @@ op_catalogue! {
     Baddbmm = "baddbmm", family: Linalg, inputs: "self, batch1, batch2", scalars: "beta? (default 1), alpha? (default 1)", params: "", facts: { product_operands_from: Some(1) };
     Dot = "dot", family: Linalg, inputs: "self, other", scalars: "", params: "", facts: { complex: true, product_operands_from: Some(0) };
     Matmul = "matmul", family: Linalg, inputs: "self, other", scalars: "", params: "", facts: { complex: true, product_operands_from: Some(0) };
+    /// `A X = B` (or `X A = B`) for triangular `A`, batch dims broadcast.
+    SolveTriangular = "linalg_solve_triangular", family: Linalg, inputs: "self, B", scalars: "", params: "[upper, left, unitriangular]";
 
     // ---- shape and indexing ------------------------------------------------------------
     Cat = "cat", family: Shape, inputs: "tensors...", scalars: "", params: "[dim]", facts: { complex: true };

@@ -156,6 +156,13 @@ snapshot!(
     []
 );
 snapshot!(
+    solve_triangular_upper_left_batch_broadcast,
+    OpId::SolveTriangular,
+    [t(DType::F64, &[3, 4, 4]), t(DType::F64, &[2, 1, 4, 5])],
+    [],
+    [1, 1, 0]
+);
+snapshot!(
     cat_promotes,
     OpId::Cat,
     [t(DType::F32, &[2, 3]), t(DType::I32, &[2, 1])],

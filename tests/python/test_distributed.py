@@ -58,6 +58,7 @@ def single_process(model_name, steps):
         ("mlp", "defer_and_fuse", 4),
         ("mlp", "debug", 2),
         ("tinygpt", "defer_and_fuse", 2),
+        ("tinygpt", "strict", 4),
     ],
 )
 def test_ddp_matches_one_process_on_the_global_batch(tmp_path, model_name, mode, nprocs):

@@ -399,3 +399,30 @@ def test_clamp_propagates_nan_bounds(pjrt, mode, dtype):
         for fn in cases:
             got = fn(x.to("pjrt"), lo.to("pjrt"), hi.to("pjrt")).cpu()
             torch.testing.assert_close(got, fn(x, lo, hi), rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_solve_triangular_and_its_gradients_match_the_cpu(pjrt, mode, dtype):
+    # Linear-attention models solve triangular systems per chunk; nothing may fall back.
+    gen = torch.Generator().manual_seed(31)
+    tol = {"rtol": 1e-4, "atol": 1e-4} if dtype == torch.float32 else {"rtol": 1e-10, "atol": 1e-10}
+    with torch_pjrt.eager_mode(mode):
+        torch_pjrt.reset_metrics()
+        for upper, left, unit in [(True, True, False), (False, True, True), (True, False, False), (False, False, True)]:
+            a = torch.randn(3, 4, 4, generator=gen, dtype=dtype) + 4 * torch.eye(4, dtype=dtype)
+            b = torch.randn(2, 1, 4, 5, generator=gen, dtype=dtype) if left else torch.randn(5, 4, generator=gen, dtype=dtype)
+            results = []
+            for device in ("cpu", "pjrt"):
+                ad = a.detach().to(device).requires_grad_()
+                bd = b.detach().to(device).requires_grad_()
+                x = torch.linalg.solve_triangular(ad, bd, upper=upper, left=left, unitriangular=unit)
+                (x * torch.arange(x.numel(), dtype=dtype, device=device).view(x.shape).cos()).sum().backward()
+                results.append((x.detach().cpu(), ad.grad.cpu(), bd.grad.cpu()))
+            for got, want in zip(results[1], results[0]):
+                torch.testing.assert_close(got, want, **tol)
+        assert torch_pjrt.metrics()["fallback_ops"] == {}
+    with pytest.raises(RuntimeError, match="must be batches of square matrices"):
+        torch.linalg.solve_triangular(torch.ones(2, 3).to(pjrt), torch.ones(2, 2).to(pjrt), upper=True)
+    with pytest.raises(RuntimeError, match="Incompatible shapes"):
+        torch.linalg.solve_triangular(torch.eye(3).to(pjrt), torch.ones(2, 2).to(pjrt), upper=True)

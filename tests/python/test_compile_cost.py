@@ -56,15 +56,16 @@ def test_fast_compiles_give_the_same_values_and_can_be_turned_off():
 
 
 def test_fused_regions_of_little_work_compile_quick_and_large_ones_full(pjrt):
-    small = torch.randn(64, 64).to(pjrt)  # 4096 elements an op: a decoding step's scale
-    large = torch.randn(1024, 1024).to(pjrt)  # a million: past the quick bound (2**18)
+    # Shapes and ops no other test compiles, so both regions are compiled here.
+    small = torch.randn(48, 40).to(pjrt)  # 1920 elements an op: a decoding step's scale
+    large = torch.randn(1000, 1040).to(pjrt)  # a million: past the quick bound (2**18)
     torch_pjrt.reset_metrics()
     with torch_pjrt.eager_mode("defer_and_fuse"):
         for x in (small, large):
             y = x
-            for _ in range(6):
-                y = torch.tanh(y * 1.5 + 0.25)
-            y.sum().cpu()
+            for _ in range(5):
+                y = torch.sigmoid(y * 1.25 - 0.5).sqrt()
+            y.amax().cpu()
     fused = [p for p in torch_pjrt.metrics()["compiled_programs"] if p["region"].startswith("region of")]
     assert [(p["quick"], p["fast"]) for p in fused] == [(True, False), (False, False)], fused
     assert "[quick]" in torch_pjrt.metrics_report()

@@ -17,7 +17,8 @@ a rerun skips the model types already there.
     python tests/sweeps/hf_sweep.py --only gpt2,bert --out /tmp/r.jsonl
     python tests/sweeps/hf_sweep.py --shard 0/4 --budget-min 60
     python tests/sweeps/hf_sweep.py --list
-    python tests/sweeps/hf_sweep.py --table               # the markdown table of a results file
+    python tests/sweeps/hf_sweep.py --table               # the markdown tables of a results file
+    python tests/sweeps/hf_sweep.py --summary             # counts and failures by cause
 """
 
 from __future__ import annotations
@@ -455,6 +456,7 @@ def child(model_type: str, class_name: str, modes: list[str], stage_file: str) -
     cls = getattr(transformers, class_name, None)
     reasons = []
     found = None
+    # Shrunk image sizes first; then the config's own, for vision stacks whose stages need them.
     for vision in (True, False):
         if cls is None:
             reasons.append(f"ImportError: transformers has no {class_name}")
@@ -489,7 +491,8 @@ def child(model_type: str, class_name: str, modes: list[str], stage_file: str) -
     if not found:
         # the first build failure, or else the last input set's failure, says most
         builds = [r for r in reasons if r.startswith("build")]
-        emit({"stage": "cpu", "ok": False, "reason": (builds or reasons or ["?"])[0] if builds else reasons[-1]})
+        reason = builds[0] if builds else (reasons[-1] if reasons else "cpu: no input set to try")
+        emit({"stage": "cpu", "ok": False, "reason": reason})
         return
     model, inputs, weights, cpu_outs, cpu_grads, loss_name = found
     # A second CPU run from another seed finds models that draw random numbers in eval mode
@@ -762,7 +765,24 @@ def table(rows: list[dict]) -> str:
             f"| {r['model_type']} | {r['class']} | {_cell(r.get('strict'))} | {_cell(r.get('defer_and_fuse'))} "
             f"| {_fmt_err(out_err)} | {_fmt_err(grad_err)} | {fb_s} | {why} |"
         )
+    lines += ["", "Unsupported on CPU (not counted):", "", "| model type | class | reason |", "| --- | --- | --- |"]
+    for r in rows:
+        if not r["cpu"].get("ok"):
+            reason = r["cpu"].get("reason", "")[:160].replace("|", "\\|")
+            lines.append(f"| {r['model_type']} | {r['class']} | {_cpu_kind(reason)}: {reason} |")
     return "\n".join(lines)
+
+
+def _cpu_kind(reason: str) -> str:
+    if "library but it was not found" in reason:
+        return "library not installed"
+    if "missing" in reason and "required" in reason:
+        return "needs more inputs"
+    if reason.startswith("build"):
+        return "shrunk config does not build"
+    if reason.startswith(("crash", "timeout")):
+        return "crash"
+    return "generic inputs fail"
 
 
 def _cause(rec: dict) -> str:
@@ -781,6 +801,8 @@ def summary(rows: list[dict]) -> str:
         f"- unsupported on CPU (do not build or run forward+backward there): {len(rows) - len(built)}",
         f"- built on CPU: {len(built)}",
     ]
+    kinds = collections.Counter(_cpu_kind(r["cpu"].get("reason", "")) for r in rows if not r["cpu"].get("ok"))
+    lines[1] += " (" + ", ".join(f"{k} {v}" for k, v in kinds.most_common()) + ")"
     both = [r for r in built if all((r.get(m) or {}).get("result") == "pass" for m in MODES)]
     pct = f" ({100 * len(both) / len(built):.0f}%)" if built else ""
     lines.append(f"- pass in both modes (right values, no fallback): {len(both)}{pct}")

@@ -8,9 +8,10 @@
 //! bucket's size; any other view (a slice of the extent, a reshape across it) is not, and the
 //! engine cuts the padding off first (`Graph::unpad`).
 
+use crate::storage::StorageId;
 use ops::padding::PaddedDims;
 use ops::{DType, Shape};
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 use smallvec::SmallVec;
 
 /// A storage's value is padded: PyTorch's contiguous tensor of `sizes` is the first
@@ -222,24 +223,48 @@ const SITES_KEPT: usize = 256;
 const LENGTHS_KEPT: usize = 4;
 
 /// Appends seen (`cat([a, b], dim)` of exact values): per dtype, dimension and the sizes
-/// around it, the latest result lengths. An append whose first input is as long as a recent
-/// result continues a sequence that grows: its result is padded from then on.
+/// around it, the latest result lengths, and which storages hold an append's result. An
+/// append whose first input is itself an earlier append's result, as long as a recent result
+/// of its site, continues a sequence that grows (a cache: `cache = cat([cache, new])`): its
+/// result is padded from then on. Both conditions are needed: a model that joins pieces of
+/// features (`cat([q_nope, q_rope], -1)`, then a pad of another value to that width) makes
+/// equal lengths at one site without anything growing.
 #[derive(Debug, Default)]
 pub struct GrowthSites {
     sites: FxHashMap<(DType, usize, Shape), SmallVec<[i64; LENGTHS_KEPT]>>,
+    results: FxHashSet<StorageId>,
 }
 
+/// How many append results are remembered before the set starts afresh: two per layer of a
+/// model's cache, with room to spare.
+const RESULTS_KEPT: usize = 4096;
+
 impl GrowthSites {
-    /// Records the append of `b_len` elements to `a` (of `a_sizes`) along `dim`; returns
-    /// whether it continues a sequence seen growing.
-    pub fn note_append(&mut self, dtype: DType, a_sizes: &[i64], dim: usize, b_len: i64) -> bool {
+    /// Records that storage `id` holds the result of an append (a two-input `cat`).
+    pub fn note_result(&mut self, id: StorageId) {
+        if self.results.len() >= RESULTS_KEPT {
+            self.results.clear();
+        }
+        self.results.insert(id);
+    }
+
+    /// Records the append of `b_len` elements to `a` (of `a_sizes`, held by storage `a`)
+    /// along `dim`; returns whether it continues a sequence seen growing.
+    pub fn note_append(
+        &mut self,
+        dtype: DType,
+        a: StorageId,
+        a_sizes: &[i64],
+        dim: usize,
+        b_len: i64,
+    ) -> bool {
         let mut around = Shape::from_slice(a_sizes);
         let a_len = std::mem::replace(&mut around[dim], -1);
         if self.sites.len() >= SITES_KEPT {
             self.sites.clear();
         }
         let lengths = self.sites.entry((dtype, dim, around)).or_default();
-        let continues = lengths.contains(&a_len);
+        let continues = lengths.contains(&a_len) && self.results.contains(&a);
         // A set of lengths: the layers of one model append to equal sequences at one site.
         if !lengths.contains(&(a_len + b_len)) {
             if lengths.len() == LENGTHS_KEPT {
@@ -513,19 +538,36 @@ mod tests {
     #[test]
     fn a_sequence_is_seen_growing_at_its_second_append() {
         let mut sites = GrowthSites::default();
-        assert!(!sites.note_append(DType::F32, &[1, 2, 8, 4], 2, 1));
-        assert!(sites.note_append(DType::F32, &[1, 2, 9, 4], 2, 1));
+        let (first, second, third) = (StorageId(1), StorageId(2), StorageId(3));
+        assert!(!sites.note_append(DType::F32, StorageId(0), &[1, 2, 8, 4], 2, 1));
+        sites.note_result(first);
+        assert!(sites.note_append(DType::F32, first, &[1, 2, 9, 4], 2, 1));
+        sites.note_result(second);
         // Equal sequences of several layers append at one site, asked twice each.
         for _ in 0..8 {
-            assert!(sites.note_append(DType::F32, &[1, 2, 10, 4], 2, 1));
+            assert!(sites.note_append(DType::F32, second, &[1, 2, 10, 4], 2, 1));
         }
         // Another head count is another site.
-        assert!(!sites.note_append(DType::F32, &[1, 4, 9, 4], 2, 1));
+        sites.note_result(third);
+        assert!(!sites.note_append(DType::F32, third, &[1, 4, 9, 4], 2, 1));
         // A cat of the same fixed sizes every step never continues.
         let mut fixed = GrowthSites::default();
-        for _ in 0..4 {
-            assert!(!fixed.note_append(DType::F32, &[3, 5], 0, 3));
+        for step in 0..4 {
+            assert!(!fixed.note_append(DType::F32, StorageId(step), &[3, 5], 0, 3));
+            fixed.note_result(StorageId(step));
         }
+    }
+
+    #[test]
+    fn joined_features_of_an_equal_length_are_no_growing_sequence() {
+        // `q = cat([q_nope, q_rope], -1)` makes 16 + 16 = 32 at a site; a value of width 32
+        // made otherwise, joined with 16 more, is as long as that result but grows nothing.
+        let mut sites = GrowthSites::default();
+        assert!(!sites.note_append(DType::F32, StorageId(1), &[2, 4, 8, 16], 3, 16));
+        sites.note_result(StorageId(2));
+        assert!(!sites.note_append(DType::F32, StorageId(3), &[2, 4, 8, 32], 3, 16));
+        // The same result appended to again is a sequence.
+        assert!(sites.note_append(DType::F32, StorageId(2), &[2, 4, 8, 32], 3, 16));
     }
 
     #[test]

@@ -225,3 +225,48 @@ def test_bert_fine_tunes_on_padded_batches_like_the_cpu():
     # them) per bucket, and per exact length before the upload site pads (the first three).
     total = torch_pjrt.metrics()["compilations"] - first["compilations"]
     assert total <= 2 * (len(visits) + 3), (total, visits, compiles)
+
+
+def test_rows_merging_a_padded_extent_with_heads_read_back_run_by_run(mode):
+    """A growing cache `[batch, heads, length, dim]` read as `[batch * heads * length, dim]`
+    rows by a linear layer: each head's rows are a run of the bucket on the device, and the
+    result read back on the host holds the true rows of each run, in order."""
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(16, 8, generator=gen)
+    cache = torch.randn(2, 4, 8, 16, generator=gen)
+    on_pjrt = cache.to("pjrt")
+    padded_before = torch_pjrt.metrics()["padded_ops"]
+    for step in range(5):
+        new = torch.randn(2, 4, 1, 16, generator=gen)
+        cache = torch.cat([cache, new], dim=2)
+        on_pjrt = torch.cat([on_pjrt, new.to("pjrt")], dim=2)
+        got = (on_pjrt.reshape(-1, 16) @ weight.to("pjrt")).cpu()
+        torch.testing.assert_close(got, cache.reshape(-1, 16) @ weight, rtol=1e-5, atol=1e-5)
+    assert torch_pjrt.metrics()["padded_ops"] > padded_before, "the cache grew padded"
+
+
+def test_features_joined_to_an_equal_width_are_not_a_growing_sequence(mode):
+    """`cat([q_nope, q_rope], -1)` then another value of that width joined with more features
+    (multi-head latent attention's query, key and padded value): equal widths at one site are
+    no sequence growing, so nothing is padded, in every forward and backward."""
+    gen = torch.Generator().manual_seed(1)
+    parts = [torch.randn(2, 4, 8, 16, generator=gen, requires_grad=True) for _ in range(3)]
+    wide = torch.randn(2, 4, 8, 32, generator=gen, requires_grad=True)
+
+    def step(a, b, c, w):
+        q = torch.cat([a, b], dim=-1)
+        v = torch.cat([w, c], dim=-1)
+        return (q.sum(-1, keepdim=True) * v).square().sum()
+
+    expected = step(*parts, wide)
+    expected.backward()
+    want = [t.grad.clone() for t in (*parts, wide)]
+    for _ in range(3):
+        dev = [t.detach().to("pjrt").requires_grad_() for t in (*parts, wide)]
+        before = torch_pjrt.metrics()["padded_ops"]
+        loss = step(*dev)
+        loss.backward()
+        torch.testing.assert_close(loss.cpu(), expected.detach(), rtol=1e-5, atol=1e-4)
+        for d, g in zip(dev, want):
+            torch.testing.assert_close(d.grad.cpu(), g, rtol=1e-5, atol=1e-4)
+        assert torch_pjrt.metrics()["padded_ops"] == before

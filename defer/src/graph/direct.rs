@@ -44,7 +44,9 @@ impl<V: Clone> Graph<V> {
             && inputs.len() == 2
             && outs.is_empty()
             && self.bounded
-            && self.continues_growth(&types, params).is_some()
+            && self
+                .continues_growth(inputs[0].storage, &types, params)
+                .is_some()
         {
             // An append that continues a growing sequence: capture pads it (RFC 0029).
             return Ok(None);
@@ -172,6 +174,9 @@ impl<V: Clone> Graph<V> {
             .entry(name)
             .or_insert_with(|| Arc::from(name))
             .clone();
+        if op == OpId::Cat && inputs.len() == 2 && outs.is_empty() {
+            self.growth.note_result(captured[0].0);
+        }
         self.stats.captured_ops += 1;
         self.stats.direct_ops += 1;
         self.stats.materializations += 1;

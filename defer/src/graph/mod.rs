@@ -778,6 +778,11 @@ impl<V: Clone> Graph<V> {
         #[cfg(debug_assertions)]
         let direct_key_check = self.direct_key_check.take();
         let captured = self.capture_op(op, inputs, scalars, params, outs)?;
+        if op == OpId::Cat && inputs.len() == 2 && outs.is_empty() {
+            if let Some(&(storage, _)) = captured.outputs.first() {
+                self.growth.note_result(storage);
+            }
+        }
         #[cfg(debug_assertions)]
         {
             self.direct_key_check = direct_key_check;
@@ -1222,10 +1227,25 @@ impl<V: Clone> Graph<V> {
                 let Some(view) = padding.translate(&t.sizes, &t.strides, t.offset) else {
                     return Ok(None);
                 };
-                // The true sizes, at the padded value's strides.
+                // The true sizes, at the padded value's strides. A padded dimension that merges
+                // the extent with dimensions outside it holds runs of the bucket: it is read
+                // as two, the runs and the true elements of each, in the same order.
+                let len = padding.true_len();
+                let mut sizes = Shape::new();
+                let mut strides: SmallVec<[i64; 6]> = SmallVec::new();
+                for (d, (&size, &stride)) in t.sizes.iter().zip(&view.strides).enumerate() {
+                    let runs = size / len;
+                    if view.dims.contains(&d) && runs > 1 {
+                        sizes.extend([runs, len]);
+                        strides.extend([stride * padding.bucket, stride]);
+                    } else {
+                        sizes.push(size);
+                        strides.push(stride);
+                    }
+                }
                 HostGather {
-                    sizes: t.sizes.clone(),
-                    strides: view.strides,
+                    sizes,
+                    strides,
                     offset: view.offset,
                 }
             }

@@ -739,6 +739,7 @@ impl<V: Clone> Graph<V> {
     /// path ask, so a warm append still counts as the sequence's step.
     pub(super) fn continues_growth(
         &mut self,
+        a_storage: StorageId,
         types: &[TensorType],
         params: &[i64],
     ) -> Option<usize> {
@@ -753,7 +754,7 @@ impl<V: Clone> Graph<V> {
             return None;
         }
         self.growth
-            .note_append(a.dtype, &a.shape, dim, b_len)
+            .note_append(a.dtype, a_storage, &a.shape, dim, b_len)
             .then_some(dim)
     }
 
@@ -769,7 +770,7 @@ impl<V: Clone> Graph<V> {
         if !placements[0].whole {
             return Ok(None);
         }
-        let Some(dim) = self.continues_growth(types, params) else {
+        let Some(dim) = self.continues_growth(inputs[0].storage, types, params) else {
             return Ok(None);
         };
         let captured = self.append(inputs, types, dim, false)?;

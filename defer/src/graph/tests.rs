@@ -606,3 +606,44 @@ fn a_default_float_other_than_float32_keys_its_programs_apart() {
     assert_eq!(plain, f32);
     assert_ne!(f32.0, f64.0);
 }
+
+#[test]
+fn a_view_merging_the_extent_with_outer_dimensions_is_gathered_run_by_run() {
+    // A linear layer's `[heads * length, features]` rows of a padded `[1, heads, length, 4]`
+    // cache: each head's rows are a run of the bucket, of which the first `length` are true.
+    let mut g: Graph<u32> = Graph::new();
+    let (cache, _) = grow_cache(&mut g, 4);
+    let len = cache.sizes[2];
+    let bucket = ops::padding::bucket(len);
+    assert!(len < bucket, "the cache is padded past its length");
+    let rows = TensorRef {
+        sizes: Shape::from_slice(&[2 * len, 4]),
+        strides: SmallVec::from_slice(&[4, 1]),
+        offset: 0,
+        ..cache.clone()
+    };
+    let gather = g.host_gather(&rows, 1 << 20).unwrap().unwrap();
+    // The padded value, two bytes per element: each true element holds its index in the true
+    // tensor, the padding holds a value no true element has.
+    let mut padded = Vec::new();
+    for head in 0..2 {
+        for position in 0..bucket {
+            for feature in 0..4 {
+                let value: u16 = if position < len {
+                    (head * len * 4 + position * 4 + feature) as u16
+                } else {
+                    u16::MAX
+                };
+                padded.extend(value.to_le_bytes());
+            }
+        }
+    }
+    let mut dst = vec![0u8; (2 * len * 4 * 2) as usize];
+    assert!(gather.copy(&padded, 2, &mut dst));
+    let read: Vec<u16> = dst
+        .chunks(2)
+        .map(|b| u16::from_le_bytes([b[0], b[1]]))
+        .collect();
+    let expected: Vec<u16> = (0..(2 * len * 4) as u16).collect();
+    assert_eq!(read, expected, "every true row in order, no padding");
+}

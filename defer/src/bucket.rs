@@ -276,6 +276,40 @@ impl GrowthSites {
     }
 }
 
+/// Results whose size depends on the data (`nonzero`, `masked_select`: how many elements a mask
+/// selects), per op and input types: the latest distinct counts. A site whose count has
+/// changed makes its results padded to the count's bucket from then on, so the ops after it
+/// compile once per bucket, not once per count; a site whose count never changes stays exact.
+#[derive(Debug, Default)]
+pub struct CountSites {
+    seen: FxHashMap<CountSite, SmallVec<[i64; LENGTHS_KEPT]>>,
+}
+
+/// An op number and the types of its inputs.
+type CountSite = (u32, SmallVec<[(DType, Shape); 2]>);
+
+impl CountSites {
+    /// Records a result of `count` elements at the site of op number `op` on inputs of
+    /// `types`; returns whether it is to be padded (the site has seen another count, and the
+    /// count is large enough for a padded value).
+    pub fn note_count(&mut self, op: u32, types: &[(DType, Shape)], count: i64) -> bool {
+        if self.seen.len() >= SITES_KEPT {
+            self.seen.clear();
+        }
+        let counts = self
+            .seen
+            .entry((op, types.iter().cloned().collect()))
+            .or_default();
+        if !counts.contains(&count) {
+            if counts.len() == LENGTHS_KEPT {
+                counts.remove(0);
+            }
+            counts.push(count);
+        }
+        counts.len() > 1 && count >= 2
+    }
+}
+
 /// Distinct lengths an upload site must have seen along one dimension before its uploads are
 /// padded: a short last batch (two sizes) stays exact, a loader that pads each batch to its
 /// longest sequence is padded from its third length on.
@@ -568,6 +602,26 @@ mod tests {
         assert!(!sites.note_append(DType::F32, StorageId(3), &[2, 4, 8, 32], 3, 16));
         // The same result appended to again is a sequence.
         assert!(sites.note_append(DType::F32, StorageId(2), &[2, 4, 8, 32], 3, 16));
+    }
+
+    #[test]
+    fn a_data_dependent_count_is_padded_once_it_has_changed() {
+        let mut sites = CountSites::default();
+        let mask = [(DType::Bool, Shape::from_slice(&[4, 8]))];
+        // The same count every time stays exact.
+        for _ in 0..3 {
+            assert!(!sites.note_count(1, &mask, 5));
+        }
+        assert!(sites.note_count(1, &mask, 9));
+        assert!(
+            sites.note_count(1, &mask, 5),
+            "asked again, the site has changed"
+        );
+        // Too few elements for a padded value.
+        assert!(!sites.note_count(1, &mask, 1));
+        // Another op or another mask shape is another site.
+        assert!(!sites.note_count(2, &mask, 9));
+        assert!(!sites.note_count(1, &[(DType::Bool, Shape::from_slice(&[4, 9]))], 9));
     }
 
     #[test]

@@ -350,6 +350,11 @@ fn along(op: OpId, params: &[i64], input: usize, rank: usize, dim: usize) -> Alo
         // positions keep their indices as long as no run of the extent precedes them.
         Tril | Triu if dim + 2 >= rank => Along::Prefix,
         Tril | Triu => Along::Independent,
+        // `self[indices] += values` (and `index_add`): a padded position's index reads as 0
+        // and its value as zero, so it adds nothing. Without accumulating it would write.
+        IndexPut if input >= 1 && params.first().is_some_and(|&a| a != 0) => {
+            Along::Combined(PadFill::Zero)
+        }
         IndexSelect if input == 1 => Along::Combined(PadFill::Zero),
         IndexSelect if input == 0 => match param_dim(0) {
             Some(d) if d != dim => Along::Independent,

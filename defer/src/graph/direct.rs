@@ -51,6 +51,10 @@ impl<V: Clone> Graph<V> {
             // An append that continues a growing sequence: capture pads it (RFC 0029).
             return Ok(None);
         }
+        if outs.is_empty() && self.pads_count(op, &types, params).is_some() {
+            // A data-dependent count at a site whose count changes: capture pads it.
+            return Ok(None);
+        }
         let outputs_len = meta.outputs.len();
         if outputs_len == 0 {
             return Ok(None);

@@ -506,6 +506,7 @@ pub struct Graph<V> {
     growth: crate::bucket::GrowthSites,
     /// Uploads seen, to tell a batch whose length changes (see `crate::bucket::UploadSites`).
     uploads: crate::bucket::UploadSites,
+    counts: crate::bucket::CountSites,
     /// The true length and bucket of the latest append into a padded value (or padded upload):
     /// tensors made from nothing at that length are made padded too (`creation_padded`).
     last_extent: Option<(i64, i64)>,
@@ -545,6 +546,7 @@ impl<V: Clone> Graph<V> {
             bounded: true,
             growth: Default::default(),
             uploads: Default::default(),
+            counts: Default::default(),
             last_extent: None,
         }
     }
@@ -849,6 +851,11 @@ impl<V: Clone> Graph<V> {
         }
         if op == OpId::Cat && inputs.len() == 2 && outs.is_empty() && self.bounded {
             if let Some(captured) = self.start_append(inputs, params, &types, &placements)? {
+                return Ok(captured);
+            }
+        }
+        if outs.is_empty() {
+            if let Some(captured) = self.count_padded(op, inputs, params, &types, &placements)? {
                 return Ok(captured);
             }
         }

@@ -846,6 +846,79 @@ impl<V: Clone> Graph<V> {
         Ok(Some(Captured { outputs }))
     }
 
+    /// Whether `op` (on exact inputs of `types`, with `params`) returns as many elements as
+    /// its data selects and that count is to be padded (`count_padded`); records the count.
+    /// The padded dimension of its result, and the count, when it is.
+    pub(super) fn pads_count(
+        &mut self,
+        op: OpId,
+        types: &[TensorType],
+        params: &[i64],
+    ) -> Option<(usize, i64)> {
+        let dim = match op {
+            // `[rank, count]` coordinates; `count` elements.
+            OpId::Nonzero => 1,
+            OpId::MaskedSelect => 0,
+            _ => return None,
+        };
+        if !self.bounded {
+            return None;
+        }
+        let count = *params.first()?;
+        let site: SmallVec<[(DType, Shape); 2]> =
+            types.iter().map(|t| (t.dtype, t.shape.clone())).collect();
+        self.counts
+            .note_count(op as u32, &site, count)
+            .then_some((dim, count))
+    }
+
+    /// `nonzero` or `masked_select` on exact inputs at a site whose count has changed: run at
+    /// the count's bucket (the elements a mask selects come first, so the first `count` of
+    /// the bucket's result are the true ones) and kept padded, so the ops reading it (an
+    /// index by the selected positions, the rows it picks, their products and the
+    /// `index_add` back) compile once per bucket. `None`: capture it exact.
+    pub(super) fn count_padded(
+        &mut self,
+        op: OpId,
+        inputs: &[TensorRef],
+        params: &[i64],
+        types: &[TensorType],
+        placements: &[Placement],
+    ) -> Result<Option<Captured>, EngineError> {
+        if placements.iter().any(|p| p.padded) {
+            return Ok(None);
+        }
+        let Some((dim, count)) = self.pads_count(op, types, params) else {
+            return Ok(None);
+        };
+        let bucket = padding::bucket(count);
+        let exact = ops::meta(op, types, &[], params)?;
+        // A bucket past the most the op can select (every element) stays exact.
+        let Ok(meta) = ops::meta(op, types, &[], &[bucket]) else {
+            return Ok(None);
+        };
+        let true_ty = exact.outputs[0].clone();
+        if meta.outputs[0].shape.get(dim) != Some(&bucket) {
+            return Ok(None);
+        }
+        let mut node_inputs: SmallVec<[NodeInput; 3]> = SmallVec::new();
+        for (t, placement) in inputs.iter().zip(placements) {
+            node_inputs.push(self.read_for_node(t, placement)?);
+        }
+        let id = self.push_node(RegionOp::Aten(op), &[bucket], &[], meta, node_inputs);
+        let padding = Padding {
+            sizes: true_ty.shape.clone(),
+            dims: smallvec::smallvec![dim],
+            bucket,
+        };
+        let storage = self.place_output(None, &true_ty, id.output(0), Some(padding));
+        self.stats.captured_ops += 1;
+        self.stats.padded_ops += 1;
+        let mut outputs = CapturedOutputs::new();
+        outputs.push((storage, true_ty));
+        Ok(Some(Captured { outputs }))
+    }
+
     /// Whether an op making a tensor from nothing, of result `meta`, has a size equal to the
     /// length of the sequence appended to last: `creation_padded` may make it padded, so the
     /// direct path leaves it to capture.

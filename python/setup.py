@@ -58,6 +58,7 @@ sources = [
     os.path.join(CSRC, "complex.cpp"),
     os.path.join(CSRC, "autocast.cpp"),
     os.path.join(CSRC, "graphs.cpp"),
+    os.path.join(CSRC, "grouped_mm.cpp"),
     os.path.join(CSRC, "profiler.cpp"),
     os.path.join(CSRC, "distributed.cpp"),
 ]

@@ -233,6 +233,9 @@ const LENGTHS_KEPT: usize = 4;
 pub struct GrowthSites {
     sites: FxHashMap<(DType, usize, Shape), SmallVec<[i64; LENGTHS_KEPT]>>,
     results: FxHashSet<StorageId>,
+    /// Results of `cat([torch.tensor([]), x])`: a sequence's first entry (a dynamic cache's,
+    /// which starts as an empty tensor), whose first append already continues it.
+    first_entries: FxHashSet<StorageId>,
 }
 
 /// How many append results are remembered before the set starts afresh: two per layer of a
@@ -240,12 +243,17 @@ pub struct GrowthSites {
 const RESULTS_KEPT: usize = 4096;
 
 impl GrowthSites {
-    /// Records that storage `id` holds the result of an append (a two-input `cat`).
-    pub fn note_result(&mut self, id: StorageId) {
+    /// Records that storage `id` holds the result of an append (a two-input `cat`); `first`
+    /// when that append was to an empty tensor (the sequence's first entry).
+    pub fn note_result(&mut self, id: StorageId, first: bool) {
         if self.results.len() >= RESULTS_KEPT {
             self.results.clear();
+            self.first_entries.clear();
         }
         self.results.insert(id);
+        if first {
+            self.first_entries.insert(id);
+        }
     }
 
     /// Records the append of `b_len` elements to `a` (of `a_sizes`, held by storage `a`)
@@ -264,7 +272,8 @@ impl GrowthSites {
             self.sites.clear();
         }
         let lengths = self.sites.entry((dtype, dim, around)).or_default();
-        let continues = lengths.contains(&a_len) && self.results.contains(&a);
+        let continues = (lengths.contains(&a_len) && self.results.contains(&a))
+            || self.first_entries.contains(&a);
         // A set of lengths: the layers of one model append to equal sequences at one site.
         if !lengths.contains(&(a_len + b_len)) {
             if lengths.len() == LENGTHS_KEPT {
@@ -574,21 +583,21 @@ mod tests {
         let mut sites = GrowthSites::default();
         let (first, second, third) = (StorageId(1), StorageId(2), StorageId(3));
         assert!(!sites.note_append(DType::F32, StorageId(0), &[1, 2, 8, 4], 2, 1));
-        sites.note_result(first);
+        sites.note_result(first, false);
         assert!(sites.note_append(DType::F32, first, &[1, 2, 9, 4], 2, 1));
-        sites.note_result(second);
+        sites.note_result(second, false);
         // Equal sequences of several layers append at one site, asked twice each.
         for _ in 0..8 {
             assert!(sites.note_append(DType::F32, second, &[1, 2, 10, 4], 2, 1));
         }
         // Another head count is another site.
-        sites.note_result(third);
+        sites.note_result(third, false);
         assert!(!sites.note_append(DType::F32, third, &[1, 4, 9, 4], 2, 1));
         // A cat of the same fixed sizes every step never continues.
         let mut fixed = GrowthSites::default();
         for step in 0..4 {
             assert!(!fixed.note_append(DType::F32, StorageId(step), &[3, 5], 0, 3));
-            fixed.note_result(StorageId(step));
+            fixed.note_result(StorageId(step), false);
         }
     }
 
@@ -598,10 +607,21 @@ mod tests {
         // made otherwise, joined with 16 more, is as long as that result but grows nothing.
         let mut sites = GrowthSites::default();
         assert!(!sites.note_append(DType::F32, StorageId(1), &[2, 4, 8, 16], 3, 16));
-        sites.note_result(StorageId(2));
+        sites.note_result(StorageId(2), false);
         assert!(!sites.note_append(DType::F32, StorageId(3), &[2, 4, 8, 32], 3, 16));
         // The same result appended to again is a sequence.
         assert!(sites.note_append(DType::F32, StorageId(2), &[2, 4, 8, 32], 3, 16));
+    }
+
+    #[test]
+    fn a_sequences_first_entry_continues_at_its_first_append() {
+        // A dynamic cache: `cat([torch.tensor([]), key])`, then `cat([cache, new_key])`.
+        let mut sites = GrowthSites::default();
+        sites.note_result(StorageId(1), true);
+        assert!(sites.note_append(DType::F32, StorageId(1), &[1, 2, 8, 4], 2, 1));
+        // Any other first append of a length never seen does not.
+        sites.note_result(StorageId(2), false);
+        assert!(!sites.note_append(DType::F32, StorageId(2), &[1, 2, 5, 4], 2, 1));
     }
 
     #[test]

@@ -179,7 +179,8 @@ impl<V: Clone> Graph<V> {
             .or_insert_with(|| Arc::from(name))
             .clone();
         if op == OpId::Cat && inputs.len() == 2 && outs.is_empty() {
-            self.growth.note_result(captured[0].0);
+            let first = inputs[0].sizes.as_slice() == [0];
+            self.growth.note_result(captured[0].0, first);
         }
         self.stats.captured_ops += 1;
         self.stats.direct_ops += 1;

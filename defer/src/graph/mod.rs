@@ -782,7 +782,8 @@ impl<V: Clone> Graph<V> {
         let captured = self.capture_op(op, inputs, scalars, params, outs)?;
         if op == OpId::Cat && inputs.len() == 2 && outs.is_empty() {
             if let Some(&(storage, _)) = captured.outputs.first() {
-                self.growth.note_result(storage);
+                let first = inputs[0].sizes.as_slice() == [0];
+                self.growth.note_result(storage, first);
             }
         }
         #[cfg(debug_assertions)]

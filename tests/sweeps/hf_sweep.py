@@ -476,6 +476,9 @@ def child(model_type: str, class_name: str, modes: list[str], stage_file: str) -
         for inputs in cands:
             weights = {}
             try:
+                # The device copies start from the model as built: a forward may leave
+                # tensors on it that deepcopy refuses (states kept from a recurrent step).
+                pristine = copy.deepcopy(model)
                 model.zero_grad(set_to_none=True)
                 outs, grads, loss_name = _run(model, inputs, weights)
             except Exception as e:  # noqa: BLE001
@@ -484,7 +487,7 @@ def child(model_type: str, class_name: str, modes: list[str], stage_file: str) -
             if not grads:
                 reasons.append("cpu: no parameter gets a gradient")
                 continue
-            found = (model, inputs, weights, outs, grads, loss_name)
+            found = (model, inputs, weights, outs, grads, loss_name, pristine)
             break
         if found:
             break
@@ -494,7 +497,7 @@ def child(model_type: str, class_name: str, modes: list[str], stage_file: str) -
         reason = builds[0] if builds else (reasons[-1] if reasons else "cpu: no input set to try")
         emit({"stage": "cpu", "ok": False, "reason": reason})
         return
-    model, inputs, weights, cpu_outs, cpu_grads, loss_name = found
+    model, inputs, weights, cpu_outs, cpu_grads, loss_name, pristine = found
     # A second CPU run from another seed finds models that draw random numbers in eval mode
     # (sampled latents, random masks): the device's generator differs, so their values are not
     # compared.
@@ -528,7 +531,7 @@ def child(model_type: str, class_name: str, modes: list[str], stage_file: str) -
             with torch_pjrt.eager_mode(mode):
                 torch_pjrt.sync()
                 torch_pjrt.reset_metrics()
-                dev_model = copy.deepcopy(model).to("pjrt")
+                dev_model = copy.deepcopy(pristine).to("pjrt")
                 dev_inputs = {k: v.to("pjrt") if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
                 outs, grads, _ = _run(dev_model, dev_inputs, weights)
                 outs = {k: v.cpu() for k, v in outs.items()}

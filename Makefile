@@ -10,7 +10,7 @@ export VIRTUAL_ENV := $(abspath $(VENV))
 CARGO ?= cargo
 
 
-.PHONY: demo mlp-demo pjrt-demo test wheel upstream-tests upstream-tests-ci upstream-tests-ci-if-present deps venv venv-peer system-deps build rust-test python-test python-build lint bench-build bench bench-python bench-criterion clean
+.PHONY: demo mlp-demo pjrt-demo test wheel upstream-tests upstream-tests-ci upstream-tests-ci-if-present deps venv venv-peer venv-jax system-deps build rust-test python-test python-build lint bench-build bench bench-python bench-criterion clean
 
 # The main job: a small GPT-style language model trained on the CPU and on pjrt in Strict and
 # DeferAndFuse, with the loss curves, step times and a PNG (examples/gpt_demo.py).
@@ -71,17 +71,21 @@ bench-build: deps
 # benches of the engine stages, whose HTML reports land in benches/results/criterion/.
 # BENCH_CRITERION=0 skips criterion, BENCH_CRITERION_ARGS passes options to it (e.g.
 # "--warm-up-time 1 --measurement-time 2"); BENCH_QUICK=1 and BENCH_REPS=<n> size the Python suite;
-# BENCH_PEER=0 skips building .venv-peer (torch_xla is then reported unavailable).
+# BENCH_PEER=0 skips building .venv-peer (torch_xla is then reported unavailable), BENCH_JAX=0
+# skips building .venv-jax (jax.jit is then reported unavailable).
 BENCH_CRITERION ?= 1
 BENCH_PEER ?= 1
+BENCH_JAX ?= 1
 bench: deps python-build
 	@if [ "$(BENCH_PEER)" != 0 ]; then $(MAKE) --no-print-directory venv-peer || \
 		echo "warning: .venv-peer could not be built; torch_xla will be reported unavailable"; fi
+	@if [ "$(BENCH_JAX)" != 0 ]; then $(MAKE) --no-print-directory venv-jax || \
+		echo "warning: .venv-jax could not be built; jax.jit will be reported unavailable"; fi
 	@$(MAKE) --no-print-directory bench-python
 	@if [ "$(BENCH_CRITERION)" != 0 ]; then $(MAKE) --no-print-directory bench-criterion; fi
 
 bench-python: deps python-build
-	$(PY) benches/python/suite.py --peer-python $(PEER_PY)
+	$(PY) benches/python/suite.py --peer-python $(PEER_PY) --jax-python $(JAX_PY)
 	$(PY) benches/python/ddp.py
 
 # criterion writes its HTML reports only when it has a plotting backend: gnuplot (Debian).
@@ -113,6 +117,17 @@ $(STAMPS)/venv-peer: requirements-peer.txt
 	@mkdir -p $(STAMPS)
 	@test -x $(PEER_PY) || python3 -m venv $(PEER_VENV)
 	$(PIP_TMP) $(PEER_PY) -m pip install -q --disable-pip-version-check --no-cache-dir -r requirements-peer.txt
+	@touch $@
+
+# JAX with its CPU jaxlib: `jax.jit` of the suite's computations, the ceiling of the same XLA
+# CPU compiler; a venv of its own, built only for `make bench`.
+JAX_VENV := .venv-jax
+JAX_PY := $(JAX_VENV)/bin/python
+venv-jax: $(STAMPS)/venv-jax
+$(STAMPS)/venv-jax: requirements-jax.txt
+	@mkdir -p $(STAMPS)
+	@test -x $(JAX_PY) || python3 -m venv $(JAX_VENV)
+	$(PIP_TMP) $(JAX_PY) -m pip install -q --disable-pip-version-check --no-cache-dir -r requirements-jax.txt
 	@touch $@
 
 # The OpInfo sweep (the longest file, mostly XLA compile time) runs beside the rest of the suite:

@@ -1,11 +1,12 @@
-"""The benchmark suite: CPU eager, torch.compile (inductor), torch_xla on its CPU PJRT client and
-pjrt in Strict, Debug and DeferAndFuse, timed in one run on the workloads of workloads.py.
+"""The benchmark suite: CPU eager, torch.compile (inductor), torch_xla on its CPU PJRT client, `jax.jit`
+and pjrt in Strict, Debug and DeferAndFuse, timed in one run on the workloads of workloads.py (JAX's
+from jax_workloads.py: the same computations compiled by the same XLA CPU compiler).
 
     python benches/python/suite.py                     # everything; what `make bench` runs
     python benches/python/suite.py --backends cpu,pjrt-strict --workloads chains
 
 Each (workload, backend) pair runs in a fresh process (torch_xla runs under the peer venv's
-python, and fresh processes keep one workload's memory and caches out of the next); the cold/warm
+python, JAX under the JAX venv's, and fresh processes keep one workload's memory and caches out of the next); the cold/warm
 start pairs run in fresh processes too, with an empty cache directory and then the same one
 filled. The results go to <out-dir>/latest.json, latest.md and latest.png.
 
@@ -32,11 +33,14 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 WORKER = os.path.join(HERE, "workloads.py")
+JAX_WORKER = os.path.join(HERE, "jax_workloads.py")
 
 BACKENDS = (
-    "cpu", "inductor", "torch_xla", "pjrt-strict", "pjrt-debug", "pjrt-defer_and_fuse",
+    "cpu", "inductor", "torch_xla", "jax", "pjrt-strict", "pjrt-debug", "pjrt-defer_and_fuse",
     "pjrt-compiled",
 )
+# Workloads JAX runs (jax_workloads.py); the others have no `jax.jit` counterpart.
+JAX_WORKLOADS = ("chains", "norms", "mlp", "adam", "attention", "item_loop")
 STEADY_WORKLOADS = (
     "tiny_ops", "chains", "norms", "mlp", "adam", "attention", "item_loop", "generate", "prompts",
     "padded_batches",
@@ -59,6 +63,7 @@ LABELS = {
     "cpu": "CPU eager",
     "inductor": "inductor",
     "torch_xla": "torch_xla",
+    "jax": "jax.jit",
     "pjrt-strict": "pjrt Strict",
     "pjrt-debug": "pjrt Debug",
     "pjrt-defer_and_fuse": "pjrt DeferAndFuse",
@@ -111,12 +116,33 @@ def probe_peer(python: str | None) -> tuple[bool, str]:
     return True, p.stdout.strip()
 
 
+def probe_jax(python: str | None) -> tuple[bool, str]:
+    """Whether JAX runs on the CPU under `python`, and its version or why not."""
+    if not python or not os.path.exists(python):
+        return False, f"no JAX python at {python} (`make venv-jax` builds .venv-jax)"
+    code = "import jax, jax.numpy as jnp; print(jax.__version__, float(jax.jit(lambda x: x + 1)(jnp.ones(2)).sum()))"
+    try:
+        p = subprocess.run(
+            [python, "-c", code], env=worker_env({"JAX_PLATFORMS": "cpu"}), capture_output=True,
+            text=True, timeout=300,
+        )
+    except subprocess.TimeoutExpired:
+        return False, "JAX probe timed out"
+    if p.returncode != 0:
+        tail = (p.stderr.strip().splitlines() or ["no output"])[-1]
+        return False, f"JAX does not run: {tail[:300]}"
+    return True, p.stdout.strip()
+
+
 def run_worker(python: str, backend: str, workload: str, env_extra: dict | None = None) -> dict:
     """Runs one workload for one backend in a fresh process; returns its JSON result, or an error
     result when the process failed."""
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         out = os.path.join(tmp, "result.json")
-        cmd = [python, WORKER, "--backend", backend, "--workload", workload, "--json-out", out]
+        if backend == "jax":
+            cmd = [python, JAX_WORKER, "--workload", workload, "--json-out", out]
+        else:
+            cmd = [python, WORKER, "--backend", backend, "--workload", workload, "--json-out", out]
         t0 = time.perf_counter()
         try:
             p = subprocess.run(
@@ -363,7 +389,26 @@ def targets(results: list, idx: dict) -> tuple[list, dict]:
         rows.append(("Tiny op: compiled within 2× inductor per op", fig,
                      status(p is not None and i is not None and p <= 2 * i, None if (p and i) else "missing figures")))
 
-    # 7. Cold vs warm start.
+    # 7. DeferAndFuse against jax.jit of the same computation, the same XLA CPU compiler.
+    J = "jax"
+    gaps, ratios_j = [], []
+    for w in STEADY_WORKLOADS:
+        for case in cases_of(results, w):
+            if is_diagnostic(idx, w, case):
+                continue
+            d, j = median_of(idx, w, case, D), median_of(idx, w, case, J)
+            if d and j:
+                ratios_j.append(d / j)
+                if d > 1.15 * j:
+                    gaps.append(f"{w}/{case} {d / j:.2f}×")
+    if ratios_j:
+        fig = (f"DeferAndFuse time / jax.jit time: geomean {geomean(ratios_j):.2f} over {len(ratios_j)} cases"
+               + ("; beyond 1.15 on " + ", ".join(gaps) if gaps else ""))
+        rows.append(("DeferAndFuse within 1.15× of jax.jit on every case JAX has", fig, status(not gaps)))
+    else:
+        rows.append(("DeferAndFuse within 1.15× of jax.jit on every case JAX has", "—", "n/a (jax or DeferAndFuse not run)"))
+
+    # 8. Cold vs warm start.
     fs = {r["backend"]: r for r in results if r.get("workload") == "first_step" and r.get("ok")}
     r = fs.get(D)
     if r:
@@ -386,7 +431,7 @@ def write_markdown(path: str, results: list, meta: dict, chart_name: str | None)
     lines += [
         f"Run {meta['date']} on {meta['host']} ({meta['cpus']} CPUs), {meta['elapsed_min']:.1f} min in all.",
         f"Project venv: torch {meta['versions'].get('torch', '?')}, torch_pjrt {meta['versions'].get('torch_pjrt', '?')}. "
-        f"Peer venv: {meta['peer']}.",
+        f"Peer venv: {meta['peer']}. JAX venv: {meta.get('jax', 'not used')}.",
         f"Load average (1 min) seen by the workers: {meta['loadavg']}; on a machine shared with other "
         "jobs, multi-threaded CPU work (CPU eager, inductor, the XLA CPU runtimes) is noisier than "
         "single-threaded host work.",
@@ -480,24 +525,25 @@ def write_markdown(path: str, results: list, meta: dict, chart_name: str | None)
         if not cases:
             continue
         lines += [
-            "| case | backend | median | vs Strict | vs CPU | vs torch_xla | compiles | first rep | note |",
-            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+            "| case | backend | median | vs Strict | vs CPU | vs torch_xla | vs jax.jit | compiles | first rep | note |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
         ]
         for case in cases:
-            refs = {b: median_of(idx, w, case, b) for b in ("pjrt-strict", "cpu", "torch_xla")}
+            refs = {b: median_of(idx, w, case, b) for b in ("pjrt-strict", "cpu", "torch_xla", "jax")}
             for b in backends:
                 c = idx.get((w, case, b))
                 if c is None:
                     continue
                 if "error" in c:
-                    lines.append(f"| {case} | {LABELS[b]} | error | | | | | | {c['error'][:160]} |")
+                    lines.append(f"| {case} | {LABELS[b]} | error | | | | | | | {c['error'][:160]} |")
                     continue
                 t = c["median_s"]
                 mark = " †" if c.get("budget_hit") else ""
                 comp = "—" if c.get("compiles") is None else str(c["compiles"])
                 lines.append(
                     f"| {case} | {LABELS[b]} | {fmt_time(t)}{mark} | {fmt_ratio(speedup(refs['pjrt-strict'], t))} | "
-                    f"{fmt_ratio(speedup(refs['cpu'], t))} | {fmt_ratio(speedup(refs['torch_xla'], t))} | {comp} | "
+                    f"{fmt_ratio(speedup(refs['cpu'], t))} | {fmt_ratio(speedup(refs['torch_xla'], t))} | "
+                    f"{fmt_ratio(speedup(refs['jax'], t))} | {comp} | "
                     f"{fmt_time(c.get('first_s'))} | {c.get('note', '')} |"
                 )
         lines.append("")
@@ -658,6 +704,7 @@ def write_chart(path: str, results: list, backends: list, quick: bool = False) -
     colors = {
         "inductor": "#8c8c8c",
         "torch_xla": "#d62728",
+        "jax": "#ff7f0e",
         "pjrt-strict": "#9ecae1",
         "pjrt-debug": "#c6dbef",
         "pjrt-defer_and_fuse": "#08519c",
@@ -736,6 +783,7 @@ def main(argv=None) -> int:
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated, from: " + ", ".join(WORKLOADS))
     ap.add_argument("--out-dir", default=os.path.join(ROOT, "benches", "results"))
     ap.add_argument("--peer-python", default=os.path.join(ROOT, ".venv-peer", "bin", "python"), help="python with torch_xla")
+    ap.add_argument("--jax-python", default=os.path.join(ROOT, ".venv-jax", "bin", "python"), help="python with jax")
     ap.add_argument("--no-chart", action="store_true")
     ap.add_argument("--from-json", help="rewrite the report and chart from a saved latest.json, running nothing")
     args = ap.parse_args(argv)
@@ -770,11 +818,23 @@ def main(argv=None) -> int:
             unavailable["torch_xla"] = info
             peer = f"torch_xla unavailable ({info})"
             log(f"torch_xla unavailable: {info}")
+    jax_info = "not used"
+    if "jax" in backends:
+        ok, info = probe_jax(args.jax_python)
+        if ok:
+            pythons["jax"] = args.jax_python
+            jax_info = f"jax {info.split()[0]} (CPU)"
+        else:
+            unavailable["jax"] = info
+            jax_info = f"jax unavailable ({info})"
+            log(f"jax unavailable: {info}")
     runnable = [b for b in backends if b not in unavailable]
 
     results = []
     for w in workloads:
         for b in runnable:
+            if b == "jax" and w not in JAX_WORKLOADS:
+                continue
             log(f"{w} on {b}")
             r = run_cold_warm(pythons[b], b) if w == "first_step" else run_worker(pythons[b], b, w)
             if not r.get("ok"):
@@ -795,6 +855,7 @@ def main(argv=None) -> int:
         "requested_backends": backends,
         "unavailable": unavailable,
         "peer": peer,
+        "jax": jax_info,
         "elapsed_min": (time.perf_counter() - started) / 60,
     }
     write_outputs(args.out_dir, results, meta, chart=not args.no_chart)

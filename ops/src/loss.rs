@@ -362,10 +362,13 @@ fn lower_nll(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
             let dtype = e.dtype(x);
             let cd = dtype.compute_dtype();
             let xc = e.convert(x, cd);
-            let (_, w) = nll_mask(e, xc, a.inputs[1], a.inputs.get(2).copied(), ignore_index);
+            let (mask, w) = nll_mask(e, xc, a.inputs[1], a.inputs.get(2).copied(), ignore_index);
             let r = e.rank(xc);
-            // Per-sample loss: -w[target] * x[target].
+            // Per-sample loss: -w[target] * x[target]; other classes contribute nothing, even
+            // where x is -inf (a log-softmax of a masked row) or NaN.
             let wx = e.mul(w, xc);
+            let zero = e.full_like(xc, 0.0);
+            let wx = e.select(mask, wx, zero);
             let picked = e.reduce_sum(wx, &[r - 1]);
             let loss = e.neg(picked);
             let wsum = e.reduce_sum(w, &[r - 1]);

@@ -71,6 +71,18 @@ def test_fused_regions_of_little_work_compile_quick_and_large_ones_full(pjrt):
     assert "[quick]" in torch_pjrt.metrics_report()
 
 
+def test_one_op_programs_of_large_work_compile_full(pjrt):
+    # One op can be a whole row-wise computation: past 2**18 elements its run time, not its
+    # compile, counts. Shapes no other test compiles.
+    small = torch.randn(24, 52).to(pjrt)
+    large = torch.randn(520, 1032).to(pjrt)  # 536,640 elements
+    torch_pjrt.reset_metrics()
+    for x in (small, large):
+        torch.testing.assert_close(torch.softmax(x, dim=-1).cpu(), torch.softmax(x.cpu(), dim=-1))
+    programs = [p for p in torch_pjrt.metrics()["compiled_programs"] if p["region"] == "_softmax"]
+    assert [(p["fast"], p["quick"]) for p in programs] == [(True, False), (False, False)], programs
+
+
 def test_quick_compiles_give_close_values_and_can_be_turned_off():
     code = """
         import torch, torch_pjrt

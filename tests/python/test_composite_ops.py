@@ -171,6 +171,40 @@ def test_max_along_a_dim_of_bools_and_nans(mode):
     assert got.indices.cpu().tolist() == expected.indices.tolist()
 
 
+@pytest.mark.parametrize(
+    "name", ["softmax", "log_softmax", "logsumexp", "safe_softmax", "cross_entropy"]
+)
+def test_row_functions_of_rows_with_nans_and_infinities(mode, name):
+    # The maximum these shift by drops NaN on XLA CPU; a NaN must still reach its whole row,
+    # and rows of infinities give what the CPU gives.
+    nan, inf = float("nan"), float("inf")
+    x = torch.tensor(
+        [
+            [nan, 1.0, 2.0, 3.0],
+            [1.0, 2.0, nan, -inf],
+            [nan, -inf, -inf, -inf],
+            [-inf, -inf, -inf, -inf],
+            [inf, 1.0, 2.0, 3.0],
+            [inf, -inf, 0.0, 1.0],
+            [nan, nan, nan, nan],
+            [0.5, -1.0, 2.0, 3.0],
+        ]
+    )
+    fns = {
+        "softmax": lambda t: t.softmax(-1),
+        "log_softmax": lambda t: t.log_softmax(-1),
+        "logsumexp": lambda t: t.logsumexp(-1),
+        "safe_softmax": lambda t: torch.ops.aten._safe_softmax(t, -1),
+        "cross_entropy": lambda t: F.cross_entropy(t, torch.arange(8, device=t.device) % 4, reduction="none"),
+    }
+    # Long rows too, where XLA vectorizes the maximum: the specials mid-row.
+    wide = torch.randn(8, 67, generator=seeded(3))
+    wide[:, 30:34] = x
+    f = fns[name]
+    for t in (x, x.t().contiguous().t(), wide):
+        torch.testing.assert_close(f(t.to("pjrt")).cpu(), f(t), equal_nan=True)
+
+
 def test_max_along_a_dim_writes_out_tensors(mode):
     values, indices = torch.empty(0).to("pjrt"), torch.empty(0, dtype=torch.long).to("pjrt")
     torch.max(M.to("pjrt"), 2, out=(values, indices))

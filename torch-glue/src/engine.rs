@@ -22,7 +22,7 @@ mod graphs;
 type FlushedValues = smallvec::SmallVec<[DeviceValue; 2]>;
 
 /// The engine version: part of every cache key and cache directory name.
-pub const ENGINE_VERSION: &str = concat!("torch-pjrt-", env!("CARGO_PKG_VERSION"), "+hlo13");
+pub const ENGINE_VERSION: &str = concat!("torch-pjrt-", env!("CARGO_PKG_VERSION"), "+hlo14");
 
 /// Above this many pending ops DeferAndFuse flushes on its own. Compile time grows ~0.7 ms per op
 /// past a hundred on the CPU plugin (0.5 s at 1,500 ops), so a cap near a thousand keeps any
@@ -38,6 +38,11 @@ const REPEAT_MIN_WORK: u64 = 1 << 20;
 /// Programs of at most this many ops (Strict's and Debug's op, with its index checks) compile
 /// with [`Effort::Fast`]; larger regions get the plugin's full optimization (RFC 0025).
 pub const FAST_COMPILE_MAX_OPS: usize = 3;
+
+/// ... unless their ops produce more than this many elements: one op can be a whole row-wise
+/// computation (softmax, layer_norm), which XLA CPU's fusion emitters run about twice as fast,
+/// and at this size the run time, not the few milliseconds of compile, is what counts (RFC 0040).
+const FAST_COMPILE_MAX_WORK: u64 = 1 << 18;
 
 /// Fused regions whose ops produce at most this many elements compile with [`Effort::Quick`]:
 /// a small model's decoding step (a few thousand elements per op, about 90 ops) runs in the
@@ -930,10 +935,11 @@ impl Engine {
         })
     }
 
-    /// The options word of a region: fast compiles for the few-op programs of the op-by-op
-    /// modes, quick ones for fused regions of little work, full optimization for the rest.
+    /// The options word of a region: fast compiles for the few-op programs of little work (the
+    /// op-by-op modes' ops, mostly), quick ones for fused regions of little work, full
+    /// optimization for the rest.
     fn options_for(&self, size: RegionSize) -> u64 {
-        if size.ops <= FAST_COMPILE_MAX_OPS {
+        if size.ops <= FAST_COMPILE_MAX_OPS && size.work <= FAST_COMPILE_MAX_WORK {
             self.fast_options_key
         } else if size.work <= QUICK_COMPILE_MAX_WORK {
             self.quick_options_key

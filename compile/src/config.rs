@@ -96,6 +96,21 @@ pub fn fast_overrides_for(platform: &str) -> Vec<(String, pjrt::CompileOverride)
     }
 }
 
+/// The options every compile gets on a plugin platform, under the user's
+/// (`TORCH_PJRT_COMPILE_OPTIONS`, which win where both name an option). On XLA CPU: reductions
+/// as YNNPACK fusions, which take the elementwise work around a row reduction into one pass
+/// (softmax of 4096x1024 about a quarter faster, layer_norm about a tenth) and compile in half
+/// the time; products and elementwise regions are unchanged (RFC 0040).
+pub fn default_overrides_for(platform: &str) -> Vec<(String, pjrt::CompileOverride)> {
+    match platform {
+        "cpu" | "host" => vec![(
+            "xla_cpu_experimental_ynn_fusion_type".to_string(),
+            pjrt::CompileOverride::String("LIBRARY_FUSION_TYPE_REDUCE".to_string()),
+        )],
+        _ => Vec::new(),
+    }
+}
+
 /// The quick-compile options for a plugin platform: on XLA CPU, LLVM's optimization level 0
 /// (XLA's own HLO passes, fusion included, still run): about 2.5x less compile time for a
 /// decoding step's region of ~90 ops, the same run time at its sizes (RFC 0039).
@@ -178,6 +193,18 @@ impl CompileConfig {
 mod tests {
     use super::*;
     use std::collections::HashMap;
+
+    #[test]
+    fn only_xla_cpu_has_default_options_and_they_make_reductions_ynnpack_fusions() {
+        let cpu = default_overrides_for("cpu");
+        assert_eq!(cpu.len(), 1);
+        assert_eq!(cpu[0].0, "xla_cpu_experimental_ynn_fusion_type");
+        assert_eq!(
+            cpu[0].1,
+            pjrt::CompileOverride::String("LIBRARY_FUSION_TYPE_REDUCE".to_string())
+        );
+        assert!(default_overrides_for("cuda").is_empty());
+    }
 
     fn from(pairs: &[(&str, &str)]) -> Result<CompileConfig, CompileError> {
         let map: HashMap<String, String> = pairs

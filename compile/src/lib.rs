@@ -27,8 +27,8 @@ pub use compiler::{
     CompileHandle, CompileStats, CompiledProgram, Compiler, ProgramStats, RECENT_COMPILES_KEPT,
 };
 pub use config::{
-    fast_overrides_for, quick_overrides_for, CompileConfig, Effort, DEFAULT_SHARED_DIR,
-    DEFAULT_TIER1_CAPACITY,
+    default_overrides_for, fast_overrides_for, quick_overrides_for, CompileConfig, Effort,
+    DEFAULT_SHARED_DIR, DEFAULT_TIER1_CAPACITY,
 };
 pub use cpu::{cpu_features_hash, host_cpu_features, host_cpu_features_hash};
 pub use error::{CompileError, ExecError};

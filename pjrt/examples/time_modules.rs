@@ -3,7 +3,9 @@
 //!
 //! `cargo run --release -p pjrt --example time_modules -- [--runs N] [--option name=value]… FILE…`
 //! Arguments of `@main` are filled with small values; each module's runs are interleaved with
-//! the others' so that a noisy machine slows them alike. Prints medians and minima.
+//! the others' so that a noisy machine slows them alike. Prints medians and minima, and each
+//! compile's time. `FILE@name=value,name=value` compiles that file with these options on top of
+//! the `--option`s, so one module under several options is timed interleaved too.
 
 use pjrt::{Client, CompileOptions, CompileOverride, ElementType, Plugin};
 use std::time::Instant;
@@ -60,6 +62,23 @@ fn median(values: &mut [f64]) -> f64 {
     values[values.len() / 2]
 }
 
+/// `name=value` as a compile option: `true`/`false`, a whole number, else a string (an enum's
+/// name, say).
+fn parse_option(item: &str) -> Result<(String, CompileOverride), String> {
+    let (name, value) = item
+        .split_once('=')
+        .ok_or_else(|| format!("an option is name=value, got '{item}'"))?;
+    let value = match value {
+        "true" => CompileOverride::Bool(true),
+        "false" => CompileOverride::Bool(false),
+        v => v
+            .parse::<i64>()
+            .map(CompileOverride::Int)
+            .unwrap_or_else(|_| CompileOverride::String(v.to_string())),
+    };
+    Ok((name.to_string(), value))
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut runs = 200usize;
     let mut options = CompileOptions::default();
@@ -70,16 +89,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "--runs" => runs = args.next().ok_or("--runs needs a count")?.parse()?,
             "--option" => {
                 let item = args.next().ok_or("--option needs name=value")?;
-                let (name, value) = item.split_once('=').ok_or("--option needs name=value")?;
-                let value = match value {
-                    "true" => CompileOverride::Bool(true),
-                    "false" => CompileOverride::Bool(false),
-                    v => v
-                        .parse::<i64>()
-                        .map(CompileOverride::Int)
-                        .unwrap_or_else(|_| CompileOverride::String(v.to_string())),
-                };
-                options.overrides.push((name.to_string(), value));
+                options.overrides.push(parse_option(&item)?);
             }
             _ => files.push(arg),
         }
@@ -88,18 +98,28 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let client = Client::new(&plugin)?;
     let mut programs = Vec::new();
     for path in &files {
-        let text = std::fs::read_to_string(path)?;
-        let exe = client.compile_with_options(&text, &options)?;
+        let (file, extra) = match path.split_once('@') {
+            Some((file, extra)) => (file, extra),
+            None => (path.as_str(), ""),
+        };
+        let mut file_options = options.clone();
+        for item in extra.split(',').filter(|item| !item.is_empty()) {
+            file_options.overrides.push(parse_option(item)?);
+        }
+        let text = std::fs::read_to_string(file)?;
+        let start = Instant::now();
+        let exe = client.compile_with_options(&text, &file_options)?;
+        let compile_ms = start.elapsed().as_secs_f64() * 1e3;
         let buffers = main_arguments(&text)
             .into_iter()
             .map(|(dims, ty)| client.buffer_from_host(&argument_bytes(&dims, ty), ty, &dims))
             .collect::<Result<Vec<_>, _>>()?;
-        programs.push((path, exe, buffers, Vec::with_capacity(runs)));
+        programs.push((path, exe, buffers, Vec::with_capacity(runs), compile_ms));
     }
     // `--runs 0` compiles only, for the temp bytes (modules that donate arguments run once).
     let rounds = if runs == 0 { 0 } else { runs + runs / 10 };
     for round in 0..rounds {
-        for (_, exe, buffers, times) in programs.iter_mut() {
+        for (_, exe, buffers, times, _) in programs.iter_mut() {
             let arguments: Vec<&pjrt::Buffer> = buffers.iter().collect();
             let start = Instant::now();
             for output in exe.execute(&arguments)? {
@@ -111,9 +131,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
         }
     }
-    println!("| module | median µs | min µs | p10 | p25 | p75 | p90 | temp bytes |");
-    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
-    for (path, exe, _, mut times) in programs {
+    println!("| module | median µs | min µs | p10 | p25 | p75 | p90 | temp bytes | compile ms |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for (path, exe, _, mut times, compile_ms) in programs {
         let min = times.iter().copied().fold(f64::INFINITY, f64::min);
         if times.is_empty() {
             times.push(f64::NAN);
@@ -121,7 +141,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let median = median(&mut times);
         let at = |q: f64| times[((times.len() - 1) as f64 * q) as usize];
         println!(
-            "| {path} | {median:.1} | {min:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} |",
+            "| {path} | {median:.1} | {min:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {compile_ms:.0} |",
             at(0.1),
             at(0.25),
             at(0.75),

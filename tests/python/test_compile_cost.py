@@ -83,6 +83,33 @@ def test_one_op_programs_of_large_work_compile_full(pjrt):
     assert [(p["fast"], p["quick"]) for p in programs] == [(True, False), (False, False)], programs
 
 
+def test_default_compile_options_give_close_values_and_can_be_turned_off():
+    # On XLA CPU the defaults make reductions YNNPACK fusions: row sums, softmax, layer_norm,
+    # and a whole-tensor sum, in Strict and fused, against the CPU with and without them.
+    code = """
+        import torch, torch_pjrt
+        import torch.nn.functional as F
+        torch.manual_seed(0)
+        x = torch.randn(300, 257)
+        w, b = torch.randn(257), torch.randn(257)
+        fns = (
+            lambda t: t.sum(-1), lambda t: t.softmax(-1), lambda t: t.log_softmax(0),
+            lambda t: F.layer_norm(t, (257,), w.to(t.device), b.to(t.device)),
+            lambda t: (t * 2 + 1).relu().sum(), lambda t: t.amax(-1), lambda t: t.mean(0),
+        )
+        outs = []
+        for mode in ("strict", "defer_and_fuse"):
+            with torch_pjrt.eager_mode(mode):
+                outs += [f(x.to("pjrt")).cpu() for f in fns]
+        for f, got in zip(fns + fns, outs):
+            torch.testing.assert_close(got, f(x), rtol=1e-5, atol=1e-5)
+        print(len(outs))
+    """
+    for setting in ("1", "0"):
+        out = assert_ok(run_python(code, env={"TORCH_PJRT_DEFAULT_COMPILE_OPTIONS": setting}))
+        assert out.strip() == "14", out
+
+
 def test_quick_compiles_give_close_values_and_can_be_turned_off():
     code = """
         import torch, torch_pjrt

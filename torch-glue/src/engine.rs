@@ -101,6 +101,10 @@ pub struct EngineConfig {
     /// ([`compile::quick_overrides_for`]); `TORCH_PJRT_QUICK_COMPILE=0` compiles them with the
     /// full ones.
     pub quick_compile: bool,
+    /// Whether every compile gets the plugin's default options
+    /// ([`compile::default_overrides_for`]) under the user's; `TORCH_PJRT_DEFAULT_COMPILE_OPTIONS=0`
+    /// leaves them out.
+    pub default_compile_options: bool,
 }
 
 /// Parses `key=value,key=value` client options: `true`/`false` are booleans, integers are
@@ -261,6 +265,10 @@ impl EngineConfig {
                 .map_err(|m| EngineError::new(ErrorKind::Value, m))?,
             fast_compile: !matches!(env("TORCH_PJRT_FAST_COMPILE").as_deref(), Some("0")),
             quick_compile: !matches!(env("TORCH_PJRT_QUICK_COMPILE").as_deref(), Some("0")),
+            default_compile_options: !matches!(
+                env("TORCH_PJRT_DEFAULT_COMPILE_OPTIONS").as_deref(),
+                Some("0")
+            ),
             isolation_cuts: !matches!(env("TORCH_PJRT_ISOLATION_CUTS").as_deref(), Some("0")),
             log_recompiles: matches!(
                 env("TORCH_PJRT_LOG_RECOMPILES").as_deref(),
@@ -412,6 +420,12 @@ impl Engine {
         }
         let mut compile_config = config.compile.clone();
         compile_config.engine_version = ENGINE_VERSION.to_string();
+        if config.default_compile_options {
+            // The platform's defaults first: a user's option of the same name, later, wins.
+            let mut overrides = compile::default_overrides_for(client.platform_name());
+            overrides.append(&mut compile_config.compile_options.overrides);
+            compile_config.compile_options.overrides = overrides;
+        }
         if config.fast_compile {
             compile_config.fast_overrides = compile::fast_overrides_for(client.platform_name());
         }

@@ -423,13 +423,22 @@ WORKLOADS = {
 }
 
 
+def _jaxlib_version():
+    try:
+        import jaxlib
+
+        return jaxlib.__version__
+    except Exception:  # a jax without its own jaxlib module
+        return None
+
+
 def run(workload: str, dump_dir: str | None) -> dict:
     result = {"backend": "jax", "workload": workload, "quick": QUICK, "reps": REPS, "warmup": WARMUP}
     result["loadavg_start"] = os.getloadavg()[0]
     result["versions"] = {
         "python": platform.python_version(),
         "jax": jax.__version__,
-        "jaxlib": jax.lib.__version__ if hasattr(jax.lib, "__version__") else None,
+        "jaxlib": _jaxlib_version(),
         "cpus": os.cpu_count(),
     }
     rss0 = _maxrss_mb()

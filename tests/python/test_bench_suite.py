@@ -57,3 +57,49 @@ def test_suite_quick_run_writes_results(tmp_path):
             and ("host (" in line or "device (" in line)]
     assert len(rows) == 3, rows  # Strict, DeferAndFuse and compiled
     assert any(t.startswith("Tiny op: compiled") for t in statuses)
+
+
+JAX_PYTHON = os.path.join(ROOT, ".venv-jax", "bin", "python")
+
+
+def test_jax_is_reported_unavailable_without_its_venv(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ENGINE_ENV}
+    env.update(BENCH_QUICK="1", BENCH_REPS="1", BENCH_WARMUP="1")
+    proc = subprocess.run(
+        [sys.executable, SUITE, "--backends", "cpu,jax", "--workloads", "norms",
+         "--jax-python", str(tmp_path / "no-such-python"), "--out-dir", str(tmp_path),
+         "--no-chart"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads((tmp_path / "latest.json").read_text())
+    assert data["meta"]["backends"] == ["cpu"]
+    assert "venv-jax" in data["meta"]["unavailable"]["jax"]
+    report = (tmp_path / "latest.md").read_text()
+    assert "jax.jit: **unavailable**" in report
+
+
+def test_jax_runs_the_same_cases_as_the_torch_workers(tmp_path):
+    """Where `make venv-jax` has built the JAX venv (`make bench` does; `make test` does not):
+    JAX's cases carry the torch cases' names, so the report lines them up."""
+    if not os.path.exists(JAX_PYTHON):
+        import pytest
+
+        pytest.skip("no .venv-jax here (`make venv-jax` builds it)")
+    env = {k: v for k, v in os.environ.items() if k not in ENGINE_ENV}
+    env.update(BENCH_QUICK="1", BENCH_REPS="1", BENCH_WARMUP="1")
+    proc = subprocess.run(
+        [sys.executable, SUITE, "--backends", "cpu,jax", "--workloads", "norms,tiny_ops",
+         "--out-dir", str(tmp_path), "--no-chart"],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads((tmp_path / "latest.json").read_text())
+    cases = {(r["backend"], r["workload"]): [c["case"] for c in r["cases"]] for r in data["results"]}
+    assert ("jax", "tiny_ops") not in cases  # no jax.jit counterpart of an eager op loop
+    assert cases[("jax", "norms")] == cases[("cpu", "norms")]
+    jax_norms = next(r for r in data["results"] if r["backend"] == "jax")
+    assert all("error" not in c and c["median_s"] > 0 and c["compiles"] == 0 for c in jax_norms["cases"])
+    report = (tmp_path / "latest.md").read_text()
+    assert "| softmax 256x1024 | jax.jit |" in report
+    assert any(t["target"].startswith("DeferAndFuse within 1.15× of jax.jit") for t in data["meta"]["targets"])

@@ -68,7 +68,7 @@
 /**
  * The ABI version in `TpjrtApi::version`; bumped on any incompatible change.
  */
-#define TPJRT_ABI_VERSION 3
+#define TPJRT_ABI_VERSION 4
 
 /**
  * Above this many pending ops DeferAndFuse flushes on its own. Compile time grows ~0.7 ms per op
@@ -212,6 +212,7 @@ typedef struct TpjrtApi {
   int32_t (*trace_start)(void);
   int32_t (*trace_stop)(void);
   int32_t (*trace_take)(void(*)(void*, const struct TpjrtTraceEvent*), void*);
+  int32_t (*note_sequence_length)(int64_t);
 } TpjrtApi;
 
 #ifdef __cplusplus
@@ -320,6 +321,14 @@ int32_t tpjrt_write_host(const struct TpjrtTensor *dst, const void *data, uint64
  * `t` must be valid.
  */
 int32_t tpjrt_mark_dynamic(const struct TpjrtTensor *t, int32_t dim, int64_t bound);
+
+/**
+ * A sequence grown by appends into a buffer with room (`torch.cat([ids, next_id], 1)`, RFC
+ * 0028) is now `length` long: windows of it at that length (`ids[:, -context:]` read by an
+ * embedding) and tensors made at it (`arange(length)`) are read and made padded to its bucket,
+ * so a model that reads the whole sequence at every step compiles once per bucket.
+ */
+int32_t tpjrt_note_sequence_length(int64_t length);
 
 /**
  * Copies a tensor into host memory (`nbytes` = numel × itemsize), materializing it first.

@@ -574,6 +574,15 @@ pub unsafe extern "C" fn tpjrt_mark_dynamic(t: *const TpjrtTensor, dim: i32, bou
     })
 }
 
+/// A sequence grown by appends into a buffer with room (`torch.cat([ids, next_id], 1)`, RFC
+/// 0028) is now `length` long: windows of it at that length (`ids[:, -context:]` read by an
+/// embedding) and tensors made at it (`arange(length)`) are read and made padded to its bucket,
+/// so a model that reads the whole sequence at every step compiles once per bucket.
+#[no_mangle]
+pub extern "C" fn tpjrt_note_sequence_length(length: i64) -> i32 {
+    guarded(|| global::engine()?.note_sequence_length(length))
+}
+
 /// Copies a tensor into host memory (`nbytes` = numel × itemsize), materializing it first.
 ///
 /// # Safety
@@ -1027,7 +1036,7 @@ pub unsafe extern "C" fn tpjrt_trace_take(
 }
 
 /// The ABI version in `TpjrtApi::version`; bumped on any incompatible change.
-pub const TPJRT_ABI_VERSION: u32 = 3;
+pub const TPJRT_ABI_VERSION: u32 = 4;
 
 /// Every ABI function in one table, so a plugin loaded separately (the C++ PrivateUse1 backend)
 /// reaches the same engine instance through one pointer handed over at import time.
@@ -1070,6 +1079,7 @@ pub struct TpjrtApi {
         Option<unsafe extern "C" fn(*mut c_void, *const TpjrtTraceEvent)>,
         *mut c_void,
     ) -> i32,
+    pub note_sequence_length: extern "C" fn(i64) -> i32,
 }
 
 static API: TpjrtApi = TpjrtApi {
@@ -1107,6 +1117,7 @@ static API: TpjrtApi = TpjrtApi {
     trace_start: tpjrt_trace_start,
     trace_stop: tpjrt_trace_stop,
     trace_take: tpjrt_trace_take,
+    note_sequence_length: tpjrt_note_sequence_length,
 };
 
 /// The function table of this engine library.

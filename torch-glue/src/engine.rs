@@ -1430,6 +1430,12 @@ impl Engine {
         result
     }
 
+    /// A sequence growing in a buffer with room (RFC 0028) is now `length` long (RFC 0029).
+    pub fn note_sequence_length(&self, length: i64) -> Result<(), EngineError> {
+        self.graph.lock()?.note_sequence_length(length);
+        Ok(())
+    }
+
     /// `torch_pjrt.mark_dynamic(t, dim, max)` on an inner dimension: `t`'s length along `dim`
     /// changes from batch to batch, up to `bound`. Uploads like `t` (its dtype, its other
     /// sizes) are padded along `dim` from now on, and `t` itself is made padded (through the

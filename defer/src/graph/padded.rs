@@ -1040,6 +1040,16 @@ impl<V: Clone> Graph<V> {
         self.is_padded(id)
     }
 
+    /// A sequence growing in a buffer with room (RFC 0028) is now `length` long: windows of
+    /// buffers read at that length by indexing ops, and tensors made from nothing at it, are
+    /// padded to its bucket from now on (`window_padded`, `creation_padded`), as after an
+    /// append into a padded value.
+    pub fn note_sequence_length(&mut self, length: i64) {
+        if self.bounded && length >= 2 {
+            self.last_extent = Some((length, padding::bucket(length)));
+        }
+    }
+
     /// `torch_pjrt.mark_dynamic(t, dim, max)` on an inner dimension: uploads of `t`'s dtype and
     /// sizes, any length along `dim`, are padded to at least `bound` along it from now on.
     pub fn mark_upload_site(&mut self, t: &TensorRef, dim: usize, bound: i64) {

@@ -181,6 +181,9 @@ std::optional<at::Tensor> append_in_capacity(const at::ITensorListRef& tensors, 
   grown_growth->bound_elements = growth->bound_elements;
   grown_growth->marked_dim = growth->marked_dim;
   g_appends.fetch_add(1, std::memory_order_relaxed);
+  // A model that reads the whole sequence at every step (generation without a cache) reads it
+  // padded to the length's bucket from now on (RFC 0029).
+  check(api().note_sequence_length(sizes[dim]), "torch.cat");
   return tensor_on(buffer.storage(), a, sizes);
 }
 

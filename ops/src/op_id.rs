@@ -374,17 +374,17 @@ op_catalogue! {
     TopK = "topk", family: Indexing, inputs: "self", scalars: "", params: "[k, dim, largest, sorted]";
     /// `[rank, count]` int64 coordinates of the nonzero elements in row-major order: the
     /// transpose of PyTorch's result, which is column-major.
-    Nonzero = "nonzero", family: Indexing, inputs: "self", scalars: "", params: "[count]";
+    Nonzero = "nonzero", family: Indexing, inputs: "self", scalars: "", params: "[count]", facts: { complex: true };
     /// The `count` elements of `self` where the (broadcast) bool `mask` holds, row-major.
-    MaskedSelect = "masked_select", family: Indexing, inputs: "self, mask", scalars: "", params: "[count]";
+    MaskedSelect = "masked_select", family: Indexing, inputs: "self, mask", scalars: "", params: "[count]", facts: { complex: true };
     /// The new `self` after `self.masked_scatter_(mask, source)`.
-    MaskedScatter = "masked_scatter_", family: Indexing, inputs: "self, mask, source", scalars: "", params: "";
+    MaskedScatter = "masked_scatter_", family: Indexing, inputs: "self, mask, source", scalars: "", params: "", facts: { complex: true };
     /// `self[indices]` with integer index tensors selecting along the given dims (the caller
     /// turns bool masks into nonzero coordinates; unindexed dims are taken whole).
-    Index = "index", family: Indexing, inputs: "self, indices...", scalars: "", params: "[dim of each index...]", facts: { index_checks: true };
+    Index = "index", family: Indexing, inputs: "self, indices...", scalars: "", params: "[dim of each index...]", facts: { complex: true, index_checks: true };
     /// The new `self` after `self[indices] = values` (`+=` with `accumulate`).
     IndexPut = "index_put", family: Indexing, inputs: "self, values, indices...", scalars: "",
-        params: "[accumulate (2: as 1, with index_add's errors), dim of each index...]", facts: { index_checks: true };
+        params: "[accumulate (2: as 1, with index_add's errors), dim of each index...]", facts: { complex: true, index_checks: true };
     // Attention and training: activation gradients, losses and fused optimizer steps.
     /// Softmax whose rows of all `-inf` (fully masked attention rows) give zeros.
     SafeSoftmax = "_safe_softmax", family: Reduce, inputs: "self", scalars: "", params: "[dim, dtype (-1 = none)]";

@@ -14,6 +14,7 @@ pub mod dtype;
 mod elementwise;
 pub mod emitter;
 pub mod error;
+mod fft;
 mod indexing;
 mod linalg;
 mod loss;
@@ -177,6 +178,7 @@ fn family_meta(args: &MetaArgs<'_>) -> Result<Meta, OpError> {
         Family::Activation => activation::meta(args),
         Family::Loss => loss::meta(args),
         Family::Optim => optim::meta(args),
+        Family::Spectral => fft::meta(args),
     }
 }
 
@@ -214,6 +216,7 @@ pub fn lower(
         Family::Activation => activation::lower(e, &args),
         Family::Loss => loss::lower(e, &args),
         Family::Optim => optim::lower(e, &args),
+        Family::Spectral => fft::lower(e, &args),
     }?;
     debug_assert_eq!(outs.len(), meta.outputs.len());
     for (v, ty) in outs.iter().zip(&meta.outputs) {

@@ -22,6 +22,8 @@ pub enum Family {
     Activation,
     Loss,
     Optim,
+    /// Discrete Fourier transforms.
+    Spectral,
 }
 
 /// An op's facts, written once in its catalogue row; what a row leaves out takes the value
@@ -249,7 +251,7 @@ op_catalogue! {
     Flip = "flip", family: Shape, inputs: "self", scalars: "", params: "[dims...]", facts: { complex: true };
     Roll = "roll", family: Shape, inputs: "self", scalars: "", params: "[n, shifts x n, dims x (n or 0)] (no dims = roll the flattened tensor)", facts: { complex: true };
     ConstantPadNd = "constant_pad_nd", family: Shape, inputs: "self", scalars: "value? (default 0)",
-        params: "[pad...]: (low, high) pairs from the last dim backwards; negative crops";
+        params: "[pad...]: (low, high) pairs from the last dim backwards; negative crops", facts: { complex: true };
     Repeat = "repeat", family: Shape, inputs: "self", scalars: "", params: "[repeats...]", facts: { complex: true, size_params_from: Some(0) };
     Tril = "tril", family: Shape, inputs: "self", scalars: "", params: "[diagonal?: default 0]";
     Triu = "triu", family: Shape, inputs: "self", scalars: "", params: "[diagonal?: default 0]";
@@ -372,17 +374,17 @@ op_catalogue! {
     TopK = "topk", family: Indexing, inputs: "self", scalars: "", params: "[k, dim, largest, sorted]";
     /// `[rank, count]` int64 coordinates of the nonzero elements in row-major order: the
     /// transpose of PyTorch's result, which is column-major.
-    Nonzero = "nonzero", family: Indexing, inputs: "self", scalars: "", params: "[count]";
+    Nonzero = "nonzero", family: Indexing, inputs: "self", scalars: "", params: "[count]", facts: { complex: true };
     /// The `count` elements of `self` where the (broadcast) bool `mask` holds, row-major.
-    MaskedSelect = "masked_select", family: Indexing, inputs: "self, mask", scalars: "", params: "[count]";
+    MaskedSelect = "masked_select", family: Indexing, inputs: "self, mask", scalars: "", params: "[count]", facts: { complex: true };
     /// The new `self` after `self.masked_scatter_(mask, source)`.
-    MaskedScatter = "masked_scatter_", family: Indexing, inputs: "self, mask, source", scalars: "", params: "";
+    MaskedScatter = "masked_scatter_", family: Indexing, inputs: "self, mask, source", scalars: "", params: "", facts: { complex: true };
     /// `self[indices]` with integer index tensors selecting along the given dims (the caller
     /// turns bool masks into nonzero coordinates; unindexed dims are taken whole).
-    Index = "index", family: Indexing, inputs: "self, indices...", scalars: "", params: "[dim of each index...]", facts: { index_checks: true };
+    Index = "index", family: Indexing, inputs: "self, indices...", scalars: "", params: "[dim of each index...]", facts: { complex: true, index_checks: true };
     /// The new `self` after `self[indices] = values` (`+=` with `accumulate`).
     IndexPut = "index_put", family: Indexing, inputs: "self, values, indices...", scalars: "",
-        params: "[accumulate (2: as 1, with index_add's errors), dim of each index...]", facts: { index_checks: true };
+        params: "[accumulate (2: as 1, with index_add's errors), dim of each index...]", facts: { complex: true, index_checks: true };
     // Attention and training: activation gradients, losses and fused optimizer steps.
     /// Softmax whose rows of all `-inf` (fully masked attention rows) give zeros.
     SafeSoftmax = "_safe_softmax", family: Reduce, inputs: "self", scalars: "", params: "[dim, dtype (-1 = none)]";
@@ -458,6 +460,18 @@ op_catalogue! {
     Complex = "complex", family: Elementwise, inputs: "real, imag", scalars: "", params: "", facts: { complex: true };
     /// The complex conjugate as stored values (no conjugate bit); a real tensor's copy.
     ConjPhysical = "_conj_physical", family: Elementwise, inputs: "self", scalars: "", params: "", facts: { complex: true };
+
+    // ---- discrete Fourier transforms ---------------------------------------------------
+    // `normalization` is at::native's fft_norm_mode: 0 = none, 1 = by 1/sqrt(n), 2 = by 1/n,
+    // with n the signal size (the real signal's for the real transforms), in either direction.
+    /// A complex-to-complex transform over `dims` (none: a copy).
+    FftC2c = "_fft_c2c", family: Spectral, inputs: "self", scalars: "", params: "[normalization, forward, dims...]", facts: { complex: true };
+    /// The forward transform of a real tensor over `dims`; with `onesided` the last of `dims`
+    /// keeps `n / 2 + 1` frequencies.
+    FftR2c = "_fft_r2c", family: Spectral, inputs: "self", scalars: "", params: "[normalization, onesided, dims...]", facts: { complex: true };
+    /// The inverse transform to a real tensor over `dims` whose last dim becomes
+    /// `last_dim_size` long (reading its first `last_dim_size / 2 + 1` frequencies).
+    FftC2r = "_fft_c2r", family: Spectral, inputs: "self", scalars: "", params: "[normalization, last_dim_size, dims...]", facts: { complex: true };
 }
 
 impl OpId {

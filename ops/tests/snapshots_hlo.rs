@@ -239,3 +239,35 @@ snapshot!(
     [],
     []
 );
+// Discrete Fourier transforms: an inverse complex transform over a middle and an outer dim
+// (moved innermost and back; XLA's own 1/n undone for normalization none), a onesided real
+// transform whose halved dim is named first, an inverse real transform over four dims (one
+// complex step, then the real one), and a padded pair of frequencies.
+snapshot!(
+    fft_c2c_inverse_unnormalized,
+    OpId::FftC2c,
+    [t(DType::C64, &[2, 3, 4])],
+    [],
+    [0, 0, 1, 0]
+);
+snapshot!(
+    fft_r2c_onesided_by_root_n,
+    OpId::FftR2c,
+    [t(DType::F32, &[4, 6])],
+    [],
+    [1, 1, 1, 0]
+);
+snapshot!(
+    fft_c2r_four_dims_by_n,
+    OpId::FftC2r,
+    [t(DType::C128, &[2, 2, 3, 2, 3])],
+    [],
+    [2, 4, 1, 2, 3, 4]
+);
+snapshot!(
+    constant_pad_complex,
+    OpId::ConstantPadNd,
+    [t(DType::C64, &[3])],
+    [ScalarArg::float(0.0)],
+    [0, 2]
+);

@@ -225,6 +225,51 @@ def test_gradients_through_complex_values():
             torch.testing.assert_close(grads[1], grads[0])
 
 
+@pytest.mark.parametrize("dtype", COMPLEX)
+def test_random_draws(mode, dtype):
+    # Each part is drawn on its own: uniform in [from, to), normal with half the variance.
+    gen = torch.Generator(device="pjrt").manual_seed(3)
+    z = torch.randn(20000, dtype=dtype, device="pjrt", generator=gen).cpu()
+    assert z.dtype == dtype
+    parts = torch.view_as_real(z).double()
+    assert abs(parts.mean().item()) < 0.02
+    torch.testing.assert_close(parts.std(0), torch.full((2,), 0.5**0.5, dtype=torch.float64), atol=0.02, rtol=0)
+    torch.testing.assert_close(z.abs().pow(2).mean().item(), 1.0, atol=0.03, rtol=0)
+    u = torch.empty(20000, dtype=dtype, device="pjrt").uniform_(-2, 3, generator=gen).cpu()
+    parts = torch.view_as_real(u)
+    assert parts.min() >= -2 and parts.max() < 3
+    assert abs(parts[:, 0].mean().item() - 0.5) < 0.05 and abs(parts[:, 1].mean().item() - 0.5) < 0.05
+    assert not torch.equal(parts[:, 0], parts[:, 1])
+    # A draw into a strided view writes only the view.
+    y = torch.zeros(4, 6, dtype=dtype, device="pjrt")
+    y[:, ::2].normal_(generator=gen)
+    assert torch.equal(y[:, 1::2].cpu(), torch.zeros(4, 3, dtype=dtype))
+    assert (y[:, ::2].cpu() != 0).all()
+
+
+@pytest.mark.parametrize("dtype", COMPLEX)
+def test_indexing(mode, dtype):
+    x = sample(dtype, 5, 4, seed=21)
+    p = x.to("pjrt")
+    rows = torch.tensor([3, 0, 3, -1])
+    same(p[rows.to("pjrt")], x[rows])
+    same(p[rows.to("pjrt"), 1:], x[rows, 1:])
+    mask = x.real > 0
+    same(p[mask.to("pjrt")], x[mask])
+    same(p.nonzero(), x.nonzero())
+    values = sample(dtype, 4, seed=22)
+    for accumulate in (False, True):
+        got = p.clone().index_put_((rows.to("pjrt"),), values.to("pjrt"), accumulate=accumulate)
+        same(got, x.clone().index_put_((rows,), values, accumulate=accumulate))
+    got = p.clone()
+    got[mask.to("pjrt")] = 0
+    expected = x.clone()
+    expected[mask] = 0
+    same(got, expected)
+    source = sample(dtype, 20, seed=23)
+    same(p.masked_scatter(mask.to("pjrt"), source.to("pjrt")), x.masked_scatter(mask, source))
+
+
 def test_ops_not_lowered_for_complex_values_run_on_the_cpu():
     x = sample(torch.complex64, 5, seed=18)
     p = x.to("pjrt")

@@ -133,3 +133,20 @@ def test_negative_views_read_their_logical_values(pjrt, mode):
             base = torch.zeros(3, device="pjrt")
             write(torch._neg_view(base))
             torch.testing.assert_close(base.cpu(), torch.full((3,), value))
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_results_of_many_dims(pjrt, mode):
+    # A view with many size-1 dims has more dims than most tensors; results of that rank (here
+    # 18 and 64) are computed like any other.
+    x = torch.rand(4, 2, 5, 1, 6, 2, 9, 3).transpose(-1, 2).transpose(-2, 3)
+    shape = [1, 1, 2, 1, 4, 3, 1, 1, 9, 1, 2, 1, 2, 3, 1, 5, 1, 1]
+    deep = torch.rand([1] * 60 + [2, 3, 1, 2])
+    with torch_pjrt.eager_mode(mode):
+        p = x.to(pjrt)
+        got = torch.isclose(p.view(*shape), p.clone().view(*shape))
+        assert got.dim() == 18 and bool(got.all())
+        assert_close(p.view(*shape) * 2, x.view(*shape) * 2)
+        assert_close(deep.to(pjrt) + 1, deep + 1)
+        with pytest.raises(RuntimeError, match="exceeds the ABI's 64"):
+            torch.zeros([1] * 65, device=pjrt) + 1

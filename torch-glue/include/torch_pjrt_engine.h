@@ -40,9 +40,9 @@
 #define TPJRT_INDEX_ERROR 5
 
 /**
- * The most dimensions an output description carries.
+ * The most dimensions an output description carries (views of many size-1 dims reach past 16).
  */
-#define TPJRT_MAX_DIMS 16
+#define TPJRT_MAX_DIMS 64
 
 /**
  * Scalar kinds of `TpjrtScalar::kind`.

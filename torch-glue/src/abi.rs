@@ -26,8 +26,8 @@ pub const TPJRT_NOT_IMPLEMENTED: i32 = 4;
 /// Maps to `IndexError`.
 pub const TPJRT_INDEX_ERROR: i32 = 5;
 
-/// The most dimensions an output description carries.
-pub const TPJRT_MAX_DIMS: usize = 16;
+/// The most dimensions an output description carries (views of many size-1 dims reach past 16).
+pub const TPJRT_MAX_DIMS: usize = 64;
 
 /// Scalar kinds of `TpjrtScalar::kind`.
 pub const TPJRT_SCALAR_BOOL: i32 = 0;

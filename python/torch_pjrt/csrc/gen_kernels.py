@@ -152,6 +152,10 @@ TABLE += [
     ("addmm", "addmm", "t self; t mat1; t mat2; s1 beta; s1 alpha"),
     ("baddbmm", "baddbmm", "t self; t batch1; t batch2; s1 beta; s1 alpha"),
     ("dot", "dot", "t self; t tensor"),
+    # discrete Fourier transforms (every torch.fft function, stft and istft compose into these)
+    ("_fft_c2c", "_fft_c2c", "t self; p normalization; p enc::b(forward); pl enc::sym(dim)"),
+    ("_fft_r2c", "_fft_r2c", "t self; p normalization; p enc::b(onesided); pl dim"),
+    ("_fft_c2r", "_fft_c2r", "t self; p normalization; p enc::sym1(last_dim_size); pl dim"),
     # shape and indexing (view ops stay PyTorch's own: they alias storage)
     # A sequence grown by appends keeps a capacity buffer (growth.cpp, RFC 0028).
     ("cat", "cat", "first append_in_capacity tensors dim; tl tensors; p dim"),

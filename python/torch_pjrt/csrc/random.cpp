@@ -11,6 +11,7 @@
 #include <c10/util/irange.h>
 #include <torch/library.h>
 
+#include <cmath>
 #include <cstring>
 #include <deque>
 #include <limits>
@@ -138,6 +139,12 @@ at::Tensor& draw_into(at::Tensor& self, OpCall& c) {
 
 at::Tensor& pjrt_uniform_(
     at::Tensor& self, double from, double to, std::optional<at::Generator> gen) {
+  if (self.is_complex()) {
+    // As PyTorch: each part drawn from [from, to), through the real view of the storage.
+    at::Tensor parts = at::view_as_real(self);
+    pjrt_uniform_(parts, from, to, gen);
+    return self;
+  }
   static const int32_t op = engine_op("uniform");
   OpCall c(op, "aten::uniform_");
   c.scalar(from);
@@ -148,6 +155,12 @@ at::Tensor& pjrt_uniform_(
 
 at::Tensor& pjrt_normal_(
     at::Tensor& self, double mean, double std, std::optional<at::Generator> gen) {
+  if (self.is_complex()) {
+    // As PyTorch: the parts are independent normals whose variances add up to std^2.
+    at::Tensor parts = at::view_as_real(self);
+    pjrt_normal_(parts, mean, std / std::sqrt(2.0), gen);
+    return self;
+  }
   static const int32_t op = engine_op("normal");
   OpCall c(op, "aten::normal_");
   c.scalar(mean);

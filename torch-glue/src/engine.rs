@@ -1388,11 +1388,19 @@ impl Engine {
             let mut graph = self.graph.lock()?;
             // Read at each upload too, as at each append.
             graph.set_bounded(!matches!(env("TORCH_PJRT_DYNAMIC").as_deref(), Some("off")));
-            if graph.is_whole(t)? {
+            let padding = if graph.is_whole(t)? {
                 graph.upload_padding(t)
             } else {
                 None
+            };
+            // A padded upload is a new batch: what is pending (the last step's backward and
+            // optimizer update, at the last batch's bucket) is launched first, so a region
+            // never joins two steps' buckets. Without a host read between steps, such regions
+            // were keyed by each pair of consecutive buckets and kept compiling.
+            if padding.is_some() && graph.pending_len() > 0 && !self.in_graph() {
+                self.flush_locked(&mut graph, FlushRequest::All)?;
             }
+            padding
         };
         // The bytes laid out padded on the host, or as they are.
         let padded = padding.and_then(|p| Some((p.pad_host(src, t.dtype.size_bytes())?, p)));

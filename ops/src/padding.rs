@@ -139,6 +139,12 @@ pub fn plan_at(
             if runs > 1 && how == Along::Prefix {
                 return Ok(None);
             }
+            // A true index into rows that merge the extent with the dimensions outside it (row
+            // `r` of `[batch * length]`) is not the padded value's row (`r / length` runs of
+            // the bucket, then `r % length`): an indexed table must be read exact.
+            if runs > 1 && i == 0 && matches!(op, OpId::Gather | OpId::Index | OpId::IndexSelect) {
+                return Ok(None);
+            }
             match how {
                 Along::Independent | Along::Prefix => {}
                 Along::Combined(f) => {
@@ -612,5 +618,39 @@ mod tests {
         let b = f32s(&[5, 6]);
         let two = plan(OpId::Neg, &[b], &[smallvec![0, 1]], 8, &[], &[]).unwrap();
         assert!(two.is_none());
+    }
+
+    #[test]
+    fn a_table_whose_rows_merge_runs_of_the_extent_is_not_indexed_padded() {
+        // `[2 * 12, 32]` rows of a `[2, 12, 32]` value padded to 16: true row 13 is padded row
+        // 17, so indices into the rows cannot read the padded value.
+        let rows = f32s(&[24, 32]);
+        let index = TensorType::new(DType::I64, &[24]);
+        let indexed = |op, params: &[i64]| {
+            plan_at(
+                op,
+                &[rows.clone(), index.clone()],
+                &[smallvec![0], PaddedDims::new()],
+                16,
+                12,
+                &[],
+                params,
+            )
+            .unwrap()
+        };
+        assert!(indexed(OpId::Index, &[0]).is_none());
+        assert!(indexed(OpId::IndexSelect, &[0]).is_none());
+        // One run (the extent alone) keeps true rows at their positions: indexed padded.
+        let one_run = plan_at(
+            OpId::Index,
+            &[f32s(&[12, 32]), index.clone()],
+            &[smallvec![0], PaddedDims::new()],
+            16,
+            12,
+            &[],
+            &[0],
+        )
+        .unwrap();
+        assert!(one_run.is_some());
     }
 }

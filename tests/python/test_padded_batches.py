@@ -10,6 +10,8 @@ import torch
 
 import torch_pjrt
 
+from conftest import seeded
+
 VOCAB, WIDTH = 50, 16
 
 
@@ -263,6 +265,27 @@ def test_a_fine_tune_without_a_read_per_step_settles_per_bucket():
     # The first pass sees every bucket; the second may still meet a region of a bucket's own
     # that only a new neighbour shows (one cut where the last step of a bucket ran).
     assert per_pass[2] == 0 and per_pass[3] == 0, per_pass
+
+
+def test_rows_of_a_padded_batch_picked_by_index_are_the_true_rows(mode):
+    """A mixture of experts picks token rows of `[batch * length, width]` by index: true row
+    `r` lies in run `r // length` of the padded value, so the table is read exact. Picking them
+    as padded rows gave the second sequence's tokens from the first one's padding."""
+    emb = torch.nn.Embedding(VOCAB, 8)
+    on_pjrt = torch.nn.Embedding(VOCAB, 8).to("pjrt")
+    on_pjrt.load_state_dict(emb.state_dict())
+    ids = torch.randint(0, VOCAB, (2, 12), generator=seeded(7))
+    dev_ids = ids.to("pjrt")
+    torch_pjrt.mark_dynamic(dev_ids, 1, max=16)
+    perm = torch.randperm(24, generator=seeded(8))
+    with torch.no_grad():
+        rows, dev_rows = emb(ids).reshape(-1, 8), on_pjrt(dev_ids).reshape(-1, 8)
+        torch.testing.assert_close(dev_rows[perm.to("pjrt")].cpu(), rows[perm])
+        torch.testing.assert_close(dev_rows.index_select(0, perm.to("pjrt")).cpu(), rows.index_select(0, perm))
+        torch.testing.assert_close(
+            torch.gather(dev_rows, 0, perm.to("pjrt")[:, None].expand(24, 8)).cpu(),
+            torch.gather(rows, 0, perm[:, None].expand(24, 8)),
+        )
 
 
 def test_rows_merging_a_padded_extent_with_heads_read_back_run_by_run(mode):

@@ -63,6 +63,9 @@ VALUE_TOL = {
     torch.float32: (1e-5, 1e-5),
     torch.float16: (1e-3, 1e-3),
     torch.bfloat16: (1.6e-2, 1e-2),
+    # Complex results (Fourier transforms): the precision of their parts.
+    torch.complex128: (1e-7, 1e-7),
+    torch.complex64: (1e-5, 1e-5),
 }
 # Gradients chain several ops, each rounding on its own.
 GRAD_TOL = {
@@ -70,6 +73,8 @@ GRAD_TOL = {
     torch.float32: (1e-4, 1e-5),
     torch.float16: (1e-2, 1e-2),
     torch.bfloat16: (5e-2, 5e-2),
+    torch.complex128: (1e-6, 1e-7),
+    torch.complex64: (1e-4, 1e-5),
 }
 
 # Looser tolerances where the reference itself is computed differently, with the reason:
@@ -98,6 +103,15 @@ KEEP_ON_CPU = {"tensor_split": (0,)}
 KNOWN_LAYOUT_GAPS: dict[str, str] = {
     "cat": "the engine returns contiguous results; PyTorch's cat keeps the memory format "
     "(e.g. channels_last) that all its inputs share",
+    **{
+        f"fft.{name}": "the engine returns contiguous results; PyTorch's CPU transforms return "
+        "the layout their library computed in (the transformed dimension innermost), which "
+        "PyTorch does not promise and its CUDA kernels do not share"
+        for name in (
+            "fft", "fft2", "fftn", "ifft", "ifft2", "ifftn", "rfft", "rfft2", "rfftn",
+            "irfft", "irfft2", "irfftn", "hfft", "hfft2", "hfftn", "ihfft", "ihfft2", "ihfftn",
+        )
+    },
 }
 
 

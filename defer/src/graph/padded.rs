@@ -906,17 +906,37 @@ impl<V: Clone> Graph<V> {
             node_inputs.push(self.read_for_node(t, placement)?);
         }
         let id = self.push_node(RegionOp::Aten(op), &[bucket], &[], meta, node_inputs);
+        let dims = smallvec::smallvec![dim];
+        Ok(Some(self.padded_result(
+            None,
+            true_ty,
+            id.output(0),
+            dims,
+            bucket,
+        )))
+    }
+
+    /// A node's output of true type `true_ty`, padded along `dims` to `bucket`, placed (in
+    /// `out` when given) and counted as a padded op.
+    fn padded_result(
+        &mut self,
+        out: Option<&TensorRef>,
+        true_ty: TensorType,
+        value: NodeOutput,
+        dims: PaddedDims,
+        bucket: i64,
+    ) -> Captured {
         let padding = Padding {
             sizes: true_ty.shape.clone(),
-            dims: smallvec::smallvec![dim],
+            dims,
             bucket,
         };
-        let storage = self.place_output(None, &true_ty, id.output(0), Some(padding));
+        let storage = self.place_output(out, &true_ty, value, Some(padding));
         self.stats.captured_ops += 1;
         self.stats.padded_ops += 1;
         let mut outputs = CapturedOutputs::new();
         outputs.push((storage, true_ty));
-        Ok(Some(Captured { outputs }))
+        Captured { outputs }
     }
 
     /// Whether an op making a tensor from nothing, of result `meta`, has a size equal to the
@@ -994,17 +1014,13 @@ impl<V: Clone> Graph<V> {
             meta,
             SmallVec::new(),
         );
-        let padding = Padding {
-            sizes: true_ty.shape.clone(),
+        Ok(Some(self.padded_result(
+            out,
+            true_ty.clone(),
+            id.output(0),
             dims,
             bucket,
-        };
-        let storage = self.place_output(out, &true_ty, id.output(0), Some(padding));
-        self.stats.captured_ops += 1;
-        self.stats.padded_ops += 1;
-        let mut outputs = CapturedOutputs::new();
-        outputs.push((storage, true_ty));
-        Ok(Some(Captured { outputs }))
+        )))
     }
 }
 

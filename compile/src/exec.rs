@@ -880,15 +880,22 @@ fn execute(shared: &QueueShared, job: &ExecJob) -> Result<Vec<Arc<Buffer>>, Exec
     };
     {
         let busy = shared.device_busy.clone();
+        let awaited = traced.is_some();
+        if awaited {
+            trace::await_one();
+        }
         // Timed from the launch: a program the plugin ran inside its execute call is ready here.
-        let _ = completion.on_ready(move |_| {
+        let registered = completion.on_ready(move |_| {
             let done = std::time::Instant::now();
             busy.lock().complete(started, done);
             if let Some(mut event) = traced {
                 event.end = done;
-                trace::record(event);
+                trace::record_awaited(event);
             }
         });
+        if registered.is_err() && awaited {
+            trace::abandon_one();
+        }
         let mut launched = shared.launched.lock();
         // Executions finish about in launch order: dropping the finished ones from the front
         // keeps the list short without scanning it.

@@ -95,6 +95,8 @@ static ON: AtomicBool = AtomicBool::new(false);
 /// Events recorded since the process started, by any session.
 static RECORDED: AtomicU64 = AtomicU64::new(0);
 static NEXT_REGION: AtomicU64 = AtomicU64::new(1);
+/// Executions launched while recording whose completion event has not been recorded yet.
+static AWAITED: AtomicU64 = AtomicU64::new(0);
 
 struct State {
     events: Vec<Event>,
@@ -133,6 +135,37 @@ pub fn stop() {
 pub fn record(event: Event) {
     RECORDED.fetch_add(1, Ordering::Relaxed);
     STATE.lock().events.push(event);
+}
+
+/// Notes an event that will be recorded later (an execution's completion), so that
+/// [`settle`] can wait for it; each call is matched by one [`record_awaited`].
+pub fn await_one() {
+    AWAITED.fetch_add(1, Ordering::AcqRel);
+}
+
+/// Records an event announced by [`await_one`].
+pub fn record_awaited(event: Event) {
+    record(event);
+    AWAITED.fetch_sub(1, Ordering::AcqRel);
+}
+
+/// Gives up an event announced by [`await_one`] that will never arrive (its callback was refused).
+pub fn abandon_one() {
+    AWAITED.fetch_sub(1, Ordering::AcqRel);
+}
+
+/// Waits, up to `limit`, until every announced event has been recorded: a completion callback
+/// may run on a runtime thread just after the device reports the work done, and a session
+/// reading its events then would miss the last execution. Returns whether all arrived.
+pub fn settle(limit: std::time::Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    while AWAITED.load(Ordering::Acquire) != 0 {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+    true
 }
 
 /// Hands out and forgets the events recorded so far, oldest first.

@@ -992,11 +992,15 @@ pub extern "C" fn tpjrt_trace_start() -> i32 {
     })
 }
 
-/// Stops recording; executions launched while recording are still recorded as they complete.
+/// Stops recording; executions launched while recording are still recorded as they complete,
+/// and are waited for here (briefly) so that the session that reads the trace next sees them.
 #[no_mangle]
 pub extern "C" fn tpjrt_trace_stop() -> i32 {
     guarded(|| {
         compile::trace::stop();
+        if let Some(engine) = global::running() {
+            engine.settle_trace();
+        }
         Ok(())
     })
 }

@@ -1176,6 +1176,14 @@ impl Engine {
         launched
     }
 
+    /// Launches what the execution queue holds and waits (at most half a minute) until every
+    /// traced execution has recorded its completion: a profiler's session reads the trace
+    /// right after it stops recording, and must not miss the last programs still running.
+    pub fn settle_trace(&self) {
+        self.queue.flush();
+        let _ = compile::trace::settle(std::time::Duration::from_secs(30));
+    }
+
     pub fn sync(&self) -> Result<(), EngineError> {
         {
             let mut graph = self.graph.lock()?;

@@ -154,6 +154,11 @@ pub struct CompileStats {
     pub disk_errors: u64,
     /// Times a compile thread, idle after compiling, handed freed heap pages back to the system.
     pub heap_trims: u64,
+    /// Quick programs compiled again with the full options in the background and swapped in
+    /// (tiered compilation). Not counted in `compilations`: nothing waited for them.
+    pub upgrades: u64,
+    /// Time the background thread spent compiling those.
+    pub upgrade_time_total: Duration,
     /// The latest compiles, oldest first (at most [`RECENT_COMPILES_KEPT`]).
     pub recent: Vec<CompiledProgram>,
     /// The longest compile.
@@ -177,6 +182,8 @@ struct Counters {
     invalid_entries: AtomicU64,
     disk_errors: AtomicU64,
     heap_trims: AtomicU64,
+    upgrades: AtomicU64,
+    upgrade_nanos: AtomicU64,
 }
 
 fn bump(counter: &AtomicU64) {
@@ -268,6 +275,35 @@ struct Shared {
     exit: Mutex<ExitState>,
     /// Signalled whenever a running job ends.
     job_ended: Condvar,
+    /// Tiered compilation of quick programs, when on.
+    upgrades: Option<UpgradePlan>,
+}
+
+/// What tiered compilation keeps: when a quick program is due for its full compile, and how to
+/// build its module again.
+struct UpgradePlan {
+    /// The options word of quick programs' keys: only those are upgraded.
+    quick_word: u64,
+    /// The options word of full compiles: an upgraded program is stored on disk under its
+    /// region's key with this word, which is exactly what a full compile of it would be.
+    full_word: u64,
+    /// Tier-1 hits after which a quick program is compiled again.
+    after_runs: u64,
+    /// How to build each quick program's module again, until it is upgraded; bounded by
+    /// [`UPGRADE_SOURCES_KEPT`] (a program past the bound stays quick).
+    sources: Mutex<KeyMap<(Arc<str>, BuildFn)>>,
+    /// Upgrades handed to the background thread and not finished (or dropped) yet.
+    outstanding: AtomicU64,
+}
+
+/// Quick programs whose module source is kept for an upgrade at most.
+const UPGRADE_SOURCES_KEPT: usize = 256;
+
+/// A quick program due for its full compile.
+struct Upgrade {
+    key: CacheKey,
+    label: Arc<str>,
+    build: BuildFn,
 }
 
 /// The pool's progress toward a process exit.
@@ -276,6 +312,10 @@ struct ExitState {
     /// Set by [`Compiler::close_for_exit`]: later jobs are answered with `ShutDown`.
     closing: bool,
     running: usize,
+    /// Upgrades being compiled now (also counted in `running`).
+    upgrading: usize,
+    /// When the pool's latest job ended: upgrades wait for a quiet spell after it.
+    last_job_end: Option<Instant>,
 }
 
 /// Compiles StableHLO modules on a thread pool and caches the executables in three tiers:
@@ -285,6 +325,8 @@ pub struct Compiler {
     shared: Arc<Shared>,
     sender: Option<Sender<Job>>,
     threads: Vec<JoinHandle<()>>,
+    /// The background thread of tiered compilation and its queue, when on.
+    upgrader: Option<(Sender<Upgrade>, JoinHandle<()>)>,
     options_fingerprint: u64,
     fast_options_fingerprint: u64,
     quick_options_fingerprint: u64,
@@ -405,7 +447,31 @@ impl Compiler {
             last_disk_problem: Mutex::new(None),
             exit: Mutex::new(ExitState::default()),
             job_ended: Condvar::new(),
+            upgrades: config
+                .upgrade_after_runs
+                .filter(|_| quick_options.is_some())
+                .map(|after_runs| UpgradePlan {
+                    quick_word: quick_options.as_ref().map_or(0, |(word, _)| *word),
+                    full_word: inputs.fingerprint(),
+                    after_runs: after_runs.max(1),
+                    sources: Mutex::new(KeyMap::default()),
+                    outstanding: AtomicU64::new(0),
+                }),
         });
+        let upgrader = match shared.upgrades {
+            Some(_) => {
+                let (sender, receiver) = crossbeam_channel::unbounded::<Upgrade>();
+                let shared = shared.clone();
+                let thread = std::thread::Builder::new()
+                    .name("torch-pjrt-upgrade".to_string())
+                    .spawn(move || serve_upgrades(&shared, &receiver))
+                    .map_err(|e| {
+                        CompileError::Config(format!("cannot start the upgrade thread: {e}"))
+                    })?;
+                Some((sender, thread))
+            }
+            None => None,
+        };
         let (sender, receiver) = crossbeam_channel::unbounded::<Job>();
         let mut threads = Vec::new();
         for index in 0..config.threads.max(1) {
@@ -421,6 +487,7 @@ impl Compiler {
             shared,
             sender: Some(sender),
             threads,
+            upgrader,
             options_fingerprint: inputs.fingerprint(),
             fast_options_fingerprint: fast_options
                 .as_ref()
@@ -482,11 +549,53 @@ impl Compiler {
 
     /// Tier 1 only: never blocks on a compile, never touches disk.
     pub fn lookup(&self, key: &CacheKey) -> Option<Arc<LoadedExecutable>> {
-        let found = self.shared.tier1.get(key);
-        if found.is_some() {
-            bump(&self.shared.counters.tier1_hits);
+        let (found, hits) = self.shared.tier1.get_counted(key)?;
+        bump(&self.shared.counters.tier1_hits);
+        self.maybe_upgrade(key, hits);
+        Some(found)
+    }
+
+    /// Hands a quick program to the background thread when tier 1 has just served it for the
+    /// `after_runs`-th time: it has shown it runs often enough for a full compile to pay.
+    fn maybe_upgrade(&self, key: &CacheKey, hits: u64) {
+        let (Some(plan), Some((sender, _))) = (&self.shared.upgrades, &self.upgrader) else {
+            return;
+        };
+        if key.options != plan.quick_word || hits != plan.after_runs {
+            return;
         }
-        found
+        let Some((label, build)) = plan.sources.lock().remove(key) else {
+            return;
+        };
+        plan.outstanding.fetch_add(1, Ordering::AcqRel);
+        if sender
+            .send(Upgrade {
+                key: *key,
+                label,
+                build,
+            })
+            .is_err()
+        {
+            plan.outstanding.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Waits, at most `limit`, until no upgrade is queued or running; returns whether so.
+    /// For tests and benchmarks that must see the programs a loop settles on.
+    pub fn wait_for_upgrades(&self, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        let Some(plan) = &self.shared.upgrades else {
+            return true;
+        };
+        loop {
+            if plan.outstanding.load(Ordering::Acquire) == 0 {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
     }
 
     /// Drops every executable of tier 1 (the disk tiers keep theirs); returns how many went.
@@ -540,8 +649,9 @@ impl Compiler {
         F: FnOnce() -> Result<String, String> + Send + 'static,
     {
         let counters = &self.shared.counters;
-        if let Some(executable) = self.shared.tier1.get(&key) {
+        if let Some((executable, hits)) = self.shared.tier1.get_counted(&key) {
             bump(&counters.tier1_hits);
+            self.maybe_upgrade(&key, hits);
             return CompileHandle::ready(key, executable);
         }
         let mut inflight = self.shared.inflight.lock();
@@ -605,6 +715,8 @@ impl Compiler {
             invalid_entries: load(&c.invalid_entries),
             disk_errors: load(&c.disk_errors),
             heap_trims: load(&c.heap_trims),
+            upgrades: load(&c.upgrades),
+            upgrade_time_total: Duration::from_nanos(load(&c.upgrade_nanos)),
             recent,
             slowest,
         }
@@ -651,6 +763,8 @@ impl Compiler {
             &c.invalid_entries,
             &c.disk_errors,
             &c.heap_trims,
+            &c.upgrades,
+            &c.upgrade_nanos,
         ] {
             counter.store(0, Ordering::Relaxed);
         }
@@ -663,6 +777,12 @@ impl Drop for Compiler {
     fn drop(&mut self) {
         drop(self.sender.take());
         let current = std::thread::current().id();
+        if let Some((sender, thread)) = self.upgrader.take() {
+            drop(sender);
+            if thread.thread().id() != current {
+                let _ = thread.join();
+            }
+        }
         for thread in self.threads.drain(..) {
             // The last reference may be dropped by a build closure on a pool thread.
             if thread.thread().id() != current {
@@ -687,7 +807,11 @@ fn serve(shared: &Shared, jobs: &Receiver<Job>) {
         let started = Instant::now();
         shared.run(job);
         busy_since_trim += started.elapsed();
-        shared.exit.lock().running -= 1;
+        {
+            let mut exit = shared.exit.lock();
+            exit.running -= 1;
+            exit.last_job_end = Some(Instant::now());
+        }
         shared.job_ended.notify_all();
         // XLA frees what a compile allocated, but the allocator keeps the pages: a large
         // module's compile left about 1 GB resident for good. Handing them back takes a walk
@@ -698,6 +822,72 @@ fn serve(shared: &Shared, jobs: &Receiver<Job>) {
             if release_free_heap() {
                 bump(&shared.counters.heap_trims);
             }
+        }
+    }
+}
+
+/// The upgrade thread: compiles quick programs again with the full options, one at a time, at
+/// the lowest scheduling priority, so that it takes only CPU time nothing else wants (a
+/// request's own compiles and the loop it runs come first).
+fn serve_upgrades(shared: &Shared, upgrades: &Receiver<Upgrade>) {
+    lower_this_thread_priority();
+    for upgrade in upgrades.iter() {
+        // XLA compiles on its own worker threads too, which keep their priority: an upgrade
+        // waits until the pool has been idle for a while, so that it does not slow the
+        // compiles a new request is waiting for.
+        loop {
+            let exit = shared.exit.lock();
+            let pool_running = exit.running - exit.upgrading;
+            let quiet = exit
+                .last_job_end
+                .is_none_or(|end| end.elapsed() >= UPGRADE_QUIET_SPELL);
+            if exit.closing || (pool_running == 0 && quiet) {
+                break;
+            }
+            drop(exit);
+            std::thread::sleep(UPGRADE_QUIET_SPELL / 8);
+        }
+        let finished = || {
+            if let Some(plan) = &shared.upgrades {
+                plan.outstanding.fetch_sub(1, Ordering::AcqRel);
+            }
+        };
+        {
+            let mut exit = shared.exit.lock();
+            if exit.closing {
+                drop(exit);
+                finished();
+                continue;
+            }
+            exit.running += 1;
+            exit.upgrading += 1;
+        }
+        let _ = catch_unwind(AssertUnwindSafe(|| shared.upgrade(upgrade)));
+        {
+            let mut exit = shared.exit.lock();
+            exit.running -= 1;
+            exit.upgrading -= 1;
+        }
+        finished();
+        shared.job_ended.notify_all();
+        if upgrades.is_empty() && release_free_heap() {
+            bump(&shared.counters.heap_trims);
+        }
+    }
+}
+
+/// How long the compile pool must have been idle before an upgrade starts.
+const UPGRADE_QUIET_SPELL: Duration = Duration::from_millis(500);
+
+/// Gives the calling thread (and the threads it starts) the lowest scheduling priority.
+fn lower_this_thread_priority() {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: gettid and setpriority take plain integers; on Linux a thread id names one
+        // thread for PRIO_PROCESS, so only this thread's nice value changes.
+        unsafe {
+            let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+            libc::setpriority(libc::PRIO_PROCESS, tid, 19);
         }
     }
 }
@@ -836,15 +1026,40 @@ impl Shared {
             source,
             compile_time: Duration::ZERO,
         };
+        // A quick program upgraded in an earlier run is on disk under its full-options key:
+        // that one is taken first, and needs no upgrade.
+        let upgraded_key = self
+            .upgrades
+            .as_ref()
+            .filter(|plan| plan.quick_word == key.options)
+            .map(|plan| CacheKey {
+                options: plan.full_word,
+                ..key
+            });
+        if let Some(upgraded_key) = upgraded_key {
+            if let Some((executable, _)) = self.load(Tier::Shared, &upgraded_key) {
+                bump(&self.counters.tier2_hits);
+                self.origins.lock().insert(key, origin("tier2"));
+                return Ok(executable);
+            }
+            if let Some((executable, bytes)) = self.load(Tier::Persistent, &upgraded_key) {
+                bump(&self.counters.tier3_hits);
+                self.origins.lock().insert(key, origin("tier3"));
+                self.store(Tier::Shared, &upgraded_key, &bytes);
+                return Ok(executable);
+            }
+        }
         if let Some((executable, _)) = self.load(Tier::Shared, &key) {
             bump(&self.counters.tier2_hits);
             self.origins.lock().insert(key, origin("tier2"));
+            self.keep_upgrade_source(key, &label, build);
             return Ok(executable);
         }
         if let Some((executable, bytes)) = self.load(Tier::Persistent, &key) {
             bump(&self.counters.tier3_hits);
             self.origins.lock().insert(key, origin("tier3"));
             self.store(Tier::Shared, &key, &bytes);
+            self.keep_upgrade_source(key, &label, build);
             return Ok(executable);
         }
         if self.cache_only {
@@ -919,6 +1134,7 @@ impl Shared {
 
     fn compile_and_store(&self, key: CacheKey, label: Arc<str>, build: BuildFn) -> CompileResult {
         bump(&self.counters.misses);
+        let source_label = label.clone();
         let text = build().map_err(|message| CompileError::Build { key, message })?;
         self.dump(&key, &text);
         let (options, fast, quick) = match (&self.fast_options, &self.quick_options) {
@@ -965,16 +1181,79 @@ impl Shared {
             }
         })?;
         bump(&self.counters.compilations);
+        self.store_everywhere(&key, &executable);
+        if quick {
+            self.keep_upgrade_source(key, &source_label, Box::new(move || Ok(text)));
+        }
+        Ok(Arc::new(executable))
+    }
+
+    /// Serializes an executable into tiers 2 and 3, where configured.
+    fn store_everywhere(&self, key: &CacheKey, executable: &LoadedExecutable) {
         if self.tier2.is_some() || self.tier3.is_some() {
             match executable.serialize() {
                 Ok(bytes) => {
-                    self.store(Tier::Persistent, &key, &bytes);
-                    self.store(Tier::Shared, &key, &bytes);
+                    self.store(Tier::Persistent, key, &bytes);
+                    self.store(Tier::Shared, key, &bytes);
                 }
                 Err(e) => self.disk_error(format!("serializing key {key}: {e}")),
             }
         }
-        Ok(Arc::new(executable))
+    }
+
+    /// Keeps how to build a quick program's module, for its upgrade (tiered compilation).
+    fn keep_upgrade_source(&self, key: CacheKey, label: &Arc<str>, build: BuildFn) {
+        let Some(plan) = &self.upgrades else { return };
+        if plan.quick_word != key.options {
+            return;
+        }
+        let mut sources = plan.sources.lock();
+        if sources.len() < UPGRADE_SOURCES_KEPT {
+            sources.insert(key, (label.clone(), build));
+        }
+    }
+
+    /// Compiles a quick program again with the full options and puts the result in its place,
+    /// in tier 1 under the same key (regions that look it up get the full program from their
+    /// next launch on) and on disk under the full-options key. A failure leaves the quick
+    /// program in place: it was correct, only slower.
+    fn upgrade(&self, upgrade: Upgrade) {
+        let Some(plan) = &self.upgrades else { return };
+        let Upgrade { key, label, build } = upgrade;
+        let started = Instant::now();
+        let Ok(text) = build() else { return };
+        let compiled = self
+            .client
+            .compile_with_options(&text, &self.compile_options);
+        add_time(&self.counters.upgrade_nanos, started);
+        if trace::on() {
+            let event = trace::Event::until_now(
+                trace::Track::Compile,
+                format!(
+                    "upgrade {}",
+                    if label.is_empty() { "program" } else { &label }
+                ),
+                started,
+            )
+            .arg("key", trace::Arg::Text(key.to_string()))
+            .arg("label", trace::Arg::Text(label.to_string()))
+            .arg("tier", trace::Arg::Text("upgraded".to_string()));
+            trace::record(event);
+        }
+        let Ok(executable) = compiled else { return };
+        self.store_everywhere(
+            &CacheKey {
+                options: plan.full_word,
+                ..key
+            },
+            &executable,
+        );
+        self.insert_tier1(key, Arc::new(executable));
+        if let Some(origin) = self.origins.lock().get_mut(&key) {
+            origin.source = "upgraded";
+            origin.compile_time += started.elapsed();
+        }
+        bump(&self.counters.upgrades);
     }
 
     /// `<dump>/<key>.mlir`: the key as comments, then the module text (still valid MLIR).

@@ -44,6 +44,11 @@ pub struct CompileConfig {
     /// Options added, for [`Effort::Quick`] compiles, on top of `compile_options` (which win
     /// where both name an option). Empty: quick compiles are full ones.
     pub quick_overrides: Vec<(String, pjrt::CompileOverride)>,
+    /// Tiered compilation of [`Effort::Quick`] programs (`TORCH_PJRT_TIERED_COMPILE`): once tier 1
+    /// has served a quick program this many times, it is compiled again with the full options
+    /// on a background thread of low priority and the full program replaces it (RFC 0041).
+    /// `None`: quick programs stay quick.
+    pub upgrade_after_runs: Option<u64>,
     /// The host identity used for naming cache entries; leave it at
     /// [`cpu::host_cpu_features`] (it does not change what XLA compiles for).
     pub cpu_features: String,
@@ -64,6 +69,7 @@ impl Default for CompileConfig {
             compile_options: pjrt::CompileOptions::default(),
             fast_overrides: Vec::new(),
             quick_overrides: Vec::new(),
+            upgrade_after_runs: None,
             cpu_features: cpu::host_cpu_features().to_string(),
         }
     }

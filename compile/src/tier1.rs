@@ -55,12 +55,17 @@ impl<V: Clone> Tier1<V> {
     }
 
     pub(crate) fn get(&self, key: &CacheKey) -> Option<V> {
+        self.get_counted(key).map(|(value, _)| value)
+    }
+
+    /// [`Tier1::get`], with how many lookups (this one included) have found the entry.
+    pub(crate) fn get_counted(&self, key: &CacheKey) -> Option<(V, u64)> {
         let map = self.map.read();
         let slot = map.get(key)?;
         let now = self.clock.fetch_add(1, Ordering::Relaxed);
         slot.last_used.store(now, Ordering::Relaxed);
-        slot.hits.fetch_add(1, Ordering::Relaxed);
-        Some(slot.value.clone())
+        let hits = slot.hits.fetch_add(1, Ordering::Relaxed) + 1;
+        Some((slot.value.clone(), hits))
     }
 
     /// Inserts or replaces; returns how many entries were evicted to make room.

@@ -595,3 +595,86 @@ fn each_effort_compiles_with_its_own_options_under_its_own_key() {
         plain.options_fingerprint()
     );
 }
+
+/// Tiered compilation: a quick program served often enough is compiled again with the full
+/// options in the background and takes its place in tier 1 under the same key, without
+/// counting as a compilation; a later process finds the full program on disk and never builds
+/// the module or upgrades again.
+#[test]
+fn a_quick_program_run_often_is_upgraded_in_place_and_kept_on_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let tiered = |after_runs| CompileConfig {
+        quick_overrides: compile::quick_overrides_for("cpu"),
+        upgrade_after_runs: after_runs,
+        ..with_tier3(dir.path())
+    };
+    let compiler = compiler(tiered(Some(3)));
+    let quick = compiler.options_fingerprint_for(compile::Effort::Quick);
+    let key = CacheKey::new(7, 0xd1d1, quick);
+    let first = compiler.request(key, || Ok(module(5.0))).wait().unwrap();
+    assert_eq!(compiler.stats().compilations, 1);
+    // Two runs served from tier 1 do not reach the count: nothing is upgraded.
+    for _ in 0..2 {
+        let same = compiler.lookup(&key).unwrap();
+        assert!(Arc::ptr_eq(&same, &first));
+    }
+    assert!(compiler.wait_for_upgrades(Duration::from_secs(60)));
+    assert_eq!(compiler.stats().upgrades, 0);
+    // The third does; the full program replaces the quick one under the same key.
+    compiler.lookup(&key).unwrap();
+    assert!(compiler.wait_for_upgrades(Duration::from_secs(60)));
+    let upgraded = compiler.lookup(&key).unwrap();
+    assert!(
+        !Arc::ptr_eq(&upgraded, &first),
+        "tier 1 now serves the full program"
+    );
+    check_runs(&upgraded, 5.0);
+    let stats = compiler.stats();
+    assert_eq!((stats.compilations, stats.upgrades), (1, 1));
+    assert!(stats.upgrade_time_total > Duration::ZERO);
+    let origin = compiler.program_stats().into_iter().find(|p| p.key == key);
+    assert_eq!(origin.unwrap().source, "upgraded");
+    // Many more runs upgrade nothing again.
+    for _ in 0..10 {
+        compiler.lookup(&key).unwrap();
+    }
+    assert!(compiler.wait_for_upgrades(Duration::from_secs(60)));
+    assert_eq!(compiler.stats().upgrades, 1);
+    drop(compiler);
+
+    // A new process: the full program comes from tier 3, with no build and no upgrade.
+    let later = common::compiler(tiered(Some(1)));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let found = later
+        .request(key, counted_build(module(5.0), &calls))
+        .wait()
+        .unwrap();
+    check_runs(&found, 5.0);
+    for _ in 0..4 {
+        later.lookup(&key).unwrap();
+    }
+    assert!(later.wait_for_upgrades(Duration::from_secs(60)));
+    let stats = later.stats();
+    assert_eq!(
+        (stats.compilations, stats.tier3_hits, stats.upgrades),
+        (0, 1, 0)
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+
+    // Off: a quick program stays quick however often it runs.
+    let off = common::compiler(CompileConfig {
+        quick_overrides: compile::quick_overrides_for("cpu"),
+        ..config()
+    });
+    let key = CacheKey::new(
+        8,
+        0xd1d1,
+        off.options_fingerprint_for(compile::Effort::Quick),
+    );
+    let first = off.request(key, || Ok(module(2.0))).wait().unwrap();
+    for _ in 0..10 {
+        assert!(Arc::ptr_eq(&off.lookup(&key).unwrap(), &first));
+    }
+    assert!(off.wait_for_upgrades(Duration::from_secs(1)));
+    assert_eq!(off.stats().upgrades, 0);
+}

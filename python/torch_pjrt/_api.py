@@ -106,8 +106,8 @@ def _metrics_json() -> str:
 
 def cache_stats() -> list:
     """The programs in the in-process cache (tier 1), most used first: each a dict with ``key``,
-    ``region`` (its label), ``source`` (``"compiled"`` here, or loaded from ``"tier2"`` or
-    ``"tier3"``), ``compile_seconds`` (when compiled here) and ``hits`` (lookups that found
+    ``region`` (its label), ``source`` (``"compiled"`` here, loaded from ``"tier2"`` or
+    ``"tier3"``, or ``"upgraded"``: a quick program compiled again in full, RFC 0041), ``compile_seconds`` (when compiled here) and ``hits`` (lookups that found
     it). ``TORCH_PJRT_CACHE_ONLY=1`` makes any program missing from every tier an error, and
     ``TORCH_PJRT_CACHE_MAX_MB`` bounds the persistent tier."""
     return json.loads(_json_from(_native.ensure_started().tpjrt_cache_stats_json))
@@ -121,7 +121,9 @@ def metrics() -> dict:
     ``new``, ``location``, ``message`` and every kept change under ``changes``) and
     ``compiled_programs`` (the latest compiles, oldest first: ``region``, ``seconds``, ``fast``,
     ``quick``;
-    ``compile_seconds`` is the total and ``compile_seconds_max`` the slowest), ``collectives``,
+    ``compile_seconds`` is the total and ``compile_seconds_max`` the slowest;
+    ``compile_upgrades`` and ``compile_upgrade_seconds`` count quick programs compiled again in
+    full in the background, which are not compilations), ``collectives``,
     ``collective_bytes`` and ``collective_seconds`` (the pjrt c10d backend's). The compiled
     mode (``torch.compile(backend="pjrt")``) adds ``compiled_graphs`` (graphs built),
     ``compiled_graph_runs``, ``compiled_graph_replays`` (runs of a recorded program),

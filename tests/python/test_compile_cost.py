@@ -135,3 +135,36 @@ def test_quick_compiles_give_close_values_and_can_be_turned_off():
             results[setting] = torch.load(path)
         # LLVM's optimization level may fuse a multiply-add differently: the last bit may differ.
         torch.testing.assert_close(results["1"], results["0"], rtol=1e-6, atol=1e-6)
+
+
+def test_a_quick_program_run_often_is_upgraded_to_a_full_compile_in_the_background():
+    code = """
+        import time, torch, torch_pjrt
+        torch.manual_seed(0)
+        x = torch.randn(36, 44).to("pjrt")
+        def step(x):
+            return torch.softmax(torch.tanh(x * 1.5 + 0.25), -1).cumsum(0).sum(0)
+        with torch_pjrt.eager_mode("defer_and_fuse"):
+            quick = step(x).cpu()
+            compiled = torch_pjrt.metrics()["compilations"]
+            runs = 0
+            deadline = time.time() + 120
+            while torch_pjrt.metrics()["compile_upgrades"] < 1 and time.time() < deadline:
+                step(x).cpu()
+                runs += 1
+                time.sleep(0.01)
+            m = torch_pjrt.metrics()
+            full = step(x).cpu()
+            after = torch_pjrt.metrics()
+        sources = {p["source"] for p in torch_pjrt.cache_stats() if p["region"].startswith("region of")}
+        torch.testing.assert_close(full, quick, rtol=1e-6, atol=1e-6)
+        print(int(m["compile_upgrades"]), runs >= 7, m["compile_upgrade_seconds"] > 0,
+              after["compilations"] == compiled, sorted(sources))
+    """
+    out = assert_ok(run_python(code))
+    # Eight runs from tier 1 make the upgrade due; it is not a compilation anyone waited for.
+    assert out.strip() == "1 True True True ['upgraded']", out
+    off = assert_ok(run_python(code.replace("120", "3"), env={"TORCH_PJRT_TIERED_COMPILE": "0"}))
+    assert off.strip() == "0 True False True ['compiled']", off
+    bad = run_python("import torch, torch_pjrt; torch.ones(1).to('pjrt')", env={"TORCH_PJRT_TIERED_COMPILE": "soon"})
+    assert bad.returncode != 0 and "TORCH_PJRT_TIERED_COMPILE must be 0 (off), 1 (on)" in bad.stderr, bad.stderr

@@ -50,6 +50,10 @@ const FAST_COMPILE_MAX_WORK: u64 = 1 << 18;
 /// the full optimization (RFC 0039).
 const QUICK_COMPILE_MAX_WORK: u64 = 1 << 18;
 
+/// Runs after which a quick program is compiled again with the full options (RFC 0041): a
+/// decoding loop's step reaches it within its first tokens, a one-off region never does.
+const DEFAULT_UPGRADE_AFTER_RUNS: u64 = 8;
+
 /// How many whole regions' digests isolation cuts remember (RFC 0027).
 const WHOLE_REGIONS_KEPT: usize = 4096;
 
@@ -101,6 +105,10 @@ pub struct EngineConfig {
     /// ([`compile::quick_overrides_for`]); `TORCH_PJRT_QUICK_COMPILE=0` compiles them with the
     /// full ones.
     pub quick_compile: bool,
+    /// Tiered compilation: a quick program that tier 1 has served this many times is compiled
+    /// again with the full options in the background and swapped in (RFC 0041).
+    /// `TORCH_PJRT_TIERED_COMPILE=0` keeps quick programs quick; `=N` sets the count.
+    pub upgrade_after_runs: Option<u64>,
     /// Whether every compile gets the plugin's default options
     /// ([`compile::default_overrides_for`]) under the user's; `TORCH_PJRT_DEFAULT_COMPILE_OPTIONS=0`
     /// leaves them out.
@@ -265,6 +273,22 @@ impl EngineConfig {
                 .map_err(|m| EngineError::new(ErrorKind::Value, m))?,
             fast_compile: !matches!(env("TORCH_PJRT_FAST_COMPILE").as_deref(), Some("0")),
             quick_compile: !matches!(env("TORCH_PJRT_QUICK_COMPILE").as_deref(), Some("0")),
+            upgrade_after_runs: match env("TORCH_PJRT_TIERED_COMPILE").as_deref().map(str::trim) {
+                None | Some("") | Some("1") => Some(DEFAULT_UPGRADE_AFTER_RUNS),
+                Some("0") => None,
+                Some(text) => {
+                    Some(text.parse::<u64>().ok().filter(|&n| n > 0).ok_or_else(|| {
+                        EngineError::new(
+                            ErrorKind::Value,
+                            format!(
+                                "TORCH_PJRT_TIERED_COMPILE must be 0 (off), 1 (on) or a count of \
+                             runs after which a quick program is compiled again in full; got \
+                             {text:?}"
+                            ),
+                        )
+                    })?)
+                }
+            },
             default_compile_options: !matches!(
                 env("TORCH_PJRT_DEFAULT_COMPILE_OPTIONS").as_deref(),
                 Some("0")
@@ -431,6 +455,7 @@ impl Engine {
         }
         if config.quick_compile {
             compile_config.quick_overrides = compile::quick_overrides_for(client.platform_name());
+            compile_config.upgrade_after_runs = config.upgrade_after_runs;
         }
         let compiler = Compiler::new(client.clone(), compile_config)
             .map_err(|e| runtime_error("cannot start the compiler", e))?;
@@ -1517,6 +1542,11 @@ impl Engine {
                 .map_or(0.0, |p| p.time.as_secs_f64()),
         );
         v.insert("heap_trims", compile.heap_trims as f64);
+        v.insert("compile_upgrades", compile.upgrades as f64);
+        v.insert(
+            "compile_upgrade_seconds",
+            compile.upgrade_time_total.as_secs_f64(),
+        );
         v.insert(
             "host_heap_reuse",
             f64::from(u8::from(crate::host_heap::configured())),

@@ -290,7 +290,7 @@ op_catalogue! {
 
     // ---- random numbers ----------------------------------------------------------------
     // Each draw takes a 64-bit key from the device's generator as a lifted scalar (a new draw
-    // never recompiles); the bits come from StableHLO's `rng_bit_generator` (Threefry).
+    // never recompiles); the bits hash a counter with the key (SplitMix64, RFC 0010).
     /// Values in `[from, to)`.
     Uniform = "uniform", family: Random, inputs: "", scalars: "from, to, key", params: "[dtype, sizes...]", facts: { size_params_from: Some(1) };
     /// Normal values (Box-Muller over two uniform draws).

@@ -2,7 +2,7 @@
 //!
 //! Every draw takes its generator key as the last value scalar: a lifted 0-d `i64`, so the same
 //! draw with a new key (every call advances the generator) reuses the compiled program. The bits
-//! come from StableHLO's `rng_bit_generator` with the Threefry algorithm, which every PJRT
+//! hash a counter with the key (SplitMix64, `Emitter::random_words`): integer arithmetic that every PJRT
 //! backend implements the same way, so a seed gives the same numbers on CPU, GPU and TPU.
 
 use crate::dtype::{DType, ScalarValue, TensorType};

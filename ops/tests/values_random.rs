@@ -275,3 +275,46 @@ fn bad_arguments_raise_pytorchs_errors() {
     )
     .contains("dropout probability has to be between 0 and 1, but got -0.5"));
 }
+
+/// The counter hash behind every draw: flat over 64 bins, no correlation between neighbouring
+/// elements of one draw or between the same element of draws with consecutive keys (a counter
+/// and a key that differ by one must give unrelated words).
+#[test]
+fn draws_are_flat_and_uncorrelated_across_elements_and_keys() {
+    let cases: Vec<Case> = (0..3)
+        .map(|key| uniform(DType::F64, 0.0, 1.0, 1000 + key))
+        .collect();
+    let out = run_batch(&cases);
+    let draws: Vec<&Vec<f64>> = out.iter().map(|o| &o[0].data).collect();
+    let correlation = |a: &[f64], b: &[f64]| {
+        let (ma, mb) = (mean(a), mean(b));
+        let cov: f64 = a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| (x - ma) * (y - mb))
+            .sum::<f64>();
+        cov / ((a.len() - 1) as f64 * std(a) * std(b))
+    };
+    // For N = 8192 independent pairs the correlation's standard deviation is about 0.011.
+    let limit = 0.045;
+    for d in &draws {
+        let r = correlation(&d[..d.len() - 1], &d[1..]);
+        assert!(r.abs() < limit, "neighbouring elements correlate: {r}");
+        let mut bins = [0usize; 64];
+        for &x in d.iter() {
+            bins[(x * 64.0) as usize] += 1;
+        }
+        let expected = N as f64 / 64.0;
+        let chi2: f64 = bins
+            .iter()
+            .map(|&c| (c as f64 - expected).powi(2) / expected)
+            .sum();
+        // 63 degrees of freedom: above 110 happens with probability below 2e-4.
+        assert!(chi2 < 110.0, "bins are not flat: chi2 {chi2}");
+    }
+    for pair in draws.windows(2) {
+        let r = correlation(pair[0], pair[1]);
+        assert!(r.abs() < limit, "draws of consecutive keys correlate: {r}");
+    }
+    assert_ne!(draws[0], draws[1]);
+}

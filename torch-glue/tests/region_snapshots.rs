@@ -175,3 +175,17 @@ fn reshaped_reads_unwritten_storages_and_cat() {
     g.release(c);
     insta::assert_snapshot!("reshaped_reads_zeros_and_cat", g.module_for(&d));
 }
+
+#[test]
+fn a_random_draw_hashes_a_counter_with_its_lifted_key() {
+    let mut g = G::new();
+    let x = g.input(DType::F32, &[2, 3]);
+    let drawn = g.op1(
+        OpId::Uniform,
+        &[],
+        &[f(-1.0), f(1.0), ScalarArg::int(12345)],
+        &[DType::F32.code() as i64, 2, 3],
+    );
+    let d = g.op1(OpId::Mul, &[&x, &drawn], &[], &[]);
+    insta::assert_snapshot!("random_draw_counter_hash", g.module_for(&d));
+}

@@ -2,7 +2,7 @@
 //
 // A generator is a seed and a count of draws made since it was seeded. Every random op takes
 // the next draw's 64-bit key (a mix of the two) as a lifted scalar and generates its bits on the
-// device with StableHLO's Threefry `rng_bit_generator`: a new draw never recompiles, ops stay
+// device by hashing a counter with it (SplitMix64, RFC 0010): a new draw never recompiles, ops stay
 // independent (no chain through a device-side state, so regions fuse freely), and the state
 // `torch.pjrt.get_rng_state()` returns is 16 host bytes that `set_rng_state` restores exactly.
 #include <ATen/ATen.h>

@@ -123,7 +123,9 @@ def metrics() -> dict:
     ``quick``;
     ``compile_seconds`` is the total and ``compile_seconds_max`` the slowest;
     ``compile_upgrades`` and ``compile_upgrade_seconds`` count quick programs compiled again in
-    full in the background, which are not compilations), ``collectives``,
+    full in the background, which are not compilations; ``adaptive_switches`` and
+    ``adaptive_one_op_ops`` count DeferAndFuse's stretches of one-op programs for code whose
+    regions never repeat, since the process started), ``collectives``,
     ``collective_bytes`` and ``collective_seconds`` (the pjrt c10d backend's). The compiled
     mode (``torch.compile(backend="pjrt")``) adds ``compiled_graphs`` (graphs built),
     ``compiled_graph_runs``, ``compiled_graph_replays`` (runs of a recorded program),

@@ -46,7 +46,9 @@ DEFAULT_RESULTS = HERE / "results"
 MODES = {
     "strict": {},
     "debug": {"TORCH_PJRT_LAUNCH_BLOCKING": "1"},
-    "defer_and_fuse": {"TORCH_PJRT_DEFER_AND_FUSE": "1"},
+    # Fusion always on: the column tests fused regions, which the fallback to one-op programs
+    # for code whose regions never repeat (RFC 0042) would mostly replace by Strict's.
+    "defer_and_fuse": {"TORCH_PJRT_DEFER_AND_FUSE": "1", "TORCH_PJRT_ADAPTIVE": "0"},
 }
 # Variables that change the engine's behaviour: a worker starts from a clean slate plus its mode.
 ENGINE_ENV = (
@@ -56,6 +58,7 @@ ENGINE_ENV = (
     "TORCH_PJRT_MAX_REGION_OPS",
     "TORCH_PJRT_RECOMPILE_LIMIT",
     "TORCH_PJRT_LOG_RECOMPILES",
+    "TORCH_PJRT_ADAPTIVE",
 )
 CLASSES = ("unsupported dtype", "pytorch limitation", "version skew", "open defect")
 BAD = ("failed", "error", "hang", "crash")

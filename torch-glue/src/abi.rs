@@ -840,7 +840,9 @@ pub extern "C" fn tpjrt_sync() -> i32 {
 pub extern "C" fn tpjrt_mode_push(mode: i32) -> i32 {
     guarded(|| {
         let mode = mode_of(mode)?;
-        global::engine()?.modes().push(mode);
+        let engine = global::engine()?;
+        engine.modes().push(mode);
+        engine.adaptive().reset();
         Ok(())
     })
 }
@@ -849,11 +851,10 @@ pub extern "C" fn tpjrt_mode_push(mode: i32) -> i32 {
 #[no_mangle]
 pub extern "C" fn tpjrt_mode_pop() -> i32 {
     guarded(|| {
-        global::engine()?
-            .modes()
-            .pop()
-            .map(|_| ())
-            .map_err(EngineError::runtime)
+        let engine = global::engine()?;
+        engine.modes().pop().map_err(EngineError::runtime)?;
+        engine.adaptive().reset();
+        Ok(())
     })
 }
 

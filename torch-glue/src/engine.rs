@@ -82,6 +82,9 @@ pub struct EngineConfig {
     /// runs one while the host captures the next (`defer::Graph::repeat_cut`);
     /// `TORCH_PJRT_REPEAT_CUTS=0` leaves regions to the syncs and the size cap.
     pub repeat_cuts: bool,
+    /// DeferAndFuse runs ops one by one for a while when its regions never repeat
+    /// ([`crate::adaptive`], RFC 0042). `TORCH_PJRT_ADAPTIVE=0` always fuses.
+    pub adaptive: bool,
     /// Whether DeferAndFuse runs a whole flush as several regions where one would allocate a
     /// late, large result while earlier scratch is live (`defer::Graph::memory_cuts`, RFC 0023);
     /// `TORCH_PJRT_MEMORY_CUTS=0` runs every flush as one region.
@@ -265,6 +268,7 @@ impl EngineConfig {
             warm_up: !matches!(env("TORCH_PJRT_WARM_UP").as_deref(), Some("0")),
             host_heap_reuse: !matches!(env("TORCH_PJRT_HOST_HEAP_REUSE").as_deref(), Some("0")),
             repeat_cuts: !matches!(env("TORCH_PJRT_REPEAT_CUTS").as_deref(), Some("0")),
+            adaptive: !matches!(env("TORCH_PJRT_ADAPTIVE").as_deref(), Some("0")),
             memory_cuts: !matches!(env("TORCH_PJRT_MEMORY_CUTS").as_deref(), Some("0")),
             recompile_budget: env("TORCH_PJRT_RECOMPILE_LIMIT")
                 .filter(|v| !v.trim().is_empty())
@@ -368,6 +372,7 @@ pub struct Engine {
     quick_options_key: u64,
     graph: GraphLock<DeviceValue>,
     modes: ModeStack,
+    adaptive: crate::adaptive::Adaptive,
     counters: Counters,
     max_region_ops: usize,
     repeat_cuts: bool,
@@ -477,6 +482,7 @@ impl Engine {
                 graph
             }),
             modes: ModeStack::new(config.default_mode),
+            adaptive: crate::adaptive::Adaptive::new(config.adaptive),
             counters: Counters::default(),
             max_region_ops: config.max_region_ops,
             repeat_cuts: config.repeat_cuts,
@@ -662,7 +668,7 @@ impl Engine {
                 self.regrow(graph, &regrow)?;
             }
         }
-        if self.modes.current() == Mode::Strict && !op.has_index_checks() {
+        if self.flush_mode() == Mode::Strict && !op.has_index_checks() {
             // A warm Strict op on device values skips the pending graph: same key, same
             // program, same results (see `Graph::run_if_compiled`).
             let call = OpCall {
@@ -784,7 +790,11 @@ impl Engine {
     /// The flush policy of the current mode, applied after each capture: Strict and Debug run
     /// the op at once (Debug also waits for it), DeferAndFuse only at the region-size cap.
     fn after_capture(&self, graph: &mut Graph<DeviceValue>) -> Result<(), EngineError> {
-        match self.modes.current() {
+        let mode = self.flush_mode();
+        if mode != self.modes.current() {
+            self.adaptive.note_one_op();
+        }
+        match mode {
             Mode::DeferAndFuse => {
                 graph.note_deferred();
                 if self.in_graph() {
@@ -840,14 +850,14 @@ impl Engine {
     ) -> Result<FlushedValues, EngineError> {
         if self.isolation_cuts
             && !self.in_graph()
-            && self.modes.current() == Mode::DeferAndFuse
+            && self.flush_mode() == Mode::DeferAndFuse
             && !matches!(request, FlushRequest::Prefix(_))
         {
             self.isolate_varying_ops(graph, request)?;
         }
         if self.memory_cuts
             && matches!(request, FlushRequest::All)
-            && self.modes.current() == Mode::DeferAndFuse
+            && self.flush_mode() == Mode::DeferAndFuse
         {
             let mut done = 0;
             for cut in graph.memory_cuts() {
@@ -1013,6 +1023,9 @@ impl Engine {
         } else {
             "requested"
         };
+        if self.flush_mode() == Mode::DeferAndFuse && !self.in_graph() {
+            self.adaptive.note_region(cached.is_none());
+        }
         let handle: CompileHandle = match (cached, flush.region) {
             (Some(exe), _) => CompileHandle::ready(key, exe),
             (None, Some(source)) => {
@@ -1167,6 +1180,23 @@ impl Engine {
             return Ok(());
         }
         self.flush_locked(&mut graph, FlushRequest::All).map(|_| ())
+    }
+
+    /// DeferAndFuse's fallback to one-op programs ([`crate::adaptive`]).
+    pub fn adaptive(&self) -> &crate::adaptive::Adaptive {
+        &self.adaptive
+    }
+
+    /// The mode whose flush policy applies to the next op: the current one, except that
+    /// DeferAndFuse runs ops as Strict does while its regions never repeat (RFC 0042). A
+    /// compiled-mode graph always fuses.
+    fn flush_mode(&self) -> Mode {
+        let mode = self.modes.current();
+        if mode == Mode::DeferAndFuse && self.adaptive.one_op() && !self.in_graph() {
+            Mode::Strict
+        } else {
+            mode
+        }
     }
 
     fn in_graph(&self) -> bool {
@@ -1593,6 +1623,8 @@ impl Engine {
         v.insert("profiler_events", compile::trace::recorded_total() as f64);
         v.insert("donated_buffers", Counters::get(&c.donated_buffers) as f64);
         v.insert("repeat_cuts", Counters::get(&c.repeat_cuts) as f64);
+        v.insert("adaptive_switches", self.adaptive.switches() as f64);
+        v.insert("adaptive_one_op_ops", self.adaptive.one_op_ops() as f64);
         v.insert("memory_cuts", Counters::get(&c.memory_cuts) as f64);
         v.insert("isolation_cuts", Counters::get(&c.isolation_cuts) as f64);
         v.insert("graph_replays", Counters::get(&c.graph_replays) as f64);

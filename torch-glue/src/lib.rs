@@ -9,6 +9,7 @@
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 pub mod abi;
+pub mod adaptive;
 pub mod engine;
 pub mod global;
 mod graph_lock;

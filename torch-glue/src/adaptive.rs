@@ -12,12 +12,12 @@ use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Regions looked at: all of them new, and the next ops run one by one.
-pub const WINDOW: u32 = 32;
+const WINDOW: u32 = 32;
 
 /// Ops run one by one after the first switch; doubled after each switch that follows a probe
 /// which found nothing repeating, up to [`MAX_STRETCH`].
-pub const FIRST_STRETCH: u64 = 2048;
-pub const MAX_STRETCH: u64 = 1 << 20;
+const FIRST_STRETCH: u64 = 2048;
+const MAX_STRETCH: u64 = 1 << 20;
 
 #[derive(Debug)]
 struct Window {

@@ -3,6 +3,7 @@
 use crate::dtype::{DType, ScalarValue, TensorType};
 use crate::emitter::{Cmp, Emitter, Value};
 use crate::error::{ensure, OpError};
+use crate::param_layout as layout;
 use crate::promote::{broadcast_shapes, check_fits};
 use crate::{LowerArgs, Meta, MetaArgs, OpId};
 
@@ -12,7 +13,8 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
     match a.op {
         Convert => {
             a.expect_counts(1..=1, 0..=0)?;
-            Ok(Meta::single(a.inputs[0].with_dtype(p.dtype(0)?), vec![]))
+            let dtype = layout::ConvertTo::decode(p)?.dtype;
+            Ok(Meta::single(a.inputs[0].with_dtype(dtype), vec![]))
         }
         Clone => {
             a.expect_counts(1..=1, 0..=0)?;
@@ -49,8 +51,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
             Ok(Meta::single(dst.clone(), vec![dst.dtype]))
         }
         Full | Zeros | Ones => {
-            let dtype = p.dtype(0)?;
-            let sizes = p.rest(1);
+            let layout::Creation { dtype, sizes } = layout::Creation::decode(p)?;
             check_sizes(sizes)?;
             if a.op == Full {
                 a.expect_counts(0..=0, 1..=1)?;
@@ -63,15 +64,18 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
         }
         Arange => {
             a.expect_counts(0..=0, 0..=0)?;
-            let dtype = p.dtype(0)?;
-            let (start, end, step) = (p.f64(1)?, p.f64(2)?, p.f64(3)?);
+            let layout::ArangeRange {
+                dtype,
+                start,
+                end,
+                step,
+            } = layout::ArangeRange::decode(p)?;
             let n = arange_len(dtype, start, end, step)?;
             Ok(Meta::single(TensorType::new(dtype, &[n]), vec![]))
         }
         Linspace => {
             a.expect_counts(0..=0, 2..=2)?;
-            let dtype = p.dtype(0)?;
-            let steps = p.get(1)?;
+            let layout::LinspaceSteps { dtype, steps } = layout::LinspaceSteps::decode(p)?;
             if dtype == DType::Bool {
                 return Err(crate::elementwise::not_implemented_for(
                     "linspace_cpu",
@@ -86,8 +90,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
         }
         Eye => {
             a.expect_counts(0..=0, 0..=0)?;
-            let dtype = p.dtype(0)?;
-            let (n, m) = (p.get(1)?, p.get(2)?);
+            let layout::EyeSizes { dtype, n, m } = layout::EyeSizes::decode(p)?;
             ensure!(n >= 0, "n must be greater or equal to 0, got {n}");
             ensure!(m >= 0, "m must be greater or equal to 0, got {m}");
             Ok(Meta::single(TensorType::new(dtype, &[n, m]), vec![]))
@@ -180,13 +183,17 @@ pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpErro
             let acc = arange_acc(out.dtype);
             let n = out.shape[0];
             let idx = e.iota(TensorType::new(acc, &[n]), 0);
+            let range = layout::ArangeRange::decode(p)?;
             let (start, step) = if acc == DType::I64 {
                 (
-                    ScalarValue::Int(p.f64(1)? as i64),
-                    ScalarValue::Int(p.f64(3)? as i64),
+                    ScalarValue::Int(range.start as i64),
+                    ScalarValue::Int(range.step as i64),
                 )
             } else {
-                (ScalarValue::Float(p.f64(1)?), ScalarValue::Float(p.f64(3)?))
+                (
+                    ScalarValue::Float(range.start),
+                    ScalarValue::Float(range.step),
+                )
             };
             let start = e.constant(TensorType::new(acc, &[n]), start);
             let step = e.constant(TensorType::new(acc, &[n]), step);

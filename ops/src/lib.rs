@@ -2,7 +2,7 @@
 //!
 //! Each op is identified by an [`OpId`] and called with tensor inputs, value scalars (lifted to
 //! runtime 0-d arguments, so a changed value never recompiles) and static params (part of the
-//! compile cache key; see [`OpId::params_layout`]). [`meta`] computes output types and raises
+//! compile cache key; see [`OpId::param_layout`]). [`meta`] computes output types and raises
 //! PyTorch's errors; [`lower`] emits StableHLO through an [`Emitter`].
 
 mod activation;
@@ -22,6 +22,7 @@ mod norm;
 pub mod op_id;
 mod optim;
 pub mod padding;
+pub mod param_layout;
 pub mod params;
 pub mod precision;
 pub mod promote;
@@ -33,6 +34,7 @@ pub use dtype::{scoped_default_float, DType, ScalarArg, ScalarValue, Shape, Tens
 pub use emitter::{Cmp, Emitter, Value};
 pub use error::{ErrorKind, OpError};
 pub use op_id::{Family, OpFacts, OpId};
+pub use param_layout::{FieldDecl, FieldKind, ParamLayout};
 pub use params::{dtype_param, f64_param, Params};
 pub use precision::{scoped_matmul_precision, Precision};
 

@@ -9,7 +9,8 @@ use crate::dtype::{DType, ScalarArg, Shape, TensorType};
 use crate::elementwise::{k, not_implemented_for, prep};
 use crate::emitter::{Cmp, Emitter, Value};
 use crate::error::{ensure, OpError};
-use crate::params::Reduction;
+use crate::param_layout::{self as layout, ParamLayout};
+use crate::params::{Params, Reduction};
 use crate::promote::{broadcast_all, result_type, Operand};
 use crate::{LowerArgs, Meta, MetaArgs, MetaOutputs, OpId, ScalarDTypes};
 
@@ -165,6 +166,16 @@ fn nll_checks(
     Ok(())
 }
 
+/// A loss's reduction, and the class the nll losses ignore.
+fn reduction_of(p: &Params) -> Result<(Reduction, Option<i64>), OpError> {
+    if p.op().param_layout() == ParamLayout::NllLossReduction {
+        let l = layout::NllLossReduction::decode(p)?;
+        Ok((l.reduction, Some(l.ignore_index)))
+    } else {
+        Ok((layout::LossReduction::decode(p)?.reduction, None))
+    }
+}
+
 /// `nll_loss_forward` and its gradient over `[N, C]` or `[C]` inputs (`nll_loss2d` is below).
 fn nll_meta(a: &MetaArgs) -> Result<Meta, OpError> {
     use OpId::*;
@@ -175,8 +186,7 @@ fn nll_meta(a: &MetaArgs) -> Result<Meta, OpError> {
             a.expect_counts(2..=3, 0..=0)?;
             let (x, target, weight) = (&i[0], &i[1], i.get(2));
             nll_checks(x, target, weight, false)?;
-            let reduction = p.reduction(0)?;
-            p.get(1)?;
+            let (reduction, _) = reduction_of(p)?;
             let out_shape: &[i64] = if reduction == Reduction::None && x.rank() == 2 {
                 &x.shape[..1]
             } else {
@@ -197,8 +207,7 @@ fn nll_meta(a: &MetaArgs) -> Result<Meta, OpError> {
             a.expect_counts(4..=5, 0..=0)?;
             let (x, target, weight) = (&i[1], &i[2], i.get(4));
             nll_checks(x, target, weight, true)?;
-            p.reduction(0)?;
-            p.get(1)?;
+            reduction_of(p)?;
             Ok(Meta::single(x.clone(), vec![]))
         }
         op => Err(OpError::runtime(format!("{}: not nll_loss", op.name()))),
@@ -211,8 +220,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
         return nll_meta(a);
     }
     let i = a.inputs;
-    let p = &a.params;
-    let reduction = p.reduction(0)?;
+    let (reduction, _) = reduction_of(&a.params)?;
     match a.op {
         MseLoss | SmoothL1Loss | HuberLoss => {
             let scalars = usize::from(a.op != MseLoss);
@@ -268,7 +276,6 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
             a.expect_counts(2..=3, 0..=0)?;
             let x = &i[0];
             nll2d_checks(x, &i[1], i.get(2))?;
-            p.get(1)?;
             let out = if reduction == Reduction::None {
                 TensorType::new(x.dtype, &i[1].shape)
             } else {
@@ -289,7 +296,6 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
             a.expect_counts(4..=5, 0..=0)?;
             let x = &i[1];
             nll2d_checks(x, &i[2], i.get(4))?;
-            p.get(1)?;
             Ok(Meta::single(x.clone(), vec![]))
         }
         op => Err(OpError::runtime(format!("{}: not a loss op", op.name()))),
@@ -353,11 +359,12 @@ fn nll_mask(
 
 fn lower_nll(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
     use OpId::*;
-    let p = &a.params;
+    let layout::NllLossReduction {
+        reduction,
+        ignore_index,
+    } = layout::NllLossReduction::decode(&a.params)?;
     match a.op {
         NllLoss => {
-            let reduction = p.reduction(0)?;
-            let ignore_index = p.get(1)?;
             let x = a.inputs[0];
             let dtype = e.dtype(x);
             let cd = dtype.compute_dtype();
@@ -388,8 +395,6 @@ fn lower_nll(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
             Ok(vec![e.convert(out, dtype), e.convert(total, dtype)])
         }
         NllLossBackward => {
-            let reduction = p.reduction(0)?;
-            let ignore_index = p.get(1)?;
             let (grad, x, target, total) = (a.inputs[0], a.inputs[1], a.inputs[2], a.inputs[3]);
             let dtype = e.dtype(x);
             let cd = dtype.compute_dtype();
@@ -420,7 +425,7 @@ pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpErro
     if matches!(a.op, NllLoss | NllLossBackward) {
         return lower_nll(e, a);
     }
-    let reduction = a.params.reduction(0)?;
+    let (reduction, ignore_index) = reduction_of(&a.params)?;
     let out = a.out(0).clone();
     let cd = out.dtype.compute_dtype();
     match a.op {
@@ -543,7 +548,7 @@ pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpErro
             Ok(vec![e.convert(r, out.dtype)])
         }
         NllLoss2d => {
-            let ignore_index = a.params.get(1)?;
+            let ignore_index = ignore_index.expect("nll_loss2d's layout has ignore_index");
             let x = e.convert(a.inputs[0], cd);
             let (mask, w) = nll_weights(e, x, a.inputs[1], a.inputs.get(2).copied(), ignore_index);
             // Per-position loss -w[target] * x[target]; other classes contribute nothing,
@@ -570,7 +575,7 @@ pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpErro
             Ok(vec![e.convert(r, out.dtype), e.convert(total, out.dtype)])
         }
         NllLoss2dBackward => {
-            let ignore_index = a.params.get(1)?;
+            let ignore_index = ignore_index.expect("nll_loss2d's layout has ignore_index");
             let (g, x, target, total) = (a.inputs[0], a.inputs[1], a.inputs[2], a.inputs[3]);
             let shape = out.shape.clone();
             let xc = e.convert(x, cd);

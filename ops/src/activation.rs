@@ -10,6 +10,8 @@ use crate::param_layout as layout;
 use crate::promote::{broadcast_all, result_type, Operand};
 use crate::{LowerArgs, Meta, MetaArgs, MetaOutputs, OpId, ScalarDTypes};
 
+crate::family_rule!(ActivationOps);
+
 /// The CPU kernel name PyTorch's dtype error names.
 fn kernel_name(op: OpId) -> &'static str {
     match op {

@@ -12,6 +12,8 @@ use crate::promote::{broadcast_all, result_type, Operand};
 use crate::reduce::sum_keepdim;
 use crate::{LowerArgs, Meta, MetaArgs, OpId};
 
+crate::family_rule!(BackwardOps);
+
 /// `embedding_dense_backward`: the gradient of an embedding table, `[num_weights, d]`.
 fn embedding_dense_backward_meta(a: &MetaArgs) -> Result<Meta, OpError> {
     let i = a.inputs;

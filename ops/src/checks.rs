@@ -15,6 +15,8 @@ use crate::{
     Cmp, DType, ErrorKind, LowerArgs, Meta, MetaArgs, OpError, OpId, ScalarValue, TensorType, Value,
 };
 
+crate::family_rule!(CheckOps);
+
 /// How an out-of-range index is reported: PyTorch's exception type and message differ by op.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(i64)]

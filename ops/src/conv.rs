@@ -10,6 +10,8 @@ use crate::param_layout as layout;
 use crate::params::Params;
 use crate::{LowerArgs, Meta, MetaArgs, MetaOutputs, OpId, ScalarDTypes};
 
+crate::family_rule!(ConvOps);
+
 fn fmt_shape(s: &[i64]) -> String {
     bracket_list(s)
 }

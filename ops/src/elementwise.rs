@@ -10,6 +10,8 @@ use crate::params::{OperandKind, RoundingMode};
 use crate::promote::{broadcast_all, broadcast_shapes, check_fits, result_type, to_float, Operand};
 use crate::{LowerArgs, Meta, MetaArgs, OpId};
 
+crate::family_rule!(ElementwiseOps);
+
 pub(crate) fn not_implemented_for(kernel: &str, dtype: DType) -> OpError {
     OpError::not_implemented(format!(
         "\"{kernel}\" not implemented for '{}'",

@@ -13,6 +13,8 @@ use crate::param_layout as layout;
 use crate::params::wrap_dim;
 use crate::{LowerArgs, Meta, MetaArgs, OpId, ScalarValue};
 
+crate::family_rule!(FftOps);
+
 /// The most dims one `stablehlo.fft` transforms.
 const MAX_FFT_DIMS: usize = 3;
 

@@ -16,6 +16,8 @@ use crate::promote::broadcast_shapes;
 use crate::shape::check_expand;
 use crate::{LowerArgs, Meta, MetaArgs, OpId, ScalarValue};
 
+crate::family_rule!(IndexingOps);
+
 fn fmt_shape(s: &[i64]) -> String {
     format!("{s:?}")
 }

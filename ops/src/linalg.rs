@@ -8,6 +8,8 @@ use crate::param_layout as layout;
 use crate::promote::broadcast_shapes;
 use crate::{LowerArgs, Meta, MetaArgs, OpId};
 
+crate::family_rule!(LinalgOps);
+
 fn mm_shape(a: &TensorType, b: &TensorType) -> Result<Shape, OpError> {
     ensure!(a.rank() == 2, "self must be a matrix");
     ensure!(b.rank() == 2, "mat2 must be a matrix");

@@ -13,6 +13,8 @@ use crate::params::wrap_dim;
 use crate::reduce::sum_keepdim;
 use crate::{LowerArgs, Meta, MetaArgs, MetaOutputs, OpId, ScalarDTypes};
 
+crate::family_rule!(NormOps);
+
 // ---- argument helpers ---------------------------------------------------------------------
 
 /// The optional inputs after the `required` ones, placed by their presence flags.

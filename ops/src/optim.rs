@@ -15,6 +15,8 @@ use crate::param_layout as layout;
 use crate::params::Params;
 use crate::{LowerArgs, Meta, MetaArgs, MetaOutputs, OpId, ScalarDTypes};
 
+crate::family_rule!(OptimOps);
+
 /// Where the optional inputs sit, given their presence flags (in layout order).
 fn place(
     op: OpId,

@@ -13,6 +13,8 @@ use crate::param_layout as layout;
 use crate::promote::broadcast_shapes;
 use crate::{LowerArgs, Meta, MetaArgs, OpId};
 
+crate::family_rule!(RandomOps);
+
 /// The dtype uniform values are drawn in for results of `dtype`: f64 keeps 53 random bits,
 /// everything else 24 (f32's mantissa; f16 and bf16 results are rounded from it).
 fn draw_dtype(dtype: DType) -> DType {

@@ -11,6 +11,8 @@ use crate::params::{wrap_dim, wrap_dims, Params};
 use crate::promote::{result_type, to_float, Operand};
 use crate::{LowerArgs, Meta, MetaArgs, OpId};
 
+crate::family_rule!(ReduceOps);
+
 /// The shape after reducing `dims` (kept as size 1 when `keepdim`).
 pub fn reduced_shape(shape: &[i64], dims: &[usize], keepdim: bool) -> Shape {
     shape

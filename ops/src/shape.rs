@@ -9,6 +9,8 @@ use crate::params::{wrap_dim, wrap_dims, Params};
 use crate::promote::{result_type, Operand};
 use crate::{LowerArgs, Meta, MetaArgs, OpId};
 
+crate::family_rule!(ShapeOps);
+
 fn fmt_shape(s: &[i64]) -> String {
     format!("{s:?}")
 }

@@ -249,10 +249,10 @@ fn explain_op(index: usize, a: &OpSignature, b: &OpSignature, out: &mut Vec<Chan
             b.variant.to_string(),
         );
     }
-    let param_names = match &b.op {
-        RegionOp::Aten(op) => param_names(op.params_layout()),
-        RegionOp::Padded(p) => param_names(p.op.params_layout()),
-        RegionOp::WriteView(_) | RegionOp::Append(_) => Vec::new(),
+    let param_layout = match &b.op {
+        RegionOp::Aten(op) => op.param_layout(),
+        RegionOp::Padded(p) => p.op.param_layout(),
+        RegionOp::WriteView(_) | RegionOp::Append(_) => ops::ParamLayout::None,
     };
     if a.params.len() != b.params.len() {
         push(
@@ -265,7 +265,13 @@ fn explain_op(index: usize, a: &OpSignature, b: &OpSignature, out: &mut Vec<Chan
             if pa == pb {
                 continue;
             }
-            let (label, as_float) = param_label(&param_names, k);
+            let (label, as_float) = match param_layout.field_at(&b.params, k) {
+                Some(field) => (
+                    format!("param {k} ({})", field.name),
+                    field.kind == ops::FieldKind::F64,
+                ),
+                None => (format!("param {k}"), false),
+            };
             let show = |v: i64| {
                 if as_float {
                     format!("{}", f64::from_bits(v as u64))
@@ -385,39 +391,6 @@ fn type_changes(
 
 /// Names of the static params from an op's layout text (`[dtype, start: f64 bits, end: ...]`),
 /// with whether each holds an f64's bits. The last name covers a trailing list (`sizes...`).
-fn param_names(layout: &str) -> Vec<(String, bool)> {
-    let inner = match (layout.find('['), layout.find(']')) {
-        (Some(open), Some(close)) if open < close => &layout[open + 1..close],
-        _ => return Vec::new(),
-    };
-    inner
-        .split(',')
-        .map(|part| {
-            let part = part.trim();
-            let name = part
-                .split([':', '=', ' '])
-                .next()
-                .unwrap_or("")
-                .trim_end_matches('?')
-                .to_string();
-            (name, part.contains("f64 bits"))
-        })
-        .filter(|(name, _)| !name.is_empty())
-        .collect()
-}
-
-fn param_label(names: &[(String, bool)], k: usize) -> (String, bool) {
-    match names.get(k) {
-        Some((name, bits)) => (format!("param {k} ({})", name.trim_end_matches('.')), *bits),
-        None => match names.last() {
-            Some((name, bits)) if name.ends_with("...") => {
-                (format!("param {k} ({})", name.trim_end_matches('.')), *bits)
-            }
-            _ => (format!("param {k}"), false),
-        },
-    }
-}
-
 fn origin(o: InputOrigin) -> String {
     match o {
         InputOrigin::Argument(n) => format!("region argument {n}"),

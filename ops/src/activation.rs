@@ -6,8 +6,11 @@ use crate::dtype::TensorType;
 use crate::elementwise::{erf, k, not_implemented_for, prep};
 use crate::emitter::{Cmp, Emitter, Value};
 use crate::error::OpError;
+use crate::param_layout as layout;
 use crate::promote::{broadcast_all, result_type, Operand};
 use crate::{LowerArgs, Meta, MetaArgs, MetaOutputs, OpId, ScalarDTypes};
+
+crate::family_rule!(ActivationOps);
 
 /// The CPU kernel name PyTorch's dtype error names.
 fn kernel_name(op: OpId) -> &'static str {
@@ -35,7 +38,9 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
     match a.op {
         GeluBackward | TanhBackward | SigmoidBackward => {
             a.expect_counts(2..=2, 0..=0)?;
-            if a.op == GeluBackward && !(0..=1).contains(&a.params.get_or(0, 0)) {
+            if a.op == GeluBackward
+                && !(0..=1).contains(&layout::GeluApproximate::decode(&a.params)?.approximate)
+            {
                 return Err(a.params.invalid("approximate must be 0 (none) or 1 (tanh)"));
             }
             Ok(Meta::single(binary_float(a)?, vec![]))
@@ -81,7 +86,12 @@ pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpErro
     let g = prep(e, a.inputs[0], cd, &out.shape);
     let x = prep(e, a.inputs[1], cd, &out.shape);
     let r = match a.op {
-        GeluBackward => gelu_backward(e, g, x, a.params.get_or(0, 0) == 1),
+        GeluBackward => gelu_backward(
+            e,
+            g,
+            x,
+            layout::GeluApproximate::decode(&a.params)?.approximate == 1,
+        ),
         TanhBackward => {
             // g * (1 - y * y)
             let y2 = e.mul(x, x);

@@ -6,10 +6,13 @@ use crate::elementwise::{k, prep};
 use crate::emitter::{bracket_list, Cmp, Emitter, Value};
 use crate::error::{ensure, OpError};
 use crate::norm::{bcast, zeros};
+use crate::param_layout as layout;
 use crate::params::wrap_dim;
 use crate::promote::{broadcast_all, result_type, Operand};
 use crate::reduce::sum_keepdim;
 use crate::{LowerArgs, Meta, MetaArgs, OpId};
+
+crate::family_rule!(BackwardOps);
 
 /// `embedding_dense_backward`: the gradient of an embedding table, `[num_weights, d]`.
 fn embedding_dense_backward_meta(a: &MetaArgs) -> Result<Meta, OpError> {
@@ -17,9 +20,7 @@ fn embedding_dense_backward_meta(a: &MetaArgs) -> Result<Meta, OpError> {
     let p = &a.params;
     a.expect_counts(2..=2, 0..=0)?;
     let (g, indices) = (&i[0], &i[1]);
-    let num_weights = p.get(0)?;
-    p.get(1)?;
-    p.flag(2)?;
+    let num_weights = layout::EmbeddingBackward::decode(p)?.num_weights;
     if !matches!(indices.dtype, DType::I64 | DType::I32) {
         return Err(OpError::runtime(format!(
             "Expected tensor for argument #2 'indices' to have one of the following scalar types: Long, Int; but got torch.{}Tensor instead (while checking arguments for embedding_backward)",
@@ -66,8 +67,9 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
         }
         LogSoftmaxBackward | SoftmaxBackward => {
             a.expect_counts(2..=2, 0..=0)?;
-            let dim = wrap_dim(p.get(0)?, i[0].rank())?;
-            let input_dtype = p.dtype(1)?;
+            let layout::SoftmaxBackwardDim { dim, input_dtype } =
+                layout::SoftmaxBackwardDim::decode(p)?;
+            let dim = wrap_dim(dim, i[0].rank())?;
             if !i[0].dtype.is_float() {
                 let base = if a.op == SoftmaxBackward {
                     "softmax"
@@ -130,7 +132,7 @@ pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpErro
                 let z = k(e, g, 0.0);
                 return Ok(vec![e.convert(z, out.dtype)]);
             }
-            let dim = wrap_dim(p.get(0)?, shape.len())?;
+            let dim = wrap_dim(layout::SoftmaxBackwardDim::decode(p)?.dim, shape.len())?;
             let r = if a.op == LogSoftmaxBackward {
                 // g - exp(y) * sum(g)
                 let s = sum_keepdim(e, g, &[dim]);
@@ -184,8 +186,8 @@ fn scatter_add_rows(e: &mut Emitter, base: Value, indices: Value, updates: Value
 }
 
 fn lower_embedding_backward(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
-    let p = &a.params;
-    let (padding_idx, scale_by_freq) = (p.get(1)?, p.flag(2)?);
+    let p = layout::EmbeddingBackward::decode(&a.params)?;
+    let (padding_idx, scale_by_freq) = (p.padding_idx, p.scale_grad_by_freq);
     let out = a.out(0).clone();
     let (num_weights, d) = (out.shape[0], out.shape[1]);
     let m = e.ty(a.inputs[1]).numel();

@@ -9,10 +9,13 @@
 use smallvec::SmallVec;
 
 use crate::emitter::Emitter;
-use crate::params::wrap_dim;
+use crate::param_layout as layout;
+use crate::params::{wrap_dim, Params};
 use crate::{
     Cmp, DType, ErrorKind, LowerArgs, Meta, MetaArgs, OpError, OpId, ScalarValue, TensorType, Value,
 };
+
+crate::family_rule!(CheckOps);
 
 /// How an out-of-range index is reported: PyTorch's exception type and message differ by op.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,11 +59,24 @@ pub struct IndexCheck {
 /// The elements of an `index_check` verdict.
 pub const INDEX_VERDICT_LEN: usize = 5;
 
-fn check(input: usize, size: i64, negative_ok: bool, dim: i64, style: IndexStyle) -> IndexCheck {
-    IndexCheck {
-        input,
-        params: smallvec::smallvec![size, negative_ok as i64, dim, style as i64],
+fn check(
+    input: usize,
+    size: i64,
+    negative_ok: bool,
+    dim: i64,
+    style: IndexStyle,
+    ignore: Option<i64>,
+) -> IndexCheck {
+    let mut params = SmallVec::new();
+    layout::IndexBounds {
+        size,
+        negative_ok,
+        dim,
+        style: style as i64,
+        ignore,
     }
+    .encode_into(&mut params);
+    IndexCheck { input, params }
 }
 
 /// The range checks for the indices `op` reads, given its inputs' shapes and its params (the
@@ -75,13 +91,23 @@ pub fn index_checks(op: OpId, shapes: &[&[i64]], params: &[i64]) -> SmallVec<[In
             .get(i)
             .is_some_and(|s| s.iter().product::<i64>() != 0)
     };
+    let params = Params::new(op, params);
     match op {
         Index | IndexPut => {
-            let first = if op == Index { 1 } else { 2 };
-            let dims = &params[if op == Index { 0 } else { 1 }..];
+            let (first, dims, accumulate) = if op == Index {
+                let Ok(l) = layout::IndexedDims::decode(&params) else {
+                    return out;
+                };
+                (1, l.indexed_dims, 0)
+            } else {
+                let Ok(l) = layout::IndexPutDims::decode(&params) else {
+                    return out;
+                };
+                (2, l.indexed_dims, l.accumulate)
+            };
             // index_add reaches index_put with accumulate = 2: its errors are RuntimeErrors
             // that name the real dim, index_put's IndexErrors the index's position.
-            let index_add = op == IndexPut && params.first() == Some(&2);
+            let index_add = accumulate == 2;
             for (k, &dim) in dims.iter().enumerate() {
                 let input = first + k;
                 if !nonempty(input) || dim < 0 {
@@ -89,15 +115,20 @@ pub fn index_checks(op: OpId, shapes: &[&[i64]], params: &[i64]) -> SmallVec<[In
                 }
                 let size = size_at(shapes[0], dim as usize);
                 out.push(if index_add {
-                    check(input, size, false, dim, IndexStyle::BoundsRuntime)
+                    check(input, size, false, dim, IndexStyle::BoundsRuntime, None)
                 } else {
-                    check(input, size, true, k as i64, IndexStyle::Bounds)
+                    check(input, size, true, k as i64, IndexStyle::Bounds, None)
                 });
             }
         }
         Gather | Scatter | ScatterAdd | ScatterReduce | IndexSelect => {
             let rank = shapes[0].len();
-            let Some(&raw) = params.first() else {
+            let dim = if op == ScatterReduce {
+                layout::ScatterCombine::decode(&params).map(|l| l.dim)
+            } else {
+                layout::Dim::decode(&params).map(|l| l.dim)
+            };
+            let Ok(raw) = dim else {
                 return out;
             };
             let Ok(dim) = wrap_dim(raw, rank) else {
@@ -112,7 +143,7 @@ pub fn index_checks(op: OpId, shapes: &[&[i64]], params: &[i64]) -> SmallVec<[In
                 IndexSelect => IndexStyle::OutOfRangeInSelf,
                 _ => IndexStyle::BoundsRuntime,
             };
-            out.push(check(1, size, false, dim as i64, style));
+            out.push(check(1, size, false, dim as i64, style, None));
         }
         Embedding if nonempty(1) => {
             out.push(check(
@@ -121,14 +152,21 @@ pub fn index_checks(op: OpId, shapes: &[&[i64]], params: &[i64]) -> SmallVec<[In
                 false,
                 0,
                 IndexStyle::OutOfRangeInSelf,
+                None,
             ));
         }
         NllLoss | NllLoss2d if nonempty(1) => {
             let classes = size_at(shapes[0], if shapes[0].len() >= 2 { 1 } else { 0 });
-            let mut c = check(1, classes, false, 1, IndexStyle::Target);
             // Targets equal to ignore_index are skipped, whatever their value.
-            c.params.push(params.get(1).copied().unwrap_or(-100));
-            out.push(c);
+            let ignore = layout::NllLossReduction::decode(&params).map_or(-100, |l| l.ignore_index);
+            out.push(check(
+                1,
+                classes,
+                false,
+                1,
+                IndexStyle::Target,
+                Some(ignore),
+            ));
         }
         _ => {}
     }
@@ -188,14 +226,9 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
             if !matches!(a.inputs[0].dtype, DType::I32 | DType::I64) {
                 return Err(p.invalid("the indices must be int32 or int64"));
             }
-            p.get(0)?;
-            p.flag(1)?;
-            p.get(2)?;
-            if IndexStyle::from_i64(p.get(3)?).is_none() {
-                return Err(p.invalid("param 3 must be an index error style"));
-            }
-            if p.len() > 5 {
-                return Err(p.invalid("expected at most 5 params"));
+            let style = layout::IndexBounds::decode(p)?.style;
+            if IndexStyle::from_i64(style).is_none() {
+                return Err(p.invalid("style must be an index error style"));
             }
             // A size given as a scalar (a padded extent's true length) is read at run time.
             let scalar_dtypes = if a.scalars.is_empty() {
@@ -228,9 +261,13 @@ pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpErro
 
 /// `[any index out of range, the first such index in row-major order, size, dim, style]`.
 fn lower_index_check(e: &mut Emitter, a: &LowerArgs) -> Result<Value, OpError> {
-    let p = &a.params;
-    let (size, negative_ok, dim, style) = (p.get(0)?, p.flag(1)?, p.get(2)?, p.get(3)?);
-    let ignore = if p.len() > 4 { Some(p.get(4)?) } else { None };
+    let layout::IndexBounds {
+        size,
+        negative_ok,
+        dim,
+        style,
+        ignore,
+    } = layout::IndexBounds::decode(&a.params)?;
     let n = e.ty(a.inputs[0]).numel();
     // The size: the param, or the scalar that overrides it (a padded extent's true length).
     let runtime_size = a.scalars.first().map(|&s| {

@@ -6,31 +6,14 @@ use crate::dtype::{DType, ScalarValue, Shape, TensorType};
 use crate::elementwise::not_implemented_for;
 use crate::emitter::{bracket_list, i64_array, Cmp, Emitter, Value};
 use crate::error::{ensure, OpError};
+use crate::param_layout as layout;
 use crate::params::Params;
 use crate::{LowerArgs, Meta, MetaArgs, MetaOutputs, OpId, ScalarDTypes};
 
+crate::family_rule!(ConvOps);
+
 fn fmt_shape(s: &[i64]) -> String {
     bracket_list(s)
-}
-
-/// `count` counted lists (`n, v1 .. vn`) starting at param `at`, and where the next param is.
-fn counted<'a>(
-    p: &Params<'a>,
-    at: usize,
-    count: usize,
-) -> Result<(Vec<&'a [i64]>, usize), OpError> {
-    let mut lists = Vec::with_capacity(count);
-    let mut i = at;
-    for _ in 0..count {
-        let n = p.get(i)?;
-        let rest = p.rest(i + 1);
-        if n < 0 || n as usize > rest.len() {
-            return Err(p.invalid("a counted list runs past the end"));
-        }
-        lists.push(&rest[..n as usize]);
-        i += 1 + n as usize;
-    }
-    Ok((lists, i))
 }
 
 /// The dtype a convolution or pooling op accumulates in: f32 for bf16/f16, as PyTorch's CPU
@@ -55,27 +38,33 @@ struct Conv {
 }
 
 impl Conv {
-    fn parse(p: &Params, at: usize) -> Result<Conv, OpError> {
-        let transposed = p.flag(at)?;
-        let groups = p.get(at + 1)?;
-        let (lists, end) = counted(p, at + 2, 4)?;
-        if end != p.len() {
-            return Err(p.invalid("params left after output_padding"));
-        }
+    /// The convolution of `convolution_overrideable` or of its backward op; the backward op's
+    /// output mask too (all on for the forward op).
+    fn parse(p: &Params) -> Result<(Conv, [bool; 3]), OpError> {
+        let (mask, transposed, groups, lists) = if p.op() == OpId::ConvolutionBackward {
+            let l = layout::ConvolutionBackward::decode(p)?;
+            let lists = [l.stride, l.padding, l.dilation, l.output_padding];
+            (l.output_mask, l.transposed, l.groups, lists)
+        } else {
+            let l = layout::Convolution::decode(p)?;
+            let lists = [l.stride, l.padding, l.dilation, l.output_padding];
+            ([true; 3], l.transposed, l.groups, lists)
+        };
         let n = lists[0].len();
         if lists.iter().any(|l| l.len() != n) {
             return Err(p.invalid(
                 "stride, padding, dilation and output_padding need one value per spatial dim",
             ));
         }
-        Ok(Conv {
+        let conv = Conv {
             transposed,
             groups,
             stride: lists[0].to_vec(),
             padding: lists[1].to_vec(),
             dilation: lists[2].to_vec(),
             output_padding: lists[3].to_vec(),
-        })
+        };
+        Ok((conv, mask))
     }
 
     /// The output shape of the convolution of `x` by `w`, with PyTorch's checks.
@@ -412,7 +401,7 @@ fn conv_meta(a: &MetaArgs) -> Result<Meta, OpError> {
     match a.op {
         OpId::Convolution => {
             a.expect_counts(2..=3, 0..=0)?;
-            let c = Conv::parse(p, 0)?;
+            let (c, _) = Conv::parse(p)?;
             let shape = c.output_shape(&i[0], &i[1], i.get(2))?;
             Ok(Meta::single(
                 TensorType {
@@ -424,11 +413,7 @@ fn conv_meta(a: &MetaArgs) -> Result<Meta, OpError> {
         }
         _ => {
             a.expect_counts(3..=3, 0..=0)?;
-            let mask = p.get(0)?;
-            if !(0..8).contains(&mask) {
-                return Err(p.invalid("output_mask must be a 3-bit mask"));
-            }
-            let c = Conv::parse(p, 1)?;
+            let (c, mask) = Conv::parse(p)?;
             let (gy, x, w) = (&i[0], &i[1], &i[2]);
             let expected = c.output_shape(x, w, None)?;
             ensure!(
@@ -447,17 +432,17 @@ fn conv_meta(a: &MetaArgs) -> Result<Meta, OpError> {
                 return Err(not_implemented_for("slow_conv2d_cpu_grad_input", x.dtype));
             }
             // A gradient the mask leaves out is an empty placeholder, dropped by the kernel.
-            let pick = |bit: i64, ty: TensorType| {
-                if mask & bit != 0 {
+            let pick = |bit: usize, ty: TensorType| {
+                if mask[bit] {
                     ty
                 } else {
                     TensorType::new(ty.dtype, &[0])
                 }
             };
             let mut outputs = MetaOutputs::new();
-            outputs.push(pick(1, x.clone()));
-            outputs.push(pick(2, w.clone()));
-            outputs.push(pick(4, TensorType::new(gy.dtype, &gy.shape[1..2])));
+            outputs.push(pick(0, x.clone()));
+            outputs.push(pick(1, w.clone()));
+            outputs.push(pick(2, TensorType::new(gy.dtype, &gy.shape[1..2])));
             Ok(Meta {
                 outputs,
                 scalar_dtypes: ScalarDTypes::new(),
@@ -472,7 +457,7 @@ fn conv_meta(a: &MetaArgs) -> Result<Meta, OpError> {
 fn conv_lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
     let p = &a.params;
     if a.op == OpId::Convolution {
-        let c = Conv::parse(p, 0)?;
+        let (c, _) = Conv::parse(p)?;
         let out = a.out(0).clone();
         if out.numel() == 0 {
             return Ok(vec![zeros(e, &out)]);
@@ -495,8 +480,7 @@ fn conv_lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
         };
         return Ok(vec![e.convert(y, out.dtype)]);
     }
-    let mask = p.get(0)?;
-    let c = Conv::parse(p, 1)?;
+    let (c, mask) = Conv::parse(p)?;
     let (gy, x, w) = (a.inputs[0], a.inputs[1], a.inputs[2]);
     let (xt, wt, gt) = (e.ty(x).clone(), e.ty(w).clone(), e.ty(gy).clone());
     let cd = acc_dtype(xt.dtype);
@@ -505,7 +489,7 @@ fn conv_lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
     let xc = e.convert(x, cd);
     let wc = e.convert(w, cd);
     let mut outs = Vec::new();
-    if mask & 1 == 0 {
+    if !mask[0] {
         outs.push(zeros(e, a.out(0)));
     } else {
         let gx = if empty {
@@ -526,7 +510,7 @@ fn conv_lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
         };
         outs.push(e.convert(gx, xt.dtype));
     }
-    if mask & 2 == 0 {
+    if !mask[1] {
         outs.push(zeros(e, a.out(1)));
     } else {
         let gw = if empty {
@@ -538,7 +522,7 @@ fn conv_lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
         };
         outs.push(e.convert(gw, wt.dtype));
     }
-    if mask & 4 == 0 {
+    if !mask[2] {
         outs.push(zeros(e, a.out(2)));
     } else {
         let dims: Vec<usize> = (0..gt.rank()).filter(|&d| d != 1).collect();
@@ -611,9 +595,15 @@ impl Pool {
         let tuple = if n == 2 { "two" } else { "three" };
         // avg_pool3d words its argument errors a little differently.
         let either = if !max && n == 3 { "" } else { "either " };
-        let ceil_mode = p.flag(0)?;
-        let (count_include_pad, at) = if max { (false, 1) } else { (p.flag(1)?, 2) };
-        let (lists, end) = counted(p, at, if max { 4 } else { 3 })?;
+        let (ceil_mode, count_include_pad, lists, divisor) = if max {
+            let l = layout::MaxPool::decode(p)?;
+            let lists = [l.kernel_size, l.stride, l.padding, l.dilation];
+            (l.ceil_mode, false, lists, None)
+        } else {
+            let l = layout::AvgPool::decode(p)?;
+            let lists = [l.kernel_size, l.stride, l.padding, &[][..]];
+            (l.ceil_mode, l.count_include_pad, lists, l.divisor_override)
+        };
         let kernel = per_dim(
             lists[0],
             n,
@@ -657,11 +647,6 @@ impl Pool {
             .expect("non-empty")
         } else {
             vec![1; n]
-        };
-        let divisor = match p.rest(end) {
-            [] => None,
-            [d] if !max => Some(*d),
-            _ => return Err(p.invalid("params left after the lists")),
         };
         if let Some(d) = divisor {
             ensure!(d != 0, "divisor must be not zero");
@@ -1619,7 +1604,8 @@ fn pool_meta(a: &MetaArgs) -> Result<Meta, OpError> {
             } else {
                 "adaptive_max_pool2d"
             };
-            let shape = adaptive_output_shape(&i[0], p.rest(0), name)?;
+            let output_size = layout::AdaptiveOutputSize::decode(p)?.output_size;
+            let shape = adaptive_output_shape(&i[0], output_size, name)?;
             let mut outputs = MetaOutputs::new();
             outputs.push(TensorType {
                 dtype: i[0].dtype,

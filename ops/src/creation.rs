@@ -3,100 +3,218 @@
 use crate::dtype::{DType, ScalarValue, TensorType};
 use crate::emitter::{Cmp, Emitter, Value};
 use crate::error::{ensure, OpError};
+use crate::param_layout as layout;
 use crate::promote::{broadcast_shapes, check_fits};
-use crate::{LowerArgs, Meta, MetaArgs, OpId};
+use crate::{LowerArgs, Meta, MetaArgs, OpRule};
 
-pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
-    use OpId::*;
-    let p = &a.params;
-    match a.op {
-        Convert => {
-            a.expect_counts(1..=1, 0..=0)?;
-            Ok(Meta::single(a.inputs[0].with_dtype(p.dtype(0)?), vec![]))
-        }
-        Clone => {
-            a.expect_counts(1..=1, 0..=0)?;
-            Ok(Meta::single(a.inputs[0].clone(), vec![]))
-        }
-        Copy => {
-            a.expect_counts(2..=2, 0..=0)?;
-            let (dst, src) = (&a.inputs[0], &a.inputs[1]);
-            let b = broadcast_shapes(&dst.shape, &src.shape)?;
-            ensure!(
-                b == dst.shape,
-                "output with shape {:?} doesn't match the broadcast shape {:?}",
-                dst.shape.as_slice(),
-                b.as_slice()
-            );
-            Ok(Meta::single(dst.clone(), vec![]))
-        }
-        Fill => {
-            let dst = a
-                .inputs
-                .first()
-                .ok_or_else(|| OpError::runtime("fill_: expected self"))?;
-            if a.inputs.len() == 2 {
-                a.expect_counts(2..=2, 0..=0)?;
-                ensure!(
-                    a.inputs[1].rank() == 0,
-                    "fill_ only supports 0-dimension value tensor but got tensor with {} dimensions.",
-                    a.inputs[1].rank()
-                );
-                return Ok(Meta::single(dst.clone(), vec![]));
-            }
-            a.expect_counts(1..=1, 1..=1)?;
-            check_fits(a.scalars[0].value, dst.dtype)?;
-            Ok(Meta::single(dst.clone(), vec![dst.dtype]))
-        }
-        Full | Zeros | Ones => {
-            let dtype = p.dtype(0)?;
-            let sizes = p.rest(1);
-            check_sizes(sizes)?;
-            if a.op == Full {
-                a.expect_counts(0..=0, 1..=1)?;
-                check_fits(a.scalars[0].value, dtype)?;
-                Ok(Meta::single(TensorType::new(dtype, sizes), vec![dtype]))
-            } else {
-                a.expect_counts(0..=0, 0..=0)?;
-                Ok(Meta::single(TensorType::new(dtype, sizes), vec![]))
-            }
-        }
-        Arange => {
-            a.expect_counts(0..=0, 0..=0)?;
-            let dtype = p.dtype(0)?;
-            let (start, end, step) = (p.f64(1)?, p.f64(2)?, p.f64(3)?);
-            let n = arange_len(dtype, start, end, step)?;
-            Ok(Meta::single(TensorType::new(dtype, &[n]), vec![]))
-        }
-        Linspace => {
-            a.expect_counts(0..=0, 2..=2)?;
-            let dtype = p.dtype(0)?;
-            let steps = p.get(1)?;
-            if dtype == DType::Bool {
-                return Err(crate::elementwise::not_implemented_for(
-                    "linspace_cpu",
-                    dtype,
-                ));
-            }
-            ensure!(steps >= 0, "number of steps must be non-negative");
-            Ok(Meta::single(
-                TensorType::new(dtype, &[steps]),
-                vec![dtype, dtype],
-            ))
-        }
-        Eye => {
-            a.expect_counts(0..=0, 0..=0)?;
-            let dtype = p.dtype(0)?;
-            let (n, m) = (p.get(1)?, p.get(2)?);
-            ensure!(n >= 0, "n must be greater or equal to 0, got {n}");
-            ensure!(m >= 0, "m must be greater or equal to 0, got {m}");
-            Ok(Meta::single(TensorType::new(dtype, &[n, m]), vec![]))
-        }
-        op => Err(OpError::runtime(format!(
-            "{}: not a creation op",
-            op.name()
-        ))),
+/// `_to_copy` to another dtype, with PyTorch's casts.
+pub(crate) struct Convert;
+
+impl OpRule for Convert {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        a.expect_counts(1..=1, 0..=0)?;
+        let dtype = layout::ConvertTo::decode(&a.params)?.dtype;
+        Ok(Meta::single(a.inputs[0].with_dtype(dtype), vec![]))
     }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        Ok(vec![cast_like_pytorch(e, a.inputs[0], a.out(0).dtype)])
+    }
+}
+
+/// `clone`: the same value.
+pub(crate) struct CloneOp;
+
+impl OpRule for CloneOp {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        a.expect_counts(1..=1, 0..=0)?;
+        Ok(Meta::single(a.inputs[0].clone(), vec![]))
+    }
+
+    fn lower(&self, _: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        Ok(vec![a.inputs[0]])
+    }
+}
+
+/// The new value of `self` after `self.copy_(src)`.
+pub(crate) struct CopyOp;
+
+impl OpRule for CopyOp {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        a.expect_counts(2..=2, 0..=0)?;
+        let (dst, src) = (&a.inputs[0], &a.inputs[1]);
+        let b = broadcast_shapes(&dst.shape, &src.shape)?;
+        ensure!(
+            b == dst.shape,
+            "output with shape {:?} doesn't match the broadcast shape {:?}",
+            dst.shape.as_slice(),
+            b.as_slice()
+        );
+        Ok(Meta::single(dst.clone(), vec![]))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let out = a.out(0);
+        let src = cast_like_pytorch(e, a.inputs[1], out.dtype);
+        Ok(vec![e.broadcast_to(src, &out.shape)])
+    }
+}
+
+/// `fill_` with a value scalar or a 0-d tensor.
+pub(crate) struct Fill;
+
+impl OpRule for Fill {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let dst = a
+            .inputs
+            .first()
+            .ok_or_else(|| OpError::runtime("fill_: expected self"))?;
+        if a.inputs.len() == 2 {
+            a.expect_counts(2..=2, 0..=0)?;
+            ensure!(
+                a.inputs[1].rank() == 0,
+                "fill_ only supports 0-dimension value tensor but got tensor with {} dimensions.",
+                a.inputs[1].rank()
+            );
+            return Ok(Meta::single(dst.clone(), vec![]));
+        }
+        a.expect_counts(1..=1, 1..=1)?;
+        check_fits(a.scalars[0].value, dst.dtype)?;
+        Ok(Meta::single(dst.clone(), vec![dst.dtype]))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let value = if a.inputs.len() == 2 {
+            a.inputs[1]
+        } else {
+            a.scalars[0]
+        };
+        Ok(vec![broadcast_value(e, value, a.out(0))])
+    }
+}
+
+/// `full`: a new tensor of one value scalar.
+pub(crate) struct Full;
+
+impl OpRule for Full {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let layout::Creation { dtype, sizes } = layout::Creation::decode(&a.params)?;
+        check_sizes(sizes)?;
+        a.expect_counts(0..=0, 1..=1)?;
+        check_fits(a.scalars[0].value, dtype)?;
+        Ok(Meta::single(TensorType::new(dtype, sizes), vec![dtype]))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        Ok(vec![broadcast_value(e, a.scalars[0], a.out(0))])
+    }
+}
+
+/// `zeros` (`Constant(0)`) and `ones` (`Constant(1)`).
+pub(crate) struct Constant(pub i64);
+
+impl OpRule for Constant {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let layout::Creation { dtype, sizes } = layout::Creation::decode(&a.params)?;
+        check_sizes(sizes)?;
+        a.expect_counts(0..=0, 0..=0)?;
+        Ok(Meta::single(TensorType::new(dtype, sizes), vec![]))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        Ok(vec![e.constant(a.out(0).clone(), ScalarValue::Int(self.0))])
+    }
+}
+
+pub(crate) struct Arange;
+
+impl OpRule for Arange {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        a.expect_counts(0..=0, 0..=0)?;
+        let layout::ArangeRange {
+            dtype,
+            start,
+            end,
+            step,
+        } = layout::ArangeRange::decode(&a.params)?;
+        let n = arange_len(dtype, start, end, step)?;
+        Ok(Meta::single(TensorType::new(dtype, &[n]), vec![]))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let out = a.out(0);
+        let acc = arange_acc(out.dtype);
+        let n = out.shape[0];
+        let idx = e.iota(TensorType::new(acc, &[n]), 0);
+        let range = layout::ArangeRange::decode(&a.params)?;
+        let (start, step) = if acc == DType::I64 {
+            (
+                ScalarValue::Int(range.start as i64),
+                ScalarValue::Int(range.step as i64),
+            )
+        } else {
+            (
+                ScalarValue::Float(range.start),
+                ScalarValue::Float(range.step),
+            )
+        };
+        let start = e.constant(TensorType::new(acc, &[n]), start);
+        let step = e.constant(TensorType::new(acc, &[n]), step);
+        let scaled = e.mul(step, idx);
+        let v = e.add(start, scaled);
+        Ok(vec![cast_like_pytorch(e, v, out.dtype)])
+    }
+}
+
+pub(crate) struct Linspace;
+
+impl OpRule for Linspace {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        a.expect_counts(0..=0, 2..=2)?;
+        let layout::LinspaceSteps { dtype, steps } = layout::LinspaceSteps::decode(&a.params)?;
+        if dtype == DType::Bool {
+            return Err(crate::elementwise::not_implemented_for(
+                "linspace_cpu",
+                dtype,
+            ));
+        }
+        ensure!(steps >= 0, "number of steps must be non-negative");
+        Ok(Meta::single(
+            TensorType::new(dtype, &[steps]),
+            vec![dtype, dtype],
+        ))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        Ok(vec![lower_linspace(e, a, a.out(0))])
+    }
+}
+
+pub(crate) struct Eye;
+
+impl OpRule for Eye {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        a.expect_counts(0..=0, 0..=0)?;
+        let layout::EyeSizes { dtype, n, m } = layout::EyeSizes::decode(&a.params)?;
+        ensure!(n >= 0, "n must be greater or equal to 0, got {n}");
+        ensure!(m >= 0, "m must be greater or equal to 0, got {m}");
+        Ok(Meta::single(TensorType::new(dtype, &[n, m]), vec![]))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let out = a.out(0);
+        let ty = TensorType::new(DType::I64, &out.shape);
+        let rows = e.iota(ty.clone(), 0);
+        let cols = e.iota(ty, 1);
+        let diag = e.compare(Cmp::Eq, rows, cols);
+        Ok(vec![e.cast(diag, out.dtype)])
+    }
+}
+
+/// A fill value (a value scalar or a 0-d tensor) cast and broadcast to `out`.
+fn broadcast_value(e: &mut Emitter, value: Value, out: &TensorType) -> Value {
+    let value = cast_like_pytorch(e, value, out.dtype);
+    e.broadcast_to(value, &out.shape)
 }
 
 fn check_sizes(sizes: &[i64]) -> Result<(), OpError> {
@@ -150,66 +268,6 @@ pub fn arange_len(dtype: DType, start: f64, end: f64, step: f64) -> Result<i64, 
     };
     ensure!(size >= 0, "invalid size, possible overflow?");
     Ok(size)
-}
-
-pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
-    use OpId::*;
-    let out = a.out(0).clone();
-    let p = &a.params;
-    let v = match a.op {
-        Convert => cast_like_pytorch(e, a.inputs[0], out.dtype),
-        Clone => a.inputs[0],
-        Copy => {
-            let src = cast_like_pytorch(e, a.inputs[1], out.dtype);
-            e.broadcast_to(src, &out.shape)
-        }
-        Fill | Full => {
-            let value = if a.op == Fill && a.inputs.len() == 2 {
-                a.inputs[1]
-            } else {
-                a.scalars[0]
-            };
-            let value = cast_like_pytorch(e, value, out.dtype);
-            e.broadcast_to(value, &out.shape)
-        }
-        Zeros | Ones => {
-            let x = if a.op == Ones { 1 } else { 0 };
-            e.constant(out.clone(), ScalarValue::Int(x))
-        }
-        Arange => {
-            let acc = arange_acc(out.dtype);
-            let n = out.shape[0];
-            let idx = e.iota(TensorType::new(acc, &[n]), 0);
-            let (start, step) = if acc == DType::I64 {
-                (
-                    ScalarValue::Int(p.f64(1)? as i64),
-                    ScalarValue::Int(p.f64(3)? as i64),
-                )
-            } else {
-                (ScalarValue::Float(p.f64(1)?), ScalarValue::Float(p.f64(3)?))
-            };
-            let start = e.constant(TensorType::new(acc, &[n]), start);
-            let step = e.constant(TensorType::new(acc, &[n]), step);
-            let scaled = e.mul(step, idx);
-            let v = e.add(start, scaled);
-            cast_like_pytorch(e, v, out.dtype)
-        }
-        Linspace => lower_linspace(e, a, &out),
-        Eye => {
-            let ty = TensorType::new(DType::I64, &out.shape);
-            let rows = e.iota(ty.clone(), 0);
-            let cols = e.iota(ty, 1);
-            let diag = e.compare(Cmp::Eq, rows, cols);
-            e.cast(diag, out.dtype)
-        }
-        op => {
-            return Err(OpError::runtime(format!(
-                "{}: not a creation op",
-                op.name()
-            )))
-        }
-    };
-    Ok(vec![v])
 }
 
 /// A cast with PyTorch's semantics on x86 CPUs: to bool is `x != 0`; floats truncate toward

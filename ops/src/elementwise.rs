@@ -5,9 +5,12 @@ use crate::creation::cast_like_pytorch;
 use crate::dtype::{DType, ScalarArg, ScalarValue, TensorType};
 use crate::emitter::{Cmp, Emitter, Value};
 use crate::error::{ensure, OpError};
+use crate::param_layout as layout;
 use crate::params::{OperandKind, RoundingMode};
 use crate::promote::{broadcast_all, broadcast_shapes, check_fits, result_type, to_float, Operand};
 use crate::{LowerArgs, Meta, MetaArgs, OpId};
+
+crate::family_rule!(ElementwiseOps);
 
 pub(crate) fn not_implemented_for(kernel: &str, dtype: DType) -> OpError {
     OpError::not_implemented(format!(
@@ -209,7 +212,7 @@ fn unary_meta(a: &MetaArgs) -> Result<Meta, OpError> {
             return Err(not_implemented_for(kernel, d));
         }
         Round => {
-            let decimals = a.params.get_or(0, 0);
+            let decimals = layout::RoundDecimals::decode(&a.params)?.decimals;
             if decimals != 0 && !d.is_float() {
                 return Err(not_implemented_for("round_cpu", d));
             }
@@ -221,7 +224,7 @@ fn unary_meta(a: &MetaArgs) -> Result<Meta, OpError> {
         LogicalNot | IsNan | IsInf => DType::Bool,
         BitwiseNot if d.is_float() => return Err(not_implemented_for("bitwise_not_cpu", d)),
         Gelu => {
-            let approximate = a.params.get_or(0, 0);
+            let approximate = layout::GeluApproximate::decode(&a.params)?.approximate;
             if !(0..=1).contains(&approximate) {
                 return Err(a.params.invalid("approximate must be 0 (none) or 1 (tanh)"));
             }
@@ -325,7 +328,7 @@ fn binary_meta(a: &MetaArgs) -> Result<Meta, OpError> {
             common
         }
         Mul | Maximum | Minimum => common,
-        Div => match a.params.rounding_mode(0)? {
+        Div => match layout::DivRounding::decode(&a.params)?.rounding_mode {
             RoundingMode::True => to_float(common),
             mode => {
                 if common == DType::Bool {
@@ -506,7 +509,8 @@ fn where_kinds(a_inputs: usize, params: &crate::Params) -> Result<[OperandKind; 
         2 => (OperandKind::Tensor, OperandKind::Scalar),
         _ => (OperandKind::Scalar, OperandKind::Scalar),
     };
-    Ok([params.operand_kind(0, d0)?, params.operand_kind(1, d1)?])
+    let p = layout::WhereOperands::decode(params)?;
+    Ok([p.self_kind.unwrap_or(d0), p.other_kind.unwrap_or(d1)])
 }
 
 fn where_meta(a: &MetaArgs) -> Result<Meta, OpError> {
@@ -539,10 +543,8 @@ fn where_meta(a: &MetaArgs) -> Result<Meta, OpError> {
 }
 
 fn clamp_kinds(params: &crate::Params) -> Result<[OperandKind; 2], OpError> {
-    Ok([
-        params.operand_kind(0, OperandKind::Absent)?,
-        params.operand_kind(1, OperandKind::Absent)?,
-    ])
+    let p = layout::ClampBounds::decode(params)?;
+    Ok([p.min_kind, p.max_kind])
 }
 
 fn clamp_meta(a: &MetaArgs) -> Result<Meta, OpError> {
@@ -790,7 +792,7 @@ fn lower_unary(e: &mut Emitter, a: &LowerArgs) -> Result<Value, OpError> {
             let zero = k(e, x, 0.0);
             return Ok(e.max(x, zero));
         }
-        NanToNum => return Ok(lower_nan_to_num(e, a, x)),
+        NanToNum => return lower_nan_to_num(e, a, x),
         _ => {
             let cd = out.dtype.compute_dtype();
             let xc = e.cast(x, cd);
@@ -836,7 +838,11 @@ fn unary_float(e: &mut Emitter, a: &LowerArgs, x: Value) -> Result<Value, OpErro
             let zero = k(e, x, 0.0);
             e.max(x, zero)
         }
-        Gelu => gelu(e, x, a.params.get_or(0, 0) == 1),
+        Gelu => gelu(
+            e,
+            x,
+            layout::GeluApproximate::decode(&a.params)?.approximate == 1,
+        ),
         Silu => {
             // x / (1 + exp(-x)), as PyTorch.
             let nx = e.neg(x);
@@ -853,7 +859,7 @@ fn unary_float(e: &mut Emitter, a: &LowerArgs, x: Value) -> Result<Value, OpErro
         Ceil => e.unary("stablehlo.ceil", x),
         Trunc => trunc(e, x),
         Round => {
-            let decimals = a.params.get_or(0, 0);
+            let decimals = layout::RoundDecimals::decode(&a.params)?.decimals;
             if decimals == 0 {
                 round_even(e, x)
             } else {
@@ -921,20 +927,19 @@ fn gelu(e: &mut Emitter, x: Value, tanh_approximation: bool) -> Value {
     }
 }
 
-fn lower_nan_to_num(e: &mut Emitter, a: &LowerArgs, x: Value) -> Value {
+fn lower_nan_to_num(e: &mut Emitter, a: &LowerArgs, x: Value) -> Result<Value, OpError> {
     let dtype = e.dtype(x);
-    let p = &a.params;
-    let given = p.get_or(0, 0);
-    let value = |bit: i64, idx: usize, default: f64| {
-        if given & bit != 0 {
-            f64::from_bits(p.get_or(idx, 0) as u64)
+    let p = layout::NanToNum::decode(&a.params)?;
+    let value = |bit: i64, given: f64, default: f64| {
+        if p.given & bit != 0 {
+            given
         } else {
             default
         }
     };
-    let nan = value(1, 1, 0.0);
-    let posinf = value(2, 2, dtype.max_value());
-    let neginf = value(4, 3, dtype.min_value());
+    let nan = value(1, p.nan, 0.0);
+    let posinf = value(2, p.posinf, dtype.max_value());
+    let neginf = value(4, p.neginf, dtype.min_value());
     let isnan = is_nan(e, x);
     let ispos = e.compare_const(Cmp::Eq, x, f64::INFINITY);
     let isneg = e.compare_const(Cmp::Eq, x, f64::NEG_INFINITY);
@@ -943,7 +948,7 @@ fn lower_nan_to_num(e: &mut Emitter, a: &LowerArgs, x: Value) -> Value {
     let neg_v = k(e, x, neginf);
     let r = e.select(isneg, neg_v, x);
     let r = e.select(ispos, pos_v, r);
-    e.select(isnan, nan_v, r)
+    Ok(e.select(isnan, nan_v, r))
 }
 
 /// The lowered `(self, other, remaining scalars)` of a binary op.
@@ -1034,7 +1039,7 @@ fn lower_binary(e: &mut Emitter, a: &LowerArgs) -> Result<Value, OpError> {
             let divisor_numel = (a.inputs.len() == 2).then(|| e.ty(a.inputs[1]).numel());
             let stepwise = (out.dtype.is_reduced_float() && divisor_numel.is_some_and(|n| n > 1))
                 .then_some(out.dtype);
-            match a.params.rounding_mode(0)? {
+            match layout::DivRounding::decode(&a.params)?.rounding_mode {
                 RoundingMode::True => e.div(xc, yc),
                 RoundingMode::Trunc if cd.is_float() => {
                     let q = e.div(xc, yc);

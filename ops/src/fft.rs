@@ -9,8 +9,11 @@
 use crate::dtype::{DType, Shape, TensorType};
 use crate::emitter::{i64_array, Emitter, Value};
 use crate::error::{ensure, OpError};
+use crate::param_layout as layout;
 use crate::params::wrap_dim;
 use crate::{LowerArgs, Meta, MetaArgs, OpId, ScalarValue};
+
+crate::family_rule!(FftOps);
 
 /// The most dims one `stablehlo.fft` transforms.
 const MAX_FFT_DIMS: usize = 3;
@@ -33,13 +36,32 @@ impl Normalization {
     }
 }
 
-fn normalization(a: &crate::Params<'_>) -> Result<Normalization, OpError> {
-    match a.get(0)? {
-        0 => Ok(Normalization::None),
-        1 => Ok(Normalization::ByRootN),
-        2 => Ok(Normalization::ByN),
-        _ => Err(a.invalid("normalization must be 0, 1 or 2")),
-    }
+/// The normalization and the dims of a transform, which each FFT layout holds.
+fn normalization_and_dims<'a>(
+    p: &crate::Params<'a>,
+) -> Result<(Normalization, &'a [i64]), OpError> {
+    let (code, dims) = match p.op() {
+        OpId::FftC2c => {
+            let l = layout::FftC2c::decode(p)?;
+            (l.normalization, l.dims)
+        }
+        OpId::FftR2c => {
+            let l = layout::FftR2c::decode(p)?;
+            (l.normalization, l.dims)
+        }
+        OpId::FftC2r => {
+            let l = layout::FftC2r::decode(p)?;
+            (l.normalization, l.dims)
+        }
+        op => return Err(OpError::runtime(format!("{}: not an FFT op", op.name()))),
+    };
+    let normalization = match code {
+        0 => Normalization::None,
+        1 => Normalization::ByRootN,
+        2 => Normalization::ByN,
+        _ => return Err(p.invalid("normalization must be 0, 1 or 2")),
+    };
+    Ok((normalization, dims))
 }
 
 /// The transformed dims, wrapped, in the caller's order (the last one is the halved dim of a
@@ -72,8 +94,8 @@ fn real_transform_dtype(op: OpId, dtype: DType) -> Result<(), OpError> {
 pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
     a.expect_counts(1..=1, 0..=0)?;
     let x = &a.inputs[0];
-    normalization(&a.params)?;
-    let dims = fft_dims(a.params.rest(2), x.rank())?;
+    let (_, dims) = normalization_and_dims(&a.params)?;
+    let dims = fft_dims(dims, x.rank())?;
     let out = match a.op {
         OpId::FftC2c => {
             ensure!(
@@ -81,7 +103,6 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
                 "_fft_c2c: expected a complex input tensor, but got {}",
                 x.dtype.scalar_type_name()
             );
-            a.params.flag(1)?;
             x.clone()
         }
         OpId::FftR2c => {
@@ -95,7 +116,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
                 .last()
                 .ok_or_else(|| OpError::runtime("_fft_r2c: expected at least one dim"))?;
             let mut shape = Shape::from_slice(&x.shape);
-            if a.params.flag(1)? {
+            if layout::FftR2c::decode(&a.params)?.onesided {
                 shape[last] = x.shape[last] / 2 + 1;
             }
             TensorType::new(x.dtype.to_complex(), &shape)
@@ -110,7 +131,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
             let last = *dims
                 .last()
                 .ok_or_else(|| OpError::runtime("_fft_c2r: expected at least one dim"))?;
-            let last_dim_size = a.params.get(1)?;
+            let last_dim_size = layout::FftC2r::decode(&a.params)?.last_dim_size;
             ensure!(
                 last_dim_size >= 1,
                 "Invalid number of data points ({last_dim_size}) specified"
@@ -193,9 +214,9 @@ fn fit_dim(e: &mut Emitter, v: Value, dim: usize, size: i64) -> Value {
 pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
     let out = a.out(0).clone();
     let x = a.inputs[0];
-    let norm = normalization(&a.params)?;
+    let (norm, dims) = normalization_and_dims(&a.params)?;
     let in_shape = e.shape(x).to_vec();
-    let dims = fft_dims(a.params.rest(2), in_shape.len())?;
+    let dims = fft_dims(dims, in_shape.len())?;
     if out.numel() == 0 || (dims.is_empty() && a.op == OpId::FftC2c) {
         // Nothing to transform: XLA's FFT wants non-empty signals.
         let v = if out.numel() == 0 {
@@ -207,7 +228,7 @@ pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpErro
     }
     let v = match a.op {
         OpId::FftC2c => {
-            let forward = a.params.flag(1)?;
+            let forward = layout::FftC2c::decode(&a.params)?.forward;
             let n = signal_numel(&in_shape, &dims);
             let v = c2c(e, x, &dims, forward);
             // XLA's inverse divides by the signal size already.
@@ -215,7 +236,7 @@ pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpErro
             scale(e, v, done / norm.divisor(n))
         }
         OpId::FftR2c => {
-            let onesided = a.params.flag(1)?;
+            let onesided = layout::FftR2c::decode(&a.params)?.onesided;
             let n = signal_numel(&in_shape, &dims);
             let v = if onesided {
                 // The halved dim and up to two more in one real transform, then the rest.

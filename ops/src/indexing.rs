@@ -10,10 +10,13 @@ use crate::dtype::{DType, Shape, TensorType};
 use crate::elementwise::is_nan;
 use crate::emitter::{bracket_list, i64_array, Cmp, Emitter, Value};
 use crate::error::{ensure, OpError};
+use crate::param_layout as layout;
 use crate::params::wrap_dim;
 use crate::promote::broadcast_shapes;
 use crate::shape::check_expand;
 use crate::{LowerArgs, Meta, MetaArgs, OpId, ScalarValue};
+
+crate::family_rule!(IndexingOps);
 
 fn fmt_shape(s: &[i64]) -> String {
     format!("{s:?}")
@@ -140,8 +143,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
     match a.op {
         Sort => {
             a.expect_counts(1..=1, 0..=0)?;
-            wrap_dim(p.get(0)?, i[0].rank())?;
-            p.flag(1)?;
+            wrap_dim(layout::SortDim::decode(p)?.dim, i[0].rank())?;
             Ok(Meta {
                 outputs: smallvec::smallvec![i[0].clone(), i[0].with_dtype(DType::I64)],
                 scalar_dtypes: Default::default(),
@@ -153,10 +155,8 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
         TopK => {
             a.expect_counts(1..=1, 0..=0)?;
             let x = &i[0];
-            let k = p.get(0)?;
-            let dim = wrap_dim(p.get(1)?, x.rank())?;
-            p.flag(2)?;
-            p.flag(3)?;
+            let layout::TopK { k, dim, .. } = layout::TopK::decode(p)?;
+            let dim = wrap_dim(dim, x.rank())?;
             let size = if x.rank() == 0 { 1 } else { x.shape[dim] };
             ensure!((0..=size).contains(&k), "selected index k out of range");
             let mut shape = x.shape.clone();
@@ -176,7 +176,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
         Nonzero => {
             a.expect_counts(1..=1, 0..=0)?;
             let x = &i[0];
-            let count = p.get(0)?;
+            let count = layout::Count::decode(p)?.count;
             check_count(a.op, count, x.numel())?;
             single(TensorType::new(DType::I64, &[x.rank() as i64, count]))
         }
@@ -188,7 +188,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
                 "masked_select: expected BoolTensor for mask"
             );
             let shape = broadcast_shapes(&x.shape, &mask.shape)?;
-            let count = p.get(0)?;
+            let count = layout::Count::decode(p)?.count;
             check_count(a.op, count, shape.iter().product())?;
             single(TensorType::new(x.dtype, &[count]))
         }
@@ -211,7 +211,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
         }
         Index => {
             ensure!(!i.is_empty(), "index: expected self and index tensors");
-            let plan = index_plan(&i[0], &i[1..], p.rest(0))?;
+            let plan = index_plan(&i[0], &i[1..], layout::IndexedDims::decode(p)?.indexed_dims)?;
             single(i[0].with_shape(&plan.shape))
         }
         IndexPut => {
@@ -221,10 +221,11 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
             );
             let (x, values) = (&i[0], &i[1]);
             // 2 accumulates too: index_add, whose out-of-range errors differ (checks.rs).
-            if !(0..=2).contains(&p.get(0)?) {
-                return Err(p.invalid("param 0 must be 0, 1 or 2"));
+            let l = layout::IndexPutDims::decode(p)?;
+            if !(0..=2).contains(&l.accumulate) {
+                return Err(p.invalid("accumulate must be 0, 1 or 2"));
             }
-            let plan = index_plan(x, &i[2..], p.rest(1))?;
+            let plan = index_plan(x, &i[2..], l.indexed_dims)?;
             // PyTorch checks the shapes first: `a[mask] = torch.tensor([])` is a shape error.
             ensure!(
                 expandable_to(&values.shape, &plan.shape),
@@ -490,9 +491,11 @@ pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpErro
     let v = match a.op {
         Sort | TopK => {
             let (dim, descending, k) = if a.op == Sort {
-                (p.get(0)?, p.flag(1)?, None)
+                let l = layout::SortDim::decode(p)?;
+                (l.dim, l.descending, None)
             } else {
-                (p.get(1)?, p.flag(2)?, Some(p.get(0)?))
+                let l = layout::TopK::decode(p)?;
+                (l.dim, l.largest, Some(l.k))
             };
             let (values, indices) = (a.out(0).clone(), a.out(1).clone());
             if values.numel() == 0 {
@@ -542,13 +545,14 @@ pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpErro
         MaskedScatter => lower_masked_scatter(e, x, a.inputs[1], a.inputs[2]),
         Index => {
             let types: Vec<TensorType> = a.inputs[1..].iter().map(|&v| e.ty(v).clone()).collect();
-            let plan = index_plan(&x_ty, &types, p.rest(0))?;
+            let plan = index_plan(&x_ty, &types, layout::IndexedDims::decode(p)?.indexed_dims)?;
             lower_index(e, x, &a.inputs[1..], &plan)
         }
         IndexPut => {
             let types: Vec<TensorType> = a.inputs[2..].iter().map(|&v| e.ty(v).clone()).collect();
-            let plan = index_plan(&x_ty, &types, p.rest(1))?;
-            lower_index_put(e, x, a.inputs[1], &a.inputs[2..], &plan, p.get(0)? != 0)
+            let l = layout::IndexPutDims::decode(p)?;
+            let plan = index_plan(&x_ty, &types, l.indexed_dims)?;
+            lower_index_put(e, x, a.inputs[1], &a.inputs[2..], &plan, l.accumulate != 0)
         }
         op => {
             return Err(OpError::runtime(format!(

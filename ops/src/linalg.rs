@@ -4,8 +4,11 @@ use crate::dtype::{DType, Shape, TensorType};
 use crate::elementwise::{k, not_implemented_for, prep};
 use crate::emitter::{Cmp, Emitter, Value};
 use crate::error::{ensure, OpError};
+use crate::param_layout as layout;
 use crate::promote::broadcast_shapes;
 use crate::{LowerArgs, Meta, MetaArgs, OpId};
+
+crate::family_rule!(LinalgOps);
 
 fn mm_shape(a: &TensorType, b: &TensorType) -> Result<Shape, OpError> {
     ensure!(a.rank() == 2, "self must be a matrix");
@@ -205,7 +208,11 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
         SolveTriangular => {
             a.expect_counts(2..=2, 0..=0)?;
             (
-                solve_triangular_shape(&i[0], &i[1], a.params.flag(1)?)?,
+                solve_triangular_shape(
+                    &i[0],
+                    &i[1],
+                    layout::SolveTriangular::decode(&a.params)?.left,
+                )?,
                 i[0].dtype,
                 0,
             )
@@ -308,7 +315,11 @@ pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpErro
     let v = match a.op {
         Mm | Bmm | Dot | Matmul => matmul(e, a.inputs[0], a.inputs[1], &out),
         SolveTriangular => {
-            let (upper, left, unit) = (a.params.flag(0)?, a.params.flag(1)?, a.params.flag(2)?);
+            let layout::SolveTriangular {
+                upper,
+                left,
+                unitriangular: unit,
+            } = layout::SolveTriangular::decode(&a.params)?;
             // stablehlo.triangular_solve wants equal batch dims: both are broadcast to the
             // result's, A keeping its square matrices.
             let rank = out.shape.len();

@@ -9,9 +9,10 @@ use crate::dtype::{DType, ScalarArg, Shape, TensorType};
 use crate::elementwise::{k, not_implemented_for, prep};
 use crate::emitter::{Cmp, Emitter, Value};
 use crate::error::{ensure, OpError};
-use crate::params::Reduction;
+use crate::param_layout::{self as layout, ParamLayout};
+use crate::params::{Params, Reduction};
 use crate::promote::{broadcast_all, result_type, Operand};
-use crate::{LowerArgs, Meta, MetaArgs, MetaOutputs, OpId, ScalarDTypes};
+use crate::{LowerArgs, Meta, MetaArgs, MetaOutputs, OpId, OpRule, ScalarDTypes};
 
 /// The CPU kernel name PyTorch's dtype error names.
 fn kernel_name(op: OpId) -> &'static str {
@@ -165,134 +166,436 @@ fn nll_checks(
     Ok(())
 }
 
-/// `nll_loss_forward` and its gradient over `[N, C]` or `[C]` inputs (`nll_loss2d` is below).
-fn nll_meta(a: &MetaArgs) -> Result<Meta, OpError> {
-    use OpId::*;
-    let i = a.inputs;
-    let p = &a.params;
-    match a.op {
-        NllLoss => {
-            a.expect_counts(2..=3, 0..=0)?;
-            let (x, target, weight) = (&i[0], &i[1], i.get(2));
-            nll_checks(x, target, weight, false)?;
-            let reduction = p.reduction(0)?;
-            p.get(1)?;
-            let out_shape: &[i64] = if reduction == Reduction::None && x.rank() == 2 {
-                &x.shape[..1]
-            } else {
-                &[]
-            };
-            Ok(Meta {
-                outputs: smallvec::smallvec![
-                    TensorType::new(x.dtype, out_shape),
-                    TensorType::scalar(x.dtype),
-                ],
-                scalar_dtypes: crate::ScalarDTypes::new(),
-                variant: 0,
-                float_default: None,
-                matmul_precision: None,
-            })
-        }
-        NllLossBackward => {
-            a.expect_counts(4..=5, 0..=0)?;
-            let (x, target, weight) = (&i[1], &i[2], i.get(4));
-            nll_checks(x, target, weight, true)?;
-            p.reduction(0)?;
-            p.get(1)?;
-            Ok(Meta::single(x.clone(), vec![]))
-        }
-        op => Err(OpError::runtime(format!("{}: not nll_loss", op.name()))),
+/// A loss's reduction, and the class the nll losses ignore.
+fn reduction_of(p: &Params) -> Result<(Reduction, Option<i64>), OpError> {
+    if p.op().param_layout() == ParamLayout::NllLossReduction {
+        let l = layout::NllLossReduction::decode(p)?;
+        Ok((l.reduction, Some(l.ignore_index)))
+    } else {
+        Ok((layout::LossReduction::decode(p)?.reduction, None))
     }
 }
 
-pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
-    use OpId::*;
-    if matches!(a.op, NllLoss | NllLossBackward) {
-        return nll_meta(a);
+/// `mse_loss`, `smooth_l1_loss` and `huber_loss`: an elementwise loss of `self - target`, reduced.
+pub(crate) struct PointwiseLoss;
+
+impl OpRule for PointwiseLoss {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let i = a.inputs;
+        let (reduction, _) = reduction_of(&a.params)?;
+        let scalars = usize::from(a.op != OpId::MseLoss);
+        a.expect_counts(2..=2, scalars..=scalars)?;
+        if a.op != OpId::MseLoss {
+            check_parameter(a.op, &a.scalars[0])?;
+        }
+        let dtype = result_type(&[Operand::Tensor(&i[0]), Operand::Tensor(&i[1])]);
+        if !dtype.is_float() {
+            return Err(not_implemented_for(kernel_name(a.op), dtype));
+        }
+        let shape = broadcast_all([&i[0].shape[..], &i[1].shape[..]])?;
+        let out = reduced(&TensorType { dtype, shape }, dtype, reduction);
+        let scalar_dtypes: ScalarDTypes = a.scalars.iter().map(|_| dtype).collect();
+        Ok(Meta::single(out, scalar_dtypes))
     }
-    let i = a.inputs;
-    let p = &a.params;
-    let reduction = p.reduction(0)?;
-    match a.op {
-        MseLoss | SmoothL1Loss | HuberLoss => {
-            let scalars = usize::from(a.op != MseLoss);
-            a.expect_counts(2..=2, scalars..=scalars)?;
-            if a.op != MseLoss {
-                check_parameter(a.op, &a.scalars[0])?;
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let (reduction, _) = reduction_of(&a.params)?;
+        let out = a.out(0).clone();
+        let cd = out.dtype.compute_dtype();
+        let shape: Shape = broadcast_all([e.shape(a.inputs[0]), e.shape(a.inputs[1])])?;
+        let x = prep(e, a.inputs[0], cd, &shape);
+        let t = prep(e, a.inputs[1], cd, &shape);
+        let d = e.sub(x, t);
+        let loss = match a.op {
+            OpId::MseLoss => e.mul(d, d),
+            _ => {
+                let z = e.abs(d);
+                let p = prep(e, a.scalars[0], cd, &shape);
+                let half = k(e, z, 0.5);
+                let below = e.compare(Cmp::Lt, z, p);
+                let hz = e.mul(half, z);
+                let hzz = e.mul(hz, z);
+                let hp = e.mul(half, p);
+                if a.op == OpId::SmoothL1Loss {
+                    // |d| < beta ? 0.5 d^2 / beta : |d| - 0.5 beta
+                    let quad = e.div(hzz, p);
+                    let lin = e.sub(z, hp);
+                    e.select(below, quad, lin)
+                } else {
+                    // |d| < delta ? 0.5 d^2 : delta (|d| - 0.5 delta)
+                    let zh = e.sub(z, hp);
+                    let lin = e.mul(p, zh);
+                    e.select(below, hzz, lin)
+                }
             }
-            let dtype = result_type(&[Operand::Tensor(&i[0]), Operand::Tensor(&i[1])]);
-            if !dtype.is_float() {
-                return Err(not_implemented_for(kernel_name(a.op), dtype));
+        };
+        let r = reduce(e, loss, reduction);
+        Ok(vec![e.convert(r, out.dtype)])
+    }
+}
+
+/// The gradients of `mse_loss`, `smooth_l1_loss` and `huber_loss` with respect to `self`.
+pub(crate) struct PointwiseLossBackward;
+
+impl OpRule for PointwiseLossBackward {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let i = a.inputs;
+        reduction_of(&a.params)?;
+        let scalars = usize::from(a.op != OpId::MseLossBackward);
+        a.expect_counts(3..=3, scalars..=scalars)?;
+        if a.op != OpId::MseLossBackward {
+            check_parameter(a.op, &a.scalars[0])?;
+        }
+        let out = like_self(a.op, &i[1], &[&i[0], &i[2]])?;
+        let scalar_dtypes: ScalarDTypes = a
+            .scalars
+            .iter()
+            .map(|_| out.dtype.compute_dtype())
+            .collect();
+        Ok(Meta::single(out, scalar_dtypes))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let (reduction, _) = reduction_of(&a.params)?;
+        let out = a.out(0).clone();
+        let cd = out.dtype.compute_dtype();
+        let shape = out.shape.clone();
+        let g = prep(e, a.inputs[0], cd, &shape);
+        let x = prep(e, a.inputs[1], cd, &shape);
+        let t = prep(e, a.inputs[2], cd, &shape);
+        let d = e.sub(x, t);
+        let n = norm(reduction, out.numel());
+        let r = match a.op {
+            OpId::MseLossBackward => {
+                // 2 / numel (mean) or 2, times (x - t) times g
+                let c = k(e, d, 2.0 * n);
+                let cd_ = e.mul(c, d);
+                e.mul(cd_, g)
             }
-            let shape = broadcast_all([&i[0].shape[..], &i[1].shape[..]])?;
-            let out = reduced(&TensorType { dtype, shape }, dtype, reduction);
-            let scalar_dtypes: ScalarDTypes = a.scalars.iter().map(|_| dtype).collect();
-            Ok(Meta::single(out, scalar_dtypes))
-        }
-        MseLossBackward | SmoothL1LossBackward | HuberLossBackward => {
-            let scalars = usize::from(a.op != MseLossBackward);
-            a.expect_counts(3..=3, scalars..=scalars)?;
-            if a.op != MseLossBackward {
-                check_parameter(a.op, &a.scalars[0])?;
+            _ => {
+                let p = prep(e, a.scalars[0], cd, &shape);
+                let np = e.neg(p);
+                let c = k(e, g, n);
+                let ng = e.mul(c, g);
+                let nng = e.neg(ng);
+                let low = e.compare(Cmp::Le, d, np);
+                let high = e.compare(Cmp::Ge, d, p);
+                let (lo, hi, mid) = if a.op == OpId::SmoothL1LossBackward {
+                    // -norm g, norm g, norm (x - t) g / beta
+                    let dg = e.mul(ng, d);
+                    (nng, ng, e.div(dg, p))
+                } else {
+                    // -norm g delta, norm g delta, norm (x - t) g
+                    let lo = e.mul(nng, p);
+                    let hi = e.mul(ng, p);
+                    let c = k(e, d, n);
+                    let cd_ = e.mul(c, d);
+                    (lo, hi, e.mul(cd_, g))
+                };
+                let r = e.select(high, hi, mid);
+                e.select(low, lo, r)
             }
-            let out = like_self(a.op, &i[1], &[&i[0], &i[2]])?;
-            let scalar_dtypes: ScalarDTypes = a
-                .scalars
-                .iter()
-                .map(|_| out.dtype.compute_dtype())
-                .collect();
-            Ok(Meta::single(out, scalar_dtypes))
+        };
+        Ok(vec![e.convert(r, out.dtype)])
+    }
+}
+
+/// `binary_cross_entropy` of probabilities `self` against `target`, optionally weighted.
+pub(crate) struct BinaryCrossEntropy;
+
+impl OpRule for BinaryCrossEntropy {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let i = a.inputs;
+        let (reduction, _) = reduction_of(&a.params)?;
+        a.expect_counts(2..=3, 0..=0)?;
+        let x = &i[0];
+        if !x.dtype.is_float() {
+            return Err(not_implemented_for("binary_cross_entropy", x.dtype));
         }
-        BinaryCrossEntropy => {
-            a.expect_counts(2..=3, 0..=0)?;
-            let x = &i[0];
-            if !x.dtype.is_float() {
-                return Err(not_implemented_for("binary_cross_entropy", x.dtype));
+        ensure!(
+            i[1].dtype == x.dtype,
+            "Found dtype {} but expected {}",
+            i[1].dtype.scalar_type_name(),
+            x.dtype.scalar_type_name()
+        );
+        let weights: Vec<&TensorType> = i[1..].iter().collect();
+        like_self(a.op, x, &weights)?;
+        Ok(Meta::single(reduced(x, x.dtype, reduction), vec![]))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let (reduction, _) = reduction_of(&a.params)?;
+        let out = a.out(0).clone();
+        let cd = out.dtype.compute_dtype();
+        let shape = e.shape(a.inputs[0]).to_vec();
+        let x = e.convert(a.inputs[0], cd);
+        let t = prep(e, a.inputs[1], cd, &shape);
+        // (t - 1) * max(log1p(-x), -100) - t * max(log(x), -100)
+        let floor = k(e, x, -100.0);
+        let nx = e.neg(x);
+        let l1 = e.unary("stablehlo.log_plus_one", nx);
+        let l1 = e.max(l1, floor);
+        let l0 = e.log(x);
+        let l0 = e.max(l0, floor);
+        let one = k(e, x, 1.0);
+        let tm1 = e.sub(t, one);
+        let a1 = e.mul(tm1, l1);
+        let a0 = e.mul(t, l0);
+        let mut loss = e.sub(a1, a0);
+        if let Some(&w) = a.inputs.get(2) {
+            let w = prep(e, w, cd, &shape);
+            loss = e.mul(loss, w);
+        }
+        let r = reduce(e, loss, reduction);
+        Ok(vec![e.convert(r, out.dtype)])
+    }
+}
+
+/// The gradient of `binary_cross_entropy` with respect to `self`.
+pub(crate) struct BinaryCrossEntropyBackward;
+
+impl OpRule for BinaryCrossEntropyBackward {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let i = a.inputs;
+        reduction_of(&a.params)?;
+        a.expect_counts(3..=4, 0..=0)?;
+        let others: Vec<&TensorType> = [&i[0]].into_iter().chain(&i[2..]).collect();
+        Ok(Meta::single(like_self(a.op, &i[1], &others)?, vec![]))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let (reduction, _) = reduction_of(&a.params)?;
+        let out = a.out(0).clone();
+        let cd = out.dtype.compute_dtype();
+        let shape = out.shape.clone();
+        let g = prep(e, a.inputs[0], cd, &shape);
+        let x = prep(e, a.inputs[1], cd, &shape);
+        let t = prep(e, a.inputs[2], cd, &shape);
+        // g * (x - t) / max((1 - x) * x, 1e-12), times the weight, over numel for a mean
+        let one = k(e, x, 1.0);
+        let omx = e.sub(one, x);
+        let den = e.mul(omx, x);
+        let eps = k(e, x, 1e-12);
+        let den = e.max(den, eps);
+        let d = e.sub(x, t);
+        let gd = e.mul(g, d);
+        let mut r = e.div(gd, den);
+        if let Some(&w) = a.inputs.get(3) {
+            let w = prep(e, w, cd, &shape);
+            r = e.mul(r, w);
+        }
+        if reduction == Reduction::Mean {
+            let n = k(e, r, out.numel() as f64);
+            r = e.div(r, n);
+        }
+        Ok(vec![e.convert(r, out.dtype)])
+    }
+}
+
+/// `nll_loss_forward` over `[N, C]` or `[C]` inputs; outputs `(output, total_weight)`.
+pub(crate) struct NllLoss;
+
+impl OpRule for NllLoss {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let i = a.inputs;
+        let p = &a.params;
+        a.expect_counts(2..=3, 0..=0)?;
+        let (x, target, weight) = (&i[0], &i[1], i.get(2));
+        nll_checks(x, target, weight, false)?;
+        let (reduction, _) = reduction_of(p)?;
+        let out_shape: &[i64] = if reduction == Reduction::None && x.rank() == 2 {
+            &x.shape[..1]
+        } else {
+            &[]
+        };
+        Ok(Meta {
+            outputs: smallvec::smallvec![
+                TensorType::new(x.dtype, out_shape),
+                TensorType::scalar(x.dtype),
+            ],
+            scalar_dtypes: crate::ScalarDTypes::new(),
+            variant: 0,
+            float_default: None,
+            matmul_precision: None,
+        })
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let layout::NllLossReduction {
+            reduction,
+            ignore_index,
+        } = layout::NllLossReduction::decode(&a.params)?;
+        let x = a.inputs[0];
+        let dtype = e.dtype(x);
+        let cd = dtype.compute_dtype();
+        let xc = e.convert(x, cd);
+        let (mask, w) = nll_mask(e, xc, a.inputs[1], a.inputs.get(2).copied(), ignore_index);
+        let r = e.rank(xc);
+        // Per-sample loss: -w[target] * x[target]; other classes contribute nothing, even
+        // where x is -inf (a log-softmax of a masked row) or NaN.
+        let wx = e.mul(w, xc);
+        let zero = e.full_like(xc, 0.0);
+        let wx = e.select(mask, wx, zero);
+        let picked = e.reduce_sum(wx, &[r - 1]);
+        let loss = e.neg(picked);
+        let wsum = e.reduce_sum(w, &[r - 1]);
+        let (out, total) = match reduction {
+            Reduction::None => (loss, e.f64_constant(cd, 0.0)),
+            Reduction::Sum | Reduction::Mean => {
+                let all: Vec<usize> = (0..e.rank(loss)).collect();
+                let s = e.reduce_sum(loss, &all);
+                let total = e.reduce_sum(wsum, &all);
+                if reduction == Reduction::Mean {
+                    (e.div(s, total), total)
+                } else {
+                    (s, total)
+                }
             }
-            ensure!(
-                i[1].dtype == x.dtype,
-                "Found dtype {} but expected {}",
-                i[1].dtype.scalar_type_name(),
-                x.dtype.scalar_type_name()
-            );
-            let weights: Vec<&TensorType> = i[1..].iter().collect();
-            like_self(a.op, x, &weights)?;
-            Ok(Meta::single(reduced(x, x.dtype, reduction), vec![]))
-        }
-        BinaryCrossEntropyBackward => {
-            a.expect_counts(3..=4, 0..=0)?;
-            let others: Vec<&TensorType> = [&i[0]].into_iter().chain(&i[2..]).collect();
-            Ok(Meta::single(like_self(a.op, &i[1], &others)?, vec![]))
-        }
-        NllLoss2d => {
-            a.expect_counts(2..=3, 0..=0)?;
-            let x = &i[0];
-            nll2d_checks(x, &i[1], i.get(2))?;
-            p.get(1)?;
-            let out = if reduction == Reduction::None {
-                TensorType::new(x.dtype, &i[1].shape)
-            } else {
-                TensorType::scalar(x.dtype)
-            };
-            let mut outputs = MetaOutputs::new();
-            outputs.push(out);
-            outputs.push(TensorType::scalar(x.dtype));
-            Ok(Meta {
-                outputs,
-                scalar_dtypes: ScalarDTypes::new(),
-                variant: 0,
-                float_default: None,
-                matmul_precision: None,
-            })
-        }
-        NllLoss2dBackward => {
-            a.expect_counts(4..=5, 0..=0)?;
-            let x = &i[1];
-            nll2d_checks(x, &i[2], i.get(4))?;
-            p.get(1)?;
-            Ok(Meta::single(x.clone(), vec![]))
-        }
-        op => Err(OpError::runtime(format!("{}: not a loss op", op.name()))),
+        };
+        Ok(vec![e.convert(out, dtype), e.convert(total, dtype)])
+    }
+}
+
+/// The gradient of `nll_loss_forward` with respect to `self`.
+pub(crate) struct NllLossBackward;
+
+impl OpRule for NllLossBackward {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let i = a.inputs;
+        let p = &a.params;
+        a.expect_counts(4..=5, 0..=0)?;
+        let (x, target, weight) = (&i[1], &i[2], i.get(4));
+        nll_checks(x, target, weight, true)?;
+        reduction_of(p)?;
+        Ok(Meta::single(x.clone(), vec![]))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let layout::NllLossReduction {
+            reduction,
+            ignore_index,
+        } = layout::NllLossReduction::decode(&a.params)?;
+        let (grad, x, target, total) = (a.inputs[0], a.inputs[1], a.inputs[2], a.inputs[3]);
+        let dtype = e.dtype(x);
+        let cd = dtype.compute_dtype();
+        let shape = e.shape(x).to_vec();
+        let r = shape.len();
+        let xc = e.convert(x, cd);
+        let (_, w) = nll_mask(e, xc, target, a.inputs.get(4).copied(), ignore_index);
+        let g = e.convert(grad, cd);
+        let g = match reduction {
+            Reduction::None if r == 2 => e.broadcast_in_dim(g, &shape, &[0]),
+            Reduction::Mean => {
+                let t = e.convert(total, cd);
+                let q = e.div(g, t);
+                e.broadcast_to(q, &shape)
+            }
+            _ => e.broadcast_to(g, &shape),
+        };
+        let wg = e.mul(w, g);
+        let r = e.neg(wg);
+        Ok(vec![e.convert(r, dtype)])
+    }
+}
+
+/// `nll_loss2d_forward` over `[N, C, H, W]` inputs and `[N, H, W]` targets.
+pub(crate) struct NllLoss2d;
+
+impl OpRule for NllLoss2d {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let i = a.inputs;
+        let (reduction, _) = reduction_of(&a.params)?;
+        a.expect_counts(2..=3, 0..=0)?;
+        let x = &i[0];
+        nll2d_checks(x, &i[1], i.get(2))?;
+        let out = if reduction == Reduction::None {
+            TensorType::new(x.dtype, &i[1].shape)
+        } else {
+            TensorType::scalar(x.dtype)
+        };
+        let mut outputs = MetaOutputs::new();
+        outputs.push(out);
+        outputs.push(TensorType::scalar(x.dtype));
+        Ok(Meta {
+            outputs,
+            scalar_dtypes: ScalarDTypes::new(),
+            variant: 0,
+            float_default: None,
+            matmul_precision: None,
+        })
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let layout::NllLossReduction {
+            reduction,
+            ignore_index,
+        } = layout::NllLossReduction::decode(&a.params)?;
+        let out = a.out(0).clone();
+        let cd = out.dtype.compute_dtype();
+        let x = e.convert(a.inputs[0], cd);
+        let (mask, w) = nll_weights(e, x, a.inputs[1], a.inputs.get(2).copied(), ignore_index);
+        // Per-position loss -w[target] * x[target]; other classes contribute nothing,
+        // even where x is -inf.
+        let wx = e.mul(w, x);
+        let zero = k(e, x, 0.0);
+        let wx = e.select(mask, wx, zero);
+        let picked = e.reduce_sum(wx, &[1]);
+        let loss = e.neg(picked);
+        let wsum = e.reduce_sum(w, &[1]);
+        let all: Vec<usize> = (0..3).collect();
+        let (r, total) = match reduction {
+            Reduction::None => (loss, e.f64_constant(cd, 0.0)),
+            Reduction::Sum | Reduction::Mean => {
+                let s = e.reduce_sum(loss, &all);
+                let total = e.reduce_sum(wsum, &all);
+                if reduction == Reduction::Mean {
+                    (e.div(s, total), total)
+                } else {
+                    (s, total)
+                }
+            }
+        };
+        Ok(vec![e.convert(r, out.dtype), e.convert(total, out.dtype)])
+    }
+}
+
+/// The gradient of `nll_loss2d_forward` with respect to `self`.
+pub(crate) struct NllLoss2dBackward;
+
+impl OpRule for NllLoss2dBackward {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let i = a.inputs;
+        reduction_of(&a.params)?;
+        a.expect_counts(4..=5, 0..=0)?;
+        let x = &i[1];
+        nll2d_checks(x, &i[2], i.get(4))?;
+        Ok(Meta::single(x.clone(), vec![]))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let layout::NllLossReduction {
+            reduction,
+            ignore_index,
+        } = layout::NllLossReduction::decode(&a.params)?;
+        let out = a.out(0).clone();
+        let cd = out.dtype.compute_dtype();
+        let (g, x, target, total) = (a.inputs[0], a.inputs[1], a.inputs[2], a.inputs[3]);
+        let shape = out.shape.clone();
+        let xc = e.convert(x, cd);
+        let (_, w) = nll_weights(e, xc, target, a.inputs.get(4).copied(), ignore_index);
+        let g = e.convert(g, cd);
+        let g = match reduction {
+            Reduction::None => e.broadcast_in_dim(g, &shape, &[0, 2, 3]),
+            Reduction::Mean => {
+                let t = e.convert(total, cd);
+                let q = e.div(g, t);
+                e.broadcast_to(q, &shape)
+            }
+            Reduction::Sum => e.broadcast_to(g, &shape),
+        };
+        let wg = e.mul(w, g);
+        let r = e.neg(wg);
+        Ok(vec![e.convert(r, out.dtype)])
     }
 }
 
@@ -349,248 +652,6 @@ fn nll_mask(
     let zero = e.full_like(x, 0.0);
     let w = e.select(mask, w, zero);
     (mask, w)
-}
-
-fn lower_nll(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
-    use OpId::*;
-    let p = &a.params;
-    match a.op {
-        NllLoss => {
-            let reduction = p.reduction(0)?;
-            let ignore_index = p.get(1)?;
-            let x = a.inputs[0];
-            let dtype = e.dtype(x);
-            let cd = dtype.compute_dtype();
-            let xc = e.convert(x, cd);
-            let (mask, w) = nll_mask(e, xc, a.inputs[1], a.inputs.get(2).copied(), ignore_index);
-            let r = e.rank(xc);
-            // Per-sample loss: -w[target] * x[target]; other classes contribute nothing, even
-            // where x is -inf (a log-softmax of a masked row) or NaN.
-            let wx = e.mul(w, xc);
-            let zero = e.full_like(xc, 0.0);
-            let wx = e.select(mask, wx, zero);
-            let picked = e.reduce_sum(wx, &[r - 1]);
-            let loss = e.neg(picked);
-            let wsum = e.reduce_sum(w, &[r - 1]);
-            let (out, total) = match reduction {
-                Reduction::None => (loss, e.f64_constant(cd, 0.0)),
-                Reduction::Sum | Reduction::Mean => {
-                    let all: Vec<usize> = (0..e.rank(loss)).collect();
-                    let s = e.reduce_sum(loss, &all);
-                    let total = e.reduce_sum(wsum, &all);
-                    if reduction == Reduction::Mean {
-                        (e.div(s, total), total)
-                    } else {
-                        (s, total)
-                    }
-                }
-            };
-            Ok(vec![e.convert(out, dtype), e.convert(total, dtype)])
-        }
-        NllLossBackward => {
-            let reduction = p.reduction(0)?;
-            let ignore_index = p.get(1)?;
-            let (grad, x, target, total) = (a.inputs[0], a.inputs[1], a.inputs[2], a.inputs[3]);
-            let dtype = e.dtype(x);
-            let cd = dtype.compute_dtype();
-            let shape = e.shape(x).to_vec();
-            let r = shape.len();
-            let xc = e.convert(x, cd);
-            let (_, w) = nll_mask(e, xc, target, a.inputs.get(4).copied(), ignore_index);
-            let g = e.convert(grad, cd);
-            let g = match reduction {
-                Reduction::None if r == 2 => e.broadcast_in_dim(g, &shape, &[0]),
-                Reduction::Mean => {
-                    let t = e.convert(total, cd);
-                    let q = e.div(g, t);
-                    e.broadcast_to(q, &shape)
-                }
-                _ => e.broadcast_to(g, &shape),
-            };
-            let wg = e.mul(w, g);
-            let r = e.neg(wg);
-            Ok(vec![e.convert(r, dtype)])
-        }
-        op => Err(OpError::runtime(format!("{}: not nll_loss", op.name()))),
-    }
-}
-
-pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
-    use OpId::*;
-    if matches!(a.op, NllLoss | NllLossBackward) {
-        return lower_nll(e, a);
-    }
-    let reduction = a.params.reduction(0)?;
-    let out = a.out(0).clone();
-    let cd = out.dtype.compute_dtype();
-    match a.op {
-        MseLoss | SmoothL1Loss | HuberLoss => {
-            let shape: Shape = broadcast_all([e.shape(a.inputs[0]), e.shape(a.inputs[1])])?;
-            let x = prep(e, a.inputs[0], cd, &shape);
-            let t = prep(e, a.inputs[1], cd, &shape);
-            let d = e.sub(x, t);
-            let loss = match a.op {
-                MseLoss => e.mul(d, d),
-                _ => {
-                    let z = e.abs(d);
-                    let p = prep(e, a.scalars[0], cd, &shape);
-                    let half = k(e, z, 0.5);
-                    let below = e.compare(Cmp::Lt, z, p);
-                    let hz = e.mul(half, z);
-                    let hzz = e.mul(hz, z);
-                    let hp = e.mul(half, p);
-                    if a.op == SmoothL1Loss {
-                        // |d| < beta ? 0.5 d^2 / beta : |d| - 0.5 beta
-                        let quad = e.div(hzz, p);
-                        let lin = e.sub(z, hp);
-                        e.select(below, quad, lin)
-                    } else {
-                        // |d| < delta ? 0.5 d^2 : delta (|d| - 0.5 delta)
-                        let zh = e.sub(z, hp);
-                        let lin = e.mul(p, zh);
-                        e.select(below, hzz, lin)
-                    }
-                }
-            };
-            let r = reduce(e, loss, reduction);
-            Ok(vec![e.convert(r, out.dtype)])
-        }
-        MseLossBackward | SmoothL1LossBackward | HuberLossBackward => {
-            let shape = out.shape.clone();
-            let g = prep(e, a.inputs[0], cd, &shape);
-            let x = prep(e, a.inputs[1], cd, &shape);
-            let t = prep(e, a.inputs[2], cd, &shape);
-            let d = e.sub(x, t);
-            let n = norm(reduction, out.numel());
-            let r = match a.op {
-                MseLossBackward => {
-                    // 2 / numel (mean) or 2, times (x - t) times g
-                    let c = k(e, d, 2.0 * n);
-                    let cd_ = e.mul(c, d);
-                    e.mul(cd_, g)
-                }
-                _ => {
-                    let p = prep(e, a.scalars[0], cd, &shape);
-                    let np = e.neg(p);
-                    let c = k(e, g, n);
-                    let ng = e.mul(c, g);
-                    let nng = e.neg(ng);
-                    let low = e.compare(Cmp::Le, d, np);
-                    let high = e.compare(Cmp::Ge, d, p);
-                    let (lo, hi, mid) = if a.op == SmoothL1LossBackward {
-                        // -norm g, norm g, norm (x - t) g / beta
-                        let dg = e.mul(ng, d);
-                        (nng, ng, e.div(dg, p))
-                    } else {
-                        // -norm g delta, norm g delta, norm (x - t) g
-                        let lo = e.mul(nng, p);
-                        let hi = e.mul(ng, p);
-                        let c = k(e, d, n);
-                        let cd_ = e.mul(c, d);
-                        (lo, hi, e.mul(cd_, g))
-                    };
-                    let r = e.select(high, hi, mid);
-                    e.select(low, lo, r)
-                }
-            };
-            Ok(vec![e.convert(r, out.dtype)])
-        }
-        BinaryCrossEntropy => {
-            let shape = e.shape(a.inputs[0]).to_vec();
-            let x = e.convert(a.inputs[0], cd);
-            let t = prep(e, a.inputs[1], cd, &shape);
-            // (t - 1) * max(log1p(-x), -100) - t * max(log(x), -100)
-            let floor = k(e, x, -100.0);
-            let nx = e.neg(x);
-            let l1 = e.unary("stablehlo.log_plus_one", nx);
-            let l1 = e.max(l1, floor);
-            let l0 = e.log(x);
-            let l0 = e.max(l0, floor);
-            let one = k(e, x, 1.0);
-            let tm1 = e.sub(t, one);
-            let a1 = e.mul(tm1, l1);
-            let a0 = e.mul(t, l0);
-            let mut loss = e.sub(a1, a0);
-            if let Some(&w) = a.inputs.get(2) {
-                let w = prep(e, w, cd, &shape);
-                loss = e.mul(loss, w);
-            }
-            let r = reduce(e, loss, reduction);
-            Ok(vec![e.convert(r, out.dtype)])
-        }
-        BinaryCrossEntropyBackward => {
-            let shape = out.shape.clone();
-            let g = prep(e, a.inputs[0], cd, &shape);
-            let x = prep(e, a.inputs[1], cd, &shape);
-            let t = prep(e, a.inputs[2], cd, &shape);
-            // g * (x - t) / max((1 - x) * x, 1e-12), times the weight, over numel for a mean
-            let one = k(e, x, 1.0);
-            let omx = e.sub(one, x);
-            let den = e.mul(omx, x);
-            let eps = k(e, x, 1e-12);
-            let den = e.max(den, eps);
-            let d = e.sub(x, t);
-            let gd = e.mul(g, d);
-            let mut r = e.div(gd, den);
-            if let Some(&w) = a.inputs.get(3) {
-                let w = prep(e, w, cd, &shape);
-                r = e.mul(r, w);
-            }
-            if reduction == Reduction::Mean {
-                let n = k(e, r, out.numel() as f64);
-                r = e.div(r, n);
-            }
-            Ok(vec![e.convert(r, out.dtype)])
-        }
-        NllLoss2d => {
-            let ignore_index = a.params.get(1)?;
-            let x = e.convert(a.inputs[0], cd);
-            let (mask, w) = nll_weights(e, x, a.inputs[1], a.inputs.get(2).copied(), ignore_index);
-            // Per-position loss -w[target] * x[target]; other classes contribute nothing,
-            // even where x is -inf.
-            let wx = e.mul(w, x);
-            let zero = k(e, x, 0.0);
-            let wx = e.select(mask, wx, zero);
-            let picked = e.reduce_sum(wx, &[1]);
-            let loss = e.neg(picked);
-            let wsum = e.reduce_sum(w, &[1]);
-            let all: Vec<usize> = (0..3).collect();
-            let (r, total) = match reduction {
-                Reduction::None => (loss, e.f64_constant(cd, 0.0)),
-                Reduction::Sum | Reduction::Mean => {
-                    let s = e.reduce_sum(loss, &all);
-                    let total = e.reduce_sum(wsum, &all);
-                    if reduction == Reduction::Mean {
-                        (e.div(s, total), total)
-                    } else {
-                        (s, total)
-                    }
-                }
-            };
-            Ok(vec![e.convert(r, out.dtype), e.convert(total, out.dtype)])
-        }
-        NllLoss2dBackward => {
-            let ignore_index = a.params.get(1)?;
-            let (g, x, target, total) = (a.inputs[0], a.inputs[1], a.inputs[2], a.inputs[3]);
-            let shape = out.shape.clone();
-            let xc = e.convert(x, cd);
-            let (_, w) = nll_weights(e, xc, target, a.inputs.get(4).copied(), ignore_index);
-            let g = e.convert(g, cd);
-            let g = match reduction {
-                Reduction::None => e.broadcast_in_dim(g, &shape, &[0, 2, 3]),
-                Reduction::Mean => {
-                    let t = e.convert(total, cd);
-                    let q = e.div(g, t);
-                    e.broadcast_to(q, &shape)
-                }
-                Reduction::Sum => e.broadcast_to(g, &shape),
-            };
-            let wg = e.mul(w, g);
-            let r = e.neg(wg);
-            Ok(vec![e.convert(r, out.dtype)])
-        }
-        op => Err(OpError::runtime(format!("{}: not a loss op", op.name()))),
-    }
 }
 
 /// For `x` of shape `[N, C, H, W]` and `target` `[N, H, W]`: the one-hot mask of each

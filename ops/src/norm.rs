@@ -8,16 +8,14 @@ use crate::dtype::{DType, Shape, TensorType};
 use crate::elementwise::{k, not_implemented_for};
 use crate::emitter::{Emitter, Value};
 use crate::error::{ensure, OpError};
-use crate::params::{wrap_dim, Params};
+use crate::param_layout as layout;
+use crate::params::wrap_dim;
 use crate::reduce::sum_keepdim;
 use crate::{LowerArgs, Meta, MetaArgs, MetaOutputs, OpId, ScalarDTypes};
 
-// ---- argument helpers ---------------------------------------------------------------------
+crate::family_rule!(NormOps);
 
-/// The presence flags `params[first..first + n]` of an op's optional inputs.
-fn flags(p: &Params, first: usize, n: usize) -> Result<Vec<bool>, OpError> {
-    (first..first + n).map(|i| p.flag(i)).collect()
-}
+// ---- argument helpers ---------------------------------------------------------------------
 
 /// The optional inputs after the `required` ones, placed by their presence flags.
 fn optional<T: Copy>(
@@ -46,18 +44,20 @@ fn optional<T: Copy>(
         .collect())
 }
 
-/// The output-mask bits (1 = input, 2 = weight, 4 = bias) of a backward op.
-fn mask(p: &Params, i: usize) -> Result<[bool; 3], OpError> {
-    let bits = p.get(i)?;
-    if !(0..8).contains(&bits) {
-        return Err(p.invalid("the output mask has three bits"));
-    }
-    Ok([bits & 1 != 0, bits & 2 != 0, bits & 4 != 0])
-}
-
 /// PyTorch's CPU rule for normalization parameters: a parameter whose dtype differs from the
 /// input's is allowed only as f32 beside a bf16/f16 input ("mixed type"), and then statistics are
 /// kept in f32. Returns the dtype of the statistics and parameter gradients.
+/// Which of batch norm backward's optional inputs are present, in input order.
+fn batch_norm_backward_presence(l: &layout::BatchNormBackward) -> [bool; 5] {
+    [
+        l.has_weight,
+        l.has_running_mean,
+        l.has_running_var,
+        l.has_save_mean,
+        l.has_save_invstd,
+    ]
+}
+
 fn param_dtype(input: DType, params: &[Option<&TensorType>]) -> Result<DType, OpError> {
     let mixed = params.iter().flatten().any(|t| t.dtype != input);
     if !mixed {
@@ -122,13 +122,7 @@ fn three(a: TensorType, b: TensorType, c: TensorType) -> Meta {
 }
 
 /// Group norm's `N, C, HxW, group` params, checked against the input as PyTorch does.
-fn group_dims(p: &Params, first: usize, x: &TensorType) -> Result<[i64; 4], OpError> {
-    let [n, c, hxw, group] = [
-        p.get(first)?,
-        p.get(first + 1)?,
-        p.get(first + 2)?,
-        p.get(first + 3)?,
-    ];
+fn group_dims([n, c, hxw, group]: [i64; 4], x: &TensorType) -> Result<[i64; 4], OpError> {
     ensure!(
         group > 0,
         "Expected num groups to be greater than 0, got {group}"
@@ -196,10 +190,16 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
     match a.op {
         NativeBatchNorm => {
             a.expect_counts(1..=5, 0..=0)?;
-            let opt = optional(a.op, &i.iter().collect::<Vec<_>>(), 1, &flags(p, 0, 4)?)?;
+            let l = layout::BatchNorm::decode(p)?;
+            let present = [
+                l.has_weight,
+                l.has_bias,
+                l.has_running_mean,
+                l.has_running_var,
+            ];
+            let opt = optional(a.op, &i.iter().collect::<Vec<_>>(), 1, &present)?;
             let (x, [w, b, rm, rv]) = (&i[0], [opt[0], opt[1], opt[2], opt[3]]);
-            let training = p.flag(4)?;
-            p.f64(5)?;
+            let training = l.training;
             let c = channels(x)?;
             if rm.is_some() != rv.is_some() {
                 return Err(OpError::value(
@@ -247,12 +247,16 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
         }
         NativeBatchNormBackward => {
             a.expect_counts(2..=7, 0..=0)?;
-            let opt = optional(a.op, &i.iter().collect::<Vec<_>>(), 2, &flags(p, 0, 5)?)?;
+            let l = layout::BatchNormBackward::decode(p)?;
+            let opt = optional(
+                a.op,
+                &i.iter().collect::<Vec<_>>(),
+                2,
+                &batch_norm_backward_presence(&l),
+            )?;
             let (g, x) = (&i[0], &i[1]);
             let [w, rm, rv, sm, si] = [opt[0], opt[1], opt[2], opt[3], opt[4]];
-            let train = p.flag(5)?;
-            p.f64(6)?;
-            mask(p, 7)?;
+            let train = l.train;
             same_shape(a.op, g, x)?;
             let c = channels(x)?;
             check_numel("weight", w, c)?;
@@ -278,10 +282,11 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
         }
         NativeLayerNorm => {
             a.expect_counts(1..=3, 0..=0)?;
-            let opt = optional(a.op, &i.iter().collect::<Vec<_>>(), 1, &flags(p, 0, 2)?)?;
+            let l = layout::LayerNorm::decode(p)?;
+            let present = [l.has_weight, l.has_bias];
+            let opt = optional(a.op, &i.iter().collect::<Vec<_>>(), 1, &present)?;
             let (x, w, b) = (&i[0], opt[0], opt[1]);
-            p.f64(2)?;
-            let normalized = p.rest(3);
+            let normalized = l.normalized_shape;
             ensure!(
                 !normalized.is_empty(),
                 "Expected normalized_shape to be at least 1-dimensional, i.e., containing at least one element, but got normalized_shape = []"
@@ -298,11 +303,12 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
         }
         NativeLayerNormBackward => {
             a.expect_counts(4..=6, 0..=0)?;
-            let opt = optional(a.op, &i.iter().collect::<Vec<_>>(), 4, &flags(p, 0, 2)?)?;
+            let l = layout::LayerNormBackward::decode(p)?;
+            let present = [l.has_weight, l.has_bias];
+            let opt = optional(a.op, &i.iter().collect::<Vec<_>>(), 4, &present)?;
             let (g, x, mean, rstd) = (&i[0], &i[1], &i[2], &i[3]);
             let (w, b) = (opt[0], opt[1]);
-            mask(p, 2)?;
-            let normalized = p.rest(3);
+            let normalized = l.normalized_shape;
             same_shape(a.op, g, x)?;
             let axis = layer_axis(x, normalized)?;
             layer_param("weight", w, normalized)?;
@@ -324,10 +330,11 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
         }
         NativeGroupNorm => {
             a.expect_counts(1..=3, 0..=0)?;
-            let opt = optional(a.op, &i.iter().collect::<Vec<_>>(), 1, &flags(p, 0, 2)?)?;
+            let l = layout::GroupNorm::decode(p)?;
+            let present = [l.has_weight, l.has_bias];
+            let opt = optional(a.op, &i.iter().collect::<Vec<_>>(), 1, &present)?;
             let (x, w, b) = (&i[0], opt[0], opt[1]);
-            p.f64(6)?;
-            let [n, c, _, group] = group_dims(p, 2, x)?;
+            let [n, c, _, group] = group_dims([l.n, l.c, l.hxw, l.group], x)?;
             group_param("weight", w, c, x)?;
             group_param("bias", b, c, x)?;
             let pd = param_dtype(x.dtype, &[w, b])?;
@@ -337,10 +344,10 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
         }
         NativeGroupNormBackward => {
             a.expect_counts(4..=5, 0..=0)?;
-            let opt = optional(a.op, &i.iter().collect::<Vec<_>>(), 4, &flags(p, 0, 1)?)?;
+            let l = layout::GroupNormBackward::decode(p)?;
+            let opt = optional(a.op, &i.iter().collect::<Vec<_>>(), 4, &[l.has_weight])?;
             let (g, x, mean, rstd, w) = (&i[0], &i[1], &i[2], &i[3], opt[0]);
-            let [n, c, _, group] = group_dims(p, 1, x)?;
-            mask(p, 5)?;
+            let [n, c, _, group] = group_dims([l.n, l.c, l.hxw, l.group], x)?;
             same_shape(a.op, g, x)?;
             group_param("weight", w, c, x)?;
             for (name, t) in [("mean", mean), ("rstd", rstd)] {
@@ -469,11 +476,16 @@ fn batch_dims(rank: usize) -> Vec<usize> {
 }
 
 fn lower_batch_norm(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
-    let p = &a.params;
-    let opt = optional(a.op, a.inputs, 1, &flags(p, 0, 4)?)?;
+    let l = layout::BatchNorm::decode(&a.params)?;
+    let present = [
+        l.has_weight,
+        l.has_bias,
+        l.has_running_mean,
+        l.has_running_var,
+    ];
+    let opt = optional(a.op, a.inputs, 1, &present)?;
     let (w, b, rm, rv) = (opt[0], opt[1], opt[2], opt[3]);
-    let training = p.flag(4)?;
-    let eps = p.f64(5)?;
+    let (training, eps) = (l.training, l.eps);
     let (out, stat) = (a.out(0).clone(), a.out(1).clone());
     let cd = out.dtype.compute_dtype();
     let x = e.convert(a.inputs[0], cd);
@@ -540,12 +552,10 @@ fn lower_running_stats(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpE
 }
 
 fn lower_batch_norm_backward(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
-    let p = &a.params;
-    let opt = optional(a.op, a.inputs, 2, &flags(p, 0, 5)?)?;
+    let l = layout::BatchNormBackward::decode(&a.params)?;
+    let opt = optional(a.op, a.inputs, 2, &batch_norm_backward_presence(&l))?;
     let (w, rm, rv, sm, si) = (opt[0], opt[1], opt[2], opt[3], opt[4]);
-    let train = p.flag(5)?;
-    let eps = p.f64(6)?;
-    let m = mask(p, 7)?;
+    let (train, eps, m) = (l.train, l.eps, l.output_mask);
     let (gi_ty, gw_ty) = (a.out(0).clone(), a.out(1).clone());
     let cd = gi_ty.dtype.compute_dtype();
     let g = e.convert(a.inputs[0], cd);
@@ -622,10 +632,9 @@ fn trailing(e: &mut Emitter, v: Value, dtype: DType, shape: &[i64]) -> Value {
 }
 
 fn lower_layer_norm(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
-    let p = &a.params;
-    let opt = optional(a.op, a.inputs, 1, &flags(p, 0, 2)?)?;
-    let eps = p.f64(2)?;
-    let normalized = p.rest(3);
+    let l = layout::LayerNorm::decode(&a.params)?;
+    let opt = optional(a.op, a.inputs, 1, &[l.has_weight, l.has_bias])?;
+    let (eps, normalized) = (l.eps, l.normalized_shape);
     let (out, stat) = (a.out(0).clone(), a.out(1).clone());
     let cd = out.dtype.compute_dtype();
     let x = e.convert(a.inputs[0], cd);
@@ -651,10 +660,9 @@ fn lower_layer_norm(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpErro
 }
 
 fn lower_layer_norm_backward(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
-    let p = &a.params;
-    let opt = optional(a.op, a.inputs, 4, &flags(p, 0, 2)?)?;
-    let m = mask(p, 2)?;
-    let normalized = p.rest(3);
+    let l = layout::LayerNormBackward::decode(&a.params)?;
+    let opt = optional(a.op, a.inputs, 4, &[l.has_weight, l.has_bias])?;
+    let (m, normalized) = (l.output_mask, l.normalized_shape);
     let (gi_ty, gw_ty, gb_ty) = (a.out(0).clone(), a.out(1).clone(), a.out(2).clone());
     let cd = gi_ty.dtype.compute_dtype();
     let g = e.convert(a.inputs[0], cd);
@@ -704,10 +712,10 @@ fn lower_layer_norm_backward(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value
 }
 
 fn lower_group_norm(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
-    let p = &a.params;
-    let opt = optional(a.op, a.inputs, 1, &flags(p, 0, 2)?)?;
-    let [n, c, hxw, group] = [p.get(2)?, p.get(3)?, p.get(4)?, p.get(5)?];
-    let eps = p.f64(6)?;
+    let l = layout::GroupNorm::decode(&a.params)?;
+    let opt = optional(a.op, a.inputs, 1, &[l.has_weight, l.has_bias])?;
+    let [n, c, hxw, group] = [l.n, l.c, l.hxw, l.group];
+    let eps = l.eps;
     let (out, stat) = (a.out(0).clone(), a.out(1).clone());
     let cd = out.dtype.compute_dtype();
     let x = e.convert(a.inputs[0], cd);
@@ -736,10 +744,10 @@ fn lower_group_norm(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpErro
 }
 
 fn lower_group_norm_backward(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
-    let p = &a.params;
-    let opt = optional(a.op, a.inputs, 4, &flags(p, 0, 1)?)?;
-    let [n, c, hxw, group] = [p.get(1)?, p.get(2)?, p.get(3)?, p.get(4)?];
-    let m = mask(p, 5)?;
+    let l = layout::GroupNormBackward::decode(&a.params)?;
+    let opt = optional(a.op, a.inputs, 4, &[l.has_weight])?;
+    let [n, c, hxw, group] = [l.n, l.c, l.hxw, l.group];
+    let m = l.output_mask;
     let (gi_ty, gw_ty) = (a.out(0).clone(), a.out(1).clone());
     let cd = gi_ty.dtype.compute_dtype();
     let d = c / group;

@@ -11,8 +11,11 @@
 use crate::dtype::{DType, TensorType};
 use crate::emitter::{Cmp, Emitter, Value};
 use crate::error::{ensure, OpError};
+use crate::param_layout as layout;
 use crate::params::Params;
 use crate::{LowerArgs, Meta, MetaArgs, MetaOutputs, OpId, ScalarDTypes};
+
+crate::family_rule!(OptimOps);
 
 /// Where the optional inputs sit, given their presence flags (in layout order).
 fn place(
@@ -41,12 +44,7 @@ fn place(
         .collect())
 }
 
-fn flags(p: &Params, first: usize, n: usize) -> Result<Vec<bool>, OpError> {
-    (first..first + n).map(|i| p.flag(i)).collect()
-}
-
-/// The Adam layout: `[amsgrad, maximize, adamw, lr_is_tensor, has_found_inf, weight_decay_on,
-/// small_lerp_weight]`.
+/// Adam's flags (layout `FusedAdamFlags`) with its optional inputs placed.
 struct AdamFlags {
     amsgrad: bool,
     maximize: bool,
@@ -61,22 +59,21 @@ struct AdamFlags {
 }
 
 fn adam_flags(op: OpId, p: &Params, count: usize) -> Result<AdamFlags, OpError> {
-    let f = flags(p, 0, 7)?;
-    let at = place(op, count, 5, &[f[0], f[3], f[4]])?;
+    let f = layout::FusedAdamFlags::decode(p)?;
+    let at = place(op, count, 5, &[f.amsgrad, f.lr_is_tensor, f.has_found_inf])?;
     Ok(AdamFlags {
-        amsgrad: f[0],
-        maximize: f[1],
-        adamw: f[2],
-        weight_decay: f[5],
-        small_lerp_weight: f[6],
+        amsgrad: f.amsgrad,
+        maximize: f.maximize,
+        adamw: f.adamw,
+        weight_decay: f.weight_decay,
+        small_lerp_weight: f.small_lerp_weight,
         max_exp_avg_sq: at[0],
         lr: at[1],
         found_inf: at[2],
     })
 }
 
-/// The SGD layout: `[nesterov, maximize, is_first_step, has_momentum_buffer, lr_is_tensor,
-/// has_found_inf, weight_decay_on]`.
+/// SGD's flags (layout `FusedSgdFlags`) with its optional inputs placed.
 struct SgdFlags {
     nesterov: bool,
     maximize: bool,
@@ -88,13 +85,18 @@ struct SgdFlags {
 }
 
 fn sgd_flags(op: OpId, p: &Params, count: usize) -> Result<SgdFlags, OpError> {
-    let f = flags(p, 0, 7)?;
-    let at = place(op, count, 2, &[f[3], f[4], f[5]])?;
+    let f = layout::FusedSgdFlags::decode(p)?;
+    let at = place(
+        op,
+        count,
+        2,
+        &[f.has_momentum_buffer, f.lr_is_tensor, f.has_found_inf],
+    )?;
     Ok(SgdFlags {
-        nesterov: f[0],
-        maximize: f[1],
-        first_step: f[2],
-        weight_decay: f[6],
+        nesterov: f.nesterov,
+        maximize: f.maximize,
+        first_step: f.is_first_step,
+        weight_decay: f.weight_decay,
         momentum_buffer: at[0],
         lr: at[1],
         found_inf: at[2],

@@ -12,8 +12,10 @@
 //! (the one growing extent of a sequence); an append along it ([`lower_append`]) makes a longer
 //! one.
 
+use crate::param_layout::{self as layout, ParamLayout};
 use crate::{
-    meta, Cmp, DType, Emitter, Meta, OpError, OpId, ScalarArg, ScalarValue, TensorType, Value,
+    meta, Cmp, DType, Emitter, Meta, OpError, OpId, Params, ScalarArg, ScalarValue, TensorType,
+    Value,
 };
 use smallvec::SmallVec;
 
@@ -232,18 +234,52 @@ fn norm_dim(dim: i64, rank: usize) -> Option<usize> {
     (0..r).contains(&d).then_some(d as usize)
 }
 
-/// The reduced dims of a reduction whose dim list starts at param `from` (none: all dims).
-fn reduced(params: &[i64], from: usize, rank: usize, dim: usize) -> bool {
-    let dims = params.get(from..).unwrap_or(&[]);
-    dims.is_empty() || dims.iter().any(|&d| norm_dim(d, rank) == Some(dim))
+/// Whether a dim-list reduction reduces `dim` (an empty list reduces them all).
+fn reduced(p: &Params, rank: usize, dim: usize) -> bool {
+    let dims = match p.op().param_layout() {
+        ParamLayout::ReduceDims => layout::ReduceDims::decode(p).map(|l| l.dims),
+        ParamLayout::ReduceDtypeDims => layout::ReduceDtypeDims::decode(p).map(|l| l.dims),
+        ParamLayout::ReduceCorrectionDims => {
+            layout::ReduceCorrectionDims::decode(p).map(|l| l.dims)
+        }
+        _ => return false,
+    };
+    match dims {
+        Ok(dims) => dims.is_empty() || dims.iter().any(|&d| norm_dim(d, rank) == Some(dim)),
+        Err(_) => false,
+    }
+}
+
+/// The one dim an op works along, for the layouts that name one.
+fn working_dim(p: &Params) -> Option<i64> {
+    match p.op().param_layout() {
+        ParamLayout::Dim => layout::Dim::decode(p).ok().map(|l| l.dim),
+        ParamLayout::DimDtype => layout::DimDtype::decode(p).ok().map(|l| l.dim),
+        ParamLayout::SoftmaxDim => layout::SoftmaxDim::decode(p).ok().map(|l| l.dim),
+        ParamLayout::SoftmaxBackwardDim => {
+            layout::SoftmaxBackwardDim::decode(p).ok().map(|l| l.dim)
+        }
+        ParamLayout::ArgReduce => layout::ArgReduce::decode(p).ok().and_then(|l| l.dim),
+        _ => None,
+    }
+}
+
+/// How many trailing dims a layer norm (or its backward op) normalizes over.
+fn normalized_rank(p: &Params) -> usize {
+    let shape = match p.op() {
+        OpId::NativeLayerNorm => layout::LayerNorm::decode(p).map(|l| l.normalized_shape),
+        _ => layout::LayerNormBackward::decode(p).map(|l| l.normalized_shape),
+    };
+    shape.map_or(0, |s| s.len())
 }
 
 /// How `op` treats dimension `dim` of input `input` (of rank `rank`).
 fn along(op: OpId, params: &[i64], input: usize, rank: usize, dim: usize) -> Along {
     use OpId::*;
-    let param_dim = |i: usize| params.get(i).and_then(|&d| norm_dim(d, rank));
-    let reduce_with = |from: usize, fill: PadFill| {
-        if reduced(params, from, rank, dim) {
+    let params = Params::new(op, params);
+    let op_dim = || working_dim(&params).and_then(|d| norm_dim(d, rank));
+    let reduce_with = |fill: PadFill| {
+        if reduced(&params, rank, dim) {
             Along::Combined(fill)
         } else {
             Along::Independent
@@ -253,17 +289,17 @@ fn along(op: OpId, params: &[i64], input: usize, rank: usize, dim: usize) -> Alo
         // Moving or relabelling ops whose params are sizes or positions: the view machinery's.
         Expand | Reshape | Permute | Transpose | Slice | Select => Along::Unsupported,
         _ if op.is_pointwise() => Along::Independent,
-        Sum => reduce_with(2, PadFill::Zero),
-        Prod => reduce_with(2, PadFill::One),
-        Amax => reduce_with(1, PadFill::Lowest),
-        Amin => reduce_with(1, PadFill::Highest),
-        Any => reduce_with(1, PadFill::Zero),
-        All => reduce_with(1, PadFill::One),
-        Logsumexp => reduce_with(1, PadFill::Lowest),
+        Sum => reduce_with(PadFill::Zero),
+        Prod => reduce_with(PadFill::One),
+        Amax => reduce_with(PadFill::Lowest),
+        Amin => reduce_with(PadFill::Highest),
+        Any => reduce_with(PadFill::Zero),
+        All => reduce_with(PadFill::One),
+        Logsumexp => reduce_with(PadFill::Lowest),
         // A mean or a variance counts the padding.
-        Mean => reduce_with(2, PadFill::Zero).independent_or_unsupported(),
-        Var | Std => reduce_with(2, PadFill::Zero).independent_or_unsupported(),
-        Argmax | Argmin => match param_dim(1) {
+        Mean => reduce_with(PadFill::Zero).independent_or_unsupported(),
+        Var | Std => reduce_with(PadFill::Zero).independent_or_unsupported(),
+        Argmax | Argmin => match op_dim() {
             // Without a dim the index is into the flattened padded tensor.
             None => Along::Unsupported,
             Some(d) if d != dim => Along::Independent,
@@ -274,12 +310,12 @@ fn along(op: OpId, params: &[i64], input: usize, rank: usize, dim: usize) -> Alo
                 PadFill::Highest
             }),
         },
-        Softmax | LogSoftmax | SafeSoftmax => match param_dim(0) {
+        Softmax | LogSoftmax | SafeSoftmax => match op_dim() {
             Some(d) if d == dim => Along::Combined(PadFill::Lowest),
             Some(_) => Along::Independent,
             None => Along::Unsupported,
         },
-        Cumsum | Cumprod | Logcumsumexp => match param_dim(0) {
+        Cumsum | Cumprod | Logcumsumexp => match op_dim() {
             Some(d) if d == dim => Along::Prefix,
             Some(_) => Along::Independent,
             None => Along::Unsupported,
@@ -304,12 +340,12 @@ fn along(op: OpId, params: &[i64], input: usize, rank: usize, dim: usize) -> Alo
             _ => Along::Unsupported,
         },
         // Along another dimension every input must be padded alike (meta checks the sizes).
-        Cat => match param_dim(0) {
+        Cat => match op_dim() {
             Some(d) if d != dim => Along::Independent,
             _ => Along::Unsupported,
         },
         NativeLayerNorm => {
-            let normalized = params.len().saturating_sub(3);
+            let normalized = normalized_rank(&params);
             if input == 0 && dim + normalized < rank {
                 Along::Independent
             } else {
@@ -320,13 +356,13 @@ fn along(op: OpId, params: &[i64], input: usize, rank: usize, dim: usize) -> Alo
         // are the padding of the result.
         Embedding if input == 1 => Along::Combined(PadFill::Zero),
         // grad_input = output * (grad - sum(grad * output)): both zero in the padding.
-        SoftmaxBackward => match param_dim(0) {
+        SoftmaxBackward => match op_dim() {
             Some(d) if d == dim => Along::Combined(PadFill::Zero),
             Some(_) => Along::Independent,
             None => Along::Unsupported,
         },
         // grad_input = grad - exp(output) * sum(grad): the sum needs the grad zero there.
-        LogSoftmaxBackward => match param_dim(0) {
+        LogSoftmaxBackward => match op_dim() {
             Some(d) if d == dim && input == 0 => Along::Combined(PadFill::Zero),
             Some(_) => Along::Independent,
             None => Along::Unsupported,
@@ -335,7 +371,7 @@ fn along(op: OpId, params: &[i64], input: usize, rank: usize, dim: usize) -> Alo
         // so every row operand is zero in the padding (a zero row adds nothing, even through
         // its normalized value (0 - 0) * 0).
         NativeLayerNormBackward if input < 4 => {
-            let normalized = params.len().saturating_sub(3);
+            let normalized = normalized_rank(&params);
             if dim + normalized < rank {
                 Along::Combined(PadFill::Zero)
             } else {
@@ -358,11 +394,14 @@ fn along(op: OpId, params: &[i64], input: usize, rank: usize, dim: usize) -> Alo
         Tril | Triu => Along::Independent,
         // `self[indices] += values` (and `index_add`): a padded position's index reads as 0
         // and its value as zero, so it adds nothing. Without accumulating it would write.
-        IndexPut if input >= 1 && params.first().is_some_and(|&a| a != 0) => {
+        IndexPut
+            if input >= 1
+                && layout::IndexPutDims::decode(&params).is_ok_and(|l| l.accumulate != 0) =>
+        {
             Along::Combined(PadFill::Zero)
         }
         IndexSelect if input == 1 => Along::Combined(PadFill::Zero),
-        IndexSelect if input == 0 => match param_dim(0) {
+        IndexSelect if input == 0 => match op_dim() {
             Some(d) if d != dim => Along::Independent,
             _ => Along::Unsupported,
         },

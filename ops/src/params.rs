@@ -50,12 +50,13 @@ impl<'a> Params<'a> {
         Params { op, values }
     }
 
-    pub fn len(&self) -> usize {
-        self.values.len()
+    pub fn op(&self) -> OpId {
+        self.op
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.values.is_empty()
+    /// The raw values; read them by name through the op's layout struct instead.
+    pub fn values(&self) -> &'a [i64] {
+        self.values
     }
 
     pub fn invalid(&self, what: &str) -> OpError {
@@ -63,79 +64,8 @@ impl<'a> Params<'a> {
             "{}: invalid static params {:?} ({what}); expected the layout {}",
             self.op.name(),
             self.values,
-            self.op.params_layout()
+            self.op.param_layout().describe()
         ))
-    }
-
-    pub fn get(&self, i: usize) -> Result<i64, OpError> {
-        self.values
-            .get(i)
-            .copied()
-            .ok_or_else(|| self.invalid(&format!("missing param {i}")))
-    }
-
-    pub fn get_or(&self, i: usize, default: i64) -> i64 {
-        self.values.get(i).copied().unwrap_or(default)
-    }
-
-    pub fn flag(&self, i: usize) -> Result<bool, OpError> {
-        match self.get(i)? {
-            0 => Ok(false),
-            1 => Ok(true),
-            _ => Err(self.invalid(&format!("param {i} must be 0 or 1"))),
-        }
-    }
-
-    pub fn dtype(&self, i: usize) -> Result<DType, OpError> {
-        self.dtype_opt(i)?
-            .ok_or_else(|| self.invalid(&format!("param {i} must be a dtype code")))
-    }
-
-    pub fn dtype_opt(&self, i: usize) -> Result<Option<DType>, OpError> {
-        let code = self.get(i)?;
-        if code == -1 {
-            return Ok(None);
-        }
-        DType::from_code(code as i32)
-            .map(Some)
-            .ok_or_else(|| self.invalid(&format!("unsupported dtype code {code}")))
-    }
-
-    pub fn f64(&self, i: usize) -> Result<f64, OpError> {
-        Ok(f64::from_bits(self.get(i)? as u64))
-    }
-
-    /// The params from `i` on (empty when there are fewer).
-    pub fn rest(&self, i: usize) -> &'a [i64] {
-        self.values.get(i..).unwrap_or(&[])
-    }
-
-    pub fn rounding_mode(&self, i: usize) -> Result<RoundingMode, OpError> {
-        match self.get_or(i, 0) {
-            0 => Ok(RoundingMode::True),
-            1 => Ok(RoundingMode::Trunc),
-            2 => Ok(RoundingMode::Floor),
-            _ => Err(self.invalid("rounding mode must be 0, 1 or 2")),
-        }
-    }
-
-    pub fn reduction(&self, i: usize) -> Result<Reduction, OpError> {
-        match self.get(i)? {
-            0 => Ok(Reduction::None),
-            1 => Ok(Reduction::Mean),
-            2 => Ok(Reduction::Sum),
-            _ => Err(self.invalid("reduction must be 0, 1 or 2")),
-        }
-    }
-
-    pub fn operand_kind(&self, i: usize, default: OperandKind) -> Result<OperandKind, OpError> {
-        match self.values.get(i) {
-            None => Ok(default),
-            Some(0) => Ok(OperandKind::Absent),
-            Some(1) => Ok(OperandKind::Tensor),
-            Some(2) => Ok(OperandKind::Scalar),
-            Some(_) => Err(self.invalid("operand kind must be 0, 1 or 2")),
-        }
     }
 }
 

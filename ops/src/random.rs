@@ -9,8 +9,11 @@ use crate::dtype::{DType, ScalarValue, TensorType};
 use crate::elementwise::not_implemented_for;
 use crate::emitter::{Cmp, Emitter, Value};
 use crate::error::{ensure, OpError};
+use crate::param_layout as layout;
 use crate::promote::broadcast_shapes;
 use crate::{LowerArgs, Meta, MetaArgs, OpId};
+
+crate::family_rule!(RandomOps);
 
 /// The dtype uniform values are drawn in for results of `dtype`: f64 keeps 53 random bits,
 /// everything else 24 (f32's mantissa; f16 and bf16 results are rounded from it).
@@ -38,8 +41,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
     match a.op {
         Uniform | Normal => {
             a.expect_counts(0..=0, 3..=3)?;
-            let dtype = p.dtype(0)?;
-            let sizes = p.rest(1);
+            let layout::Creation { dtype, sizes } = layout::Creation::decode(p)?;
             check_sizes(sizes)?;
             if a.op == Uniform {
                 if !dtype.is_float() {
@@ -72,9 +74,11 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
         }
         RandomInt => {
             a.expect_counts(0..=0, 3..=3)?;
-            let dtype = p.dtype(0)?;
-            let full_range = p.flag(1)?;
-            let sizes = p.rest(2);
+            let layout::RandomIntDraw {
+                dtype,
+                full_range,
+                sizes,
+            } = layout::RandomIntDraw::decode(p)?;
             check_sizes(sizes)?;
             if !full_range {
                 let (from, to) = (scalar(0).as_i64(), scalar(1).as_i64());
@@ -90,8 +94,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
         }
         Bernoulli => {
             a.expect_counts(0..=1, 1..=2)?;
-            let dtype = p.dtype(0)?;
-            let sizes = p.rest(1);
+            let layout::Creation { dtype, sizes } = layout::Creation::decode(p)?;
             check_sizes(sizes)?;
             let out = TensorType::new(dtype, sizes);
             match a.inputs.first() {
@@ -133,7 +136,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
                 (0.0..=1.0).contains(&prob),
                 "dropout probability has to be between 0 and 1, but got {prob}"
             );
-            p.flag(0)?;
+            layout::DropoutTrain::decode(p)?;
             Ok(Meta {
                 outputs: smallvec::smallvec![input.clone(), input.with_dtype(DType::Bool)],
                 scalar_dtypes: smallvec::smallvec![input.dtype.compute_dtype(), DType::I64],
@@ -253,7 +256,7 @@ pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpErro
                 ScalarValue::Int(i64::MAX),
             );
             let bits = e.and(words, mask);
-            let v = if a.params.flag(1)? {
+            let v = if layout::RandomIntDraw::decode(&a.params)?.full_range {
                 bits
             } else {
                 // PyTorch's own reduction: the word modulo the range, plus `from`.
@@ -288,7 +291,7 @@ pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpErro
         NativeDropout => {
             let input = a.inputs[0];
             let mask_ty = out.with_dtype(DType::Bool);
-            if !a.params.flag(0)? {
+            if !layout::DropoutTrain::decode(&a.params)?.train {
                 let all = e.constant(mask_ty, ScalarValue::Bool(true));
                 return Ok(vec![input, all]);
             }

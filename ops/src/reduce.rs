@@ -6,9 +6,12 @@ use crate::dtype::{DType, ScalarValue, Shape, TensorType};
 use crate::elementwise::{is_nan, k, not_implemented_for};
 use crate::emitter::{i64_array, Cmp, Emitter, Value};
 use crate::error::{ensure, OpError};
-use crate::params::{wrap_dim, wrap_dims};
+use crate::param_layout::{self as layout, ParamLayout};
+use crate::params::{wrap_dim, wrap_dims, Params};
 use crate::promote::{result_type, to_float, Operand};
 use crate::{LowerArgs, Meta, MetaArgs, OpId};
+
+crate::family_rule!(ReduceOps);
 
 /// The shape after reducing `dims` (kept as size 1 when `keepdim`).
 pub fn reduced_shape(shape: &[i64], dims: &[usize], keepdim: bool) -> Shape {
@@ -27,37 +30,61 @@ pub fn reduced_shape(shape: &[i64], dims: &[usize], keepdim: bool) -> Shape {
         .collect()
 }
 
-/// Where each param group of a dim-list reduction starts: (keepdim, dtype?, extra?, dims).
-struct Layout {
-    dtype_at: Option<usize>,
-    value_at: Option<usize>,
-    dims_at: usize,
+/// The params of a dim-list reduction, whichever of its four layouts the op's row names.
+struct DimReduction<'a> {
+    keepdim: bool,
+    /// The result dtype asked for (`sum`, `mean`, `prod`, `linalg_vector_norm`).
+    dtype: Option<DType>,
+    /// `var`/`std`'s correction, or `linalg_vector_norm`'s order.
+    value: Option<f64>,
+    dims: &'a [i64],
 }
 
-fn layout(op: OpId) -> Layout {
-    use OpId::*;
-    match op {
-        Sum | Mean | Prod => Layout {
-            dtype_at: Some(1),
-            value_at: None,
-            dims_at: 2,
-        },
-        Var | Std => Layout {
-            dtype_at: None,
-            value_at: Some(1),
-            dims_at: 2,
-        },
-        Norm => Layout {
-            dtype_at: Some(1),
-            value_at: Some(2),
-            dims_at: 3,
-        },
-        _ => Layout {
-            dtype_at: None,
-            value_at: None,
-            dims_at: 1,
-        },
-    }
+fn dim_reduction<'a>(p: &Params<'a>) -> Result<DimReduction<'a>, OpError> {
+    Ok(match p.op().param_layout() {
+        ParamLayout::ReduceDims => {
+            let l = layout::ReduceDims::decode(p)?;
+            DimReduction {
+                keepdim: l.keepdim,
+                dtype: None,
+                value: None,
+                dims: l.dims,
+            }
+        }
+        ParamLayout::ReduceDtypeDims => {
+            let l = layout::ReduceDtypeDims::decode(p)?;
+            DimReduction {
+                keepdim: l.keepdim,
+                dtype: l.dtype,
+                value: None,
+                dims: l.dims,
+            }
+        }
+        ParamLayout::ReduceCorrectionDims => {
+            let l = layout::ReduceCorrectionDims::decode(p)?;
+            DimReduction {
+                keepdim: l.keepdim,
+                dtype: None,
+                value: Some(l.correction),
+                dims: l.dims,
+            }
+        }
+        ParamLayout::VectorNorm => {
+            let l = layout::VectorNorm::decode(p)?;
+            DimReduction {
+                keepdim: l.keepdim,
+                dtype: l.dtype,
+                value: Some(l.ord),
+                dims: l.dims,
+            }
+        }
+        other => {
+            return Err(p.invalid(&format!(
+                "read as a dim-list reduction, but its layout is {}",
+                other.name()
+            )))
+        }
+    })
 }
 
 fn empty_reduction_error(op: OpId, dims: &[usize], shape: &[i64]) -> Result<(), OpError> {
@@ -85,18 +112,19 @@ fn scan_meta(a: &MetaArgs) -> Result<Meta, OpError> {
             if !x.dtype.is_float() {
                 return Err(not_implemented_for("logcumsumexp_out_cpu", x.dtype));
             }
-            wrap_dim(p.get(0)?, x.rank())?;
+            wrap_dim(layout::Dim::decode(p)?.dim, x.rank())?;
             Ok(Meta::single(x.clone(), vec![]))
         }
         Cumsum | Cumprod => {
             a.expect_counts(1..=1, 0..=0)?;
             let x = &i[0];
-            let dtype = p.dtype_opt(1)?.unwrap_or(if x.dtype.is_integral(true) {
+            let l = layout::DimDtype::decode(p)?;
+            let dtype = l.dtype.unwrap_or(if x.dtype.is_integral(true) {
                 DType::I64
             } else {
                 x.dtype
             });
-            wrap_dim(p.get(0)?, x.rank())?;
+            wrap_dim(l.dim, x.rank())?;
             Ok(Meta::single(x.with_dtype(dtype), vec![]))
         }
         op => Err(OpError::runtime(format!("{}: not a scan", op.name()))),
@@ -108,8 +136,9 @@ fn scan_meta(a: &MetaArgs) -> Result<Meta, OpError> {
 fn safe_softmax_meta(a: &MetaArgs) -> Result<Meta, OpError> {
     a.expect_counts(1..=1, 0..=0)?;
     let x = &a.inputs[0];
-    let dim = wrap_dim(a.params.get(0)?, x.rank())?;
-    let dtype = a.params.dtype_opt(1)?.unwrap_or(x.dtype);
+    let l = layout::DimDtype::decode(&a.params)?;
+    let dim = wrap_dim(l.dim, x.rank())?;
+    let dtype = l.dtype.unwrap_or(x.dtype);
     if !dtype.is_float() {
         let lastdim = if dim + 1 >= x.rank() { "lastdim_" } else { "" };
         return Err(not_implemented_for(
@@ -134,14 +163,14 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
     let rank = x.rank();
     match a.op {
         Argmax | Argmin => {
-            let keepdim = p.flag(0)?;
+            let layout::ArgReduce { keepdim, dim } = layout::ArgReduce::decode(p)?;
             ensure!(
                 x.dtype != DType::Bool,
                 "{}(): does not support bool input",
                 a.op.name()
             );
-            if p.len() > 1 {
-                let dim = wrap_dim(p.get(1)?, rank)?;
+            if let Some(dim) = dim {
+                let dim = wrap_dim(dim, rank)?;
                 if rank > 0 && x.shape[dim] == 0 {
                     return Err(OpError::index(format!(
                         "{}(): Expected reduction dim {dim} to have non-zero size.",
@@ -174,9 +203,10 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
             ));
         }
         Softmax | LogSoftmax => {
-            let dim = wrap_dim(p.get(0)?, rank)?;
+            let l = layout::SoftmaxDim::decode(p)?;
+            let dim = wrap_dim(l.dim, rank)?;
             ensure!(
-                p.get_or(1, 0) == 0,
+                !l.half_to_float,
                 "softmax with half to float conversion is not supported on CPU"
             );
             if !x.dtype.is_float() {
@@ -195,16 +225,10 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
         }
         _ => {}
     }
-    let l = layout(a.op);
-    let keepdim = p.flag(0)?;
-    let dtype_arg = match l.dtype_at {
-        Some(i) => p.dtype_opt(i)?,
-        None => None,
-    };
-    if let Some(i) = l.value_at {
-        p.f64(i)?;
-    }
-    let dims_result = wrap_dims(p.rest(l.dims_at), rank);
+    let l = dim_reduction(p)?;
+    let keepdim = l.keepdim;
+    let dtype_arg = l.dtype;
+    let dims_result = wrap_dims(l.dims, rank);
     let dims = if matches!(a.op, Mean | Var | Std | Norm) {
         Vec::new()
     } else {
@@ -272,7 +296,8 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
     // Dtype errors come before dim errors for these ops.
     let dims = dims_result?;
     if a.op == Norm {
-        check_norm_empty(x, &dims, p.f64(2)?, p.rest(l.dims_at).is_empty())?;
+        let ord = l.value.expect("linalg_vector_norm's layout has an order");
+        check_norm_empty(x, &dims, ord, l.dims.is_empty())?;
     }
     Ok(Meta::single(
         TensorType::new(out, &reduced_shape(&x.shape, &dims, keepdim)),
@@ -318,12 +343,12 @@ pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpErro
     let v = match a.op {
         Argmax | Argmin => lower_arg_reduce(e, a, x)?,
         Softmax | LogSoftmax => {
-            let dim = wrap_dim(p.get(0)?, rank)?;
+            let dim = wrap_dim(layout::SoftmaxDim::decode(p)?.dim, rank)?;
             softmax(e, x, dim, a.op == LogSoftmax)
         }
         _ => {
-            let l = layout(a.op);
-            let dims = wrap_dims(p.rest(l.dims_at), rank)?;
+            let l = dim_reduction(p)?;
+            let dims = wrap_dims(l.dims, rank)?;
             let keepdim_shape = reduced_shape(e.shape(x), &dims, true);
             let r = match a.op {
                 Sum | Prod | Mean => {
@@ -354,7 +379,7 @@ pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpErro
                     e.reduce_with(b, init, &dims, op)
                 }
                 Var | Std => {
-                    let correction = p.f64(1)?;
+                    let correction = l.value.expect("var's layout has a correction");
                     let xc = e.cast(x, out.dtype.compute_dtype());
                     let var = variance(e, xc, &dims, correction);
                     if a.op == Std {
@@ -370,7 +395,8 @@ pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpErro
                 Norm => {
                     let xc = e.cast(x, out.dtype);
                     let xc = e.cast(xc, out.dtype.compute_dtype());
-                    vector_norm(e, xc, &dims, p.f64(2)?)
+                    let ord = l.value.expect("linalg_vector_norm's layout has an order");
+                    vector_norm(e, xc, &dims, ord)
                 }
                 op => return Err(OpError::runtime(format!("{}: not a reduction", op.name()))),
             };
@@ -413,7 +439,7 @@ fn isin_operands<'a>(a: &'a MetaArgs) -> Result<(Operand<'a>, Operand<'a>), OpEr
 
 fn isin_meta(a: &MetaArgs) -> Result<Meta, OpError> {
     let (elements, test) = isin_operands(a)?;
-    a.params.flag(0)?;
+    layout::Invert::decode(&a.params)?;
     let common = result_type(&[elements, test]);
     let scalar_dtypes: Vec<DType> = if a.inputs.len() == 1 {
         vec![common]
@@ -430,7 +456,7 @@ fn isin_meta(a: &MetaArgs) -> Result<Meta, OpError> {
 /// with `or`): no sort, so no data-dependent shapes.
 fn lower_isin(e: &mut Emitter, a: &LowerArgs) -> Result<Value, OpError> {
     let x = a.inputs[0];
-    let invert = a.params.flag(0)?;
+    let invert = layout::Invert::decode(&a.params)?.invert;
     let shape = e.shape(x).to_vec();
     let (test, common) = match a.inputs.get(1) {
         Some(&t) => {
@@ -651,11 +677,12 @@ fn lower_arg_reduce(e: &mut Emitter, a: &LowerArgs, x: Value) -> Result<Value, O
     let out = a.out(0).clone();
     let max = a.op == OpId::Argmax;
     let rank = e.rank(x);
-    let (x, dim) = if p.len() > 1 && rank > 0 {
-        (x, wrap_dim(p.get(1)?, rank)?)
-    } else {
-        let n = e.ty(x).numel();
-        (e.reshape(x, &[n]), 0)
+    let (x, dim) = match layout::ArgReduce::decode(p)?.dim {
+        Some(dim) if rank > 0 => (x, wrap_dim(dim, rank)?),
+        _ => {
+            let n = e.ty(x).numel();
+            (e.reshape(x, &[n]), 0)
+        }
     };
     let mut x = x;
     if e.dtype(x) == DType::Bool {
@@ -721,7 +748,11 @@ fn lower_scan(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
     if out.rank() == 0 || out.numel() == 0 {
         return Ok(vec![x]);
     }
-    let dim = wrap_dim(a.params.get(0)?, out.rank())?;
+    let dim = match a.op {
+        OpId::Logcumsumexp => layout::Dim::decode(&a.params)?.dim,
+        _ => layout::DimDtype::decode(&a.params)?.dim,
+    };
+    let dim = wrap_dim(dim, out.rank())?;
     let acc = out.dtype.compute_dtype();
     let x = e.convert(x, acc);
     let n = out.shape[dim];
@@ -788,7 +819,7 @@ fn safe_softmax(e: &mut Emitter, a: &LowerArgs) -> Result<Value, OpError> {
     let out = a.out(0).clone();
     let x = a.inputs[0];
     let rank = e.rank(x);
-    let dim = wrap_dim(a.params.get(0)?, rank)?;
+    let dim = wrap_dim(layout::DimDtype::decode(&a.params)?.dim, rank)?;
     let xd = e.convert(x, out.dtype);
     let (s, row_max) = softmax_and_max(e, xd, dim, false, true);
     if rank == 0 {

@@ -4,9 +4,12 @@
 use crate::dtype::{DType, Shape, TensorType};
 use crate::emitter::{bracket_list, i64_array, Cmp, Emitter, Value};
 use crate::error::{ensure, OpError};
-use crate::params::{wrap_dim, wrap_dims};
+use crate::param_layout as layout;
+use crate::params::{wrap_dim, wrap_dims, Params};
 use crate::promote::{result_type, Operand};
 use crate::{LowerArgs, Meta, MetaArgs, OpId};
+
+crate::family_rule!(ShapeOps);
 
 fn fmt_shape(s: &[i64]) -> String {
     format!("{s:?}")
@@ -71,7 +74,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
             let Some(first) = kept.first() else {
                 return single(TensorType::new(dtype, &[0]));
             };
-            let dim = wrap_dim(p.get(0)?, first.rank())?;
+            let dim = wrap_dim(layout::Dim::decode(p)?.dim, first.rank())?;
             let mut shape = first.shape.clone();
             shape[dim] = 0;
             for (n, t) in i.iter().enumerate() {
@@ -106,7 +109,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
                     fmt_shape(&t.shape)
                 );
             }
-            let dim = wrap_dim(p.get(0)?, i[0].rank() + 1)?;
+            let dim = wrap_dim(layout::Dim::decode(p)?.dim, i[0].rank() + 1)?;
             let mut shape = i[0].shape.clone();
             shape.insert(dim, i.len() as i64);
             let dtype = result_type(&i.iter().map(Operand::Tensor).collect::<Vec<_>>());
@@ -114,12 +117,12 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
         }
         Flip => {
             a.expect_counts(1..=1, 0..=0)?;
-            wrap_dims(p.rest(0), i[0].rank())?;
+            wrap_dims(layout::Dims::decode(p)?.dims, i[0].rank())?;
             single(i[0].clone())
         }
         Roll => {
             a.expect_counts(1..=1, 0..=0)?;
-            let (shifts, dims) = roll_params(a)?;
+            let layout::RollShifts { shifts, dims } = layout::RollShifts::decode(p)?;
             ensure!(!shifts.is_empty(), "`shifts` required");
             ensure!(
                 dims.is_empty() || dims.len() == shifts.len(),
@@ -134,7 +137,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
         }
         ConstantPadNd => {
             a.expect_counts(1..=1, 0..=1)?;
-            let shape = padded_shape(&i[0], p.rest(0))?;
+            let shape = padded_shape(&i[0], layout::PadWidths::decode(p)?.pad)?;
             Ok(Meta::single(
                 TensorType {
                     dtype: i[0].dtype,
@@ -145,7 +148,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
         }
         Repeat => {
             a.expect_counts(1..=1, 0..=0)?;
-            let reps = p.rest(0);
+            let reps = layout::Repeats::decode(p)?.repeats;
             ensure!(
                 reps.len() >= i[0].rank(),
                 "Number of dimensions of repeat dims can not be smaller than number of dimensions of tensor"
@@ -169,7 +172,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
         Gather => {
             a.expect_counts(2..=2, 0..=0)?;
             let (x, index) = (&i[0], &i[1]);
-            let dim = wrap_dim(p.get(0)?, x.rank())?;
+            let dim = wrap_dim(layout::Dim::decode(p)?.dim, x.rank())?;
             index_dtype_check("gather", index)?;
             // PyTorch checks shapes only for a non-empty index, counting a 0-d tensor as 1-d.
             if index.numel() != 0 {
@@ -194,7 +197,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
         IndexSelect => {
             a.expect_counts(2..=2, 0..=0)?;
             let (x, index) = (&i[0], &i[1]);
-            let dim = wrap_dim(p.get(0)?, x.rank())?;
+            let dim = wrap_dim(layout::Dim::decode(p)?.dim, x.rank())?;
             ensure!(
                 matches!(index.dtype, DType::I32 | DType::I64),
                 "index_select(): Expected dtype int32 or int64 for index"
@@ -222,7 +225,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
                 a.expect_counts(2..=2, 1..=1)?;
             }
             let (x, index) = (&i[0], &i[1]);
-            let dim = wrap_dim(p.get(0)?, x.rank())?;
+            let dim = wrap_dim(scatter_dim(p)?, x.rank())?;
             index_dtype_check("scatter", index)?;
             if has_src {
                 ensure!(
@@ -286,7 +289,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
         Expand => {
             a.expect_counts(1..=1, 0..=0)?;
             let x = &i[0];
-            let sizes = p.rest(0);
+            let sizes = layout::Sizes::decode(p)?.sizes;
             ensure!(
                 sizes.len() >= x.rank(),
                 "expand(torch.{}Tensor{{{}}}, size={}): the number of sizes provided ({}) must be greater or equal to the number of dimensions in the tensor ({})",
@@ -303,7 +306,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
         SumToSize => {
             a.expect_counts(1..=1, 0..=0)?;
             let x = &i[0];
-            let sizes = p.rest(0);
+            let sizes = layout::Sizes::decode(p)?.sizes;
             let ok = sizes.len() <= x.rank()
                 && sizes
                     .iter()
@@ -320,13 +323,13 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
         }
         Reshape => {
             a.expect_counts(1..=1, 0..=0)?;
-            let shape = infer_size(p.rest(0), i[0].numel())?;
+            let shape = infer_size(layout::Sizes::decode(p)?.sizes, i[0].numel())?;
             single(i[0].with_shape(&shape))
         }
         Permute => {
             a.expect_counts(1..=1, 0..=0)?;
             let x = &i[0];
-            let dims = p.rest(0);
+            let dims = layout::Dims::decode(p)?.dims;
             ensure!(
                 dims.len() == x.rank(),
                 "permute(sparse_coo): number of dimensions in the tensor input does not match the length of the desired ordering of dimensions i.e. input.dim() = {} is not equal to len(dims) = {}",
@@ -340,10 +343,8 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
         Transpose => {
             a.expect_counts(1..=1, 0..=0)?;
             let x = &i[0];
-            let (d0, d1) = (
-                wrap_dim(p.get(0)?, x.rank())?,
-                wrap_dim(p.get(1)?, x.rank())?,
-            );
+            let layout::TransposeDims { dim0, dim1 } = layout::TransposeDims::decode(p)?;
+            let (d0, d1) = (wrap_dim(dim0, x.rank())?, wrap_dim(dim1, x.rank())?);
             let mut shape = x.shape.clone();
             if x.rank() > 0 {
                 shape.swap(d0, d1);
@@ -370,14 +371,17 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
                 x.rank() > 0,
                 "select() cannot be applied to a 0-dim tensor."
             );
-            let dim = wrap_dim(p.get(0)?, x.rank())?;
-            let index = p.get(1)?;
+            let layout::SelectIndex {
+                dim: raw_dim,
+                index,
+            } = layout::SelectIndex::decode(p)?;
+            let dim = wrap_dim(raw_dim, x.rank())?;
             let size = x.shape[dim];
             if index < -size || index >= size {
                 return Err(OpError::index(format!(
                     "select(): index {index} out of range for tensor of size {} at dimension {}",
                     fmt_shape(&x.shape),
-                    p.get(0)?
+                    raw_dim
                 )));
             }
             let mut shape = x.shape.clone();
@@ -388,18 +392,13 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
     }
 }
 
-fn roll_params<'a>(a: &'a MetaArgs) -> Result<(&'a [i64], &'a [i64]), OpError> {
-    split_roll(a.params.rest(0)).ok_or_else(|| {
-        a.params
-            .invalid("expected n, then n shifts, then 0 or n dims")
-    })
-}
-
-fn split_roll(p: &[i64]) -> Option<(&[i64], &[i64])> {
-    let n = *p.first()? as usize;
-    let shifts = p.get(1..1 + n)?;
-    let dims = p.get(1 + n..)?;
-    Some((shifts, dims))
+/// The dim of `scatter`, `scatter_add` (layout `Dim`) or `scatter_reduce` (`ScatterCombine`).
+fn scatter_dim(p: &Params) -> Result<i64, OpError> {
+    if p.op() == OpId::ScatterReduce {
+        Ok(layout::ScatterCombine::decode(p)?.dim)
+    } else {
+        Ok(layout::Dim::decode(p)?.dim)
+    }
 }
 
 fn padded_front(shape: &[i64], rank: usize) -> Vec<i64> {
@@ -475,9 +474,13 @@ fn permutation(dims: &[i64], rank: usize) -> Result<Vec<usize>, OpError> {
 
 /// `(dim, start, end, step)` of a slice with Python's clamping.
 fn slice_bounds(a: &MetaArgs, x: &TensorType) -> Result<(usize, i64, i64, i64), OpError> {
-    let p = &a.params;
-    let dim = wrap_dim(p.get(0)?, x.rank())?;
-    let (mut start, mut end, step) = (p.get(1)?, p.get(2)?, p.get(3)?);
+    let layout::SliceRange {
+        dim,
+        mut start,
+        mut end,
+        step,
+    } = layout::SliceRange::decode(&a.params)?;
+    let dim = wrap_dim(dim, x.rank())?;
     ensure!(step > 0, "slice step must be positive");
     let size = x.shape[dim];
     if start < 0 {
@@ -534,12 +537,12 @@ pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpErro
             if parts.is_empty() {
                 e.constant(out.clone(), crate::ScalarValue::Int(0))
             } else {
-                let dim = wrap_dim(p.get(0)?, out.rank())?;
+                let dim = wrap_dim(layout::Dim::decode(p)?.dim, out.rank())?;
                 e.concatenate(&parts, dim)
             }
         }
         Stack => {
-            let dim = wrap_dim(p.get(0)?, out.rank())?;
+            let dim = wrap_dim(layout::Dim::decode(p)?.dim, out.rank())?;
             let parts: Vec<Value> = a
                 .inputs
                 .iter()
@@ -553,17 +556,22 @@ pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpErro
             e.concatenate(&parts, dim)
         }
         // No dims flips nothing (wrap_dims reads an empty list as every dim, as reductions do).
-        Flip if p.rest(0).is_empty() => a.inputs[0],
-        Flip => {
-            let dims = wrap_dims(p.rest(0), out.rank())?;
-            e.reverse(a.inputs[0], &dims)
+        Flip => match layout::Dims::decode(p)?.dims {
+            [] => a.inputs[0],
+            dims => {
+                let dims = wrap_dims(dims, out.rank())?;
+                e.reverse(a.inputs[0], &dims)
+            }
+        },
+        Roll => {
+            let layout::RollShifts { shifts, dims } = layout::RollShifts::decode(p)?;
+            lower_roll(e, a.inputs[0], shifts, dims)
         }
-        Roll => lower_roll(e, a.inputs[0], p.rest(0)),
         ConstantPadNd => {
             let x = a.inputs[0];
             let rank = out.rank();
             let (mut low, mut high) = (vec![0; rank], vec![0; rank]);
-            for (j, pair) in p.rest(0).chunks(2).enumerate() {
+            for (j, pair) in layout::PadWidths::decode(p)?.pad.chunks(2).enumerate() {
                 low[rank - 1 - j] = pair[0];
                 high[rank - 1 - j] = pair[1];
             }
@@ -574,7 +582,7 @@ pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpErro
             e.pad(x, value, &low, &high, &vec![0; rank])
         }
         Repeat => {
-            let reps = p.rest(0);
+            let reps = layout::Repeats::decode(p)?.repeats;
             let padded = padded_front(e.shape(a.inputs[0]), reps.len());
             let x = e.reshape(a.inputs[0], &padded);
             // [s0, s1] -> broadcast to [r0, s0, r1, s1] -> reshape [r0*s0, r1*s1].
@@ -590,7 +598,7 @@ pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpErro
         }
         Tril | Triu => {
             let x = a.inputs[0];
-            let diagonal = p.get_or(0, 0);
+            let diagonal = layout::Diagonal::decode(p)?.diagonal;
             let shape = out.shape.to_vec();
             let r = shape.len();
             let ity = TensorType::new(DType::I64, &shape);
@@ -612,7 +620,7 @@ pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpErro
             e.select(keep, x, zero)
         }
         Gather => {
-            let dim = wrap_dim(p.get(0)?, e.rank(a.inputs[0]))?;
+            let dim = wrap_dim(layout::Dim::decode(p)?.dim, e.rank(a.inputs[0]))?;
             gather_along(e, a.inputs[0], a.inputs[1], dim)
         }
         IndexSelect => {
@@ -625,7 +633,7 @@ pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpErro
                     x
                 }
             } else {
-                let dim = wrap_dim(p.get(0)?, e.rank(x))?;
+                let dim = wrap_dim(layout::Dim::decode(p)?.dim, e.rank(x))?;
                 let n = e.ty(a.inputs[1]).numel();
                 let idx = e.reshape(a.inputs[1], &[n]);
                 index_select(e, x, idx, dim)
@@ -637,7 +645,7 @@ pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpErro
             if e.ty(index).numel() == 0 {
                 return Ok(vec![x]);
             }
-            let dim = wrap_dim(p.get(0)?, e.rank(x))?;
+            let dim = wrap_dim(scatter_dim(p)?, e.rank(x))?;
             // A 0-d index or src stands for a 1-d one (PyTorch's ensure_nonempty_dim).
             if e.rank(index) == 0 {
                 index = e.reshape(index, &[1]);
@@ -661,7 +669,7 @@ pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpErro
             };
             let combiner = match a.op {
                 ScatterAdd => Combiner::Sum,
-                ScatterReduce => match p.get(1)? {
+                ScatterReduce => match layout::ScatterCombine::decode(p)?.combiner {
                     1 => Combiner::Prod,
                     2 => Combiner::Max,
                     3 => Combiner::Min,
@@ -686,7 +694,7 @@ pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpErro
         SumToSize => sum_to_size(e, a.inputs[0], &out.shape),
         Reshape => e.reshape(a.inputs[0], &out.shape),
         Permute => {
-            let perm = permutation(p.rest(0), out.rank())?;
+            let perm = permutation(layout::Dims::decode(p)?.dims, out.rank())?;
             e.transpose(a.inputs[0], &perm)
         }
         Transpose => {
@@ -694,7 +702,8 @@ pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpErro
             if r == 0 {
                 a.inputs[0]
             } else {
-                let (d0, d1) = (wrap_dim(p.get(0)?, r)?, wrap_dim(p.get(1)?, r)?);
+                let layout::TransposeDims { dim0, dim1 } = layout::TransposeDims::decode(p)?;
+                let (d0, d1) = (wrap_dim(dim0, r)?, wrap_dim(dim1, r)?);
                 let mut perm: Vec<usize> = (0..r).collect();
                 perm.swap(d0, d1);
                 e.transpose(a.inputs[0], &perm)
@@ -715,9 +724,9 @@ pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpErro
         }
         Select => {
             let x = a.inputs[0];
-            let dim = wrap_dim(p.get(0)?, e.rank(x))?;
+            let layout::SelectIndex { dim, mut index } = layout::SelectIndex::decode(p)?;
+            let dim = wrap_dim(dim, e.rank(x))?;
             let size = e.shape(x)[dim];
-            let mut index = p.get(1)?;
             if index < 0 {
                 index += size;
             }
@@ -729,8 +738,7 @@ pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpErro
     Ok(vec![v])
 }
 
-fn lower_roll(e: &mut Emitter, x: Value, p: &[i64]) -> Value {
-    let (shifts, dims) = split_roll(p).expect("meta checked roll params");
+fn lower_roll(e: &mut Emitter, x: Value, shifts: &[i64], dims: &[i64]) -> Value {
     let shape = e.shape(x).to_vec();
     if dims.is_empty() {
         let n: i64 = shape.iter().product();

@@ -2,29 +2,38 @@
 
 The table below maps an ATen overload to an engine op (its name in the engine's op catalogue,
 `ops/src/op_id.rs`) and a recipe: how the overload's arguments become the engine call's tensor
-inputs, value scalars and static params, in the order of the op's layout. From one functional
-entry the generator also emits the in-place (`add_.Tensor`) and `out=` (`add.out`) variants that
-PyTorch defines for it: they are found by matching argument lists, so the table names each op once.
+inputs and value scalars (in the op's order) and its static params (by name). The params' order
+and kinds come from the op's typed layout in `param_layouts.json`, which `ops/tests/
+param_layouts.rs` writes from the catalogue: the generator places each named param where the
+layout puts it and refuses a recipe that names a field the layout lacks, gives a field of
+another kind, or leaves out one the layout needs. From one functional entry the generator also
+emits the in-place (`add_.Tensor`) and `out=` (`add.out`) variants that PyTorch defines for it:
+they are found by matching argument lists, so the table names each op once.
 
 C++ signatures are read from PyTorch's own `ATen/ops/<op>_ops.h` headers (the dispatcher's exact
 types), and the schemas from the running PyTorch (`torch.ops.aten`), so the generated code always
 matches the installed PyTorch. Overloads that are CompositeImplicitAutograd are refused: a kernel
 for them would hide the decomposition autograd relies on.
 
-Recipe statements, separated by `;`:
+Recipe statements, separated by `;` (X is an argument of the overload, F a field of the op's
+param layout):
     t X      tensor input X (a CPU 0-d tensor is uploaded)
     t? X     optional tensor input (omitted when None)
     tl X     a list of tensor inputs
     ts X     tensor input, or a value scalar when X is a CPU 0-d tensor (Python numbers arrive so)
-    tsk X    as `ts`, and its kind (1 tensor, 2 scalar) is appended to the params
+    tsk X    as `ts`, and its kind (1 tensor, 2 scalar) is the param `X_kind`
     tsk? X   as `tsk` for an optional tensor (kind 0 when None)
-    t?k X    optional tensor input, and whether it is present (0 or 1) appended to the params
+    t?k X    optional tensor input, and whether it is present (0 or 1) is the param `has_X`
     s X      value scalar X
     s1 X     value scalar X with default 1: dropped when trailing and equal to 1
-    sk X     optional value scalar: appended when present; its kind (0 or 2) goes to the params
-    p EXPR   one static param (a C++ expression; helpers in torch_pjrt::enc)
-    pl EXPR  static params from a C++ int array expression
-    mask X   a bool[N] output mask: its bits (1 << i for result i) appended to the params, and
+    sk X     optional value scalar: appended when present; its kind (0 or 2) is the param `X_kind`
+    p F      param F from the argument named F, encoded as F's kind says (a flag by enc::b, an
+             optional dtype by enc::dt, an f64 by enc::f64, a counted list by enc::counted...)
+    p F = E  param F from the C++ expression E (helpers in torch_pjrt::enc); a list field takes
+             an int array expression
+    pl F.. = E  the comma-separated fields F.., consecutive in the layout and each optional or
+             several, from one int array expression (`enc::opt1(dim)`: one value or none)
+    mask X   a bool[N] output mask: its bits (1 << i for result i) are the param X, and
              results whose bit is off are returned undefined, as PyTorch's kernels do
     fmt X..  4-d results are made channels-last when one of the tensors X.. is, as PyTorch's CPU
              kernels return them (the engine's results are contiguous); functional overloads only
@@ -37,10 +46,14 @@ Usage: gen_kernels.py OUTPUT_DIR [--shards N]
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import sys
 from dataclasses import dataclass, field
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+LAYOUTS_FILE = os.path.join(HERE, "param_layouts.json")
 
 UNARY = [
     "neg", "abs", "exp", "exp2", "log", "log2", "log10", "log1p", "expm1", "sqrt", "rsqrt",
@@ -59,10 +72,11 @@ BINARY_TENSOR_SCALAR = [
 TABLE: list[tuple[str, str, str]] = []
 TABLE += [(name, name, "t self") for name in UNARY]
 TABLE += [
-    ("gelu", "gelu", "t self; p enc::gelu_approx(approximate)"),
+    ("gelu", "gelu", "t self; p approximate = enc::gelu_approx(approximate)"),
     ("round", "round", "t self"),
     ("round.decimals", "round", "t self; p decimals"),
-    ("nan_to_num", "nan_to_num", "t self; pl enc::nan_to_num(nan, posinf, neginf)"),
+    ("nan_to_num", "nan_to_num",
+     "t self; pl given, nan, posinf, neginf = enc::nan_to_num(nan, posinf, neginf)"),
 ]
 TABLE += [(name, name, "t self; ts other") for name in BINARY]
 for name in BINARY_TENSOR_SCALAR:
@@ -84,10 +98,10 @@ for name in ["add", "sub", "rsub"]:
         (f"{name}.Scalar", name, "t self; s other; s1 alpha"),
     ]
 TABLE += [
-    ("div.Tensor_mode", "div", "t self; ts other; p enc::rounding(rounding_mode)"),
-    ("div.Scalar_mode", "div", "t self; s other; p enc::rounding(rounding_mode)"),
-    ("floor_divide", "div", "t self; ts other; p 2"),
-    ("floor_divide.Scalar", "div", "t self; s other; p 2"),
+    ("div.Tensor_mode", "div", "t self; ts other; p rounding_mode"),
+    ("div.Scalar_mode", "div", "t self; s other; p rounding_mode"),
+    ("floor_divide", "div", "t self; ts other; p rounding_mode = 2"),
+    ("floor_divide.Scalar", "div", "t self; s other; p rounding_mode = 2"),
     ("pow.Tensor_Tensor", "pow", "t self; ts exponent"),
     ("pow.Tensor_Scalar", "pow", "t self; s exponent"),
     ("pow.Scalar", "pow.Scalar", "t exponent; s self"),
@@ -95,76 +109,74 @@ TABLE += [
     ("where.self", "where", "t condition; tsk self; tsk other"),
     ("clamp", "clamp", "t self; sk min; sk max"),
     ("clamp.Tensor", "clamp", "t self; tsk? min; tsk? max"),
-    ("clamp_min", "clamp", "t self; sk min; p 0"),
-    ("clamp_min.Tensor", "clamp", "t self; tsk min; p 0"),
-    ("clamp_max", "clamp", "t self; p 0; sk max"),
-    ("clamp_max.Tensor", "clamp", "t self; p 0; tsk max"),
+    ("clamp_min", "clamp", "t self; sk min; p max_kind = 0"),
+    ("clamp_min.Tensor", "clamp", "t self; tsk min; p max_kind = 0"),
+    ("clamp_max", "clamp", "t self; p min_kind = 0; sk max"),
+    ("clamp_max.Tensor", "clamp", "t self; p min_kind = 0; tsk max"),
     ("lerp.Scalar", "lerp", "t self; t end; s weight"),
     ("lerp.Tensor", "lerp", "t self; t end; ts weight"),
     ("addcmul", "addcmul", "t self; t tensor1; t tensor2; s1 value"),
     ("addcdiv", "addcdiv", "t self; t tensor1; t tensor2; s1 value"),
     # copies, fills and creation (the functional factories compose into these)
     ("clone", "clone", "t self; mfmt memory_format self"),
-    ("fill_.Scalar", "full", "s value; p enc::code(self); pl self.sizes()"),
+    ("fill_.Scalar", "full", "s value; p dtype = enc::code(self); p sizes = self.sizes()"),
     ("fill_.Tensor", "fill_", "t self; ts value"),
-    ("zero_", "zeros", "p enc::code(self); pl self.sizes()"),
-    ("arange.start_out", "arange",
-     "p enc::code(out); p enc::f64(start); p enc::f64(end); p enc::f64(step)"),
-    ("linspace.out", "linspace", "s start; s end; p enc::code(out); p steps"),
-    ("eye.out", "eye", "p enc::code(out); p enc::sym1(n); p enc::sym1(n)"),
-    ("eye.m_out", "eye", "p enc::code(out); p enc::sym1(n); p enc::sym1(m)"),
+    ("zero_", "zeros", "p dtype = enc::code(self); p sizes = self.sizes()"),
+    ("arange.start_out", "arange", "p dtype = enc::code(out); p start; p end; p step"),
+    ("linspace.out", "linspace", "s start; s end; p dtype = enc::code(out); p steps"),
+    ("eye.out", "eye", "p dtype = enc::code(out); p n; p m = n"),
+    ("eye.m_out", "eye", "p dtype = enc::code(out); p n; p m"),
     # reductions
-    ("sum", "sum", "t self; p 0; p enc::dt(dtype)"),
-    ("sum.dim_IntList", "sum", "t self; p enc::b(keepdim); p enc::dt(dtype); pl enc::dims(dim)"),
-    ("mean", "mean", "t self; p 0; p enc::dt(dtype)"),
-    ("mean.dim", "mean", "t self; p enc::b(keepdim); p enc::dt(dtype); pl enc::dims(dim)"),
-    ("prod", "prod", "t self; p 0; p enc::dt(dtype)"),
-    ("prod.dim_int", "prod", "t self; p enc::b(keepdim); p enc::dt(dtype); p dim"),
-    ("amax", "amax", "t self; p enc::b(keepdim); pl dim"),
-    ("max", "amax", 't self; p enc::full_reduction(self, "max")'),
-    ("min", "amin", 't self; p enc::full_reduction(self, "min")'),
-    ("amin", "amin", "t self; p enc::b(keepdim); pl dim"),
-    ("argmax", "argmax", "t self; p enc::b(keepdim); pl enc::opt1(dim)"),
-    ("argmin", "argmin", "t self; p enc::b(keepdim); pl enc::opt1(dim)"),
-    ("any", "any", "t self; p 0"),
-    ("any.dim", "any", "t self; p enc::b(keepdim); p dim"),
-    ("any.dims", "any", "t self; p enc::b(keepdim); pl enc::dims(dim)"),
-    ("all", "all", "t self; p 0"),
-    ("all.dim", "all", "t self; p enc::b(keepdim); p dim"),
-    ("all.dims", "all", "t self; p enc::b(keepdim); pl enc::dims(dim)"),
+    ("sum", "sum", "t self; p keepdim = 0; p dtype"),
+    ("sum.dim_IntList", "sum", "t self; p keepdim; p dtype; p dims = enc::dims(dim)"),
+    ("mean", "mean", "t self; p keepdim = 0; p dtype"),
+    ("mean.dim", "mean", "t self; p keepdim; p dtype; p dims = enc::dims(dim)"),
+    ("prod", "prod", "t self; p keepdim = 0; p dtype"),
+    ("prod.dim_int", "prod", "t self; p keepdim; p dtype; p dims = dim"),
+    ("amax", "amax", "t self; p keepdim; p dims = dim"),
+    ("max", "amax", 't self; p keepdim = enc::full_reduction(self, "max")'),
+    ("min", "amin", 't self; p keepdim = enc::full_reduction(self, "min")'),
+    ("amin", "amin", "t self; p keepdim; p dims = dim"),
+    ("argmax", "argmax", "t self; p keepdim; pl dim = enc::opt1(dim)"),
+    ("argmin", "argmin", "t self; p keepdim; pl dim = enc::opt1(dim)"),
+    ("any", "any", "t self; p keepdim = 0"),
+    ("any.dim", "any", "t self; p keepdim; p dims = dim"),
+    ("any.dims", "any", "t self; p keepdim; p dims = enc::dims(dim)"),
+    ("all", "all", "t self; p keepdim = 0"),
+    ("all.dim", "all", "t self; p keepdim; p dims = dim"),
+    ("all.dims", "all", "t self; p keepdim; p dims = enc::dims(dim)"),
     # `assume_unique` is only a hint for PyTorch's sorting kernel
-    ("isin.Tensor_Tensor", "isin", "t elements; t test_elements; p enc::b(invert)"),
-    ("isin.Tensor_Scalar", "isin", "t elements; s test_element; p enc::b(invert)"),
+    ("isin.Tensor_Tensor", "isin", "t elements; t test_elements; p invert"),
+    ("isin.Tensor_Scalar", "isin", "t elements; s test_element; p invert"),
     ("var.correction", "var",
-     "t self; p enc::b(keepdim); p enc::correction(correction); pl enc::dims(dim)"),
+     "t self; p keepdim; p correction = enc::correction(correction); p dims = enc::dims(dim)"),
     ("std.correction", "std",
-     "t self; p enc::b(keepdim); p enc::correction(correction); pl enc::dims(dim)"),
-    ("logsumexp", "logsumexp", "t self; p enc::b(keepdim); pl dim"),
+     "t self; p keepdim; p correction = enc::correction(correction); p dims = enc::dims(dim)"),
+    ("logsumexp", "logsumexp", "t self; p keepdim; p dims = dim"),
     ("linalg_vector_norm", "linalg_vector_norm",
-     "t self; p enc::b(keepdim); p enc::dt(dtype); p enc::f64(ord); pl enc::dims(dim)"),
-    ("_softmax", "_softmax", "t self; p dim; p enc::b(half_to_float)"),
-    ("_log_softmax", "_log_softmax", "t self; p dim; p enc::b(half_to_float)"),
+     "t self; p keepdim; p dtype; p ord; p dims = enc::dims(dim)"),
+    ("_softmax", "_softmax", "t self; p dim; p half_to_float"),
+    ("_log_softmax", "_log_softmax", "t self; p dim; p half_to_float"),
     # matrix products
     ("mm", "mm", "t self; t mat2"),
     ("linalg_solve_triangular", "linalg_solve_triangular",
-     "t self; t B; p enc::b(upper); p enc::b(left); p enc::b(unitriangular)"),
+     "t self; t B; p upper; p left; p unitriangular"),
     ("bmm", "bmm", "t self; t mat2"),
     ("addmm", "addmm", "t self; t mat1; t mat2; s1 beta; s1 alpha"),
     ("baddbmm", "baddbmm", "t self; t batch1; t batch2; s1 beta; s1 alpha"),
     ("dot", "dot", "t self; t tensor"),
     # discrete Fourier transforms (every torch.fft function, stft and istft compose into these)
-    ("_fft_c2c", "_fft_c2c", "t self; p normalization; p enc::b(forward); pl enc::sym(dim)"),
-    ("_fft_r2c", "_fft_r2c", "t self; p normalization; p enc::b(onesided); pl dim"),
-    ("_fft_c2r", "_fft_c2r", "t self; p normalization; p enc::sym1(last_dim_size); pl dim"),
+    ("_fft_c2c", "_fft_c2c", "t self; p normalization; p forward; p dims = enc::sym(dim)"),
+    ("_fft_r2c", "_fft_r2c", "t self; p normalization; p onesided; p dims = dim"),
+    ("_fft_c2r", "_fft_c2r", "t self; p normalization; p last_dim_size; p dims = dim"),
     # shape and indexing (view ops stay PyTorch's own: they alias storage)
     # A sequence grown by appends keeps a capacity buffer (growth.cpp, RFC 0028).
     ("cat", "cat", "first append_in_capacity tensors dim; tl tensors; p dim"),
     ("stack", "stack", "tl tensors; p dim"),
-    ("flip", "flip", "t self; pl dims"),
-    ("roll", "roll",
-     "t self; p static_cast<int64_t>(shifts.size()); pl enc::sym(shifts); pl dims"),
-    ("constant_pad_nd", "constant_pad_nd", "t self; s value; pl enc::sym(pad)"),
-    ("repeat", "repeat", "t self; pl enc::sym(repeats)"),
+    ("flip", "flip", "t self; p dims"),
+    ("roll", "roll", "t self; p shifts; p dims"),
+    ("constant_pad_nd", "constant_pad_nd", "t self; s value; p pad = enc::sym(pad)"),
+    ("repeat", "repeat", "t self; p repeats = enc::sym(repeats)"),
     ("tril", "tril", "t self; p diagonal"),
     ("triu", "triu", "t self; p diagonal"),
     ("gather", "gather", "t self; t index; p dim"),
@@ -176,14 +188,13 @@ TABLE += [
     # backward ops
     ("threshold_backward", "threshold_backward", "t grad_output; t self; s threshold"),
     ("_softmax_backward_data", "_softmax_backward_data",
-     "t grad_output; t output; p dim; p static_cast<int64_t>(input_dtype)"),
+     "t grad_output; t output; p dim; p input_dtype"),
     ("_log_softmax_backward_data", "_log_softmax_backward_data",
-     "t grad_output; t output; p dim; p static_cast<int64_t>(input_dtype)"),
+     "t grad_output; t output; p dim; p input_dtype"),
     ("nll_loss_forward", "nll_loss_forward",
-     "t self; t target; t? weight; p reduction; p enc::sym1(ignore_index)"),
+     "t self; t target; t? weight; p reduction; p ignore_index"),
     ("nll_loss_backward", "nll_loss_backward",
-     "t grad_output; t self; t target; t total_weight; t? weight; p reduction; "
-     "p enc::sym1(ignore_index)"),
+     "t grad_output; t self; t target; t total_weight; t? weight; p reduction; p ignore_index"),
 ]
 # random numbers
 TABLE += []
@@ -191,44 +202,38 @@ TABLE += []
 # transposed ones included, through the `_overrideable` pair)
 TABLE += [
     ("convolution_overrideable", "convolution_overrideable",
-     "t input; t weight; t? bias; p enc::b(transposed); p enc::sym1(groups); "
-     "pl enc::counted(stride); pl enc::counted(padding); pl enc::counted(dilation); "
-     "pl enc::counted(output_padding); fmt input weight"),
+     "t input; t weight; t? bias; p transposed; p groups; p stride; p padding; p dilation; "
+     "p output_padding; fmt input weight"),
     ("convolution_backward_overrideable", "convolution_backward_overrideable",
-     "t grad_output; t input; t weight; mask output_mask; p enc::b(transposed); "
-     "p enc::sym1(groups); pl enc::counted(stride); pl enc::counted(padding); "
-     "pl enc::counted(dilation); pl enc::counted(output_padding); fmt input weight"),
+     "t grad_output; t input; t weight; mask output_mask; p transposed; p groups; p stride; "
+     "p padding; p dilation; p output_padding; fmt input weight"),
     ("max_pool2d_with_indices", "max_pool2d_with_indices",
-     "t self; p enc::b(ceil_mode); pl enc::counted(kernel_size); pl enc::counted(stride); "
-     "pl enc::counted(padding); pl enc::counted(dilation); fmt self"),
+     "t self; p ceil_mode; p kernel_size; p stride; p padding; p dilation; fmt self"),
     ("max_pool2d_with_indices_backward", "max_pool2d_with_indices_backward",
-     "t grad_output; t self; t indices; p enc::b(ceil_mode); pl enc::counted(kernel_size); "
-     "pl enc::counted(stride); pl enc::counted(padding); pl enc::counted(dilation); fmt self"),
+     "t grad_output; t self; t indices; p ceil_mode; p kernel_size; p stride; p padding; "
+     "p dilation; fmt self"),
     ("avg_pool2d", "avg_pool2d",
-     "t self; p enc::b(ceil_mode); p enc::b(count_include_pad); pl enc::counted(kernel_size); "
-     "pl enc::counted(stride); pl enc::counted(padding); pl enc::opt1(divisor_override); "
-     "fmt self"),
+     "t self; p ceil_mode; p count_include_pad; p kernel_size; p stride; p padding; "
+     "pl divisor_override = enc::opt1(divisor_override); fmt self"),
     ("avg_pool2d_backward", "avg_pool2d_backward",
-     "t grad_output; t self; p enc::b(ceil_mode); p enc::b(count_include_pad); "
-     "pl enc::counted(kernel_size); pl enc::counted(stride); pl enc::counted(padding); "
-     "pl enc::opt1(divisor_override); fmt self"),
-    ("_adaptive_avg_pool2d", "_adaptive_avg_pool2d", "t self; pl enc::sym(output_size); fmt self"),
+     "t grad_output; t self; p ceil_mode; p count_include_pad; p kernel_size; p stride; "
+     "p padding; pl divisor_override = enc::opt1(divisor_override); fmt self"),
+    ("_adaptive_avg_pool2d", "_adaptive_avg_pool2d",
+     "t self; p output_size = enc::sym(output_size); fmt self"),
     ("_adaptive_avg_pool2d_backward", "_adaptive_avg_pool2d_backward",
      "t grad_output; t self; fmt self"),
     ("max_pool3d_with_indices", "max_pool3d_with_indices",
-     "t self; p enc::b(ceil_mode); pl enc::counted(kernel_size); pl enc::counted(stride); "
-     "pl enc::counted(padding); pl enc::counted(dilation)"),
+     "t self; p ceil_mode; p kernel_size; p stride; p padding; p dilation"),
     ("max_pool3d_with_indices_backward", "max_pool3d_with_indices_backward",
-     "t grad_output; t self; t indices; p enc::b(ceil_mode); pl enc::counted(kernel_size); "
-     "pl enc::counted(stride); pl enc::counted(padding); pl enc::counted(dilation)"),
+     "t grad_output; t self; t indices; p ceil_mode; p kernel_size; p stride; p padding; "
+     "p dilation"),
     ("avg_pool3d", "avg_pool3d",
-     "t self; p enc::b(ceil_mode); p enc::b(count_include_pad); pl enc::counted(kernel_size); "
-     "pl enc::counted(stride); pl enc::counted(padding); pl enc::opt1(divisor_override)"),
+     "t self; p ceil_mode; p count_include_pad; p kernel_size; p stride; p padding; "
+     "pl divisor_override = enc::opt1(divisor_override)"),
     ("avg_pool3d_backward", "avg_pool3d_backward",
-     "t grad_output; t self; p enc::b(ceil_mode); p enc::b(count_include_pad); "
-     "pl enc::counted(kernel_size); pl enc::counted(stride); pl enc::counted(padding); "
-     "pl enc::opt1(divisor_override)"),
-    ("adaptive_max_pool2d", "adaptive_max_pool2d", "t self; pl output_size; fmt self"),
+     "t grad_output; t self; p ceil_mode; p count_include_pad; p kernel_size; p stride; "
+     "p padding; pl divisor_override = enc::opt1(divisor_override)"),
+    ("adaptive_max_pool2d", "adaptive_max_pool2d", "t self; p output_size; fmt self"),
     ("adaptive_max_pool2d_backward", "adaptive_max_pool2d_backward",
      "t grad_output; t self; t indices; fmt self"),
 ]
@@ -237,23 +242,21 @@ TABLE += [
 TABLE += [
     ("native_batch_norm_backward", "native_batch_norm_backward",
      "t grad_out; t input; t?k weight; t?k running_mean; t?k running_var; t?k save_mean; "
-     "t?k save_invstd; p enc::b(train); p enc::f64(eps); mask output_mask"),
+     "t?k save_invstd; p train; p eps; mask output_mask"),
     ("native_layer_norm", "native_layer_norm",
-     "t input; t?k weight; t?k bias; p enc::f64(eps); pl enc::sym(normalized_shape)"),
+     "t input; t?k weight; t?k bias; p eps; p normalized_shape = enc::sym(normalized_shape)"),
     ("native_layer_norm_backward", "native_layer_norm_backward",
      "t grad_out; t input; t mean; t rstd; t?k weight; t?k bias; mask output_mask; "
-     "pl enc::sym(normalized_shape)"),
+     "p normalized_shape = enc::sym(normalized_shape)"),
     ("native_group_norm", "native_group_norm",
-     "t input; t?k weight; t?k bias; p enc::sym1(N); p enc::sym1(C); p enc::sym1(HxW); p group; "
-     "p enc::f64(eps)"),
+     "t input; t?k weight; t?k bias; p n = N; p c = C; p hxw = HxW; p group; p eps"),
     ("native_group_norm_backward", "native_group_norm_backward",
-     "t grad_out; t input; t mean; t rstd; t?k weight; p enc::sym1(N); p enc::sym1(C); "
-     "p enc::sym1(HxW); p group; mask output_mask"),
+     "t grad_out; t input; t mean; t rstd; t?k weight; p n = N; p c = C; p hxw = HxW; p group; "
+     "mask output_mask"),
     ("embedding_dense_backward", "embedding_dense_backward",
-     "t grad_output; t indices; p enc::sym1(num_weights); p enc::sym1(padding_idx); "
-     "p enc::b(scale_grad_by_freq)"),
-    ("cumsum", "cumsum", "t self; p dim; p enc::dt(dtype)"),
-    ("cumprod", "cumprod", "t self; p dim; p enc::dt(dtype)"),
+     "t grad_output; t indices; p num_weights; p padding_idx; p scale_grad_by_freq"),
+    ("cumsum", "cumsum", "t self; p dim; p dtype"),
+    ("cumprod", "cumprod", "t self; p dim; p dtype"),
     ("_logcumsumexp", "logcumsumexp", "t self; p dim"),
     ("masked_fill.Scalar", "masked_fill", "t self; t mask; s value"),
     ("masked_fill.Tensor", "masked_fill", "t self; t mask; ts value"),
@@ -261,14 +264,15 @@ TABLE += [
 # attention, sorting, indexing and optimizer ops
 TABLE += [
     # Always a stable sort (`stable` needs no param); argsort and msort compose into it.
-    ("sort.stable", "sort", "t self; p dim; p enc::b(descending)"),
-    ("topk", "topk", "t self; p enc::sym1(k); p dim; p enc::b(largest); p enc::b(sorted)"),
+    ("sort.stable", "sort", "t self; p dim; p descending"),
+    ("topk", "topk", "t self; p k; p dim; p largest; p sorted"),
 ]
 # The softmax of the attention decomposition, activation gradients and losses (the fused
 # optimizer steps are hand-written in optim.cpp: they take lists of tensors).
 TABLE += [
-    ("_safe_softmax", "_safe_softmax", "t self; p dim; p enc::dt(dtype)"),
-    ("gelu_backward", "gelu_backward", "t grad_output; t self; p enc::gelu_approx(approximate)"),
+    ("_safe_softmax", "_safe_softmax", "t self; p dim; p dtype"),
+    ("gelu_backward", "gelu_backward",
+     "t grad_output; t self; p approximate = enc::gelu_approx(approximate)"),
     ("tanh_backward", "tanh_backward", "t grad_output; t output"),
     ("sigmoid_backward", "sigmoid_backward", "t grad_output; t output"),
     ("log_sigmoid_forward", "log_sigmoid_forward", "t self"),
@@ -287,10 +291,9 @@ TABLE += [
     ("binary_cross_entropy_backward", "binary_cross_entropy_backward",
      "t grad_output; t self; t target; t? weight; p reduction"),
     ("nll_loss2d_forward", "nll_loss2d_forward",
-     "t self; t target; t? weight; p reduction; p enc::sym1(ignore_index)"),
+     "t self; t target; t? weight; p reduction; p ignore_index"),
     ("nll_loss2d_backward", "nll_loss2d_backward",
-     "t grad_output; t self; t target; t total_weight; t? weight; p reduction; "
-     "p enc::sym1(ignore_index)"),
+     "t grad_output; t self; t target; t total_weight; t? weight; p reduction; p ignore_index"),
 ]
 
 
@@ -475,60 +478,216 @@ class Headers:
 # ----- code generation ---------------------------------------------------------------------------
 
 
-def recipe_lines(recipe: str, arg_names: set[str], qualified: str) -> list[str]:
+# ----- params by name, placed by the op's layout ------------------------------------------------
+
+
+@dataclass
+class Field:
+    name: str
+    kind: str  # a FieldKind name of ops/src/param_layout.rs: int, flag, f64, ints, counted...
+    optional: bool
+
+
+def load_layouts(path: str = LAYOUTS_FILE) -> dict[str, list[Field]]:
+    """Each engine op's param layout (its fields in order), by the op's catalogue name."""
+    with open(path) as f:
+        data = json.load(f)
+    layouts = {name: [Field(**fd) for fd in fields] for name, fields in data["layouts"].items()}
+    return {op: layouts[layout] for op, layout in data["ops"].items()}
+
+
+LIST_KINDS = {"ints", "counted"}
+
+# `p F` with no expression: the argument named F, encoded as F's kind is.
+DEFAULT_ENCODINGS = {
+    "int": "{}",
+    "flag": "enc::b({})",
+    "f64": "enc::f64({})",
+    "dtype": "static_cast<int64_t>({})",
+    "opt_dtype": "enc::dt({})",
+    "reduction": "{}",
+    "rounding_mode": "enc::rounding({})",
+    "ints": "{}",
+    "counted": "enc::counted({})",
+}
+
+# Statements that make a param as they add an input or a scalar: (field name, its kind).
+IMPLICIT_PARAMS = {
+    "tsk": ("{}_kind", "operand_kind"),
+    "tsk?": ("{}_kind", "operand_kind"),
+    "sk": ("{}_kind", "operand_kind"),
+    "t?k": ("has_{}", "flag"),
+    "mask": ("{}", "output_mask"),
+}
+
+ARGUMENT_VERBS = ("t", "t?", "t?k", "tl", "ts", "tsk", "tsk?", "s", "s1", "sk", "mask")
+
+
+class _Params:
+    """The params a recipe gives, checked against the op's layout and emitted in its order."""
+
+    def __init__(self, layout: list[Field], engine_op: str, fail):
+        self.layout = layout
+        self.engine_op = engine_op
+        self.fail = fail
+        self.given: dict[int, tuple[str, bool]] = {}  # field index -> (C++ expression, as list)
+        self.group_end: int | None = None  # last field of a `pl` group, which ends the params
+
+    def _index(self, name: str) -> int:
+        for i, f in enumerate(self.layout):
+            if f.name == name:
+                return i
+        fields = ", ".join(f"{f.name}: {f.kind}" for f in self.layout) or "none"
+        self.fail(f"engine op {self.engine_op} has no param '{name}' (its layout: {fields})")
+
+    def _take(self, i: int, expr: str, as_list: bool) -> None:
+        if i in self.given:
+            self.fail(f"param '{self.layout[i].name}' is given twice")
+        self.given[i] = (expr, as_list)
+
+    def one(self, name: str, expr: str | None, kind: str | None = None) -> None:
+        """Field `name` from `expr` (None: the argument of that name, encoded by kind)."""
+        i = self._index(name)
+        field = self.layout[i]
+        if kind is not None and field.kind != kind:
+            self.fail(f"param '{name}' is {field.kind} in the layout, the recipe makes it {kind}")
+        if expr is None:
+            encoding = DEFAULT_ENCODINGS.get(field.kind)
+            if encoding is None:
+                self.fail(f"param '{name}' ({field.kind}) needs an expression: `p {name} = ...`")
+            expr = encoding.format(name)
+        self._take(i, expr, field.kind in LIST_KINDS)
+
+    def group(self, names: list[str], expr: str) -> None:
+        """Consecutive optional fields from one int array expression, which may give fewer."""
+        idx = [self._index(n) for n in names]
+        if idx != list(range(idx[0], idx[0] + len(idx))):
+            self.fail(f"`pl {', '.join(names)}` names fields that are not consecutive in the layout")
+        for i in idx:
+            if not self.layout[i].optional:
+                self.fail(
+                    f"`pl` gives '{self.layout[i].name}' from a list that may be shorter, but the "
+                    "layout needs it; give it with `p`"
+                )
+        self._take(idx[0], expr, True)
+        for i in idx[1:]:
+            self.given[i] = ("", False)
+        self.group_end = idx[-1]
+
+    def lines(self) -> list[str]:
+        """`c.param`/`c.params` calls in layout order, after checking nothing is out of place."""
+        if not self.given:
+            last = -1
+        else:
+            last = max(self.given)
+        for i, field in enumerate(self.layout):
+            if i < last and i not in self.given:
+                later = self.layout[last].name
+                self.fail(f"param '{field.name}' is left out, but the later param '{later}' is given")
+            if i > last and not (field.optional or field.kind == "ints"):
+                self.fail(f"param '{field.name}' ({field.kind}) is left out, but the layout needs it")
+        if self.group_end is not None and self.group_end != last:
+            self.fail("params given after a `pl` list that may be shorter would move")
+        out = []
+        for i in sorted(self.given):
+            expr, as_list = self.given[i]
+            if expr:
+                out.append(f"c.params({expr});" if as_list else f"c.param({expr});")
+        return out
+
+
+def recipe_lines(
+    recipe: str,
+    arg_names: set[str] | None,
+    qualified: str,
+    engine_op: str,
+    layout: list[Field],
+) -> list[str]:
+    """The C++ statements of a recipe: inputs and scalars in recipe order, then the params in
+    the order of the engine op's layout. `arg_names` None skips the check of argument names
+    (the table check runs without PyTorch's signatures)."""
+
+    def fail(message: str):
+        raise SystemExit(f"gen_kernels: {qualified}: {message}")
+
+    def check_args(*names: str) -> None:
+        for name in names:
+            if arg_names is not None and name not in arg_names:
+                fail(f"recipe names '{name}', not an argument")
+
+    params = _Params(layout, engine_op, fail)
     lines = []
     for stmt in filter(None, (s.strip() for s in recipe.split(";"))):
         verb, _, rest = stmt.partition(" ")
         rest = rest.strip()
-        if verb in ("t", "t?", "t?k", "tl", "ts", "tsk", "tsk?", "s", "s1", "sk", "mask") and (
-            rest not in arg_names
-        ):
-            raise SystemExit(f"gen_kernels: {qualified}: recipe names '{rest}', not an argument")
+        if verb in ARGUMENT_VERBS:
+            check_args(rest)
+        if verb in IMPLICIT_PARAMS:
+            field_pattern, kind = IMPLICIT_PARAMS[verb]
+            field_name = field_pattern.format(rest)
         if verb == "t":
             lines.append(f"c.input({rest});")
         elif verb == "t?":
             lines.append(f"c.opt_input({rest});")
         elif verb == "t?k":
             lines.append(f"c.opt_input({rest});")
-            lines.append(f"c.param(static_cast<int64_t>({rest}.has_value() && {rest}->defined()));")
+            params.one(field_name, f"static_cast<int64_t>({rest}.has_value() && {rest}->defined())", kind)
         elif verb == "tl":
             lines.append(f"c.inputs({rest});")
         elif verb == "ts":
             lines.append(f"c.input_or_scalar({rest});")
-        elif verb == "tsk":
-            lines.append(f"c.param(c.input_or_scalar({rest}));")
-        elif verb == "tsk?":
-            lines.append(f"c.param(c.opt_input_or_scalar({rest}));")
+        elif verb in ("tsk", "tsk?", "sk"):
+            call = {"tsk": "input_or_scalar", "tsk?": "opt_input_or_scalar", "sk": "opt_scalar"}[verb]
+            lines.append(f"const int64_t param_{field_name} = c.{call}({rest});")
+            params.one(field_name, f"param_{field_name}", kind)
         elif verb == "s":
             lines.append(f"c.scalar({rest});")
         elif verb == "s1":
             lines.append(f"c.scalar_default1({rest});")
-        elif verb == "sk":
-            lines.append(f"c.param(c.opt_scalar({rest}));")
-        elif verb == "p":
-            lines.append(f"c.param({rest});")
-        elif verb == "pl":
-            lines.append(f"c.params({rest});")
         elif verb == "mask":
             lines.append(f"int64_t {rest}_bits = 0;")
             lines.append(f"for (size_t i = 0; i < {rest}.size(); ++i) {rest}_bits |= int64_t({rest}[i]) << i;")
-            lines.append(f"c.param({rest}_bits);")
+            params.one(field_name, f"{rest}_bits", kind)
+        elif verb == "p":
+            name, eq, expr = rest.partition("=")
+            name = name.strip()
+            if not eq:
+                check_args(name)
+            params.one(name, expr.strip() if eq else None)
+        elif verb == "pl":
+            names, eq, expr = rest.partition("=")
+            if not eq or not expr.strip():
+                fail(f"`pl` needs an expression: `pl {names.strip()} = ...`")
+            params.group([n.strip() for n in names.split(",")], expr.strip())
         elif verb == "first":
             # `first FN args...`: the functional kernel asks FN first; its result, when it gives
             # one, is the kernel's (kernel_code emits the call).
-            for name in rest.split()[1:]:
-                if name not in arg_names:
-                    raise SystemExit(f"gen_kernels: {qualified}: recipe names '{name}', not an argument")
+            check_args(*rest.split()[1:])
         elif verb in ("fmt", "mfmt"):
-            for name in rest.split():
-                if name not in arg_names:
-                    raise SystemExit(f"gen_kernels: {qualified}: recipe names '{name}', not an argument")
+            check_args(*rest.split())
         else:
-            raise SystemExit(f"gen_kernels: {qualified}: unknown recipe statement '{stmt}'")
-    return lines
+            fail(f"unknown recipe statement '{stmt}'")
+    return lines + params.lines()
 
 
-def kernel_code(o: Overload, sig: CppSig, op_index: int, recipe: str) -> str:
+def check_table(table=None, layouts: dict[str, list[Field]] | None = None) -> None:
+    """Every recipe against its engine op's param layout (no PyTorch needed); SystemExit names
+    the first recipe that disagrees."""
+    table = TABLE if table is None else table
+    layouts = load_layouts() if layouts is None else layouts
+    for qualified, engine_op, recipe in table:
+        layout = layouts.get(engine_op)
+        if layout is None:
+            raise SystemExit(
+                f"gen_kernels: {qualified}: engine op '{engine_op}' is not in the catalogue's "
+                f"param layouts ({os.path.basename(LAYOUTS_FILE)})"
+            )
+        recipe_lines(recipe, None, qualified, engine_op, layout)
+
+
+def kernel_code(
+    o: Overload, sig: CppSig, op_index: int, recipe: str, engine_op: str, layout: list[Field]
+) -> str:
     names = {n for _, n in sig.args}
     params = ", ".join(f"{t} {n}" for t, n in sig.args)
     fn = f"k_{sig.struct}"
@@ -538,7 +697,7 @@ def kernel_code(o: Overload, sig: CppSig, op_index: int, recipe: str) -> str:
         fn_name, *fn_args = firsts[0]
         body.append(f"  if (auto early = {fn_name}({', '.join(fn_args)})) return std::move(*early);")
     body.append(f'  OpCall c(g_kernel_op_ids[{op_index}], "aten::{o.qualified}");')
-    body += ["  " + line for line in recipe_lines(recipe, names, o.qualified)]
+    body += ["  " + line for line in recipe_lines(recipe, names, o.qualified, engine_op, layout)]
     # Complex values the engine op does not compute run on the CPU (OpCall::on_cpu).
     call_args = ", ".join(n for _, n in sig.args)
     body.append(
@@ -598,6 +757,8 @@ def generate(out_dir: str, shards: int) -> list[str]:
 
     include_dir = ext.include_paths()[0]
     headers = Headers(include_dir)
+    layouts = load_layouts()
+    check_table(TABLE, layouts)
     engine_ops: list[str] = []
     kernels: list[tuple[str, str, int, str]] = []  # (qualified, code, op index, fn)
     seen: set[str] = set()
@@ -617,7 +778,8 @@ def generate(out_dir: str, shards: int) -> list[str]:
                 continue
             seen.add(o.qualified)
             sig = headers.signature(o)
-            kernels.append((o.qualified, kernel_code(o, sig, index, recipe), index, f"k_{sig.struct}"))
+            code = kernel_code(o, sig, index, recipe, engine_op, layouts[engine_op])
+            kernels.append((o.qualified, code, index, f"k_{sig.struct}"))
 
     os.makedirs(out_dir, exist_ok=True)
     written = []

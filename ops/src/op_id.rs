@@ -472,6 +472,17 @@ op_catalogue! {
     /// The inverse transform to a real tensor over `dims` whose last dim becomes
     /// `last_dim_size` long (reading its first `last_dim_size / 2 + 1` frequencies).
     FftC2r = "_fft_c2r", family: Spectral, inputs: "self", scalars: "", params: "[normalization, last_dim_size, dims...]", facts: { complex: true };
+
+    // ---- repeat_interleave -------------------------------------------------------------
+    /// `torch.repeat_interleave(repeats)`: each position `i` of the 1-d int32/int64 `repeats`
+    /// written `repeats[i]` times, `total` elements in all (the caller reads the sum from the
+    /// data, or takes the user's `output_size`); positions past the true total hold the last
+    /// position. Of `repeats`' dtype.
+    RepeatInterleave = "repeat_interleave", family: Indexing, inputs: "repeats", scalars: "", params: "[total]";
+    /// Whether `repeats` has no negative element and sums to `total` (a user's `output_size`,
+    /// which the op trusted). Side-effecting: outputs an `index_check`-shaped verdict (style
+    /// `NegativeRepeats` or `RepeatsTotal`), read at the next materialization point.
+    RepeatsCheck = "repeats_check", family: Check, inputs: "repeats", scalars: "total", params: "", facts: { side_effecting: true };
 }
 
 impl OpId {

@@ -288,6 +288,9 @@ pub fn element_type(dtype: DType) -> pjrt::ElementType {
     match dtype {
         DType::Bool => E::Pred,
         DType::U8 => E::U8,
+        DType::U16 => E::U16,
+        DType::U32 => E::U32,
+        DType::U64 => E::U64,
         DType::I8 => E::S8,
         DType::I16 => E::S16,
         DType::I32 => E::S32,

@@ -513,7 +513,8 @@ int32_t tpjrt_reset_metrics(void);
 int32_t tpjrt_trace_start(void);
 
 /**
- * Stops recording; executions launched while recording are still recorded as they complete.
+ * Stops recording; executions launched while recording are still recorded as they complete,
+ * and are waited for here (briefly) so that the session that reads the trace next sees them.
  */
 int32_t tpjrt_trace_stop(void);
 

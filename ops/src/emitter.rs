@@ -816,6 +816,16 @@ impl Emitter {
         if from == ty {
             return v;
         }
+        // A bool is a byte in memory but one bit (`i1`) in StableHLO, which has no bitcast to
+        // or from it: bools are read as the bytes 0 and 1, and bytes as bools by `!= 0`.
+        if from.dtype == DType::Bool {
+            let bytes = self.convert(v, DType::U8);
+            return self.bitcast(bytes, ty);
+        }
+        if ty.dtype == DType::Bool {
+            let bytes = self.bitcast(v, ty.with_dtype(DType::U8));
+            return self.compare_const(Cmp::Ne, bytes, 0.0);
+        }
         if from.dtype.is_complex() {
             let re = self.real(v);
             let im = self.imag(v);

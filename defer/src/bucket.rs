@@ -286,9 +286,10 @@ impl GrowthSites {
 }
 
 /// Results whose size depends on the data (`nonzero`, `masked_select`: how many elements a mask
-/// selects), per op and input types: the latest distinct counts. A site whose count has
-/// changed makes its results padded to the count's bucket from then on, so the ops after it
-/// compile once per bucket, not once per count; a site whose count never changes stays exact.
+/// selects; `repeat_interleave`: the sum of its repeats), per op and input types: the latest
+/// distinct counts. A site whose count has changed makes its results padded to the count's
+/// bucket from then on, so the ops after it compile once per bucket, not once per count; a
+/// site whose count never changes stays exact.
 #[derive(Debug, Default)]
 pub struct CountSites {
     seen: FxHashMap<CountSite, SmallVec<[i64; LENGTHS_KEPT]>>,

@@ -36,6 +36,10 @@ fn encode(dtype: DType, value: ScalarValue, out: &mut PackBytes) {
         DType::I16 => out.extend_from_slice(&(i as i16).to_le_bytes()),
         DType::I32 => out.extend_from_slice(&(i as i32).to_le_bytes()),
         DType::I64 => out.extend_from_slice(&i.to_le_bytes()),
+        // A uint64 past i64's range arrives as its two's complement bits.
+        DType::U16 => out.extend_from_slice(&(i as u16).to_le_bytes()),
+        DType::U32 => out.extend_from_slice(&(i as u32).to_le_bytes()),
+        DType::U64 => out.extend_from_slice(&(i as u64).to_le_bytes()),
         DType::F16 => out.extend_from_slice(&f32_to_f16_bits(f as f32).to_le_bytes()),
         DType::BF16 => out.extend_from_slice(&f32_to_bf16_bits(f as f32).to_le_bytes()),
         DType::F32 => out.extend_from_slice(&(f as f32).to_le_bytes()),

@@ -33,6 +33,12 @@ pub enum IndexStyle {
     DataBounds = 3,
     /// `IndexError: Target 7 is out of bounds.` (`nll_loss`).
     Target = 4,
+    /// `RuntimeError: repeats can not be negative` (`repeat_interleave` with an
+    /// `output_size`, checked by `repeats_check`).
+    NegativeRepeats = 5,
+    /// `RuntimeError: allocated size does not match required size` (`repeat_interleave`
+    /// whose `output_size` is not the sum of its repeats).
+    RepeatsTotal = 6,
 }
 
 impl IndexStyle {
@@ -43,6 +49,8 @@ impl IndexStyle {
             2 => IndexStyle::OutOfRangeInSelf,
             3 => IndexStyle::DataBounds,
             4 => IndexStyle::Target,
+            5 => IndexStyle::NegativeRepeats,
+            6 => IndexStyle::RepeatsTotal,
             _ => return None,
         })
     }
@@ -198,6 +206,14 @@ pub fn index_check_error(verdict: &[i64]) -> Option<OpError> {
             ErrorKind::Index,
             format!("Target {value} is out of bounds."),
         ),
+        Some(IndexStyle::NegativeRepeats) => (
+            ErrorKind::Runtime,
+            "repeats can not be negative".to_string(),
+        ),
+        Some(IndexStyle::RepeatsTotal) => (
+            ErrorKind::Runtime,
+            "allocated size does not match required size".to_string(),
+        ),
         None => (ErrorKind::Runtime, bounds),
     };
     Some(OpError::new(kind, message))
@@ -241,6 +257,21 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
                 scalar_dtypes,
             ))
         }
+        OpId::RepeatsCheck => {
+            a.expect_counts(1..=1, 1..=1)?;
+            let repeats = &a.inputs[0];
+            if repeats.rank() != 1 || !matches!(repeats.dtype, DType::I32 | DType::I64) {
+                return Err(OpError::runtime(format!(
+                    "repeats_check: expected 1-d int32 or int64 repeats, got {} of shape {:?}",
+                    repeats.dtype.name(),
+                    repeats.shape
+                )));
+            }
+            Ok(Meta::single(
+                TensorType::new(DType::I64, &[INDEX_VERDICT_LEN as i64]),
+                vec![DType::I64],
+            ))
+        }
         other => Err(OpError::runtime(format!(
             "{} is not a check op",
             other.name()
@@ -251,6 +282,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
 pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
     match a.op {
         OpId::IndexCheck => Ok(vec![lower_index_check(e, a)?]),
+        OpId::RepeatsCheck => Ok(vec![lower_repeats_check(e, a)]),
         _ => {
             let x = e.reshape(a.inputs[0], &[]);
             let zero = e.scalar_constant(e.dtype(x), ScalarValue::Int(0));
@@ -322,6 +354,38 @@ fn lower_index_check(e: &mut Emitter, a: &LowerArgs) -> Result<Value, OpError> {
     let any = e.reshape(any, &[1]);
     let value = e.reshape(value, &[1]);
     Ok(e.concatenate(&[any, value, fixed], 0))
+}
+
+/// `[bad, the repeats' sum, total, 0, style]`: PyTorch's order of checks, the sum against the
+/// total first (`RepeatsTotal`), then each repeat's sign (`NegativeRepeats`).
+fn lower_repeats_check(e: &mut Emitter, a: &LowerArgs) -> Value {
+    let repeats = e.convert(a.inputs[0], DType::I64);
+    let total = e.convert(a.scalars[0], DType::I64);
+    let total = e.reshape(total, &[]);
+    let sum = e.reduce_sum(repeats, &[0]);
+    let highest = e.scalar_constant(DType::I64, ScalarValue::Int(i64::MAX));
+    let lowest = e.reduce(&[repeats], &[highest], &[0], |e, args| {
+        vec![e.min(args[0], args[1])]
+    })[0];
+    let mismatch = e.compare(Cmp::Ne, sum, total);
+    let negative = e.compare_const(Cmp::Lt, lowest, 0.0);
+    let bad = e.or(mismatch, negative);
+    let total_style = e.scalar_constant(
+        DType::I64,
+        ScalarValue::Int(IndexStyle::RepeatsTotal as i64),
+    );
+    let sign_style = e.scalar_constant(
+        DType::I64,
+        ScalarValue::Int(IndexStyle::NegativeRepeats as i64),
+    );
+    let style = e.select(mismatch, total_style, sign_style);
+    let bad = e.convert(bad, DType::I64);
+    let zero = e.scalar_constant(DType::I64, ScalarValue::Int(0));
+    let parts: Vec<Value> = [bad, sum, total, zero, style]
+        .into_iter()
+        .map(|v| e.reshape(v, &[1]))
+        .collect();
+    e.concatenate(&parts, 0)
 }
 
 #[cfg(test)]

@@ -271,18 +271,39 @@ pub fn arange_len(dtype: DType, start: f64, end: f64, step: f64) -> Result<i64, 
 }
 
 /// A cast with PyTorch's semantics on x86 CPUs: to bool is `x != 0`; floats truncate toward
-/// zero, narrow integers go through int64 and wrap, and NaN or out-of-range values become the
-/// "integer indefinite" value (the minimum of int32/int64), as the x86 conversion does.
+/// zero, narrow integers go through int64 (int32 and uint16 through int32) and wrap, and NaN or
+/// out-of-range values become the "integer indefinite" value (the minimum of int32/int64), as
+/// the x86 conversion does. uint64 takes the compilers' two-step conversion: values from 2^63 on
+/// are converted less 2^63 and get the top bit back.
 pub fn cast_like_pytorch(e: &mut Emitter, v: Value, to: DType) -> Value {
     let from = e.dtype(v);
     if !(from.is_float() && to.is_integral(false)) {
         return e.cast(v, to);
     }
-    let wide = if to == DType::I32 {
+    if to == DType::U64 {
+        let top = 2f64.powi(63);
+        let low_half = truncate_like_x86(e, v, DType::I64);
+        let shifted = e.binary_const("stablehlo.subtract", v, top);
+        let high_half = truncate_like_x86(e, shifted, DType::I64);
+        let top_bit = e.constant(e.ty(high_half).clone(), ScalarValue::Int(i64::MIN));
+        let high_half = e.xor(high_half, top_bit);
+        // NaN compares false, so it takes the first step, as on x86.
+        let high = e.compare_const(Cmp::Ge, v, top);
+        let r = e.select(high, high_half, low_half);
+        return e.convert(r, to);
+    }
+    let wide = if matches!(to, DType::I32 | DType::U16) {
         DType::I32
     } else {
         DType::I64
     };
+    let r = truncate_like_x86(e, v, wide);
+    e.convert(r, to)
+}
+
+/// Float `v` truncated to the integer `wide` (int32 or int64), NaN and out-of-range values
+/// becoming the integer indefinite value.
+fn truncate_like_x86(e: &mut Emitter, v: Value, wide: DType) -> Value {
     let bits = 8 * wide.size_bytes() as i32;
     let converted = e.convert(v, wide);
     let limit = 2f64.powi(bits - 1);
@@ -293,8 +314,7 @@ pub fn cast_like_pytorch(e: &mut Emitter, v: Value, to: DType) -> Value {
         e.ty(converted).clone(),
         ScalarValue::Int(i64::MIN >> (64 - bits)),
     );
-    let r = e.select(in_range, converted, indefinite);
-    e.convert(r, to)
+    e.select(in_range, converted, indefinite)
 }
 
 fn lower_linspace(e: &mut Emitter, a: &LowerArgs, out: &TensorType) -> Value {

@@ -22,10 +22,15 @@ pub enum DType {
     C128 = 10,
     Bool = 11,
     BF16 = 15,
+    /// The wide unsigned integers: PyTorch stores them and runs few ops on them (its CPU
+    /// kernels' "barebones unsigned" set); see `crate::unsigned`.
+    U16 = 27,
+    U32 = 28,
+    U64 = 29,
 }
 
 impl DType {
-    pub const ALL: [DType; 12] = [
+    pub const ALL: [DType; 15] = [
         DType::U8,
         DType::I8,
         DType::I16,
@@ -38,6 +43,9 @@ impl DType {
         DType::C128,
         DType::Bool,
         DType::BF16,
+        DType::U16,
+        DType::U32,
+        DType::U64,
     ];
 
     /// The dtype PyTorch gives Python floats and integer results of float ops
@@ -58,9 +66,9 @@ impl DType {
     pub fn size_bytes(self) -> usize {
         match self {
             DType::U8 | DType::I8 | DType::Bool => 1,
-            DType::I16 | DType::F16 | DType::BF16 => 2,
-            DType::I32 | DType::F32 => 4,
-            DType::I64 | DType::F64 | DType::C64 => 8,
+            DType::I16 | DType::U16 | DType::F16 | DType::BF16 => 2,
+            DType::I32 | DType::U32 | DType::F32 => 4,
+            DType::I64 | DType::U64 | DType::F64 | DType::C64 => 8,
             DType::C128 => 16,
         }
     }
@@ -95,9 +103,15 @@ impl DType {
     pub fn is_integral(self, include_bool: bool) -> bool {
         match self {
             DType::U8 | DType::I8 | DType::I16 | DType::I32 | DType::I64 => true,
+            DType::U16 | DType::U32 | DType::U64 => true,
             DType::Bool => include_bool,
             _ => false,
         }
+    }
+
+    /// uint16, uint32 and uint64, whose ops PyTorch limits (see `crate::unsigned`).
+    pub fn is_wide_unsigned(self) -> bool {
+        matches!(self, DType::U16 | DType::U32 | DType::U64)
     }
 
     pub fn is_signed_int(self) -> bool {
@@ -133,6 +147,9 @@ impl DType {
             DType::C128 => "complex<f64>",
             DType::Bool => "i1",
             DType::BF16 => "bf16",
+            DType::U16 => "ui16",
+            DType::U32 => "ui32",
+            DType::U64 => "ui64",
         }
     }
 
@@ -151,6 +168,9 @@ impl DType {
             DType::C128 => "complex128",
             DType::Bool => "bool",
             DType::BF16 => "bfloat16",
+            DType::U16 => "uint16",
+            DType::U32 => "uint32",
+            DType::U64 => "uint64",
         }
     }
 
@@ -173,6 +193,9 @@ impl DType {
             DType::C128 => "ComplexDouble",
             DType::Bool => "Bool",
             DType::BF16 => "BFloat16",
+            DType::U16 => "UInt16",
+            DType::U32 => "UInt32",
+            DType::U64 => "UInt64",
         }
     }
 
@@ -191,6 +214,9 @@ impl DType {
             DType::C128 => "c10::complex<double>",
             DType::Bool => "bool",
             DType::BF16 => "c10::BFloat16",
+            DType::U16 => "uint16_t",
+            DType::U32 => "uint32_t",
+            DType::U64 => "uint64_t",
         }
     }
 
@@ -209,6 +235,9 @@ impl DType {
             DType::C128 => "c10::complex<double>",
             DType::Bool => "bool",
             DType::BF16 => "c10::BFloat16",
+            DType::U16 => "unsigned short",
+            DType::U32 => "unsigned int",
+            DType::U64 => "unsigned long",
         }
     }
 
@@ -226,13 +255,16 @@ impl DType {
             DType::C64 => f32::MAX as f64,
             DType::Bool => 1.0,
             DType::BF16 => 3.3895313892515355e38,
+            DType::U16 => 65535.0,
+            DType::U32 => 4294967295.0,
+            DType::U64 => u64::MAX as f64,
         }
     }
 
     /// Smallest (most negative) finite value, as f64.
     pub fn min_value(self) -> f64 {
         match self {
-            DType::U8 | DType::Bool => 0.0,
+            DType::U8 | DType::U16 | DType::U32 | DType::U64 | DType::Bool => 0.0,
             DType::I8 => -128.0,
             DType::I16 => -32768.0,
             DType::I32 => -2147483648.0,

@@ -160,14 +160,17 @@ pub fn literal(dtype: DType, value: ScalarValue) -> String {
                 v => v.as_i64(),
             };
             // Wrap into the type's range, as C++ casts do.
-            let wrapped = match d {
-                DType::U8 => i as u8 as i64,
-                DType::I8 => i as i8 as i64,
-                DType::I16 => i as i16 as i64,
-                DType::I32 => i as i32 as i64,
-                _ => i,
-            };
-            wrapped.to_string()
+            match d {
+                DType::U8 => (i as u8).to_string(),
+                DType::I8 => (i as i8).to_string(),
+                DType::I16 => (i as i16).to_string(),
+                DType::I32 => (i as i32).to_string(),
+                DType::U16 => (i as u16).to_string(),
+                DType::U32 => (i as u32).to_string(),
+                // A uint64 past i64's range is carried as its two's complement bits.
+                DType::U64 => (i as u64).to_string(),
+                _ => i.to_string(),
+            }
         }
         // A real value as a complex element: `(real, imaginary)`.
         DType::C64 | DType::C128 => {
@@ -815,6 +818,16 @@ impl Emitter {
         if from == ty {
             return v;
         }
+        // A bool is a byte in memory but one bit (`i1`) in StableHLO, which has no bitcast to
+        // or from it: bools are read as the bytes 0 and 1, and bytes as bools by `!= 0`.
+        if from.dtype == DType::Bool {
+            let bytes = self.convert(v, DType::U8);
+            return self.bitcast(bytes, ty);
+        }
+        if ty.dtype == DType::Bool {
+            let bytes = self.bitcast(v, ty.with_dtype(DType::U8));
+            return self.compare_const(Cmp::Ne, bytes, 0.0);
+        }
         if from.dtype.is_complex() {
             let re = self.real(v);
             let im = self.imag(v);
@@ -1050,6 +1063,11 @@ mod tests {
         );
         assert_eq!(literal(DType::F64, ScalarValue::Float(2.0)), "2.0");
         assert_eq!(literal(DType::U8, ScalarValue::Int(-1)), "255");
+        assert_eq!(literal(DType::U16, ScalarValue::Int(65537)), "1");
+        assert_eq!(
+            literal(DType::U64, ScalarValue::Int(-1)),
+            "18446744073709551615"
+        );
         assert_eq!(literal(DType::Bool, ScalarValue::Int(3)), "true");
     }
 }

@@ -1,9 +1,9 @@
-//! Sorting and advanced indexing: sort, topk, nonzero, masked_select, masked_scatter, and
-//! `index`/`index_put` with integer index tensors.
+//! Sorting and advanced indexing: sort, topk, nonzero, masked_select, masked_scatter,
+//! repeat_interleave's positions, and `index`/`index_put` with integer index tensors.
 //!
-//! Ops whose result size depends on the data (nonzero, masked_select) take that size as a static
-//! param: the caller counts first (one host read), so the op itself has a static shape and fuses
-//! like any other. Every selection is a stable sort by a key, which keeps equal keys in their
+//! Ops whose result size depends on the data (nonzero, masked_select, repeat_interleave) take
+//! that size as a static param: the caller counts first (one host read, or the user's
+//! `output_size`), so the op itself has a static shape and fuses like any other. Every selection is a stable sort by a key, which keeps equal keys in their
 //! original order — PyTorch's order for `stable=True`, and the order of its row-major scans.
 
 use crate::dtype::{DType, Shape, TensorType};
@@ -192,6 +192,28 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
             check_count(a.op, count, shape.iter().product())?;
             single(TensorType::new(x.dtype, &[count]))
         }
+        RepeatInterleave => {
+            a.expect_counts(1..=1, 0..=0)?;
+            let repeats = &i[0];
+            ensure!(
+                repeats.rank() == 1,
+                "repeat_interleave only accept 1D vector as repeat"
+            );
+            if !matches!(repeats.dtype, DType::I32 | DType::I64) {
+                return Err(OpError::not_implemented(format!(
+                    "\"repeat_interleave_pjrt\" not implemented for '{}'",
+                    repeats.dtype.scalar_type_name()
+                )));
+            }
+            let total = layout::Count::decode(p)?.count;
+            ensure!(
+                total >= 0,
+                "repeat_interleave: output_size must be non-negative, but got {total}"
+            );
+            // No repeats make nothing, whatever size was asked for (as PyTorch's kernels).
+            let total = if repeats.numel() == 0 { 0 } else { total };
+            single(TensorType::new(repeats.dtype, &[total]))
+        }
         MaskedScatter => {
             a.expect_counts(3..=3, 0..=0)?;
             let (x, mask, source) = (&i[0], &i[1], &i[2]);
@@ -317,6 +339,37 @@ fn positions_first(e: &mut Emitter, mask: Value, carried: Option<Value>) -> Valu
         None => e.iota(TensorType::new(DType::I64, &[n]), 0),
     };
     sort_by_key(e, &[flat, carried], 0, true_first)[1]
+}
+
+/// `repeat_interleave`'s result of `total` elements for the 1-d `repeats`: position `j` holds
+/// how many repeats end at or before `j` (`#{i : repeats[0] + ... + repeats[i] <= j}`), the
+/// position whose run covers `j`, capped at the last position (positions past the true total,
+/// a padded bucket's or a wrong `output_size`'s, stay valid indices). The running ends come
+/// from a lower-triangular sum, the counts from comparing every position with every end: both
+/// fuse into reductions, and `repeats` is short wherever the op is used (a sequence's
+/// durations, a batch's lengths, the experts' token counts).
+fn repeated_positions(e: &mut Emitter, repeats: Value, total: i64, dtype: DType) -> Value {
+    let n = e.ty(repeats).shape[0];
+    let wide = e.convert(repeats, DType::I64);
+    let square = TensorType::new(DType::I64, &[n, n]);
+    let rows = e.iota(square.clone(), 0);
+    let cols = e.iota(square.clone(), 1);
+    let upto = e.compare(Cmp::Le, cols, rows);
+    let spread = e.broadcast_in_dim(wide, &[n, n], &[1]);
+    let none = zeros(e, &square);
+    let kept = e.select(upto, spread, none);
+    let ends = e.reduce_sum(kept, &[1]);
+    let positions = e.iota(TensorType::new(DType::I64, &[total, n]), 0);
+    let ends = e.broadcast_in_dim(ends, &[total, n], &[1]);
+    let ended = e.compare(Cmp::Le, ends, positions);
+    let counted = e.convert(ended, DType::I64);
+    let count = e.reduce_sum(counted, &[1]);
+    let last = e.constant(
+        TensorType::new(DType::I64, &[total]),
+        ScalarValue::Int(n - 1),
+    );
+    let capped = e.min(count, last);
+    e.convert(capped, dtype)
 }
 
 /// The index tensors broadcast to the batch shape, wrapped (negative counts from the end) and
@@ -542,6 +595,14 @@ pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpErro
                 e.slice_dim(picked, 0, 0, out.shape[0], 1)
             }
         }
+        RepeatInterleave => {
+            let out = a.out(0).clone();
+            if out.numel() == 0 {
+                zeros(e, &out)
+            } else {
+                repeated_positions(e, x, out.shape[0], out.dtype)
+            }
+        }
         MaskedScatter => lower_masked_scatter(e, x, a.inputs[1], a.inputs[2]),
         Index => {
             let types: Vec<TensorType> = a.inputs[1..].iter().map(|&v| e.ty(v).clone()).collect();
@@ -693,6 +754,27 @@ mod tests {
         assert!(err
             .message
             .starts_with("Index put requires the source and destination dtypes match"));
+    }
+
+    #[test]
+    fn repeat_interleave_types_and_errors() {
+        let m = meta(OpId::RepeatInterleave, &[t(DType::I32, &[4])], &[], &[9]).unwrap();
+        assert_eq!(shapes(&m), [(DType::I32, vec![9])]);
+        // No repeats make nothing, whatever total was asked for.
+        let m = meta(OpId::RepeatInterleave, &[t(DType::I64, &[0])], &[], &[3]).unwrap();
+        assert_eq!(shapes(&m), [(DType::I64, vec![0])]);
+        let err = meta(OpId::RepeatInterleave, &[t(DType::I64, &[2, 2])], &[], &[4]).unwrap_err();
+        assert_eq!(
+            err.message,
+            "repeat_interleave only accept 1D vector as repeat"
+        );
+        let err = meta(OpId::RepeatInterleave, &[t(DType::F32, &[2])], &[], &[4]).unwrap_err();
+        assert_eq!(err.kind, ErrorKind::NotImplemented);
+        assert_eq!(
+            err.message,
+            "\"repeat_interleave_pjrt\" not implemented for 'Float'"
+        );
+        assert!(meta(OpId::RepeatInterleave, &[t(DType::I64, &[2])], &[], &[-1]).is_err());
     }
 
     #[test]

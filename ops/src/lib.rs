@@ -29,6 +29,7 @@ pub mod promote;
 mod random;
 mod reduce;
 mod shape;
+pub mod unsigned;
 
 pub use dtype::{scoped_default_float, DType, ScalarArg, ScalarValue, Shape, TensorType};
 pub use emitter::{Cmp, Emitter, Value};
@@ -164,8 +165,13 @@ pub fn meta(
         params: Params::new(op, params),
     };
     refuse_complex(op, inputs)?;
-    let mut meta = op.rule().meta(&args)?;
+    unsigned::refuse(op, inputs, false)?;
+    unsigned::clear_refused_promotion();
+    let meta = op.rule().meta(&args);
+    unsigned::take_refused_promotion()?;
+    let mut meta = meta?;
     refuse_complex(op, &meta.outputs)?;
+    unsigned::refuse(op, &meta.outputs, true)?;
     let default = DType::default_float();
     meta.float_default = (default != DType::F32).then_some(default);
     let precision = Precision::current();

@@ -484,6 +484,17 @@ op_catalogue! {
     /// The inverse transform to a real tensor over `dims` whose last dim becomes
     /// `last_dim_size` long (reading its first `last_dim_size / 2 + 1` frequencies).
     FftC2r = "_fft_c2r", family: Spectral, rule: fft::FftOps, inputs: "self", scalars: "", params: FftC2r, facts: { complex: true };
+
+    // ---- repeat_interleave -------------------------------------------------------------
+    /// `torch.repeat_interleave(repeats)`: each position `i` of the 1-d int32/int64 `repeats`
+    /// written `repeats[i]` times, `total` elements in all (the caller reads the sum from the
+    /// data, or takes the user's `output_size`); positions past the true total hold the last
+    /// position. Of `repeats`' dtype.
+    RepeatInterleave = "repeat_interleave", family: Indexing, rule: indexing::IndexingOps, inputs: "repeats", scalars: "", params: Count;
+    /// Whether `repeats` has no negative element and sums to `total` (a user's `output_size`,
+    /// which the op trusted). Side-effecting: outputs an `index_check`-shaped verdict (style
+    /// `NegativeRepeats` or `RepeatsTotal`), read at the next materialization point.
+    RepeatsCheck = "repeats_check", family: Check, rule: checks::CheckOps, inputs: "repeats", scalars: "total", params: None, facts: { side_effecting: true };
 }
 
 impl OpId {

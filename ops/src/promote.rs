@@ -10,6 +10,18 @@ pub fn promote_types(a: DType, b: DType) -> DType {
         return a;
     }
     match (a, b) {
+        // PyTorch promotes uint16, uint32 and uint64 only to floats; `ops::meta` raises its
+        // error for any other pair after the op's meta (see `crate::unsigned`).
+        (x, y) if x.is_wide_unsigned() || y.is_wide_unsigned() => {
+            if x.is_float() {
+                x
+            } else if y.is_float() {
+                y
+            } else {
+                crate::unsigned::note_refused_promotion(a, b);
+                a
+            }
+        }
         (Bool, x) | (x, Bool) => x,
         // A complex dtype wide enough for both: complex64 with float64 is complex128.
         (x, y) if x.is_complex() || y.is_complex() => {
@@ -204,7 +216,7 @@ pub fn fits_in(value: crate::dtype::ScalarValue, dtype: DType) -> bool {
         ScalarValue::Int(i) if dtype.is_integral(false) => {
             let max = dtype.max_value() as i128;
             let i = i as i128;
-            if dtype == DType::U8 {
+            if !dtype.is_signed_int() {
                 i <= max && -i <= max
             } else {
                 i >= dtype.min_value() as i128 && i <= max

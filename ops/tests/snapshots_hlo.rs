@@ -271,3 +271,18 @@ snapshot!(
     [ScalarArg::float(0.0)],
     [0, 2]
 );
+// repeat_interleave's positions for int32 repeats, and the check of a given output_size.
+snapshot!(
+    repeat_interleave_int32,
+    OpId::RepeatInterleave,
+    [t(DType::I32, &[3])],
+    [],
+    [5]
+);
+snapshot!(
+    repeats_check,
+    OpId::RepeatsCheck,
+    [t(DType::I64, &[3])],
+    [ScalarArg::int(5)],
+    []
+);

@@ -1,11 +1,12 @@
 //! Value tests of sorting and advanced indexing on the XLA CPU PJRT plugin against hand-worked
 //! results: NaN and tie order in sort/topk, nonzero and masked_select, index and index_put with
-//! adjacent and separated index dims, and masked_scatter.
+//! adjacent and separated index dims, masked_scatter, and repeat_interleave's positions and
+//! the check of a given `output_size`.
 
 mod common;
 
 use common::*;
-use ops::{DType, OpId, TensorType};
+use ops::{DType, OpId, ScalarArg, TensorType};
 
 fn iota(dtype: DType, shape: &[i64]) -> Host {
     let n = shape.iter().product::<i64>();
@@ -127,6 +128,68 @@ fn sorting_and_indexing_values() {
                 vec![0, 1],
             ),
             vec![(vec![2, 3], vec![0.0, 1.0, -1.0, 3.0, 4.0, -1.0])],
+        ),
+        // Zero repeats (positions 1 and 3) write nothing, also at the ends.
+        (
+            Case::new(
+                RepeatInterleave,
+                vec![Host::new(DType::I32, &[5], &[2.0, 0.0, 3.0, 0.0, 1.0])],
+                vec![],
+                vec![6],
+            ),
+            vec![(vec![6], vec![0.0, 0.0, 2.0, 2.0, 2.0, 4.0])],
+        ),
+        (
+            Case::new(
+                RepeatInterleave,
+                vec![i64s(&[0.0, 2.0, 0.0])],
+                vec![],
+                vec![2],
+            ),
+            vec![(vec![2], vec![1.0, 1.0])],
+        ),
+        // Past the true total (a padded bucket) every position is the last one.
+        (
+            Case::new(RepeatInterleave, vec![i64s(&[1.0, 1.0])], vec![], vec![4]),
+            vec![(vec![4], vec![0.0, 1.0, 1.0, 1.0])],
+        ),
+        // Verdicts `[bad, sum, total, 0, style]`: a right total, a wrong one (style 6), a
+        // negative repeat whose sum is right (style 5), no repeats at all.
+        (
+            Case::new(
+                RepeatsCheck,
+                vec![i64s(&[2.0, 0.0, 3.0])],
+                vec![ScalarArg::int(5)],
+                vec![],
+            ),
+            vec![(vec![5], vec![0.0, 5.0, 5.0, 0.0, 5.0])],
+        ),
+        (
+            Case::new(
+                RepeatsCheck,
+                vec![i64s(&[2.0, 0.0, 3.0])],
+                vec![ScalarArg::int(4)],
+                vec![],
+            ),
+            vec![(vec![5], vec![1.0, 5.0, 4.0, 0.0, 6.0])],
+        ),
+        (
+            Case::new(
+                RepeatsCheck,
+                vec![Host::new(DType::I32, &[3], &[1.0, -1.0, 2.0])],
+                vec![ScalarArg::int(2)],
+                vec![],
+            ),
+            vec![(vec![5], vec![1.0, 2.0, 2.0, 0.0, 5.0])],
+        ),
+        (
+            Case::new(
+                RepeatsCheck,
+                vec![i64s(&[])],
+                vec![ScalarArg::int(0)],
+                vec![],
+            ),
+            vec![(vec![5], vec![0.0, 0.0, 0.0, 0.0, 5.0])],
         ),
     ];
     let batch: Vec<Case> = cases.iter().map(|(c, _)| c.clone()).collect();

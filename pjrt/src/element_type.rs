@@ -11,6 +11,9 @@ pub enum ElementType {
     S32,
     S64,
     U8,
+    U16,
+    U32,
+    U64,
     F16,
     BF16,
     F32,
@@ -20,13 +23,16 @@ pub enum ElementType {
 }
 
 impl ElementType {
-    pub const ALL: [ElementType; 12] = [
+    pub const ALL: [ElementType; 15] = [
         ElementType::Pred,
         ElementType::S8,
         ElementType::S16,
         ElementType::S32,
         ElementType::S64,
         ElementType::U8,
+        ElementType::U16,
+        ElementType::U32,
+        ElementType::U64,
         ElementType::F16,
         ElementType::BF16,
         ElementType::F32,
@@ -39,9 +45,9 @@ impl ElementType {
     pub fn size_bytes(self) -> usize {
         match self {
             ElementType::Pred | ElementType::S8 | ElementType::U8 => 1,
-            ElementType::S16 | ElementType::F16 | ElementType::BF16 => 2,
-            ElementType::S32 | ElementType::F32 => 4,
-            ElementType::S64 | ElementType::F64 | ElementType::C64 => 8,
+            ElementType::S16 | ElementType::U16 | ElementType::F16 | ElementType::BF16 => 2,
+            ElementType::S32 | ElementType::U32 | ElementType::F32 => 4,
+            ElementType::S64 | ElementType::U64 | ElementType::F64 | ElementType::C64 => 8,
             ElementType::C128 => 16,
         }
     }
@@ -55,6 +61,9 @@ impl ElementType {
             ElementType::S32 => "i32",
             ElementType::S64 => "i64",
             ElementType::U8 => "ui8",
+            ElementType::U16 => "ui16",
+            ElementType::U32 => "ui32",
+            ElementType::U64 => "ui64",
             ElementType::F16 => "f16",
             ElementType::BF16 => "bf16",
             ElementType::F32 => "f32",
@@ -72,6 +81,9 @@ impl ElementType {
             ElementType::S32 => sys::PJRT_Buffer_Type_S32,
             ElementType::S64 => sys::PJRT_Buffer_Type_S64,
             ElementType::U8 => sys::PJRT_Buffer_Type_U8,
+            ElementType::U16 => sys::PJRT_Buffer_Type_U16,
+            ElementType::U32 => sys::PJRT_Buffer_Type_U32,
+            ElementType::U64 => sys::PJRT_Buffer_Type_U64,
             ElementType::F16 => sys::PJRT_Buffer_Type_F16,
             ElementType::BF16 => sys::PJRT_Buffer_Type_BF16,
             ElementType::F32 => sys::PJRT_Buffer_Type_F32,

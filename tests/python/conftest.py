@@ -89,6 +89,14 @@ def mode(request):
         yield request.param
 
 
+@pytest.fixture(params=["strict", "defer_and_fuse"])
+def strict_or_fused_mode(request):
+    """As `mode`, in Strict and DeferAndFuse only: for tests whose ops run alike in Debug (each
+    op of Strict, waited for), where a third mode would double their compile time."""
+    with in_mode_without_fallbacks(request.param):
+        yield request.param
+
+
 def seeded(seed):
     """A CPU generator seeded with `seed`: test inputs that do not depend on the test order."""
     return torch.Generator().manual_seed(seed)

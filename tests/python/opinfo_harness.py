@@ -46,7 +46,7 @@ CI_DTYPES = (torch.float32, torch.int64, torch.bool, torch.bfloat16)
 PJRT_DTYPES = frozenset(
     {
         torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32,
-        torch.int16, torch.int8, torch.uint8, torch.bool,
+        torch.int16, torch.int8, torch.uint8, torch.bool, torch.uint16, torch.uint32, torch.uint64,
     }
 )
 

@@ -1,9 +1,9 @@
 """complex64 and complex128 on pjrt: creation and copies, casts between complex and real, the
 arithmetic, functions, reductions and products the engine lowers for complex values, the views
 between complex and real tensors (`real`, `imag`, `view_as_real`, `view_as_complex`) and the
-conjugate bit, against the CPU in Strict and DeferAndFuse. The `mode` fixture asserts that none of
-these fell back to the CPU; ops the engine does not lower for complex values run on the CPU with
-the CPU's values (the last tests)."""
+conjugate bit, against the CPU in Strict and DeferAndFuse. The `strict_or_fused_mode` fixture
+(conftest.py) asserts that none of these fell back to the CPU; ops the engine does not lower for
+complex values run on the CPU with the CPU's values (the last tests)."""
 
 import warnings
 
@@ -11,16 +11,10 @@ import pytest
 import torch
 
 import torch_pjrt
-from conftest import in_mode_without_fallbacks, seeded
+from conftest import seeded
 
 COMPLEX = [torch.complex64, torch.complex128]
 TOL = {torch.complex64: dict(rtol=2e-6, atol=1e-6), torch.complex128: dict(rtol=1e-13, atol=1e-13)}
-
-
-@pytest.fixture(params=["strict", "defer_and_fuse"])
-def mode(request):
-    with in_mode_without_fallbacks(request.param):
-        yield request.param
 
 
 def sample(dtype, *shape, seed=0):
@@ -37,7 +31,7 @@ def same(got, expected, **tol):
 
 
 @pytest.mark.parametrize("dtype", COMPLEX)
-def test_creation_and_round_trips(mode, dtype):
+def test_creation_and_round_trips(strict_or_fused_mode, dtype):
     same(torch.zeros(2, 3, dtype=dtype, device="pjrt"), torch.zeros(2, 3, dtype=dtype))
     same(torch.ones(2, dtype=dtype, device="pjrt"), torch.ones(2, dtype=dtype))
     same(torch.full((3,), 2.5, dtype=dtype, device="pjrt"), torch.full((3,), 2.5, dtype=dtype))
@@ -60,7 +54,7 @@ def test_creation_and_round_trips(mode, dtype):
 
 
 @pytest.mark.parametrize("dtype", COMPLEX)
-def test_casts_between_complex_and_real(mode, dtype):
+def test_casts_between_complex_and_real(strict_or_fused_mode, dtype):
     x = sample(dtype, 5)
     p = x.to("pjrt")
     real = torch.tensor([1.5, -2.0, 0.0], dtype=torch.float64)
@@ -77,7 +71,7 @@ def test_casts_between_complex_and_real(mode, dtype):
 
 
 @pytest.mark.parametrize("dtype", COMPLEX)
-def test_arithmetic_and_promotion(mode, dtype):
+def test_arithmetic_and_promotion(strict_or_fused_mode, dtype):
     x, y = sample(dtype, 4, 3, seed=1), sample(dtype, 3, seed=2)
     px, py = x.to("pjrt"), y.to("pjrt")
     r = torch.randn(4, 3, generator=seeded(3))
@@ -101,7 +95,7 @@ def test_arithmetic_and_promotion(mode, dtype):
 
 @pytest.mark.parametrize("dtype", COMPLEX)
 @pytest.mark.parametrize("name", ["exp", "log", "sqrt", "sin", "cos", "tanh", "reciprocal"])
-def test_functions(mode, dtype, name):
+def test_functions(strict_or_fused_mode, dtype, name):
     x = sample(dtype, 64, seed=4)
     fn = getattr(torch, name)
     # XLA CPU's complex functions differ from PyTorch's by a few units in the last place.
@@ -110,7 +104,7 @@ def test_functions(mode, dtype, name):
 
 
 @pytest.mark.parametrize("dtype", COMPLEX)
-def test_abs_angle_parts_and_polar(mode, dtype):
+def test_abs_angle_parts_and_polar(strict_or_fused_mode, dtype):
     x = sample(dtype, 6, seed=5)
     p = x.to("pjrt")
     same(p.abs(), x.abs())
@@ -126,7 +120,7 @@ def test_abs_angle_parts_and_polar(mode, dtype):
 
 
 @pytest.mark.parametrize("dtype", COMPLEX)
-def test_views_share_storage(mode, dtype):
+def test_views_share_storage(strict_or_fused_mode, dtype):
     x = sample(dtype, 2, 3, seed=6)
     p = x.to("pjrt")
     pairs = torch.view_as_real(p)
@@ -153,7 +147,7 @@ def test_views_share_storage(mode, dtype):
 
 
 @pytest.mark.parametrize("dtype", COMPLEX)
-def test_conjugate_bit(mode, dtype):
+def test_conjugate_bit(strict_or_fused_mode, dtype):
     x = sample(dtype, 3, 3, seed=9)
     p = x.to("pjrt")
     c = p.conj()
@@ -177,7 +171,7 @@ def test_conjugate_bit(mode, dtype):
 
 
 @pytest.mark.parametrize("dtype", COMPLEX)
-def test_comparisons_where_and_reductions(mode, dtype):
+def test_comparisons_where_and_reductions(strict_or_fused_mode, dtype):
     x, y = sample(dtype, 4, 5, seed=10), sample(dtype, 4, 5, seed=11)
     y[0] = x[0]
     px, py = x.to("pjrt"), y.to("pjrt")
@@ -193,7 +187,7 @@ def test_comparisons_where_and_reductions(mode, dtype):
 
 
 @pytest.mark.parametrize("dtype", COMPLEX)
-def test_products_and_data_movement(mode, dtype):
+def test_products_and_data_movement(strict_or_fused_mode, dtype):
     a, b = sample(dtype, 3, 4, seed=13), sample(dtype, 4, 5, seed=14)
     pa, pb = a.to("pjrt"), b.to("pjrt")
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.complex64 else {}
@@ -226,7 +220,7 @@ def test_gradients_through_complex_values():
 
 
 @pytest.mark.parametrize("dtype", COMPLEX)
-def test_random_draws(mode, dtype):
+def test_random_draws(strict_or_fused_mode, dtype):
     # Each part is drawn on its own: uniform in [from, to), normal with half the variance.
     gen = torch.Generator(device="pjrt").manual_seed(3)
     z = torch.randn(20000, dtype=dtype, device="pjrt", generator=gen).cpu()
@@ -248,7 +242,7 @@ def test_random_draws(mode, dtype):
 
 
 @pytest.mark.parametrize("dtype", COMPLEX)
-def test_indexing(mode, dtype):
+def test_indexing(strict_or_fused_mode, dtype):
     x = sample(dtype, 5, 4, seed=21)
     p = x.to("pjrt")
     rows = torch.tensor([3, 0, 3, -1])

@@ -1,7 +1,7 @@
 """torch.fft, stft and istft on pjrt: the transforms compose into `_fft_c2c`, `_fft_r2c` and
 `_fft_c2r`, which the engine lowers to `stablehlo.fft`. Values and gradients against the CPU in
-Strict and DeferAndFuse, both precisions, every normalization and dims in any order; the `mode`
-fixture asserts that nothing fell back to the CPU."""
+Strict and DeferAndFuse, both precisions, every normalization and dims in any order; the
+`strict_or_fused_mode` fixture asserts that nothing fell back to the CPU."""
 
 import pytest
 import torch
@@ -16,12 +16,6 @@ TOL = {
     torch.complex128: dict(rtol=1e-10, atol=1e-10),
 }
 REAL_OF = {torch.complex64: torch.float32, torch.complex128: torch.float64}
-
-
-@pytest.fixture(params=["strict", "defer_and_fuse"])
-def mode(request):
-    with in_mode_without_fallbacks(request.param):
-        yield request.param
 
 
 def sample(dtype, *shape, seed=0):
@@ -48,7 +42,7 @@ NORMS = [None, "forward", "ortho"]
 
 @pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
 @pytest.mark.parametrize("norm", NORMS)
-def test_complex_transforms(mode, dtype, norm):
+def test_complex_transforms(strict_or_fused_mode, dtype, norm):
     x = sample(dtype, 3, 8, 5)
     for fn in [torch.fft.fft, torch.fft.ifft]:
         against_cpu(lambda t: fn(t, norm=norm), x)
@@ -62,7 +56,7 @@ def test_complex_transforms(mode, dtype, norm):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("norm", NORMS)
-def test_real_transforms(mode, dtype, norm):
+def test_real_transforms(strict_or_fused_mode, dtype, norm):
     x = sample(dtype, 4, 6, 9)
     for fn in [torch.fft.fft, torch.fft.ifft, torch.fft.rfft, torch.fft.ihfft]:
         against_cpu(lambda t: fn(t, norm=norm), x)
@@ -79,7 +73,7 @@ def test_real_transforms(mode, dtype, norm):
 
 @pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
 @pytest.mark.parametrize("norm", NORMS)
-def test_inverse_real_transforms(mode, dtype, norm):
+def test_inverse_real_transforms(strict_or_fused_mode, dtype, norm):
     # Frequencies that are not Hermitian: both sides ignore the imaginary part of the zero (and
     # Nyquist) frequency the same way.
     x = sample(dtype, 4, 6, 5)
@@ -93,7 +87,7 @@ def test_inverse_real_transforms(mode, dtype, norm):
     against_cpu(lambda t: torch.fft.irfftn(t, s=(7, 6), dim=(2, 0), norm=norm), x)
 
 
-def test_more_than_three_dims_and_round_trips(mode):
+def test_more_than_three_dims_and_round_trips(strict_or_fused_mode):
     x = sample(torch.float64, 2, 3, 4, 5, 6)
     against_cpu(torch.fft.fftn, x.to(torch.complex128))
     against_cpu(torch.fft.ifftn, x.to(torch.complex128))
@@ -105,7 +99,7 @@ def test_more_than_three_dims_and_round_trips(mode):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_helpers(mode, dtype):
+def test_helpers(strict_or_fused_mode, dtype):
     x = sample(dtype, 5, 8)
     against_cpu(torch.fft.fftshift, x)
     against_cpu(torch.fft.ifftshift, x)
@@ -116,7 +110,7 @@ def test_helpers(mode, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_stft_and_istft(mode, dtype):
+def test_stft_and_istft(strict_or_fused_mode, dtype):
     signal = sample(dtype, 2, 200)
     window = torch.hann_window(32, dtype=dtype)
 
@@ -146,7 +140,7 @@ def grads(fn, x):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_gradients(mode, dtype):
+def test_gradients(strict_or_fused_mode, dtype):
     x = sample(dtype, 3, 8)
     z = sample({torch.float32: torch.complex64, torch.float64: torch.complex128}[dtype], 3, 8)
     grads(torch.fft.fft, z)
@@ -164,7 +158,7 @@ def test_gradients(mode, dtype):
     grads(lambda s: torch.istft(s, 8, hop_length=2, window=window.to(s.device), length=64), spec)
 
 
-def test_out_variants(mode):
+def test_out_variants(strict_or_fused_mode):
     z = sample(torch.complex64, 4, 6)
     out = torch.empty(4, 6, dtype=torch.complex64, device="pjrt")
     result = torch.fft.fft(z.to("pjrt"), out=out)

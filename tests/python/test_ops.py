@@ -323,7 +323,7 @@ def test_errors_are_pytorch_errors(pjrt):
     with pytest.raises(IndexError):
         a.sum(5)
     with pytest.raises(TypeError, match="not supported on pjrt"):
-        torch.ones(2, dtype=torch.uint16, device=pjrt)
+        torch.ones(2, dtype=torch.float8_e4m3fn, device=pjrt)
     with pytest.raises(RuntimeError, match="numel"):
         torch.ones(0, device=pjrt).max()
     # the device stays usable

@@ -150,3 +150,18 @@ def test_results_of_many_dims(pjrt, mode):
         assert_close(deep.to(pjrt) + 1, deep + 1)
         with pytest.raises(RuntimeError, match="exceeds the ABI's 64"):
             torch.zeros([1] * 65, device=pjrt) + 1
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.int8, torch.uint8, torch.int16, torch.uint16, torch.float16, torch.int32,
+              torch.float32, torch.int64]
+)
+def test_bool_storage_viewed_as_other_dtypes_and_back(mode, dtype):
+    """A bool is a byte in memory but one bit in StableHLO: views between bool and any other
+    dtype read bools as the bytes 0 and 1, and bytes as bools by `!= 0`, as PyTorch does."""
+    flags = torch.rand(4, 16, generator=torch.Generator().manual_seed(3)) > 0.5
+    on_pjrt = flags.to("pjrt")
+    assert_close(on_pjrt.view(dtype).clone(), flags.view(dtype))
+    assert_close(on_pjrt.view(dtype)[1:3] * 1, flags.view(dtype)[1:3] * 1)
+    bytes_ = torch.tensor([0, 1, 2, 255, 0, 0, 7, 1] * 4, dtype=torch.uint8).view(dtype)
+    assert_close(bytes_.to("pjrt").view(torch.bool).clone(), bytes_.view(torch.bool))

@@ -227,7 +227,8 @@ fn dtype(code: i32) -> Result<DType, EngineError> {
             ErrorKind::Type,
             format!(
                 "dtype code {code} is not supported on pjrt; supported: float64, float32, \
-                 float16, bfloat16, int64, int32, int16, int8, uint8, bool, complex64, complex128"
+                 float16, bfloat16, int64, int32, int16, int8, uint64, uint32, uint16, uint8, \
+                 bool, complex64, complex128"
             ),
         )
     })

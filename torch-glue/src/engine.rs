@@ -22,7 +22,7 @@ mod graphs;
 type FlushedValues = smallvec::SmallVec<[DeviceValue; 2]>;
 
 /// The engine version: part of every cache key and cache directory name.
-pub const ENGINE_VERSION: &str = concat!("torch-pjrt-", env!("CARGO_PKG_VERSION"), "+hlo16");
+pub const ENGINE_VERSION: &str = concat!("torch-pjrt-", env!("CARGO_PKG_VERSION"), "+hlo17");
 
 /// Above this many pending ops DeferAndFuse flushes on its own. Compile time grows ~0.7 ms per op
 /// past a hundred on the CPU plugin (0.5 s at 1,500 ops), so a cap near a thousand keeps any
@@ -316,6 +316,9 @@ pub fn element_type(dtype: DType) -> pjrt::ElementType {
     match dtype {
         DType::Bool => E::Pred,
         DType::U8 => E::U8,
+        DType::U16 => E::U16,
+        DType::U32 => E::U32,
+        DType::U64 => E::U64,
         DType::I8 => E::S8,
         DType::I16 => E::S16,
         DType::I32 => E::S32,
@@ -1273,7 +1276,7 @@ impl Engine {
                 let bytes = buffer
                     .to_host()
                     .map_err(|e| runtime_error("reading an assertion's verdict", e))?;
-                if op == OpId::IndexCheck.name() {
+                if op == OpId::IndexCheck.name() || op == OpId::RepeatsCheck.name() {
                     let verdict: Vec<i64> = bytes
                         .chunks_exact(8)
                         .map(|w| i64::from_ne_bytes(w.try_into().expect("8 bytes")))

@@ -856,9 +856,9 @@ impl<V: Clone> Graph<V> {
         params: &[i64],
     ) -> Option<(usize, i64)> {
         let dim = match op {
-            // `[rank, count]` coordinates; `count` elements.
+            // `[rank, count]` coordinates; `count` elements; `total` repeated positions.
             OpId::Nonzero => 1,
-            OpId::MaskedSelect => 0,
+            OpId::MaskedSelect | OpId::RepeatInterleave => 0,
             _ => return None,
         };
         if !self.bounded {
@@ -872,11 +872,12 @@ impl<V: Clone> Graph<V> {
             .then_some((dim, count))
     }
 
-    /// `nonzero` or `masked_select` on exact inputs at a site whose count has changed: run at
-    /// the count's bucket (the elements a mask selects come first, so the first `count` of
-    /// the bucket's result are the true ones) and kept padded, so the ops reading it (an
-    /// index by the selected positions, the rows it picks, their products and the
-    /// `index_add` back) compile once per bucket. `None`: capture it exact.
+    /// `nonzero`, `masked_select` or `repeat_interleave` on exact inputs at a site whose
+    /// count has changed: run at the count's bucket (the elements a mask selects come first,
+    /// repeated positions are written in order, so the first `count` of the bucket's result
+    /// are the true ones) and kept padded, so the ops reading it (an index by the selected
+    /// positions, the rows it picks, their products and the `index_add` back) compile once
+    /// per bucket. `None`: capture it exact.
     pub(super) fn count_padded(
         &mut self,
         op: OpId,
@@ -893,8 +894,10 @@ impl<V: Clone> Graph<V> {
         };
         let bucket = padding::bucket(count);
         let exact = ops::meta(op, types, &[], params)?;
+        let mut bucket_params: SmallVec<[i64; 2]> = SmallVec::from_slice(params);
+        bucket_params[0] = bucket;
         // A bucket past the most the op can select (every element) stays exact.
-        let Ok(meta) = ops::meta(op, types, &[], &[bucket]) else {
+        let Ok(meta) = ops::meta(op, types, &[], &bucket_params) else {
             return Ok(None);
         };
         let true_ty = exact.outputs[0].clone();
@@ -905,7 +908,7 @@ impl<V: Clone> Graph<V> {
         for (t, placement) in inputs.iter().zip(placements) {
             node_inputs.push(self.read_for_node(t, placement)?);
         }
-        let id = self.push_node(RegionOp::Aten(op), &[bucket], &[], meta, node_inputs);
+        let id = self.push_node(RegionOp::Aten(op), &bucket_params, &[], meta, node_inputs);
         let dims = smallvec::smallvec![dim];
         Ok(Some(self.padded_result(
             None,

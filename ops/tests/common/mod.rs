@@ -19,6 +19,9 @@ pub fn element_type(d: DType) -> pjrt::ElementType {
     match d {
         DType::Bool => E::Pred,
         DType::U8 => E::U8,
+        DType::U16 => E::U16,
+        DType::U32 => E::U32,
+        DType::U64 => E::U64,
         DType::I8 => E::S8,
         DType::I16 => E::S16,
         DType::I32 => E::S32,
@@ -47,6 +50,11 @@ pub fn encode(dtype: DType, values: &[f64]) -> Vec<u8> {
             DType::I16 => out.extend_from_slice(&(x as i64 as i16).to_le_bytes()),
             DType::I32 => out.extend_from_slice(&(x as i64 as i32).to_le_bytes()),
             DType::I64 => out.extend_from_slice(&(x as i64).to_le_bytes()),
+            // C++ conversions wrap; values past int64 (uint64's top half) convert directly.
+            DType::U16 => out.extend_from_slice(&(x as i64 as u16).to_le_bytes()),
+            DType::U32 => out.extend_from_slice(&(x as i64 as u32).to_le_bytes()),
+            DType::U64 if x >= 2f64.powi(63) => out.extend_from_slice(&(x as u64).to_le_bytes()),
+            DType::U64 => out.extend_from_slice(&(x as i64 as u64).to_le_bytes()),
             DType::F16 | DType::BF16 => {
                 out.extend_from_slice(&(float_bits(dtype, x) as u16).to_le_bytes())
             }
@@ -89,6 +97,9 @@ pub fn decode(dtype: DType, bytes: &[u8]) -> Vec<f64> {
             DType::I16 => i16::from_le_bytes([c[0], c[1]]) as f64,
             DType::I32 => i32::from_le_bytes(c.try_into().unwrap()) as f64,
             DType::I64 => i64::from_le_bytes(c.try_into().unwrap()) as f64,
+            DType::U16 => u16::from_le_bytes([c[0], c[1]]) as f64,
+            DType::U32 => u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64,
+            DType::U64 => u64::from_le_bytes(c.try_into().unwrap()) as f64,
             DType::F16 => f16_to_f64(u16::from_le_bytes([c[0], c[1]])),
             DType::BF16 => f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16) as f64,
             DType::F32 => f32::from_le_bytes(c.try_into().unwrap()) as f64,

@@ -615,7 +615,9 @@ TpjrtScalar scalar_of(const at::Scalar& s, int32_t tensor_dtype) {
     r.int_value = s.toBool() ? 1 : 0;
   } else if (s.isIntegral(/*includeBool=*/false)) {
     r.kind = TPJRT_SCALAR_INT;
-    r.int_value = s.toLong();
+    // A uint64 past int64's range travels as its two's complement bits; the engine reads them
+    // back as unsigned for an unsigned result.
+    r.int_value = s.type() == at::kUInt64 ? static_cast<int64_t>(s.to<uint64_t>()) : s.toLong();
   } else if (s.isFloatingPoint()) {
     r.kind = TPJRT_SCALAR_FLOAT;
     r.float_value = s.toDouble();
@@ -1032,6 +1034,9 @@ void check_dtype_supported(at::ScalarType t) {
     case at::kShort:
     case at::kChar:
     case at::kByte:
+    case at::kUInt16:
+    case at::kUInt32:
+    case at::kUInt64:
     case at::kBool:
     case at::kComplexFloat:
     case at::kComplexDouble:
@@ -1042,7 +1047,7 @@ void check_dtype_supported(at::ScalarType t) {
           "dtype ",
           t,
           " is not supported on pjrt; supported: float64, float32, float16, bfloat16, int64, "
-          "int32, int16, int8, uint8, bool, complex64, complex128");
+          "int32, int16, int8, uint64, uint32, uint16, uint8, bool, complex64, complex128");
   }
 }
 

@@ -711,7 +711,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> pjrt_unique2(
   auto [values, order] = at::sort(flat, /*stable=*/true, 0, /*descending=*/false);
   at::Tensor is_new = at::cat({at::ones({1}, self.options().dtype(at::kBool)), values.slice(0, 1) != values.slice(0, 0, n - 1)});
   at::Tensor starts = is_new.nonzero().squeeze(1);
-  at::Tensor distinct = values.index_select(0, starts);
+  // Advanced indexing rather than index_select: it takes every dtype unique does (PyTorch has
+  // no index_select for uint16/32/64).
+  at::Tensor distinct = values.index({starts});
   at::Tensor inverse = none;
   if (return_inverse) {
     at::Tensor group = is_new.to(at::kLong).cumsum(0) - 1;

@@ -1,6 +1,6 @@
 // Advanced indexing on pjrt: `index`, `_index_put_impl_`, `index_add`, `nonzero`,
-// `masked_select` and `masked_scatter_`, whose arguments (lists of optional index tensors),
-// checks or data-dependent result sizes the kernel table cannot describe.
+// `masked_select`, `masked_scatter_` and `repeat_interleave`, whose arguments (lists of optional
+// index tensors), checks or data-dependent result sizes the kernel table cannot describe.
 //
 // A result size that depends on the data (how many elements nonzero or masked_select return) is
 // counted on the device and read to the host: the one sync these ops need. The op itself then
@@ -487,6 +487,51 @@ at::Tensor& pjrt_index_add_out(
   return out;
 }
 
+// ----- repeat_interleave -----
+
+// `torch.repeat_interleave(repeats)`: each position of `repeats` written as often as it says,
+// the index `repeat_interleave(self, repeats, dim)` selects with (PyTorch's composite). Without
+// `output_size` the total is the repeats' sum, read to the host together with their minimum
+// (the op's one sync, which also finds a negative repeat). With it nothing is read: a check on
+// the device compares the sum and the signs, and its verdict raises PyTorch's error at the next
+// materialization point, as index checks do.
+at::Tensor pjrt_repeat_interleave(const at::Tensor& repeats, std::optional<c10::SymInt> output_size) {
+  TORCH_CHECK(repeats.dim() == 1, "repeat_interleave only accept 1D vector as repeat");
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      repeats.scalar_type() == at::kLong || repeats.scalar_type() == at::kInt,
+      "\"repeat_interleave_pjrt\" not implemented for '", repeats.scalar_type(), "'");
+  int64_t total = 0;
+  bool trusted = false;
+  if (repeats.numel() != 0) {
+    if (output_size.has_value()) {
+      total = output_size->expect_int();
+      TORCH_CHECK(
+          total >= 0, "Trying to create tensor with negative dimension ", total, ": [", total, "]");
+      trusted = true;
+    } else {
+      const at::Tensor summary =
+          at::stack({repeats.sum(at::kLong), repeats.min().to(at::kLong)}).cpu();
+      const int64_t* sum_and_min = summary.const_data_ptr<int64_t>();
+      TORCH_CHECK(sum_and_min[1] >= 0, "repeats can not be negative");
+      total = sum_and_min[0];
+    }
+  }
+  static const int32_t op = engine_op("repeat_interleave");
+  OpCall c(op, "aten::repeat_interleave.Tensor");
+  c.input(repeats);
+  c.param(total);
+  at::Tensor result = c.run_functional();
+  if (trusted) {
+    static const int32_t check = engine_op("repeats_check");
+    OpCall k(check, "aten::repeat_interleave.Tensor");
+    k.input(repeats);
+    k.scalar(at::Scalar(total));
+    // A check gives PyTorch nothing: the engine keeps its verdict.
+    k.run_functional_n(0);
+  }
+  return result;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
@@ -501,6 +546,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("index_add", TORCH_FN(pjrt_index_add));
   m.impl("index_add_", TORCH_FN(pjrt_index_add_));
   m.impl("index_add.out", TORCH_FN(pjrt_index_add_out));
+  m.impl("repeat_interleave.Tensor", TORCH_FN(pjrt_repeat_interleave));
 }
 
 }  // namespace torch_pjrt

@@ -245,8 +245,9 @@ class OpCall {
   void out(const at::Tensor& t);
 
   // Whether the call must run on the CPU instead: a complex Python number among its scalars
-  // (the engine's scalars are real), or complex tensors the engine op refuses (its meta raises
-  // NotImplementedError for an op whose lowering is not known to be right for them).
+  // (the engine's scalars are real), or complex or uint16/32/64 tensors the engine op refuses
+  // (its meta raises NotImplementedError for an op whose lowering is not known to be right for
+  // them; for the unsigned ones the CPU then raises PyTorch's own error where it has no kernel).
   bool on_cpu() {
     return C10_UNLIKELY(complex_) && complex_on_cpu();
   }
@@ -270,7 +271,9 @@ class OpCall {
   bool complex_on_cpu();
   TpjrtScalar real_scalar(const at::Scalar& s);
   void note_complex(const at::Tensor& t) {
-    complex_ = complex_ || t.is_complex();
+    const at::ScalarType type = t.scalar_type();
+    complex_ = complex_ || t.is_complex() || type == at::kUInt16 || type == at::kUInt32 ||
+        type == at::kUInt64;
   }
 
   int32_t op_;
@@ -286,7 +289,8 @@ class OpCall {
   // call is made, in the dtype type promotion gives them beside the other inputs.
   c10::SmallVector<std::pair<size_t, at::Tensor>, 1> wrapped_;
   std::optional<c10::Device> device_;
-  // A complex tensor or number was passed; a complex number cannot reach the engine.
+  // A complex (or uint16/32/64) tensor or a complex number was passed; a complex number cannot
+  // reach the engine.
   bool complex_ = false;
   bool complex_scalar_ = false;
 };

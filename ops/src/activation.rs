@@ -8,7 +8,7 @@ use crate::emitter::{Cmp, Emitter, Value};
 use crate::error::OpError;
 use crate::param_layout as layout;
 use crate::promote::{broadcast_all, result_type, Operand};
-use crate::{LowerArgs, Meta, MetaArgs, MetaOutputs, OpId, ScalarDTypes};
+use crate::{LowerArgs, Meta, MetaArgs, MetaOutputs, OpId};
 
 crate::family_rule!(ActivationOps);
 
@@ -54,13 +54,7 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
             let mut outputs = MetaOutputs::new();
             outputs.push(x.clone());
             outputs.push(x.clone());
-            Ok(Meta {
-                outputs,
-                scalar_dtypes: ScalarDTypes::new(),
-                variant: 0,
-                float_default: None,
-                matmul_precision: None,
-            })
+            Ok(Meta::of_outputs(outputs))
         }
         LogSigmoidBackward => {
             a.expect_counts(3..=3, 0..=0)?;

@@ -443,13 +443,7 @@ fn conv_meta(a: &MetaArgs) -> Result<Meta, OpError> {
             outputs.push(pick(0, x.clone()));
             outputs.push(pick(1, w.clone()));
             outputs.push(pick(2, TensorType::new(gy.dtype, &gy.shape[1..2])));
-            Ok(Meta {
-                outputs,
-                scalar_dtypes: ScalarDTypes::new(),
-                variant: 0,
-                float_default: None,
-                matmul_precision: None,
-            })
+            Ok(Meta::of_outputs(outputs))
         }
     }
 }

@@ -64,6 +64,17 @@ pub type MetaOutputs = smallvec::SmallVec<[TensorType; 1]>;
 pub type ScalarDTypes = smallvec::SmallVec<[DType; 2]>;
 
 impl Meta {
+    /// Several outputs, no scalars, nothing else set.
+    pub fn of_outputs(outputs: MetaOutputs) -> Self {
+        Meta {
+            outputs,
+            scalar_dtypes: ScalarDTypes::new(),
+            variant: 0,
+            float_default: None,
+            matmul_precision: None,
+        }
+    }
+
     pub fn single(output: TensorType, scalar_dtypes: impl Into<ScalarDTypes>) -> Self {
         Meta {
             outputs: smallvec::smallvec![output],

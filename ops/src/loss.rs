@@ -516,13 +516,7 @@ impl OpRule for NllLoss2d {
         let mut outputs = MetaOutputs::new();
         outputs.push(out);
         outputs.push(TensorType::scalar(x.dtype));
-        Ok(Meta {
-            outputs,
-            scalar_dtypes: ScalarDTypes::new(),
-            variant: 0,
-            float_default: None,
-            matmul_precision: None,
-        })
+        Ok(Meta::of_outputs(outputs))
     }
 
     fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {

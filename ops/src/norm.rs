@@ -11,7 +11,7 @@ use crate::error::{ensure, OpError};
 use crate::param_layout as layout;
 use crate::params::wrap_dim;
 use crate::reduce::sum_keepdim;
-use crate::{LowerArgs, Meta, MetaArgs, MetaOutputs, OpId, ScalarDTypes};
+use crate::{LowerArgs, Meta, MetaArgs, MetaOutputs, OpId};
 
 crate::family_rule!(NormOps);
 
@@ -112,13 +112,7 @@ fn same_shape(op: OpId, grad: &TensorType, x: &TensorType) -> Result<(), OpError
 }
 
 fn three(a: TensorType, b: TensorType, c: TensorType) -> Meta {
-    Meta {
-        outputs: MetaOutputs::from_vec(vec![a, b, c]),
-        scalar_dtypes: ScalarDTypes::new(),
-        variant: 0,
-        float_default: None,
-        matmul_precision: None,
-    }
+    Meta::of_outputs(MetaOutputs::from_vec(vec![a, b, c]))
 }
 
 /// Group norm's `N, C, HxW, group` params, checked against the input as PyTorch does.

@@ -436,7 +436,9 @@ def write_markdown(path: str, results: list, meta: dict, chart_name: str | None)
         "jobs, multi-threaded CPU work (CPU eager, inductor, the XLA CPU runtimes) is noisier than "
         "single-threaded host work.",
         f"Medians of {meta['reps']} timed repetitions after {meta['warmup']} warm-up ones "
-        f"(fewer where a case ran past its time budget: marked †), the device synced before the clock stops"
+        f"(fewer where a case ran past its time budget: marked †), the device synced before the clock stops; "
+        "pjrt's timed repetitions start once the background recompiles of quick programs that warm-up "
+        "started (RFC 0041) have finished"
         + (" — **BENCH_QUICK run: small sizes, not comparable to a full run**." if meta["quick"] else "."),
         "",
         "How to read the tables: *vs X* is the speed relative to backend X, time(X) / time(row): above 1 "

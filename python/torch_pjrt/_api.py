@@ -89,6 +89,17 @@ def sync() -> None:
     _native.check(_native.ensure_started().tpjrt_sync())
 
 
+def _wait_compile_upgrades(limit_s: float = 60.0) -> bool:
+    """Waits, at most ``limit_s`` seconds, until no quick program is being compiled again in full
+    in the background (RFC 0041); returns whether none is. Benchmarks call it after warm-up so
+    that they time the programs a loop settles on, not a transient."""
+    settled = ctypes.c_int32(0)
+    _native.check(
+        _native.ensure_started().tpjrt_wait_compile_upgrades(int(limit_s * 1000), ctypes.byref(settled))
+    )
+    return bool(settled.value)
+
+
 def _json_from(function) -> str:
     length = ctypes.c_uint64(0)
     capacity = 4096

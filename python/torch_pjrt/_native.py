@@ -90,6 +90,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "tpjrt_cache_stats_json": (c_int, [ctypes.c_char_p, c_u64, ctypes.POINTER(c_u64)]),
         "tpjrt_graph_end": (c_int, []),
         "tpjrt_wait_warm_up": (c_int, []),
+        "tpjrt_wait_compile_upgrades": (c_int, [ctypes.c_int64, ctypes.POINTER(c_int)]),
         "tpjrt_prepare_exit": (c_int, []),
         "tpjrt_mode_push": (c_int, [c_int]),
         "tpjrt_mode_pop": (c_int, []),

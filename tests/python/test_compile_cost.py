@@ -168,3 +168,23 @@ def test_a_quick_program_run_often_is_upgraded_to_a_full_compile_in_the_backgrou
     assert off.strip() == "0 True False True ['compiled']", off
     bad = run_python("import torch, torch_pjrt; torch.ones(1).to('pjrt')", env={"TORCH_PJRT_TIERED_COMPILE": "soon"})
     assert bad.returncode != 0 and "TORCH_PJRT_TIERED_COMPILE must be 0 (off), 1 (on)" in bad.stderr, bad.stderr
+
+
+def test_waiting_for_upgrades_returns_once_the_full_program_serves_the_loop():
+    # Benchmarks wait for the upgrades that warm-up started before timing; the wait must end
+    # with the full program in tier 1, and report an engine with nothing queued as settled.
+    code = """
+        import torch, torch_pjrt
+        from torch_pjrt import _api
+        torch.manual_seed(0)
+        x = torch.randn(36, 44).to("pjrt")
+        with torch_pjrt.eager_mode("defer_and_fuse"):
+            for _ in range(10):
+                y = torch.softmax(torch.tanh(x * 1.5 + 0.25), -1).cumsum(0).sum(0).cpu()
+            settled = _api._wait_compile_upgrades(120.0)
+            m = torch_pjrt.metrics()
+        sources = {p["source"] for p in torch_pjrt.cache_stats() if p["region"].startswith("region of")}
+        print(settled, int(m["compile_upgrades"]), sorted(sources), _api._wait_compile_upgrades(0.0))
+    """
+    out = assert_ok(run_python(code))
+    assert out.strip() == "True 1 ['upgraded'] True", out

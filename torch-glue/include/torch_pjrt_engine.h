@@ -345,6 +345,16 @@ int32_t tpjrt_read_host(const struct TpjrtTensor *src, void *data, uint64_t nbyt
 int32_t tpjrt_wait_warm_up(void);
 
 /**
+ * Waits, at most `limit_ms` milliseconds, until no quick program's background recompile with
+ * full options (RFC 0041) is queued or running, and writes 1 to `settled` when none is, else 0.
+ * For benchmarks and tests that time the programs a loop settles on; never starts the engine.
+ *
+ * # Safety
+ * `settled` must point to one writable `int32_t`.
+ */
+int32_t tpjrt_wait_compile_upgrades(int64_t limit_ms, int32_t *settled);
+
+/**
  * Readies the process to exit: waits for the warm-up and the compiles running now, and refuses
  * later compiles. A client calls it before the process exits (the Python package does from
  * `atexit`; a C program before returning from `main`): the runtime's global state is torn

@@ -621,6 +621,25 @@ pub extern "C" fn tpjrt_wait_warm_up() -> i32 {
     })
 }
 
+/// Waits, at most `limit_ms` milliseconds, until no quick program's background recompile with
+/// full options (RFC 0041) is queued or running, and writes 1 to `settled` when none is, else 0.
+/// For benchmarks and tests that time the programs a loop settles on; never starts the engine.
+///
+/// # Safety
+/// `settled` must point to one writable `int32_t`.
+#[no_mangle]
+pub unsafe extern "C" fn tpjrt_wait_compile_upgrades(limit_ms: i64, settled: *mut i32) -> i32 {
+    guarded(|| {
+        if settled.is_null() {
+            return Err(invalid("tpjrt_wait_compile_upgrades: null output".into()));
+        }
+        let limit = std::time::Duration::from_millis(limit_ms.max(0) as u64);
+        let done = global::running().is_none_or(|engine| engine.wait_for_upgrades(limit));
+        *settled = i32::from(done);
+        Ok(())
+    })
+}
+
 /// Readies the process to exit: waits for the warm-up and the compiles running now, and refuses
 /// later compiles. A client calls it before the process exits (the Python package does from
 /// `atexit`; a C program before returning from `main`): the runtime's global state is torn

@@ -550,6 +550,12 @@ impl Engine {
         self.compiler.close_for_exit(limit);
     }
 
+    /// Waits, at most `limit`, until no background upgrade of a quick program is queued or
+    /// running (RFC 0041); returns whether none is.
+    pub fn wait_for_upgrades(&self, limit: std::time::Duration) -> bool {
+        self.compiler.wait_for_upgrades(limit)
+    }
+
     /// Waits, at most `limit`, for a warm-up in progress. The process calls it before exiting,
     /// so that the runtime is not torn down under a running compile.
     /// A child forked from the starting process has no warm-up thread: it does not wait.

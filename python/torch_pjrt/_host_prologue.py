@@ -28,7 +28,7 @@ class HostSplit:
     device_inputs: list  # positions of the graph's pjrt inputs
     host_outputs: int  # how many of the prologue's results are graph outputs
     outputs: list  # per graph output: ("host", k), ("device", k) or ("constant", value)
-    host_ops: int
+    host_ops: int  # the prologue's tensor ops (list indexing left out)
 
     def run(self, args, run_device):
         """Runs the prologue on the CPU inputs, uploads the packs, runs the device part through
@@ -147,7 +147,7 @@ def split(gm):
         and n.target is aten.copy_.default
         and n.args[0].op == "placeholder"
     ]
-    if any(n.users for n in deferred):
+    if any(n.users or len(n.args) != 2 or n.kwargs for n in deferred):
         return None
     outputs_of = output.args[0]
     if not isinstance(outputs_of, (list, tuple)):
@@ -166,24 +166,32 @@ def split(gm):
             env[node] = host_graph.node_copy(node)
         else:
             device_inputs.append(position)
-    host_ops = 0
     for node, place in places.items():
         if place == "device" or node.op == "placeholder" or node in deferred:
             continue
         env[node] = host_graph.node_copy(node, lambda n: env[n])
-        host_ops += node.op == "call_function"
     groups = {}
     for node in boundary:
         groups.setdefault(node.meta["val"].dtype, []).append(node)
     packs = []
     for nodes in groups.values():
-        flat = [host_graph.call_function(aten.reshape.default, (env[n], [-1])) for n in nodes]
-        packs.append(host_graph.call_function(aten.cat.default, (flat,)))
-    for node in deferred:
-        host_graph.node_copy(node, lambda n: env[n])
-        host_ops += 1
+        # One op per pack and one for the writes, not one per value: a step of Adam over 200
+        # parameters packs 400 scalars and writes 200 step counters.
+        if all(n.meta["val"].dim() == 0 for n in nodes):
+            packs.append(host_graph.call_function(aten.stack.default, ([env[n] for n in nodes],)))
+        else:
+            flat = [host_graph.call_function(aten.reshape.default, (env[n], [-1])) for n in nodes]
+            packs.append(host_graph.call_function(aten.cat.default, (flat,)))
+    if deferred:
+        targets = [env[n.args[0]] for n in deferred]
+        values = [env[n.args[1]] if isinstance(n.args[1], fx.Node) else n.args[1] for n in deferred]
+        host_graph.call_function(aten._foreach_copy_.default, (targets, values))
     host_graph.output(tuple([env[o] for o in on_host] + packs))
+    _vectorize_scalar_foreach(host_graph)
     host_graph.eliminate_dead_code()
+    host_ops = sum(
+        n.op == "call_function" and n.target is not operator.getitem for n in host_graph.nodes
+    )
 
     device_graph = fx.Graph()
     denv = {}
@@ -225,3 +233,124 @@ def split(gm):
         outputs=plan,
         host_ops=host_ops,
     )
+
+
+# The pointwise overloads a foreach overload's ops are, in order of preference.
+_POINTWISE_OVERLOADS = {
+    "default": ("default",),
+    "Scalar": ("Scalar", "Tensor_Scalar"),
+    "ScalarAndTensor": ("Scalar",),
+    "List": ("Tensor", "Tensor_Tensor"),
+    "Tensor": ("Tensor", "Tensor_Tensor"),
+}
+
+
+def _scalar_list(node_list):
+    """The 0-d tensors' dtype when `node_list` is a list of nodes making CPU 0-d tensors of one
+    dtype, else None."""
+    import torch
+    import torch.fx as fx
+
+    if not isinstance(node_list, (list, tuple)) or not node_list:
+        return None
+    vals = [n.meta.get("val") if isinstance(n, fx.Node) else None for n in node_list]
+    if not all(
+        isinstance(v, torch.Tensor) and v.dim() == 0 and v.device.type == "cpu" for v in vals
+    ):
+        return None
+    dtypes = {v.dtype for v in vals}
+    return dtypes.pop() if len(dtypes) == 1 else None
+
+
+def _unbound_stack(nodes):
+    """The 1-d tensor whose unbinding `nodes` are, in order, or None."""
+    import torch
+
+    first = nodes[0]
+    if first.op != "call_function" or first.target is not operator.getitem:
+        return None
+    source = first.args[0]
+    if (
+        getattr(source, "target", None) is not torch.ops.aten.unbind.int
+        or source.meta.get("stack_of") != len(nodes)
+        or not all(
+            n.op == "call_function" and n.target is operator.getitem and n.args == (source, k)
+            for k, n in enumerate(nodes)
+        )
+    ):
+        return None
+    return source.args[0]
+
+
+def _vectorize_scalar_foreach(graph) -> None:
+    """Runs each functional foreach op over CPU 0-d tensors as one op over their stack: the
+    prologue of an optimizer step over 200 parameters is a dozen foreach ops over the step
+    counters, which PyTorch's CPU foreach kernels run one 0-d tensor at a time (about 2,400
+    tensor ops a step). Each list of 0-d tensors is stacked (a list that is an unbound stack
+    takes the stack itself), the pointwise op runs once and is unbound for the elements' users."""
+    import torch
+
+    aten = torch.ops.aten
+    stacks = {}
+
+    def stacked(nodes, before):
+        key = tuple(nodes)
+        if key not in stacks:
+            source = _unbound_stack(nodes)
+            if source is None:
+                with graph.inserting_before(before):
+                    source = graph.call_function(aten.stack.default, (list(nodes),))
+            stacks[key] = source
+        return stacks[key]
+
+    for node in list(graph.nodes):
+        target = node.target
+        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+            continue
+        name = target._schema.name
+        if not name.startswith("aten::_foreach_") or target._schema.is_mutable:
+            continue
+        packet = getattr(aten, name.removeprefix("aten::_foreach_"), None)
+        overloads = _POINTWISE_OVERLOADS.get(target._overloadname, ())
+        pointwise = next((getattr(packet, o) for o in overloads if hasattr(packet, o)), None)
+        users = list(node.users)
+        lists = [a for a in node.args if isinstance(a, (list, tuple))]
+        if (
+            pointwise is None
+            or not users
+            or not lists
+            or not all(u.target is operator.getitem for u in users)
+            or _scalar_list(users) is None
+        ):
+            continue
+        count = len(lists[0])
+        dtypes = [_scalar_list(a) for a in lists]
+        if None in dtypes or any(len(a) != count for a in lists):
+            continue
+        # The stacked op must make the elements' dtype: PyTorch promotes 0-d and 1-d tensors
+        # alike, but that is checked on small tensors here, not assumed.
+        samples = iter(torch.zeros(count, dtype=d) for d in dtypes)
+        sample_args = [next(samples) if isinstance(a, (list, tuple)) else a for a in node.args]
+        try:
+            made = pointwise(*sample_args, **node.kwargs).dtype
+        except (RuntimeError, TypeError):
+            continue
+        if made != users[0].meta["val"].dtype:
+            continue
+        args = [stacked(list(a), node) if isinstance(a, (list, tuple)) else a for a in node.args]
+        with graph.inserting_before(node):
+            out = graph.call_function(pointwise, tuple(args), dict(node.kwargs))
+            unbound = graph.call_function(aten.unbind.int, (out,))
+        unbound.meta["stack_of"] = count
+        for user in users:
+            user.args = (unbound, user.args[1])
+        graph.erase_node(node)
+
+    # A pack of values that are an unbound stack is that stack.
+    for node in list(graph.nodes):
+        if node.target is aten.stack.default and len(node.args) == 1 and not node.kwargs:
+            nodes = list(node.args[0])
+            source = _scalar_list(nodes) is not None and _unbound_stack(nodes)
+            if source is not None and source is not False:
+                node.replace_all_uses_with(source)
+                graph.erase_node(node)

@@ -457,3 +457,35 @@ def test_a_compiled_training_step_with_a_default_optimizer_replays_every_graph()
     assert after["compiled_graph_replays"] - warm["compiled_graph_replays"] == 3 * (steps - warm_up)
     assert after["compiled_graph_runs"] - warm["compiled_graph_runs"] == 3 * (steps - warm_up)
 
+
+
+def test_a_host_prologue_runs_foreach_ops_over_cpu_scalars_as_one_op_each():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torch_pjrt import _host_prologue
+
+    def step(steps, params):
+        new = torch._foreach_add(steps, 1)
+        corrections = torch._foreach_sub(torch._foreach_pow(0.9, new), 1)
+        out = [p * c for p, c in zip(params, corrections)]
+        for s, n in zip(steps, new):
+            s.copy_(n)
+        return out
+
+    def inputs(device):
+        steps = [torch.tensor(float(k)) for k in range(4)]
+        return steps, [torch.full((3,), k + 1.0, device=device) for k in range(4)]
+
+    gm = make_fx(step, tracing_mode="fake")(*inputs("pjrt"))
+    split = _host_prologue.split(gm)
+    assert split is not None
+    prologue_ops = [str(n.target) for n in split.prologue.graph.nodes if n.op == "call_function"]
+    # PyTorch's CPU foreach kernels would run each of these once per 0-d tensor.
+    assert not [op for op in prologue_ops if "_foreach_" in op and "copy_" not in op], prologue_ops
+    steps, params = inputs("pjrt")
+    expected_steps, expected_params = inputs("cpu")
+    expected = step(expected_steps, expected_params)
+    out = split.run(list(steps) + list(params), lambda args: split.device(*args))
+    for a, e in zip(out, expected):
+        torch.testing.assert_close(a.cpu(), e)
+    assert [float(s) for s in steps] == [float(s) for s in expected_steps] == [1.0, 2.0, 3.0, 4.0]

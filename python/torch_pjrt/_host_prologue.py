@@ -18,6 +18,7 @@ from __future__ import annotations
 import operator
 from dataclasses import dataclass
 
+
 @dataclass
 class HostSplit:
     """A graph split into its host prologue and its device part."""

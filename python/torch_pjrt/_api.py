@@ -141,8 +141,9 @@ def metrics() -> dict:
     mode (``torch.compile(backend="pjrt")``) adds ``compiled_graphs`` (graphs built),
     ``compiled_graph_runs``, ``compiled_graph_replays`` (runs of a recorded program),
     ``compiled_graph_seconds`` (compiling their programs),
-    ``compiled_graph_list`` (the latest graphs: ``graph``, ``kind``, ``ops``, ``programs``,
-    ``compile_seconds``, ``first_run_seconds``) and ``graph_breaks`` (Dynamo's, this
+    ``compiled_graph_list`` (the latest graphs: ``graph``, ``kind``, ``ops``, ``host_ops``
+    (CPU ops run before the graph's device part), ``programs``, ``compile_seconds``,
+    ``first_run_seconds``) and ``graph_breaks`` (Dynamo's, this
     process)."""
     m = json.loads(_metrics_json())
     native = _native.native()
@@ -228,9 +229,10 @@ def metrics_report() -> str:
     if graphs:
         lines.append("  compiled graphs (torch.compile, oldest first):")
         for g in graphs:
+            host = f"  ({g['host_ops']} on the host)" if g.get("host_ops") else ""
             lines.append(
                 f"    {g['graph']:<14} {g['ops']:5d} ops  {g['programs']:3d} programs  "
-                f"{g['compile_seconds']:8.4f} s compiling"
+                f"{g['compile_seconds']:8.4f} s compiling{host}"
             )
     if reasons:
         lines.append("  recent recompiles (oldest first):")

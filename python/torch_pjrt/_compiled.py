@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 
-from . import _native
+from . import _host_prologue, _native
 
 # Dispatch keys whose kernels serve every device: an op with one of them runs through the
 # device's kernels for the ops it calls.
@@ -166,11 +166,12 @@ class _CompiledGraph:
     a program over the graph's storages; later calls replay that program without running the
     graph's ops, whenever the inputs are pjrt tensors shaped as when it was recorded."""
 
-    def __init__(self, gm, kind: str, name: str):
+    def __init__(self, gm, kind: str, name: str, host_ops: int = 0):
         self.gm = gm
         self.kind = kind
         self.name = name
         self.ops = sum(1 for n in gm.graph.nodes if n.op == "call_function")
+        self.host_ops = host_ops  # CPU ops split off into a host prologue
         self.warm = False
         # Random ops draw from the generator's state as scalars of their own: a recorded
         # program would repeat its numbers.
@@ -294,6 +295,7 @@ class _CompiledGraph:
             "graph": self.name,
             "kind": self.kind,
             "ops": self.ops,
+            "host_ops": self.host_ops,
             "programs": int(after["compilations"] - before["compilations"]),
             "compile_seconds": float(after["compile_seconds"] - before["compile_seconds"]),
             "first_run_seconds": seconds,
@@ -321,16 +323,27 @@ _graph_numbers = collections.Counter()
 
 def _compiler(kind: str):
     def compile_graph(gm, example_inputs):
-        missing = _ops_without_device_kernel(gm)
+        # CPU scalar inputs (a non-capturable optimizer's steps, a learning rate): their CPU
+        # ops become a prologue, so the device part takes pjrt tensors only and is replayed.
+        split = _host_prologue.split(gm)
+        device_gm = gm if split is None else split.device
+        missing = _ops_without_device_kernel(device_gm)
         with _lock:
             _graph_numbers[kind] += 1
             name = f"{kind}_{_graph_numbers[kind]}"
         if missing:
             raise NotImplementedError(_fallback_message(name, missing))
-        graph = _CompiledGraph(gm, kind, name)
+        graph = _CompiledGraph(device_gm, kind, name, 0 if split is None else split.host_ops)
 
-        def run(args):
-            return graph(args)
+        if split is None:
+
+            def run(args):
+                return graph(args)
+
+        else:
+
+            def run(args):
+                return split.run(args, graph)
 
         run._boxed_call = True  # AOTAutograd calls it with one list of arguments
         run.graph = graph

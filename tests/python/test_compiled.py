@@ -369,3 +369,123 @@ def test_an_out_of_range_index_in_a_replayed_graph_raises_at_the_read():
         torch.testing.assert_close(
             compiled(torch.tensor([4], device="pjrt")).cpu(), emb.weight[4:5].detach().cpu()
         )
+
+
+
+def _default_optimizer(optimizer, params, scheduled):
+    """A default-constructed optimizer (CPU step counters, not capturable): with a float learning
+    rate, or with a CPU tensor one and a schedule (a float one under a schedule is a new constant
+    to Dynamo at every value: it recompiles the step, whatever the backend's graphs)."""
+    if not scheduled:
+        return optimizer(params), None
+    opt = optimizer(params, lr=torch.tensor(1e-2))
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + 0.1 * s))
+
+
+@pytest.mark.parametrize("scheduled", [False, True], ids=["float_lr", "scheduled_tensor_lr"])
+@pytest.mark.parametrize("optimizer", [torch.optim.Adam, torch.optim.AdamW])
+def test_a_default_optimizer_step_with_cpu_scalars_is_replayed(optimizer, scheduled):
+    # Dynamo hands the step's graph the step counters (and a tensor learning rate) as CPU 0-d
+    # tensors. Their CPU ops run before the graph's device part, whose program is recorded once
+    # and replayed with the new values uploaded.
+    steps, warm_up = 20, 5
+    batches = [(x.to("pjrt"), y.to("pjrt")) for x, y in _batches(steps)]
+
+    def train(compile_step):
+        model = _mlp().to("pjrt")
+        opt, sched = _default_optimizer(optimizer, model.parameters(), scheduled)
+        step = torch.compile(opt.step, backend="pjrt") if compile_step else opt.step
+        losses, warm = [], None
+        for i, (x, y) in enumerate(batches):
+            if i == warm_up:
+                warm = _counts()
+            loss = _loss(model, x, y)
+            loss.backward()
+            step()
+            opt.zero_grad()
+            if sched is not None:
+                sched.step()
+            losses.append(loss.detach())
+        return model, [float(l) for l in losses], warm
+
+    with torch_pjrt.eager_mode("defer_and_fuse"):
+        expected_model, expected, _ = train(compile_step=False)
+    with in_mode_without_fallbacks("defer_and_fuse"):
+        model, losses, warm = train(compile_step=True)
+        after = _counts()
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), rtol=1e-6, atol=1e-6)
+    for p, q in zip(model.parameters(), expected_model.parameters()):
+        torch.testing.assert_close(p.detach().cpu(), q.detach().cpu(), rtol=1e-6, atol=1e-6)
+    assert after["compilations"] == warm["compilations"], (warm, after)
+    assert after["compiled_graphs"] == warm["compiled_graphs"]
+    assert after["compiled_graph_replays"] - warm["compiled_graph_replays"] == steps - warm_up
+    graphs = torch_pjrt.metrics()["compiled_graph_list"]
+    assert graphs[-1]["host_ops"] > 0, graphs
+
+
+def test_a_compiled_training_step_with_a_default_optimizer_replays_every_graph():
+    steps, warm_up = 20, 5
+    batches = [(x.to("pjrt"), y.to("pjrt")) for x, y in _batches(steps)]
+
+    def train_step(model, opt, x, y):
+        loss = _loss(model, x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    def train(step_fn):
+        model = _mlp().to("pjrt")
+        opt, sched = _default_optimizer(torch.optim.AdamW, model.parameters(), scheduled=True)
+        losses, warm = [], None
+        for i, (x, y) in enumerate(batches):
+            if i == warm_up:
+                warm = _counts()
+            losses.append(step_fn(model, opt, x, y).detach())
+            sched.step()
+        return [float(l) for l in losses], warm
+
+    with torch_pjrt.eager_mode("defer_and_fuse"):
+        expected, _ = train(train_step)
+    with in_mode_without_fallbacks("defer_and_fuse"):
+        losses, warm = train(torch.compile(train_step, backend="pjrt"))
+        after = _counts()
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), rtol=1e-6, atol=1e-6)
+    assert after["compilations"] == warm["compilations"], (warm, after)
+    # Forward, backward and the optimizer's graph: each replayed on every later step, none of
+    # their ops captured again.
+    assert after["compiled_graph_replays"] - warm["compiled_graph_replays"] == 3 * (steps - warm_up)
+    assert after["compiled_graph_runs"] - warm["compiled_graph_runs"] == 3 * (steps - warm_up)
+
+
+
+def test_a_host_prologue_runs_foreach_ops_over_cpu_scalars_as_one_op_each():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torch_pjrt import _host_prologue
+
+    def step(steps, params):
+        new = torch._foreach_add(steps, 1)
+        corrections = torch._foreach_sub(torch._foreach_pow(0.9, new), 1)
+        out = [p * c for p, c in zip(params, corrections)]
+        for s, n in zip(steps, new):
+            s.copy_(n)
+        return out
+
+    def inputs(device):
+        steps = [torch.tensor(float(k)) for k in range(4)]
+        return steps, [torch.full((3,), k + 1.0, device=device) for k in range(4)]
+
+    gm = make_fx(step, tracing_mode="fake")(*inputs("pjrt"))
+    split = _host_prologue.split(gm)
+    assert split is not None
+    prologue_ops = [str(n.target) for n in split.prologue.graph.nodes if n.op == "call_function"]
+    # PyTorch's CPU foreach kernels would run each of these once per 0-d tensor.
+    assert not [op for op in prologue_ops if "_foreach_" in op and "copy_" not in op], prologue_ops
+    steps, params = inputs("pjrt")
+    expected_steps, expected_params = inputs("cpu")
+    expected = step(expected_steps, expected_params)
+    out = split.run(list(steps) + list(params), lambda args: split.device(*args))
+    for a, e in zip(out, expected):
+        torch.testing.assert_close(a.cpu(), e)
+    assert [float(s) for s in steps] == [float(s) for s in expected_steps] == [1.0, 2.0, 3.0, 4.0]

@@ -247,15 +247,15 @@ op_catalogue! {
     LogSoftmax = "_log_softmax", family: Reduce, rule: reduce::ReduceOps, inputs: "self", scalars: "", params: SoftmaxDim;
 
     // ---- matrix products ---------------------------------------------------------------
-    Mm = "mm", family: Linalg, rule: linalg::LinalgOps, inputs: "self, mat2", scalars: "", params: None, facts: { complex: true, product_operands_from: Some(0) };
-    Bmm = "bmm", family: Linalg, rule: linalg::LinalgOps, inputs: "self, mat2", scalars: "", params: None, facts: { complex: true, product_operands_from: Some(0) };
+    Mm = "mm", family: Linalg, rule: linalg::Mm, inputs: "self, mat2", scalars: "", params: None, facts: { complex: true, product_operands_from: Some(0) };
+    Bmm = "bmm", family: Linalg, rule: linalg::Bmm, inputs: "self, mat2", scalars: "", params: None, facts: { complex: true, product_operands_from: Some(0) };
     /// `beta * self + alpha * (mat1 @ mat2)`.
-    Addmm = "addmm", family: Linalg, rule: linalg::LinalgOps, inputs: "self, mat1, mat2", scalars: "beta? (default 1), alpha? (default 1)", params: None, facts: { product_operands_from: Some(1) };
-    Baddbmm = "baddbmm", family: Linalg, rule: linalg::LinalgOps, inputs: "self, batch1, batch2", scalars: "beta? (default 1), alpha? (default 1)", params: None, facts: { product_operands_from: Some(1) };
-    Dot = "dot", family: Linalg, rule: linalg::LinalgOps, inputs: "self, other", scalars: "", params: None, facts: { complex: true, product_operands_from: Some(0) };
-    Matmul = "matmul", family: Linalg, rule: linalg::LinalgOps, inputs: "self, other", scalars: "", params: None, facts: { complex: true, product_operands_from: Some(0) };
+    Addmm = "addmm", family: Linalg, rule: linalg::AddProduct, inputs: "self, mat1, mat2", scalars: "beta? (default 1), alpha? (default 1)", params: None, facts: { product_operands_from: Some(1) };
+    Baddbmm = "baddbmm", family: Linalg, rule: linalg::AddProduct, inputs: "self, batch1, batch2", scalars: "beta? (default 1), alpha? (default 1)", params: None, facts: { product_operands_from: Some(1) };
+    Dot = "dot", family: Linalg, rule: linalg::Dot, inputs: "self, other", scalars: "", params: None, facts: { complex: true, product_operands_from: Some(0) };
+    Matmul = "matmul", family: Linalg, rule: linalg::Matmul, inputs: "self, other", scalars: "", params: None, facts: { complex: true, product_operands_from: Some(0) };
     /// `A X = B` (or `X A = B`) for triangular `A`, batch dims broadcast.
-    SolveTriangular = "linalg_solve_triangular", family: Linalg, rule: linalg::LinalgOps, inputs: "self, B", scalars: "", params: SolveTriangular;
+    SolveTriangular = "linalg_solve_triangular", family: Linalg, rule: linalg::SolveTriangular, inputs: "self, B", scalars: "", params: SolveTriangular;
 
     // ---- shape and indexing ------------------------------------------------------------
     Cat = "cat", family: Shape, rule: shape::ShapeOps, inputs: "tensors...", scalars: "", params: Dim, facts: { complex: true };

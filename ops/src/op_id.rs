@@ -344,28 +344,28 @@ op_catalogue! {
     // the mask is zeros).
     /// Outputs `(output, save_mean, save_invstd)`; in evaluation the saved statistics are empty,
     /// as on PyTorch's CPU. The running statistics are updated by `_batch_norm_running_stats`.
-    NativeBatchNorm = "native_batch_norm", family: Normalization, rule: norm::NormOps,
+    NativeBatchNorm = "native_batch_norm", family: Normalization, rule: norm::NativeBatchNorm,
         inputs: "input, weight?, bias?, running_mean?, running_var?", scalars: "",
         params: BatchNorm;
     /// The new `(running_mean, running_var)` after a training step of batch norm on `input`
     /// (the running variance takes the unbiased batch variance). PyTorch updates them in place
     /// inside `native_batch_norm`; the kernel writes these outputs into them.
-    BatchNormRunningStats = "_batch_norm_running_stats", family: Normalization, rule: norm::NormOps,
+    BatchNormRunningStats = "_batch_norm_running_stats", family: Normalization, rule: norm::BatchNormRunningStats,
         inputs: "input, running_mean, running_var", scalars: "momentum", params: None;
     /// Outputs `(grad_input, grad_weight, grad_bias)`.
-    NativeBatchNormBackward = "native_batch_norm_backward", family: Normalization, rule: norm::NormOps,
+    NativeBatchNormBackward = "native_batch_norm_backward", family: Normalization, rule: norm::NativeBatchNormBackward,
         inputs: "grad_out, input, weight?, running_mean?, running_var?, save_mean?, save_invstd?", scalars: "",
         params: BatchNormBackward;
     /// Outputs `(output, mean, rstd)`.
-    NativeLayerNorm = "native_layer_norm", family: Normalization, rule: norm::NormOps, inputs: "input, weight?, bias?", scalars: "",
+    NativeLayerNorm = "native_layer_norm", family: Normalization, rule: norm::NativeLayerNorm, inputs: "input, weight?, bias?", scalars: "",
         params: LayerNorm, facts: { cheap_to_recompute: true };
-    NativeLayerNormBackward = "native_layer_norm_backward", family: Normalization, rule: norm::NormOps,
+    NativeLayerNormBackward = "native_layer_norm_backward", family: Normalization, rule: norm::NativeLayerNormBackward,
         inputs: "grad_out, input, mean, rstd, weight?, bias?", scalars: "",
         params: LayerNormBackward;
     /// Outputs `(output, mean, rstd)`, the statistics shaped `[N, group]`.
-    NativeGroupNorm = "native_group_norm", family: Normalization, rule: norm::NormOps, inputs: "input, weight?, bias?", scalars: "",
+    NativeGroupNorm = "native_group_norm", family: Normalization, rule: norm::NativeGroupNorm, inputs: "input, weight?, bias?", scalars: "",
         params: GroupNorm, facts: { cheap_to_recompute: true };
-    NativeGroupNormBackward = "native_group_norm_backward", family: Normalization, rule: norm::NormOps,
+    NativeGroupNormBackward = "native_group_norm_backward", family: Normalization, rule: norm::NativeGroupNormBackward,
         inputs: "grad_out, input, mean, rstd, weight?", scalars: "",
         params: GroupNormBackward;
     EmbeddingDenseBackward = "embedding_dense_backward", family: Backward, rule: backward::EmbeddingDenseBackward, inputs: "grad_output, indices", scalars: "",

@@ -8,9 +8,7 @@ use crate::emitter::{Cmp, Emitter, Value};
 use crate::error::OpError;
 use crate::param_layout as layout;
 use crate::promote::{broadcast_all, result_type, Operand};
-use crate::{LowerArgs, Meta, MetaArgs, MetaOutputs, OpId};
-
-crate::family_rule!(ActivationOps);
+use crate::{LowerArgs, Meta, MetaArgs, MetaOutputs, OpId, OpRule};
 
 /// The CPU kernel name PyTorch's dtype error names.
 fn kernel_name(op: OpId) -> &'static str {
@@ -33,74 +31,116 @@ fn binary_float(a: &MetaArgs) -> Result<TensorType, OpError> {
     Ok(TensorType { dtype, shape })
 }
 
-pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
-    use OpId::*;
-    match a.op {
-        GeluBackward | TanhBackward | SigmoidBackward => {
-            a.expect_counts(2..=2, 0..=0)?;
-            if a.op == GeluBackward
-                && !(0..=1).contains(&layout::GeluApproximate::decode(&a.params)?.approximate)
-            {
-                return Err(a.params.invalid("approximate must be 0 (none) or 1 (tanh)"));
-            }
-            Ok(Meta::single(binary_float(a)?, vec![]))
+/// The gradients of one input, `(grad_output, x)`, promoted and broadcast.
+fn binary_gradient_meta(a: &MetaArgs) -> Result<Meta, OpError> {
+    a.expect_counts(2..=2, 0..=0)?;
+    Ok(Meta::single(binary_float(a)?, vec![]))
+}
+
+/// `(grad_output, x)` in the computation dtype, broadcast to the result, into `gradient`'s
+/// formula; the result in the output dtype.
+fn lower_binary_gradient(
+    e: &mut Emitter,
+    a: &LowerArgs,
+    gradient: impl FnOnce(&mut Emitter, Value, Value) -> Value,
+) -> Result<Vec<Value>, OpError> {
+    let out = a.out(0).clone();
+    let cd = out.dtype.compute_dtype();
+    let g = prep(e, a.inputs[0], cd, &out.shape);
+    let x = prep(e, a.inputs[1], cd, &out.shape);
+    let r = gradient(e, g, x);
+    Ok(vec![e.convert(r, out.dtype)])
+}
+
+/// `gelu_backward`, exact or with the tanh approximation.
+pub(crate) struct GeluBackward;
+
+impl OpRule for GeluBackward {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        a.expect_counts(2..=2, 0..=0)?;
+        if !(0..=1).contains(&layout::GeluApproximate::decode(&a.params)?.approximate) {
+            return Err(a.params.invalid("approximate must be 0 (none) or 1 (tanh)"));
         }
-        LogSigmoidForward => {
-            a.expect_counts(1..=1, 0..=0)?;
-            let x = &a.inputs[0];
-            if !x.dtype.is_float() {
-                return Err(not_implemented_for("log_sigmoid_cpu", x.dtype));
-            }
-            let mut outputs = MetaOutputs::new();
-            outputs.push(x.clone());
-            outputs.push(x.clone());
-            Ok(Meta::of_outputs(outputs))
-        }
-        LogSigmoidBackward => {
-            a.expect_counts(3..=3, 0..=0)?;
-            Ok(Meta::single(binary_float(a)?, vec![]))
-        }
-        op => Err(OpError::runtime(format!(
-            "{}: not an activation op",
-            op.name()
-        ))),
+        binary_gradient_meta(a)
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let tanh_approximation = layout::GeluApproximate::decode(&a.params)?.approximate == 1;
+        lower_binary_gradient(e, a, |e, g, x| gelu_backward(e, g, x, tanh_approximation))
     }
 }
 
-pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
-    use OpId::*;
-    let out = a.out(0).clone();
-    let cd = out.dtype.compute_dtype();
-    if a.op == LogSigmoidForward {
-        let x = e.convert(a.inputs[0], cd);
-        let (y, z) = log_sigmoid(e, x);
-        return Ok(vec![e.convert(y, out.dtype), e.convert(z, out.dtype)]);
+/// `tanh_backward` from tanh's output `y`: `g * (1 - y * y)`.
+pub(crate) struct TanhBackward;
+
+impl OpRule for TanhBackward {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        binary_gradient_meta(a)
     }
-    // Binary gradients: (grad_output, x) in the computation dtype, broadcast.
-    let g = prep(e, a.inputs[0], cd, &out.shape);
-    let x = prep(e, a.inputs[1], cd, &out.shape);
-    let r = match a.op {
-        GeluBackward => gelu_backward(
-            e,
-            g,
-            x,
-            layout::GeluApproximate::decode(&a.params)?.approximate == 1,
-        ),
-        TanhBackward => {
-            // g * (1 - y * y)
-            let y2 = e.mul(x, x);
-            let one = k(e, x, 1.0);
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        lower_binary_gradient(e, a, |e, g, y| {
+            let y2 = e.mul(y, y);
+            let one = k(e, y, 1.0);
             let d = e.sub(one, y2);
             e.mul(g, d)
-        }
-        SigmoidBackward => {
-            // g * (1 - y) * y
-            let one = k(e, x, 1.0);
-            let d = e.sub(one, x);
+        })
+    }
+}
+
+/// `sigmoid_backward` from sigmoid's output `y`: `g * (1 - y) * y`.
+pub(crate) struct SigmoidBackward;
+
+impl OpRule for SigmoidBackward {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        binary_gradient_meta(a)
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        lower_binary_gradient(e, a, |e, g, y| {
+            let one = k(e, y, 1.0);
+            let d = e.sub(one, y);
             let gd = e.mul(g, d);
-            e.mul(gd, x)
+            e.mul(gd, y)
+        })
+    }
+}
+
+/// `log_sigmoid_forward`: the result and the buffer `exp(-|x|)`.
+pub(crate) struct LogSigmoidForward;
+
+impl OpRule for LogSigmoidForward {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        a.expect_counts(1..=1, 0..=0)?;
+        let x = &a.inputs[0];
+        if !x.dtype.is_float() {
+            return Err(not_implemented_for("log_sigmoid_cpu", x.dtype));
         }
-        LogSigmoidBackward => {
+        let mut outputs = MetaOutputs::new();
+        outputs.push(x.clone());
+        outputs.push(x.clone());
+        Ok(Meta::of_outputs(outputs))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let out = a.out(0).clone();
+        let x = e.convert(a.inputs[0], out.dtype.compute_dtype());
+        let (y, z) = log_sigmoid(e, x);
+        Ok(vec![e.convert(y, out.dtype), e.convert(z, out.dtype)])
+    }
+}
+
+/// `log_sigmoid_backward`; its buffer input is not read.
+pub(crate) struct LogSigmoidBackward;
+
+impl OpRule for LogSigmoidBackward {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        a.expect_counts(3..=3, 0..=0)?;
+        Ok(Meta::single(binary_float(a)?, vec![]))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        lower_binary_gradient(e, a, |e, g, x| {
             // g * (max_deriv - sign * z / (1 + z)) with z = exp(-|x|), recomputed from x so
             // the result does not depend on how the buffer was produced.
             let neg = e.compare_const(Cmp::Lt, x, 0.0);
@@ -117,15 +157,8 @@ pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpErro
             let sq = e.mul(sign, q);
             let d = e.sub(max_deriv, sq);
             e.mul(g, d)
-        }
-        op => {
-            return Err(OpError::runtime(format!(
-                "{}: not an activation op",
-                op.name()
-            )))
-        }
-    };
-    Ok(vec![e.convert(r, out.dtype)])
+        })
+    }
 }
 
 /// `log(sigmoid(x))` as `min(x, 0) - log1p(exp(-|x|))`, and the buffer `exp(-|x|)`.

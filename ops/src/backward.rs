@@ -10,11 +10,8 @@ use crate::param_layout as layout;
 use crate::params::wrap_dim;
 use crate::promote::{broadcast_all, result_type, Operand};
 use crate::reduce::sum_keepdim;
-use crate::{LowerArgs, Meta, MetaArgs, OpId};
+use crate::{LowerArgs, Meta, MetaArgs, OpId, OpRule};
 
-crate::family_rule!(BackwardOps);
-
-/// `embedding_dense_backward`: the gradient of an embedding table, `[num_weights, d]`.
 fn embedding_dense_backward_meta(a: &MetaArgs) -> Result<Meta, OpError> {
     let i = a.inputs;
     let p = &a.params;
@@ -49,113 +46,121 @@ fn embedding_dense_backward_meta(a: &MetaArgs) -> Result<Meta, OpError> {
     ))
 }
 
-pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
-    use OpId::*;
-    let i = a.inputs;
-    let p = &a.params;
-    match a.op {
-        EmbeddingDenseBackward => embedding_dense_backward_meta(a),
-        ThresholdBackward => {
-            a.expect_counts(2..=2, 1..=1)?;
-            let ops = [Operand::Tensor(&i[0]), Operand::Tensor(&i[1])];
-            let dtype = result_type(&ops);
-            let shape = broadcast_all([&i[1].shape[..], &i[0].shape[..]])?;
-            Ok(Meta::single(
-                TensorType { dtype, shape },
-                vec![dtype.compute_dtype()],
-            ))
-        }
-        LogSoftmaxBackward | SoftmaxBackward => {
-            a.expect_counts(2..=2, 0..=0)?;
-            let layout::SoftmaxBackwardDim { dim, input_dtype } =
-                layout::SoftmaxBackwardDim::decode(p)?;
-            let dim = wrap_dim(dim, i[0].rank())?;
-            if !i[0].dtype.is_float() {
-                let base = if a.op == SoftmaxBackward {
-                    "softmax"
-                } else {
-                    "log_softmax"
-                };
-                let lastdim = if dim + 1 >= i[0].rank() {
-                    "lastdim_"
-                } else {
-                    ""
-                };
-                return Err(crate::elementwise::not_implemented_for(
-                    &format!("{base}_backward_{lastdim}kernel_impl"),
-                    i[0].dtype,
-                ));
-            }
-            ensure!(
-                i[0].shape == i[1].shape,
-                "grad_output and output must have the same shape, got {:?} and {:?}",
-                i[0].shape.as_slice(),
-                i[1].shape.as_slice()
-            );
-            Ok(Meta::single(i[0].with_dtype(input_dtype), vec![]))
-        }
-        op => Err(OpError::runtime(format!(
-            "{}: not a backward op",
-            op.name()
-        ))),
+/// `threshold_backward`: the gradient where `self` is above the threshold, else zero.
+pub(crate) struct ThresholdBackward;
+
+impl OpRule for ThresholdBackward {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let i = a.inputs;
+        a.expect_counts(2..=2, 1..=1)?;
+        let ops = [Operand::Tensor(&i[0]), Operand::Tensor(&i[1])];
+        let dtype = result_type(&ops);
+        let shape = broadcast_all([&i[1].shape[..], &i[0].shape[..]])?;
+        Ok(Meta::single(
+            TensorType { dtype, shape },
+            vec![dtype.compute_dtype()],
+        ))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let out = a.out(0).clone();
+        let cd = out.dtype.compute_dtype();
+        let g = prep(e, a.inputs[0], cd, &out.shape);
+        let x = prep(e, a.inputs[1], cd, &out.shape);
+        let t = prep(e, a.scalars[0], cd, &out.shape);
+        let below = e.compare(Cmp::Le, x, t);
+        let zero = k(e, g, 0.0);
+        let r = e.select(below, zero, g);
+        Ok(vec![e.convert(r, out.dtype)])
     }
 }
 
-pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
-    use OpId::*;
-    let p = &a.params;
-    match a.op {
-        EmbeddingDenseBackward => lower_embedding_backward(e, a),
-        ThresholdBackward => {
-            let out = a.out(0).clone();
-            let cd = out.dtype.compute_dtype();
-            let g = prep(e, a.inputs[0], cd, &out.shape);
-            let x = prep(e, a.inputs[1], cd, &out.shape);
-            let t = prep(e, a.scalars[0], cd, &out.shape);
-            let below = e.compare(Cmp::Le, x, t);
-            let zero = k(e, g, 0.0);
-            let r = e.select(below, zero, g);
-            Ok(vec![e.convert(r, out.dtype)])
-        }
-        LogSoftmaxBackward | SoftmaxBackward => {
-            let out = a.out(0).clone();
-            let cd = out
-                .dtype
-                .compute_dtype()
-                .max(e.dtype(a.inputs[0]).compute_dtype());
-            let g = e.convert(a.inputs[0], cd);
-            let y = e.convert(a.inputs[1], cd);
-            let shape = out.shape.to_vec();
-            let all: Vec<usize> = (0..shape.len()).collect();
-            if shape.is_empty() {
-                // A 0-d softmax is constant: its gradient is zero.
-                let z = k(e, g, 0.0);
-                return Ok(vec![e.convert(z, out.dtype)]);
-            }
-            let dim = wrap_dim(layout::SoftmaxBackwardDim::decode(p)?.dim, shape.len())?;
-            let r = if a.op == LogSoftmaxBackward {
-                // g - exp(y) * sum(g)
-                let s = sum_keepdim(e, g, &[dim]);
-                let sb = e.broadcast_in_dim(s, &shape, &all);
-                let ey = e.exp(y);
-                let t = e.mul(ey, sb);
-                e.sub(g, t)
+/// `_softmax_backward_data` and `_log_softmax_backward_data`, from the forward op's output.
+pub(crate) struct SoftmaxBackward;
+
+impl OpRule for SoftmaxBackward {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let i = a.inputs;
+        a.expect_counts(2..=2, 0..=0)?;
+        let layout::SoftmaxBackwardDim { dim, input_dtype } =
+            layout::SoftmaxBackwardDim::decode(&a.params)?;
+        let dim = wrap_dim(dim, i[0].rank())?;
+        if !i[0].dtype.is_float() {
+            let base = if a.op == OpId::SoftmaxBackward {
+                "softmax"
             } else {
-                // y * (g - sum(g * y))
-                let gy = e.mul(g, y);
-                let s = sum_keepdim(e, gy, &[dim]);
-                let sb = e.broadcast_in_dim(s, &shape, &all);
-                let d = e.sub(g, sb);
-                e.mul(y, d)
+                "log_softmax"
             };
-            Ok(vec![e.convert(r, out.dtype)])
+            let lastdim = if dim + 1 >= i[0].rank() {
+                "lastdim_"
+            } else {
+                ""
+            };
+            return Err(crate::elementwise::not_implemented_for(
+                &format!("{base}_backward_{lastdim}kernel_impl"),
+                i[0].dtype,
+            ));
         }
-        op => Err(OpError::runtime(format!(
-            "{}: not a backward op",
-            op.name()
-        ))),
+        ensure!(
+            i[0].shape == i[1].shape,
+            "grad_output and output must have the same shape, got {:?} and {:?}",
+            i[0].shape.as_slice(),
+            i[1].shape.as_slice()
+        );
+        Ok(Meta::single(i[0].with_dtype(input_dtype), vec![]))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let out = a.out(0).clone();
+        let cd = out
+            .dtype
+            .compute_dtype()
+            .max(e.dtype(a.inputs[0]).compute_dtype());
+        let g = e.convert(a.inputs[0], cd);
+        let y = e.convert(a.inputs[1], cd);
+        let shape = out.shape.to_vec();
+        let all: Vec<usize> = (0..shape.len()).collect();
+        if shape.is_empty() {
+            // A 0-d softmax is constant: its gradient is zero.
+            let z = k(e, g, 0.0);
+            return Ok(vec![e.convert(z, out.dtype)]);
+        }
+        let dim = wrap_dim(
+            layout::SoftmaxBackwardDim::decode(&a.params)?.dim,
+            shape.len(),
+        )?;
+        let r = if a.op == OpId::LogSoftmaxBackward {
+            // g - exp(y) * sum(g)
+            let s = sum_keepdim(e, g, &[dim]);
+            let sb = e.broadcast_in_dim(s, &shape, &all);
+            let ey = e.exp(y);
+            let t = e.mul(ey, sb);
+            e.sub(g, t)
+        } else {
+            // y * (g - sum(g * y))
+            let gy = e.mul(g, y);
+            let s = sum_keepdim(e, gy, &[dim]);
+            let sb = e.broadcast_in_dim(s, &shape, &all);
+            let d = e.sub(g, sb);
+            e.mul(y, d)
+        };
+        Ok(vec![e.convert(r, out.dtype)])
     }
 }
+
+/// `embedding_dense_backward`: the gradient of an embedding table, `[num_weights, d]`.
+pub(crate) struct EmbeddingDenseBackward;
+
+impl OpRule for EmbeddingDenseBackward {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        embedding_dense_backward_meta(a)
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        lower_embedding_backward(e, a)
+    }
+}
+
 /// `stablehlo.scatter` adding `updates` (`[m, window...]`) into rows `indices` (`[m]`, i64) of
 /// `base` along dim 0.
 fn scatter_add_rows(e: &mut Emitter, base: Value, indices: Value, updates: Value) -> Value {

@@ -12,10 +12,9 @@ use crate::emitter::Emitter;
 use crate::param_layout as layout;
 use crate::params::{wrap_dim, Params};
 use crate::{
-    Cmp, DType, ErrorKind, LowerArgs, Meta, MetaArgs, OpError, OpId, ScalarValue, TensorType, Value,
+    Cmp, DType, ErrorKind, LowerArgs, Meta, MetaArgs, OpError, OpId, OpRule, ScalarValue,
+    TensorType, Value,
 };
-
-crate::family_rule!(CheckOps);
 
 /// How an out-of-range index is reported: PyTorch's exception type and message differ by op.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -219,75 +218,86 @@ pub fn index_check_error(verdict: &[i64]) -> Option<OpError> {
     Some(OpError::new(kind, message))
 }
 
-pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
-    match a.op {
-        OpId::AssertAsync => {
-            a.expect_counts(1..=1, 0..=0)?;
-            let numel = a.inputs[0].numel();
-            if numel == 0 {
-                return Err(OpError::runtime(
-                    "Boolean value of Tensor with no values is ambiguous",
-                ));
-            }
-            if numel > 1 {
-                return Err(OpError::runtime(
-                    "Boolean value of Tensor with more than one value is ambiguous",
-                ));
-            }
-            Ok(Meta::single(TensorType::scalar(DType::Bool), Vec::new()))
+/// `_assert_async`: whether the one value of `self` is nonzero, read by the engine later.
+pub(crate) struct AssertAsync;
+
+impl OpRule for AssertAsync {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        a.expect_counts(1..=1, 0..=0)?;
+        let numel = a.inputs[0].numel();
+        if numel == 0 {
+            return Err(OpError::runtime(
+                "Boolean value of Tensor with no values is ambiguous",
+            ));
         }
-        OpId::IndexCheck => {
-            a.expect_counts(1..=1, 0..=1)?;
-            let p = &a.params;
-            if !matches!(a.inputs[0].dtype, DType::I32 | DType::I64) {
-                return Err(p.invalid("the indices must be int32 or int64"));
-            }
-            let style = layout::IndexBounds::decode(p)?.style;
-            if IndexStyle::from_i64(style).is_none() {
-                return Err(p.invalid("style must be an index error style"));
-            }
-            // A size given as a scalar (a padded extent's true length) is read at run time.
-            let scalar_dtypes = if a.scalars.is_empty() {
-                Vec::new()
-            } else {
-                vec![DType::I64]
-            };
-            Ok(Meta::single(
-                TensorType::new(DType::I64, &[INDEX_VERDICT_LEN as i64]),
-                scalar_dtypes,
-            ))
+        if numel > 1 {
+            return Err(OpError::runtime(
+                "Boolean value of Tensor with more than one value is ambiguous",
+            ));
         }
-        OpId::RepeatsCheck => {
-            a.expect_counts(1..=1, 1..=1)?;
-            let repeats = &a.inputs[0];
-            if repeats.rank() != 1 || !matches!(repeats.dtype, DType::I32 | DType::I64) {
-                return Err(OpError::runtime(format!(
-                    "repeats_check: expected 1-d int32 or int64 repeats, got {} of shape {:?}",
-                    repeats.dtype.name(),
-                    repeats.shape
-                )));
-            }
-            Ok(Meta::single(
-                TensorType::new(DType::I64, &[INDEX_VERDICT_LEN as i64]),
-                vec![DType::I64],
-            ))
-        }
-        other => Err(OpError::runtime(format!(
-            "{} is not a check op",
-            other.name()
-        ))),
+        Ok(Meta::single(TensorType::scalar(DType::Bool), Vec::new()))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let x = e.reshape(a.inputs[0], &[]);
+        let zero = e.scalar_constant(e.dtype(x), ScalarValue::Int(0));
+        Ok(vec![e.compare(Cmp::Ne, x, zero)])
     }
 }
 
-pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
-    match a.op {
-        OpId::IndexCheck => Ok(vec![lower_index_check(e, a)?]),
-        OpId::RepeatsCheck => Ok(vec![lower_repeats_check(e, a)]),
-        _ => {
-            let x = e.reshape(a.inputs[0], &[]);
-            let zero = e.scalar_constant(e.dtype(x), ScalarValue::Int(0));
-            Ok(vec![e.compare(Cmp::Ne, x, zero)])
+/// `index_check`: the verdict on the indices an indexing op read.
+pub(crate) struct IndexCheckOp;
+
+impl OpRule for IndexCheckOp {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        a.expect_counts(1..=1, 0..=1)?;
+        let p = &a.params;
+        if !matches!(a.inputs[0].dtype, DType::I32 | DType::I64) {
+            return Err(p.invalid("the indices must be int32 or int64"));
         }
+        let style = layout::IndexBounds::decode(p)?.style;
+        if IndexStyle::from_i64(style).is_none() {
+            return Err(p.invalid("style must be an index error style"));
+        }
+        // A size given as a scalar (a padded extent's true length) is read at run time.
+        let scalar_dtypes = if a.scalars.is_empty() {
+            Vec::new()
+        } else {
+            vec![DType::I64]
+        };
+        Ok(Meta::single(
+            TensorType::new(DType::I64, &[INDEX_VERDICT_LEN as i64]),
+            scalar_dtypes,
+        ))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        Ok(vec![lower_index_check(e, a)?])
+    }
+}
+
+/// `repeats_check`: the verdict on `repeat_interleave`'s repeats against its `output_size`.
+pub(crate) struct RepeatsCheck;
+
+impl OpRule for RepeatsCheck {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        a.expect_counts(1..=1, 1..=1)?;
+        let repeats = &a.inputs[0];
+        if repeats.rank() != 1 || !matches!(repeats.dtype, DType::I32 | DType::I64) {
+            return Err(OpError::runtime(format!(
+                "repeats_check: expected 1-d int32 or int64 repeats, got {} of shape {:?}",
+                repeats.dtype.name(),
+                repeats.shape
+            )));
+        }
+        Ok(Meta::single(
+            TensorType::new(DType::I64, &[INDEX_VERDICT_LEN as i64]),
+            vec![DType::I64],
+        ))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        Ok(vec![lower_repeats_check(e, a)])
     }
 }
 

@@ -11,9 +11,7 @@ use crate::emitter::{i64_array, Emitter, Value};
 use crate::error::{ensure, OpError};
 use crate::param_layout as layout;
 use crate::params::wrap_dim;
-use crate::{LowerArgs, Meta, MetaArgs, OpId, ScalarValue};
-
-crate::family_rule!(FftOps);
+use crate::{LowerArgs, Meta, MetaArgs, OpId, OpRule, ScalarValue};
 
 /// The most dims one `stablehlo.fft` transforms.
 const MAX_FFT_DIMS: usize = 3;
@@ -36,32 +34,14 @@ impl Normalization {
     }
 }
 
-/// The normalization and the dims of a transform, which each FFT layout holds.
-fn normalization_and_dims<'a>(
-    p: &crate::Params<'a>,
-) -> Result<(Normalization, &'a [i64]), OpError> {
-    let (code, dims) = match p.op() {
-        OpId::FftC2c => {
-            let l = layout::FftC2c::decode(p)?;
-            (l.normalization, l.dims)
-        }
-        OpId::FftR2c => {
-            let l = layout::FftR2c::decode(p)?;
-            (l.normalization, l.dims)
-        }
-        OpId::FftC2r => {
-            let l = layout::FftC2r::decode(p)?;
-            (l.normalization, l.dims)
-        }
-        op => return Err(OpError::runtime(format!("{}: not an FFT op", op.name()))),
-    };
-    let normalization = match code {
+/// A transform's normalization from its layout's code.
+fn normalization(p: &crate::Params, code: i64) -> Result<Normalization, OpError> {
+    Ok(match code {
         0 => Normalization::None,
         1 => Normalization::ByRootN,
         2 => Normalization::ByN,
         _ => return Err(p.invalid("normalization must be 0, 1 or 2")),
-    };
-    Ok((normalization, dims))
+    })
 }
 
 /// The transformed dims, wrapped, in the caller's order (the last one is the halved dim of a
@@ -91,58 +71,172 @@ fn real_transform_dtype(op: OpId, dtype: DType) -> Result<(), OpError> {
     )))
 }
 
-pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
-    a.expect_counts(1..=1, 0..=0)?;
+/// The one input of a transform, and its dims wrapped (checked for repeats).
+fn input_and_dims<'a>(
+    a: &MetaArgs<'a>,
+    dims: &[i64],
+) -> Result<(&'a TensorType, Vec<usize>), OpError> {
     let x = &a.inputs[0];
-    let (_, dims) = normalization_and_dims(&a.params)?;
-    let dims = fft_dims(dims, x.rank())?;
-    let out = match a.op {
-        OpId::FftC2c => {
-            ensure!(
-                x.dtype.is_complex(),
-                "_fft_c2c: expected a complex input tensor, but got {}",
-                x.dtype.scalar_type_name()
-            );
-            x.clone()
+    Ok((x, fft_dims(dims, x.rank())?))
+}
+
+/// The last transformed dim: a real transform's halved dim.
+fn halved_dim(op: OpId, dims: &[usize]) -> Result<usize, OpError> {
+    dims.last()
+        .copied()
+        .ok_or_else(|| OpError::runtime(format!("{}: expected at least one dim", op.name())))
+}
+
+/// A transform with nothing to compute: an empty result (zeros), or `x` itself when `identity`
+/// (a complex transform over no dims). XLA's FFT wants non-empty signals.
+fn trivial(e: &mut Emitter, out: &TensorType, x: Value, identity: bool) -> Option<Value> {
+    if out.numel() == 0 {
+        Some(e.constant(out.clone(), ScalarValue::Float(0.0)))
+    } else if identity {
+        Some(x)
+    } else {
+        None
+    }
+}
+
+/// `_fft_c2c`: a complex transform, forward or inverse.
+pub(crate) struct FftC2c;
+
+impl OpRule for FftC2c {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        a.expect_counts(1..=1, 0..=0)?;
+        let l = layout::FftC2c::decode(&a.params)?;
+        normalization(&a.params, l.normalization)?;
+        let (x, _) = input_and_dims(a, l.dims)?;
+        ensure!(
+            x.dtype.is_complex(),
+            "_fft_c2c: expected a complex input tensor, but got {}",
+            x.dtype.scalar_type_name()
+        );
+        Ok(Meta::single(x.clone(), Vec::new()))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let out = a.out(0).clone();
+        let x = a.inputs[0];
+        let l = layout::FftC2c::decode(&a.params)?;
+        let norm = normalization(&a.params, l.normalization)?;
+        let in_shape = e.shape(x).to_vec();
+        let dims = fft_dims(l.dims, in_shape.len())?;
+        if let Some(v) = trivial(e, &out, x, dims.is_empty()) {
+            return Ok(vec![v]);
         }
-        OpId::FftR2c => {
-            ensure!(
-                x.dtype.is_float(),
-                "_fft_r2c: expected a real floating point input tensor, but got {}",
-                x.dtype.scalar_type_name()
-            );
-            real_transform_dtype(a.op, x.dtype)?;
-            let last = *dims
-                .last()
-                .ok_or_else(|| OpError::runtime("_fft_r2c: expected at least one dim"))?;
-            let mut shape = Shape::from_slice(&x.shape);
-            if layout::FftR2c::decode(&a.params)?.onesided {
-                shape[last] = x.shape[last] / 2 + 1;
-            }
-            TensorType::new(x.dtype.to_complex(), &shape)
+        let n = signal_numel(&in_shape, &dims);
+        let v = c2c(e, x, &dims, l.forward);
+        // XLA's inverse divides by the signal size already.
+        let done = if l.forward { 1.0 } else { n as f64 };
+        Ok(vec![scale(e, v, done / norm.divisor(n))])
+    }
+}
+
+/// `_fft_r2c`: the forward transform of a real signal, one-sided (the halved dim) or full.
+pub(crate) struct FftR2c;
+
+impl OpRule for FftR2c {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        a.expect_counts(1..=1, 0..=0)?;
+        let l = layout::FftR2c::decode(&a.params)?;
+        normalization(&a.params, l.normalization)?;
+        let (x, dims) = input_and_dims(a, l.dims)?;
+        ensure!(
+            x.dtype.is_float(),
+            "_fft_r2c: expected a real floating point input tensor, but got {}",
+            x.dtype.scalar_type_name()
+        );
+        real_transform_dtype(a.op, x.dtype)?;
+        let last = halved_dim(a.op, &dims)?;
+        let mut shape = Shape::from_slice(&x.shape);
+        if l.onesided {
+            shape[last] = x.shape[last] / 2 + 1;
         }
-        OpId::FftC2r => {
-            ensure!(
-                x.dtype.is_complex(),
-                "_fft_c2r: expected a complex input tensor, but got {}",
-                x.dtype.scalar_type_name()
-            );
-            real_transform_dtype(a.op, x.dtype.real_part())?;
-            let last = *dims
-                .last()
-                .ok_or_else(|| OpError::runtime("_fft_c2r: expected at least one dim"))?;
-            let last_dim_size = layout::FftC2r::decode(&a.params)?.last_dim_size;
-            ensure!(
-                last_dim_size >= 1,
-                "Invalid number of data points ({last_dim_size}) specified"
-            );
-            let mut shape = Shape::from_slice(&x.shape);
-            shape[last] = last_dim_size;
-            TensorType::new(x.dtype.real_part(), &shape)
+        Ok(Meta::single(
+            TensorType::new(x.dtype.to_complex(), &shape),
+            Vec::new(),
+        ))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let out = a.out(0).clone();
+        let x = a.inputs[0];
+        let l = layout::FftR2c::decode(&a.params)?;
+        let norm = normalization(&a.params, l.normalization)?;
+        let in_shape = e.shape(x).to_vec();
+        let dims = fft_dims(l.dims, in_shape.len())?;
+        if let Some(v) = trivial(e, &out, x, false) {
+            return Ok(vec![v]);
         }
-        op => return Err(OpError::runtime(format!("{}: not an FFT op", op.name()))),
-    };
-    Ok(Meta::single(out, Vec::new()))
+        let n = signal_numel(&in_shape, &dims);
+        let v = if l.onesided {
+            // The halved dim and up to two more in one real transform, then the rest.
+            let split = dims.len().saturating_sub(MAX_FFT_DIMS);
+            let (rest, real_group) = dims.split_at(split);
+            let mut half = TensorType::new(out.dtype, &in_shape);
+            let last = dims[dims.len() - 1];
+            half.shape[last] = out.shape[last];
+            let v = fft_over(e, x, real_group, "RFFT", &in_shape, &half);
+            c2c(e, v, rest, true)
+        } else {
+            let z = e.convert(x, out.dtype);
+            c2c(e, z, &dims, true)
+        };
+        Ok(vec![scale(e, v, 1.0 / norm.divisor(n))])
+    }
+}
+
+/// `_fft_c2r`: the inverse transform of a one-sided spectrum to a real signal.
+pub(crate) struct FftC2r;
+
+impl OpRule for FftC2r {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        a.expect_counts(1..=1, 0..=0)?;
+        let l = layout::FftC2r::decode(&a.params)?;
+        normalization(&a.params, l.normalization)?;
+        let (x, dims) = input_and_dims(a, l.dims)?;
+        ensure!(
+            x.dtype.is_complex(),
+            "_fft_c2r: expected a complex input tensor, but got {}",
+            x.dtype.scalar_type_name()
+        );
+        real_transform_dtype(a.op, x.dtype.real_part())?;
+        let last = halved_dim(a.op, &dims)?;
+        let last_dim_size = l.last_dim_size;
+        ensure!(
+            last_dim_size >= 1,
+            "Invalid number of data points ({last_dim_size}) specified"
+        );
+        let mut shape = Shape::from_slice(&x.shape);
+        shape[last] = last_dim_size;
+        Ok(Meta::single(
+            TensorType::new(x.dtype.real_part(), &shape),
+            Vec::new(),
+        ))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let out = a.out(0).clone();
+        let x = a.inputs[0];
+        let l = layout::FftC2r::decode(&a.params)?;
+        let norm = normalization(&a.params, l.normalization)?;
+        let in_shape = e.shape(x).to_vec();
+        let dims = fft_dims(l.dims, in_shape.len())?;
+        if let Some(v) = trivial(e, &out, x, false) {
+            return Ok(vec![v]);
+        }
+        let n = signal_numel(&out.shape, &dims);
+        let split = dims.len().saturating_sub(MAX_FFT_DIMS);
+        let (rest, real_group) = dims.split_at(split);
+        // The inverse complex transforms first, the real one (halved dim innermost) last.
+        let v = c2c(e, x, rest, false);
+        let last = dims[dims.len() - 1];
+        let v = fit_dim(e, v, last, out.shape[last] / 2 + 1);
+        let v = fft_over(e, v, real_group, "IRFFT", &out.shape, &out);
+        Ok(vec![scale(e, v, n as f64 / norm.divisor(n))])
+    }
 }
 
 /// One `stablehlo.fft` of `kind` over `dims` of `v` (at most three, the last innermost for the
@@ -209,64 +303,6 @@ fn fit_dim(e: &mut Emitter, v: Value, dim: usize, size: i64) -> Value {
     high[dim] = size - have;
     let zero = e.scalar_constant(e.dtype(v), ScalarValue::Float(0.0));
     e.pad(v, zero, &vec![0; rank], &high, &vec![0; rank])
-}
-
-pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
-    let out = a.out(0).clone();
-    let x = a.inputs[0];
-    let (norm, dims) = normalization_and_dims(&a.params)?;
-    let in_shape = e.shape(x).to_vec();
-    let dims = fft_dims(dims, in_shape.len())?;
-    if out.numel() == 0 || (dims.is_empty() && a.op == OpId::FftC2c) {
-        // Nothing to transform: XLA's FFT wants non-empty signals.
-        let v = if out.numel() == 0 {
-            e.constant(out.clone(), ScalarValue::Float(0.0))
-        } else {
-            x
-        };
-        return Ok(vec![v]);
-    }
-    let v = match a.op {
-        OpId::FftC2c => {
-            let forward = layout::FftC2c::decode(&a.params)?.forward;
-            let n = signal_numel(&in_shape, &dims);
-            let v = c2c(e, x, &dims, forward);
-            // XLA's inverse divides by the signal size already.
-            let done = if forward { 1.0 } else { n as f64 };
-            scale(e, v, done / norm.divisor(n))
-        }
-        OpId::FftR2c => {
-            let onesided = layout::FftR2c::decode(&a.params)?.onesided;
-            let n = signal_numel(&in_shape, &dims);
-            let v = if onesided {
-                // The halved dim and up to two more in one real transform, then the rest.
-                let split = dims.len().saturating_sub(MAX_FFT_DIMS);
-                let (rest, real_group) = dims.split_at(split);
-                let mut half = TensorType::new(out.dtype, &in_shape);
-                let last = dims[dims.len() - 1];
-                half.shape[last] = out.shape[last];
-                let v = fft_over(e, x, real_group, "RFFT", &in_shape, &half);
-                c2c(e, v, rest, true)
-            } else {
-                let z = e.convert(x, out.dtype);
-                c2c(e, z, &dims, true)
-            };
-            scale(e, v, 1.0 / norm.divisor(n))
-        }
-        OpId::FftC2r => {
-            let n = signal_numel(&out.shape, &dims);
-            let split = dims.len().saturating_sub(MAX_FFT_DIMS);
-            let (rest, real_group) = dims.split_at(split);
-            // The inverse complex transforms first, the real one (halved dim innermost) last.
-            let v = c2c(e, x, rest, false);
-            let last = dims[dims.len() - 1];
-            let v = fit_dim(e, v, last, out.shape[last] / 2 + 1);
-            let v = fft_over(e, v, real_group, "IRFFT", &out.shape, &out);
-            scale(e, v, n as f64 / norm.divisor(n))
-        }
-        op => return Err(OpError::runtime(format!("{}: not an FFT op", op.name()))),
-    };
-    Ok(vec![v])
 }
 
 #[cfg(test)]

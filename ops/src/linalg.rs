@@ -6,9 +6,7 @@ use crate::emitter::{Cmp, Emitter, Value};
 use crate::error::{ensure, OpError};
 use crate::param_layout as layout;
 use crate::promote::broadcast_shapes;
-use crate::{LowerArgs, Meta, MetaArgs, OpId};
-
-crate::family_rule!(LinalgOps);
+use crate::{LowerArgs, Meta, MetaArgs, OpId, OpRule};
 
 fn mm_shape(a: &TensorType, b: &TensorType) -> Result<Shape, OpError> {
     ensure!(a.rank() == 2, "self must be a matrix");
@@ -201,79 +199,186 @@ fn solve_triangular_shape(m: &TensorType, b: &TensorType, left: bool) -> Result<
     Ok(shape)
 }
 
-pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
-    use OpId::*;
-    let i = a.inputs;
-    let (shape, dtype, scalars) = match a.op {
-        SolveTriangular => {
-            a.expect_counts(2..=2, 0..=0)?;
-            (
-                solve_triangular_shape(
-                    &i[0],
-                    &i[1],
-                    layout::SolveTriangular::decode(&a.params)?.left,
-                )?,
-                i[0].dtype,
-                0,
-            )
-        }
-        Mm => {
-            a.expect_counts(2..=2, 0..=0)?;
-            (mm_shape(&i[0], &i[1])?, i[0].dtype, 0)
-        }
-        Bmm => {
-            a.expect_counts(2..=2, 0..=0)?;
-            (bmm_shape(&i[0], &i[1])?, i[0].dtype, 0)
-        }
-        Dot => {
-            a.expect_counts(2..=2, 0..=0)?;
-            dot_check(&i[0], &i[1])?;
-            (Shape::new(), i[0].dtype, 0)
-        }
-        Matmul => {
-            a.expect_counts(2..=2, 0..=0)?;
-            (matmul_shape(&i[0], &i[1])?, i[0].dtype, 0)
-        }
-        Addmm | Baddbmm => {
-            a.expect_counts(3..=3, 0..=2)?;
-            if a.op == Addmm {
-                ensure!(
-                    i[0].dtype == i[2].dtype,
-                    "self and mat2 must have the same dtype, but got {} and {}",
-                    i[0].dtype.scalar_type_name(),
-                    i[2].dtype.scalar_type_name()
-                );
-            } else {
-                ensure!(
-                    i[0].dtype == i[1].dtype && i[1].dtype == i[2].dtype,
-                    "Input dtypes must be the same, got: input {}, batch1: {}, batch2: {}",
-                    i[0].dtype.typemeta_name(),
-                    i[1].dtype.typemeta_name(),
-                    i[2].dtype.typemeta_name()
-                );
-            }
-            if a.op == Baddbmm && i[1].dtype == DType::Bool {
-                return Err(not_implemented_for("baddbmm", DType::Bool));
-            }
-            let s = if a.op == Addmm {
-                mm_shape(&i[1], &i[2])?
-            } else {
-                bmm_shape(&i[1], &i[2])?
-            };
-            crate::shape::check_expand(&i[0].shape, &s)?;
-            (s, i[1].dtype, a.scalars.len())
-        }
-        op => {
-            return Err(OpError::runtime(format!(
-                "{}: not a matrix product",
-                op.name()
-            )))
-        }
-    };
+/// A product's meta: its shape (checked by `shape`) in the first operand's dtype.
+fn product_meta(
+    a: &MetaArgs,
+    shape: fn(&TensorType, &TensorType) -> Result<Shape, OpError>,
+) -> Result<Meta, OpError> {
+    a.expect_counts(2..=2, 0..=0)?;
+    let (x, y) = (&a.inputs[0], &a.inputs[1]);
     Ok(Meta::single(
-        TensorType { dtype, shape },
-        vec![dtype.compute_dtype(); scalars],
+        TensorType::new(x.dtype, &shape(x, y)?),
+        vec![],
     ))
+}
+
+/// A product lowered by [`matmul`].
+fn lower_product(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+    let out = a.out(0).clone();
+    Ok(vec![matmul(e, a.inputs[0], a.inputs[1], &out)])
+}
+
+/// `mm`: `[n, k] x [k, m]`.
+pub(crate) struct Mm;
+
+impl OpRule for Mm {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        product_meta(a, mm_shape)
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        lower_product(e, a)
+    }
+}
+
+/// `bmm`: `[b, n, k] x [b, k, m]`.
+pub(crate) struct Bmm;
+
+impl OpRule for Bmm {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        product_meta(a, bmm_shape)
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        lower_product(e, a)
+    }
+}
+
+/// `dot`: two vectors to a 0-d result.
+pub(crate) struct Dot;
+
+impl OpRule for Dot {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        product_meta(a, |x, y| {
+            dot_check(x, y)?;
+            Ok(Shape::new())
+        })
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        lower_product(e, a)
+    }
+}
+
+/// `matmul`, with its batch dims broadcast.
+pub(crate) struct Matmul;
+
+impl OpRule for Matmul {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        product_meta(a, matmul_shape)
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        lower_product(e, a)
+    }
+}
+
+/// `addmm` and `baddbmm`: `beta * self + alpha * (mat1 @ mat2)`, each factor optional.
+pub(crate) struct AddProduct;
+
+impl OpRule for AddProduct {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let i = a.inputs;
+        a.expect_counts(3..=3, 0..=2)?;
+        let addmm = a.op == OpId::Addmm;
+        if addmm {
+            ensure!(
+                i[0].dtype == i[2].dtype,
+                "self and mat2 must have the same dtype, but got {} and {}",
+                i[0].dtype.scalar_type_name(),
+                i[2].dtype.scalar_type_name()
+            );
+        } else {
+            ensure!(
+                i[0].dtype == i[1].dtype && i[1].dtype == i[2].dtype,
+                "Input dtypes must be the same, got: input {}, batch1: {}, batch2: {}",
+                i[0].dtype.typemeta_name(),
+                i[1].dtype.typemeta_name(),
+                i[2].dtype.typemeta_name()
+            );
+        }
+        if !addmm && i[1].dtype == DType::Bool {
+            return Err(not_implemented_for("baddbmm", DType::Bool));
+        }
+        let shape = if addmm {
+            mm_shape(&i[1], &i[2])?
+        } else {
+            bmm_shape(&i[1], &i[2])?
+        };
+        crate::shape::check_expand(&i[0].shape, &shape)?;
+        let dtype = i[1].dtype;
+        Ok(Meta::single(
+            TensorType { dtype, shape },
+            vec![dtype.compute_dtype(); a.scalars.len()],
+        ))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let out = a.out(0).clone();
+        let cd = out.dtype.compute_dtype();
+        let prod_ty = out.with_dtype(cd);
+        let prod = matmul(e, a.inputs[1], a.inputs[2], &prod_ty);
+        let this = prep(e, a.inputs[0], cd, &out.shape);
+        let beta = a.scalars.first().map(|&s| prep(e, s, cd, &out.shape));
+        let alpha = a.scalars.get(1).map(|&s| prep(e, s, cd, &out.shape));
+        let prod = match alpha {
+            Some(al) => e.mul(al, prod),
+            None => prod,
+        };
+        let this = match beta {
+            Some(b) => {
+                // beta == 0 ignores self entirely (NaN and inf included), as PyTorch.
+                let scaled = e.mul(b, this);
+                let zero = k(e, scaled, 0.0);
+                let is_zero = e.compare(Cmp::Eq, b, zero);
+                e.select(is_zero, zero, scaled)
+            }
+            None => this,
+        };
+        let r = e.add(this, prod);
+        Ok(vec![e.convert(r, out.dtype)])
+    }
+}
+
+/// `linalg_solve_triangular`: `A X = B` (or `X A = B`) for a triangular `A`.
+pub(crate) struct SolveTriangular;
+
+impl OpRule for SolveTriangular {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let i = a.inputs;
+        a.expect_counts(2..=2, 0..=0)?;
+        let left = layout::SolveTriangular::decode(&a.params)?.left;
+        let shape = solve_triangular_shape(&i[0], &i[1], left)?;
+        Ok(Meta::single(TensorType::new(i[0].dtype, &shape), vec![]))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let out = a.out(0).clone();
+        let layout::SolveTriangular {
+            upper,
+            left,
+            unitriangular: unit,
+        } = layout::SolveTriangular::decode(&a.params)?;
+        // stablehlo.triangular_solve wants equal batch dims: both are broadcast to the
+        // result's, A keeping its square matrices.
+        let rank = out.shape.len();
+        let n = e.shape(a.inputs[0])[e.rank(a.inputs[0]) - 1];
+        let mut a_shape = out.shape[..rank - 2].to_vec();
+        a_shape.extend_from_slice(&[n, n]);
+        let m = e.broadcast_to(a.inputs[0], &a_shape);
+        let b = e.broadcast_to(a.inputs[1], &out.shape);
+        let attrs = format!(
+            "left_side = {left}, lower = {}, unit_diagonal = {unit}, transpose_a = \
+             #stablehlo<transpose NO_TRANSPOSE>",
+            !upper
+        );
+        Ok(vec![e.op(
+            "stablehlo.triangular_solve",
+            &[m, b],
+            &attrs,
+            out.clone(),
+        )])
+    }
 }
 
 /// `a @ b` in the computation dtype; reduced floats multiply in f32, as PyTorch's CPU kernels.
@@ -307,64 +412,4 @@ fn matmul(e: &mut Emitter, a: Value, b: Value, out: &TensorType) -> Value {
     };
     let r = e.reshape(r, &out.shape);
     e.convert(r, out.dtype)
-}
-
-pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
-    use OpId::*;
-    let out = a.out(0).clone();
-    let v = match a.op {
-        Mm | Bmm | Dot | Matmul => matmul(e, a.inputs[0], a.inputs[1], &out),
-        SolveTriangular => {
-            let layout::SolveTriangular {
-                upper,
-                left,
-                unitriangular: unit,
-            } = layout::SolveTriangular::decode(&a.params)?;
-            // stablehlo.triangular_solve wants equal batch dims: both are broadcast to the
-            // result's, A keeping its square matrices.
-            let rank = out.shape.len();
-            let n = e.shape(a.inputs[0])[e.rank(a.inputs[0]) - 1];
-            let mut a_shape = out.shape[..rank - 2].to_vec();
-            a_shape.extend_from_slice(&[n, n]);
-            let m = e.broadcast_to(a.inputs[0], &a_shape);
-            let b = e.broadcast_to(a.inputs[1], &out.shape);
-            let attrs = format!(
-                "left_side = {left}, lower = {}, unit_diagonal = {unit}, transpose_a = \
-                 #stablehlo<transpose NO_TRANSPOSE>",
-                !upper
-            );
-            e.op("stablehlo.triangular_solve", &[m, b], &attrs, out.clone())
-        }
-        Addmm | Baddbmm => {
-            let cd = out.dtype.compute_dtype();
-            let prod_ty = out.with_dtype(cd);
-            let prod = matmul(e, a.inputs[1], a.inputs[2], &prod_ty);
-            let this = prep(e, a.inputs[0], cd, &out.shape);
-            let beta = a.scalars.first().map(|&s| prep(e, s, cd, &out.shape));
-            let alpha = a.scalars.get(1).map(|&s| prep(e, s, cd, &out.shape));
-            let prod = match alpha {
-                Some(al) => e.mul(al, prod),
-                None => prod,
-            };
-            let this = match beta {
-                Some(b) => {
-                    // beta == 0 ignores self entirely (NaN and inf included), as PyTorch.
-                    let scaled = e.mul(b, this);
-                    let zero = k(e, scaled, 0.0);
-                    let is_zero = e.compare(Cmp::Eq, b, zero);
-                    e.select(is_zero, zero, scaled)
-                }
-                None => this,
-            };
-            let r = e.add(this, prod);
-            e.convert(r, out.dtype)
-        }
-        op => {
-            return Err(OpError::runtime(format!(
-                "{}: not a matrix product",
-                op.name()
-            )))
-        }
-    };
-    Ok(vec![v])
 }

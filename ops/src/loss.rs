@@ -439,19 +439,7 @@ impl OpRule for NllLoss {
         let picked = e.reduce_sum(wx, &[r - 1]);
         let loss = e.neg(picked);
         let wsum = e.reduce_sum(w, &[r - 1]);
-        let (out, total) = match reduction {
-            Reduction::None => (loss, e.f64_constant(cd, 0.0)),
-            Reduction::Sum | Reduction::Mean => {
-                let all: Vec<usize> = (0..e.rank(loss)).collect();
-                let s = e.reduce_sum(loss, &all);
-                let total = e.reduce_sum(wsum, &all);
-                if reduction == Reduction::Mean {
-                    (e.div(s, total), total)
-                } else {
-                    (s, total)
-                }
-            }
-        };
+        let (out, total) = reduce_weighted(e, loss, wsum, reduction, cd);
         Ok(vec![e.convert(out, dtype), e.convert(total, dtype)])
     }
 }
@@ -483,15 +471,9 @@ impl OpRule for NllLossBackward {
         let xc = e.convert(x, cd);
         let (_, w) = nll_mask(e, xc, target, a.inputs.get(4).copied(), ignore_index);
         let g = e.convert(grad, cd);
-        let g = match reduction {
-            Reduction::None if r == 2 => e.broadcast_in_dim(g, &shape, &[0]),
-            Reduction::Mean => {
-                let t = e.convert(total, cd);
-                let q = e.div(g, t);
-                e.broadcast_to(q, &shape)
-            }
-            _ => e.broadcast_to(g, &shape),
-        };
+        // Without a reduction a batch's gradient holds one value per sample (dim 0).
+        let per_sample: Option<&[usize]> = if r == 2 { Some(&[0]) } else { None };
+        let g = spread_gradient(e, g, total, reduction, &shape, per_sample);
         let wg = e.mul(w, g);
         let r = e.neg(wg);
         Ok(vec![e.convert(r, dtype)])
@@ -536,19 +518,7 @@ impl OpRule for NllLoss2d {
         let picked = e.reduce_sum(wx, &[1]);
         let loss = e.neg(picked);
         let wsum = e.reduce_sum(w, &[1]);
-        let all: Vec<usize> = (0..3).collect();
-        let (r, total) = match reduction {
-            Reduction::None => (loss, e.f64_constant(cd, 0.0)),
-            Reduction::Sum | Reduction::Mean => {
-                let s = e.reduce_sum(loss, &all);
-                let total = e.reduce_sum(wsum, &all);
-                if reduction == Reduction::Mean {
-                    (e.div(s, total), total)
-                } else {
-                    (s, total)
-                }
-            }
-        };
+        let (r, total) = reduce_weighted(e, loss, wsum, reduction, cd);
         Ok(vec![e.convert(r, out.dtype), e.convert(total, out.dtype)])
     }
 }
@@ -578,15 +548,8 @@ impl OpRule for NllLoss2dBackward {
         let xc = e.convert(x, cd);
         let (_, w) = nll_weights(e, xc, target, a.inputs.get(4).copied(), ignore_index);
         let g = e.convert(g, cd);
-        let g = match reduction {
-            Reduction::None => e.broadcast_in_dim(g, &shape, &[0, 2, 3]),
-            Reduction::Mean => {
-                let t = e.convert(total, cd);
-                let q = e.div(g, t);
-                e.broadcast_to(q, &shape)
-            }
-            Reduction::Sum => e.broadcast_to(g, &shape),
-        };
+        // Without a reduction the gradient holds one value per position ([N, H, W]).
+        let g = spread_gradient(e, g, total, reduction, &shape, Some(&[0, 2, 3]));
         let wg = e.mul(w, g);
         let r = e.neg(wg);
         Ok(vec![e.convert(r, out.dtype)])
@@ -605,6 +568,54 @@ fn reduce(e: &mut Emitter, loss: Value, reduction: Reduction) -> Value {
             let count = k(e, s, n as f64);
             e.div(s, count)
         }
+    }
+}
+
+/// The nll losses' reduction of per-sample losses `loss` and their weights `wsum` (in `cd`):
+/// `(output, total_weight)`, where a mean divides the summed loss by the summed weight and no
+/// reduction has a total weight of 0.
+fn reduce_weighted(
+    e: &mut Emitter,
+    loss: Value,
+    wsum: Value,
+    reduction: Reduction,
+    cd: DType,
+) -> (Value, Value) {
+    match reduction {
+        Reduction::None => (loss, e.f64_constant(cd, 0.0)),
+        Reduction::Sum | Reduction::Mean => {
+            let all: Vec<usize> = (0..e.rank(loss)).collect();
+            let s = e.reduce_sum(loss, &all);
+            let total = e.reduce_sum(wsum, &all);
+            if reduction == Reduction::Mean {
+                (e.div(s, total), total)
+            } else {
+                (s, total)
+            }
+        }
+    }
+}
+
+/// The nll losses' incoming gradient `g` spread over `shape`: placed along `per_sample` dims
+/// when there was no reduction (a broadcast when it is a single value), divided by the total
+/// weight for a mean.
+fn spread_gradient(
+    e: &mut Emitter,
+    g: Value,
+    total: Value,
+    reduction: Reduction,
+    shape: &[i64],
+    per_sample: Option<&[usize]>,
+) -> Value {
+    let cd = e.dtype(g);
+    match (reduction, per_sample) {
+        (Reduction::None, Some(dims)) => e.broadcast_in_dim(g, shape, dims),
+        (Reduction::Mean, _) => {
+            let t = e.convert(total, cd);
+            let q = e.div(g, t);
+            e.broadcast_to(q, shape)
+        }
+        _ => e.broadcast_to(g, shape),
     }
 }
 

@@ -11,9 +11,7 @@ use crate::error::{ensure, OpError};
 use crate::param_layout as layout;
 use crate::params::wrap_dim;
 use crate::reduce::sum_keepdim;
-use crate::{LowerArgs, Meta, MetaArgs, MetaOutputs, OpId};
-
-crate::family_rule!(NormOps);
+use crate::{LowerArgs, Meta, MetaArgs, MetaOutputs, OpId, OpRule};
 
 // ---- argument helpers ---------------------------------------------------------------------
 
@@ -175,191 +173,263 @@ fn layer_param(name: &str, t: Option<&TensorType>, normalized: &[i64]) -> Result
     Ok(())
 }
 
-// ---- meta -----------------------------------------------------------------------------------
+// ---- rules: each op's meta beside its lowering --------------------------------------------
 
-pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
-    use OpId::*;
-    let p = &a.params;
-    let i = a.inputs;
-    match a.op {
-        NativeBatchNorm => {
-            a.expect_counts(1..=5, 0..=0)?;
-            let l = layout::BatchNorm::decode(p)?;
-            let present = [
-                l.has_weight,
-                l.has_bias,
-                l.has_running_mean,
-                l.has_running_var,
-            ];
-            let opt = optional(a.op, &i.iter().collect::<Vec<_>>(), 1, &present)?;
-            let (x, [w, b, rm, rv]) = (&i[0], [opt[0], opt[1], opt[2], opt[3]]);
-            let training = l.training;
-            let c = channels(x)?;
-            if rm.is_some() != rv.is_some() {
-                return Err(OpError::value(
-                    "running_mean and running_var must either both be None or neither be None",
-                ));
-            }
-            check_numel("weight", w, c)?;
-            check_numel("bias", b, c)?;
-            check_numel("running_mean", rm, c)?;
-            check_numel("running_var", rv, c)?;
-            let pd = param_dtype(x.dtype, &[w, b, rm, rv])?;
-            float_only("batch_norm", x.dtype)?;
-            let saved: &[i64] = if training {
-                ensure!(
-                    x.numel() > 0,
-                    "input tensor must have at least one element, but got input_sizes = {:?}",
-                    x.shape.as_slice()
-                );
-                &[c]
-            } else {
-                ensure!(
-                    rm.is_some(),
-                    "native_batch_norm: running_mean and running_var must be defined in evaluation mode"
-                );
-                &[0]
-            };
-            let stat = TensorType::new(pd, saved);
-            Ok(three(x.clone(), stat.clone(), stat))
+/// `native_batch_norm`: the normalized input and the saved mean and inverse std (empty in
+/// evaluation mode).
+pub(crate) struct NativeBatchNorm;
+
+impl OpRule for NativeBatchNorm {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let p = &a.params;
+        let i = a.inputs;
+        a.expect_counts(1..=5, 0..=0)?;
+        let l = layout::BatchNorm::decode(p)?;
+        let present = [
+            l.has_weight,
+            l.has_bias,
+            l.has_running_mean,
+            l.has_running_var,
+        ];
+        let opt = optional(a.op, &i.iter().collect::<Vec<_>>(), 1, &present)?;
+        let (x, [w, b, rm, rv]) = (&i[0], [opt[0], opt[1], opt[2], opt[3]]);
+        let training = l.training;
+        let c = channels(x)?;
+        if rm.is_some() != rv.is_some() {
+            return Err(OpError::value(
+                "running_mean and running_var must either both be None or neither be None",
+            ));
         }
-        BatchNormRunningStats => {
-            a.expect_counts(3..=3, 1..=1)?;
-            let (x, rm, rv) = (&i[0], &i[1], &i[2]);
-            let c = channels(x)?;
-            check_numel("running_mean", Some(rm), c)?;
-            check_numel("running_var", Some(rv), c)?;
-            param_dtype(x.dtype, &[Some(rm), Some(rv)])?;
-            float_only("batch_norm", x.dtype)?;
-            Ok(Meta {
-                outputs: MetaOutputs::from_vec(vec![rm.clone(), rv.clone()]),
-                scalar_dtypes: smallvec::smallvec![rm.dtype.compute_dtype()],
-                variant: 0,
-                float_default: None,
-                matmul_precision: None,
-            })
-        }
-        NativeBatchNormBackward => {
-            a.expect_counts(2..=7, 0..=0)?;
-            let l = layout::BatchNormBackward::decode(p)?;
-            let opt = optional(
-                a.op,
-                &i.iter().collect::<Vec<_>>(),
-                2,
-                &batch_norm_backward_presence(&l),
-            )?;
-            let (g, x) = (&i[0], &i[1]);
-            let [w, rm, rv, sm, si] = [opt[0], opt[1], opt[2], opt[3], opt[4]];
-            let train = l.train;
-            same_shape(a.op, g, x)?;
-            let c = channels(x)?;
-            check_numel("weight", w, c)?;
-            // The statistics a mode does not use may be empty (as eval-mode forward saves them).
-            let (mean, var, which) = if train {
-                (sm, si, "save_mean and save_invstd")
-            } else {
-                (rm, rv, "running_mean and running_var")
-            };
+        check_numel("weight", w, c)?;
+        check_numel("bias", b, c)?;
+        check_numel("running_mean", rm, c)?;
+        check_numel("running_var", rv, c)?;
+        let pd = param_dtype(x.dtype, &[w, b, rm, rv])?;
+        float_only("batch_norm", x.dtype)?;
+        let saved: &[i64] = if training {
             ensure!(
-                mean.is_some() && var.is_some(),
-                "native_batch_norm_backward: {which} must be defined when train={train}"
+                x.numel() > 0,
+                "input tensor must have at least one element, but got input_sizes = {:?}",
+                x.shape.as_slice()
             );
-            check_numel("mean", mean, c)?;
-            check_numel("var", var, c)?;
-            let pd = param_dtype(x.dtype, &[w, rm, rv, sm, si])?;
-            float_only("batch_norm_backward_cpu", x.dtype)?;
-            let gw = match w {
-                Some(w) => w.with_dtype(pd),
-                None => TensorType::new(pd, &[c]),
-            };
-            Ok(three(x.clone(), gw.clone(), gw))
-        }
-        NativeLayerNorm => {
-            a.expect_counts(1..=3, 0..=0)?;
-            let l = layout::LayerNorm::decode(p)?;
-            let present = [l.has_weight, l.has_bias];
-            let opt = optional(a.op, &i.iter().collect::<Vec<_>>(), 1, &present)?;
-            let (x, w, b) = (&i[0], opt[0], opt[1]);
-            let normalized = l.normalized_shape;
+            &[c]
+        } else {
             ensure!(
-                !normalized.is_empty(),
-                "Expected normalized_shape to be at least 1-dimensional, i.e., containing at least one element, but got normalized_shape = []"
+                rm.is_some(),
+                "native_batch_norm: running_mean and running_var must be defined in evaluation mode"
             );
-            layer_param("weight", w, normalized)?;
-            layer_param("bias", b, normalized)?;
-            let axis = layer_axis(x, normalized)?;
-            let pd = param_dtype(x.dtype, &[w, b])?;
-            float_only("LayerNormKernelImpl", x.dtype)?;
-            let mut stat_shape: Shape = x.shape[..axis].iter().copied().collect();
-            stat_shape.extend(std::iter::repeat_n(1, normalized.len()));
-            let stat = TensorType::new(pd, &stat_shape);
-            Ok(three(x.clone(), stat.clone(), stat))
+            &[0]
+        };
+        let stat = TensorType::new(pd, saved);
+        Ok(three(x.clone(), stat.clone(), stat))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        lower_batch_norm(e, a)
+    }
+}
+
+/// `_batch_norm_running_stats`: the running mean and variance after a training step.
+pub(crate) struct BatchNormRunningStats;
+
+impl OpRule for BatchNormRunningStats {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let i = a.inputs;
+        a.expect_counts(3..=3, 1..=1)?;
+        let (x, rm, rv) = (&i[0], &i[1], &i[2]);
+        let c = channels(x)?;
+        check_numel("running_mean", Some(rm), c)?;
+        check_numel("running_var", Some(rv), c)?;
+        param_dtype(x.dtype, &[Some(rm), Some(rv)])?;
+        float_only("batch_norm", x.dtype)?;
+        Ok(Meta {
+            outputs: MetaOutputs::from_vec(vec![rm.clone(), rv.clone()]),
+            scalar_dtypes: smallvec::smallvec![rm.dtype.compute_dtype()],
+            variant: 0,
+            float_default: None,
+            matmul_precision: None,
+        })
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        lower_running_stats(e, a)
+    }
+}
+
+/// `native_batch_norm_backward`: the gradients of the input, weight and bias.
+pub(crate) struct NativeBatchNormBackward;
+
+impl OpRule for NativeBatchNormBackward {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let p = &a.params;
+        let i = a.inputs;
+        a.expect_counts(2..=7, 0..=0)?;
+        let l = layout::BatchNormBackward::decode(p)?;
+        let opt = optional(
+            a.op,
+            &i.iter().collect::<Vec<_>>(),
+            2,
+            &batch_norm_backward_presence(&l),
+        )?;
+        let (g, x) = (&i[0], &i[1]);
+        let [w, rm, rv, sm, si] = [opt[0], opt[1], opt[2], opt[3], opt[4]];
+        let train = l.train;
+        same_shape(a.op, g, x)?;
+        let c = channels(x)?;
+        check_numel("weight", w, c)?;
+        // The statistics a mode does not use may be empty (as eval-mode forward saves them).
+        let (mean, var, which) = if train {
+            (sm, si, "save_mean and save_invstd")
+        } else {
+            (rm, rv, "running_mean and running_var")
+        };
+        ensure!(
+            mean.is_some() && var.is_some(),
+            "native_batch_norm_backward: {which} must be defined when train={train}"
+        );
+        check_numel("mean", mean, c)?;
+        check_numel("var", var, c)?;
+        let pd = param_dtype(x.dtype, &[w, rm, rv, sm, si])?;
+        float_only("batch_norm_backward_cpu", x.dtype)?;
+        let gw = match w {
+            Some(w) => w.with_dtype(pd),
+            None => TensorType::new(pd, &[c]),
+        };
+        Ok(three(x.clone(), gw.clone(), gw))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        lower_batch_norm_backward(e, a)
+    }
+}
+
+/// `native_layer_norm`: the normalized input, its mean and its inverse std.
+pub(crate) struct NativeLayerNorm;
+
+impl OpRule for NativeLayerNorm {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let p = &a.params;
+        let i = a.inputs;
+        a.expect_counts(1..=3, 0..=0)?;
+        let l = layout::LayerNorm::decode(p)?;
+        let present = [l.has_weight, l.has_bias];
+        let opt = optional(a.op, &i.iter().collect::<Vec<_>>(), 1, &present)?;
+        let (x, w, b) = (&i[0], opt[0], opt[1]);
+        let normalized = l.normalized_shape;
+        ensure!(
+            !normalized.is_empty(),
+            "Expected normalized_shape to be at least 1-dimensional, i.e., containing at least one element, but got normalized_shape = []"
+        );
+        layer_param("weight", w, normalized)?;
+        layer_param("bias", b, normalized)?;
+        let axis = layer_axis(x, normalized)?;
+        let pd = param_dtype(x.dtype, &[w, b])?;
+        float_only("LayerNormKernelImpl", x.dtype)?;
+        let mut stat_shape: Shape = x.shape[..axis].iter().copied().collect();
+        stat_shape.extend(std::iter::repeat_n(1, normalized.len()));
+        let stat = TensorType::new(pd, &stat_shape);
+        Ok(three(x.clone(), stat.clone(), stat))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        lower_layer_norm(e, a)
+    }
+}
+
+/// `native_layer_norm_backward`: the gradients of the input, weight and bias.
+pub(crate) struct NativeLayerNormBackward;
+
+impl OpRule for NativeLayerNormBackward {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let p = &a.params;
+        let i = a.inputs;
+        a.expect_counts(4..=6, 0..=0)?;
+        let l = layout::LayerNormBackward::decode(p)?;
+        let present = [l.has_weight, l.has_bias];
+        let opt = optional(a.op, &i.iter().collect::<Vec<_>>(), 4, &present)?;
+        let (g, x, mean, rstd) = (&i[0], &i[1], &i[2], &i[3]);
+        let (w, b) = (opt[0], opt[1]);
+        let normalized = l.normalized_shape;
+        same_shape(a.op, g, x)?;
+        let axis = layer_axis(x, normalized)?;
+        layer_param("weight", w, normalized)?;
+        layer_param("bias", b, normalized)?;
+        let rows: i64 = x.shape[..axis].iter().product();
+        for (name, t) in [("mean", mean), ("rstd", rstd)] {
+            ensure!(
+                t.numel() == rows,
+                "native_layer_norm_backward: {name} should contain {rows} elements not {}",
+                t.numel()
+            );
         }
-        NativeLayerNormBackward => {
-            a.expect_counts(4..=6, 0..=0)?;
-            let l = layout::LayerNormBackward::decode(p)?;
-            let present = [l.has_weight, l.has_bias];
-            let opt = optional(a.op, &i.iter().collect::<Vec<_>>(), 4, &present)?;
-            let (g, x, mean, rstd) = (&i[0], &i[1], &i[2], &i[3]);
-            let (w, b) = (opt[0], opt[1]);
-            let normalized = l.normalized_shape;
-            same_shape(a.op, g, x)?;
-            let axis = layer_axis(x, normalized)?;
-            layer_param("weight", w, normalized)?;
-            layer_param("bias", b, normalized)?;
-            let rows: i64 = x.shape[..axis].iter().product();
-            for (name, t) in [("mean", mean), ("rstd", rstd)] {
-                ensure!(
-                    t.numel() == rows,
-                    "native_layer_norm_backward: {name} should contain {rows} elements not {}",
-                    t.numel()
-                );
-            }
-            float_only("LayerNormBackwardKernelImpl", x.dtype)?;
-            let grad_of = |t: Option<&TensorType>| {
-                t.cloned()
-                    .unwrap_or_else(|| TensorType::new(x.dtype, normalized))
-            };
-            Ok(three(x.clone(), grad_of(w), grad_of(b)))
+        float_only("LayerNormBackwardKernelImpl", x.dtype)?;
+        let grad_of = |t: Option<&TensorType>| {
+            t.cloned()
+                .unwrap_or_else(|| TensorType::new(x.dtype, normalized))
+        };
+        Ok(three(x.clone(), grad_of(w), grad_of(b)))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        lower_layer_norm_backward(e, a)
+    }
+}
+
+/// `native_group_norm`: the normalized input, its mean and its inverse std per group.
+pub(crate) struct NativeGroupNorm;
+
+impl OpRule for NativeGroupNorm {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let p = &a.params;
+        let i = a.inputs;
+        a.expect_counts(1..=3, 0..=0)?;
+        let l = layout::GroupNorm::decode(p)?;
+        let present = [l.has_weight, l.has_bias];
+        let opt = optional(a.op, &i.iter().collect::<Vec<_>>(), 1, &present)?;
+        let (x, w, b) = (&i[0], opt[0], opt[1]);
+        let [n, c, _, group] = group_dims([l.n, l.c, l.hxw, l.group], x)?;
+        group_param("weight", w, c, x)?;
+        group_param("bias", b, c, x)?;
+        let pd = param_dtype(x.dtype, &[w, b])?;
+        float_only("GroupNormKernelImpl", x.dtype)?;
+        let stat = TensorType::new(pd, &[n, group]);
+        Ok(three(x.clone(), stat.clone(), stat))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        lower_group_norm(e, a)
+    }
+}
+
+/// `native_group_norm_backward`: the gradients of the input, weight and bias.
+pub(crate) struct NativeGroupNormBackward;
+
+impl OpRule for NativeGroupNormBackward {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let p = &a.params;
+        let i = a.inputs;
+        a.expect_counts(4..=5, 0..=0)?;
+        let l = layout::GroupNormBackward::decode(p)?;
+        let opt = optional(a.op, &i.iter().collect::<Vec<_>>(), 4, &[l.has_weight])?;
+        let (g, x, mean, rstd, w) = (&i[0], &i[1], &i[2], &i[3], opt[0]);
+        let [n, c, _, group] = group_dims([l.n, l.c, l.hxw, l.group], x)?;
+        same_shape(a.op, g, x)?;
+        group_param("weight", w, c, x)?;
+        for (name, t) in [("mean", mean), ("rstd", rstd)] {
+            ensure!(
+                t.numel() == n * group,
+                "native_group_norm_backward: {name} should contain {} elements not {}",
+                n * group,
+                t.numel()
+            );
         }
-        NativeGroupNorm => {
-            a.expect_counts(1..=3, 0..=0)?;
-            let l = layout::GroupNorm::decode(p)?;
-            let present = [l.has_weight, l.has_bias];
-            let opt = optional(a.op, &i.iter().collect::<Vec<_>>(), 1, &present)?;
-            let (x, w, b) = (&i[0], opt[0], opt[1]);
-            let [n, c, _, group] = group_dims([l.n, l.c, l.hxw, l.group], x)?;
-            group_param("weight", w, c, x)?;
-            group_param("bias", b, c, x)?;
-            let pd = param_dtype(x.dtype, &[w, b])?;
-            float_only("GroupNormKernelImpl", x.dtype)?;
-            let stat = TensorType::new(pd, &[n, group]);
-            Ok(three(x.clone(), stat.clone(), stat))
-        }
-        NativeGroupNormBackward => {
-            a.expect_counts(4..=5, 0..=0)?;
-            let l = layout::GroupNormBackward::decode(p)?;
-            let opt = optional(a.op, &i.iter().collect::<Vec<_>>(), 4, &[l.has_weight])?;
-            let (g, x, mean, rstd, w) = (&i[0], &i[1], &i[2], &i[3], opt[0]);
-            let [n, c, _, group] = group_dims([l.n, l.c, l.hxw, l.group], x)?;
-            same_shape(a.op, g, x)?;
-            group_param("weight", w, c, x)?;
-            for (name, t) in [("mean", mean), ("rstd", rstd)] {
-                ensure!(
-                    t.numel() == n * group,
-                    "native_group_norm_backward: {name} should contain {} elements not {}",
-                    n * group,
-                    t.numel()
-                );
-            }
-            float_only("GroupNormBackwardKernelImpl", x.dtype)?;
-            let gw = w.cloned().unwrap_or_else(|| TensorType::new(x.dtype, &[c]));
-            Ok(three(x.clone(), gw.clone(), gw))
-        }
-        op => Err(OpError::runtime(format!(
-            "{}: not a normalization op",
-            op.name()
-        ))),
+        float_only("GroupNormBackwardKernelImpl", x.dtype)?;
+        let gw = w.cloned().unwrap_or_else(|| TensorType::new(x.dtype, &[c]));
+        Ok(three(x.clone(), gw.clone(), gw))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        lower_group_norm_backward(e, a)
     }
 }
 
@@ -446,23 +516,6 @@ fn norm_input_grad(
 }
 
 // ---- lowering -------------------------------------------------------------------------------
-
-pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
-    use OpId::*;
-    match a.op {
-        NativeBatchNorm => lower_batch_norm(e, a),
-        BatchNormRunningStats => lower_running_stats(e, a),
-        NativeBatchNormBackward => lower_batch_norm_backward(e, a),
-        NativeLayerNorm => lower_layer_norm(e, a),
-        NativeLayerNormBackward => lower_layer_norm_backward(e, a),
-        NativeGroupNorm => lower_group_norm(e, a),
-        NativeGroupNormBackward => lower_group_norm_backward(e, a),
-        op => Err(OpError::runtime(format!(
-            "{}: not a normalization op",
-            op.name()
-        ))),
-    }
-}
 
 /// The reduction dims of batch norm: every dim but the channels (dim 1).
 fn batch_dims(rank: usize) -> Vec<usize> {

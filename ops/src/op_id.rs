@@ -247,15 +247,15 @@ op_catalogue! {
     LogSoftmax = "_log_softmax", family: Reduce, rule: reduce::ReduceOps, inputs: "self", scalars: "", params: SoftmaxDim;
 
     // ---- matrix products ---------------------------------------------------------------
-    Mm = "mm", family: Linalg, rule: linalg::LinalgOps, inputs: "self, mat2", scalars: "", params: None, facts: { complex: true, product_operands_from: Some(0) };
-    Bmm = "bmm", family: Linalg, rule: linalg::LinalgOps, inputs: "self, mat2", scalars: "", params: None, facts: { complex: true, product_operands_from: Some(0) };
+    Mm = "mm", family: Linalg, rule: linalg::Mm, inputs: "self, mat2", scalars: "", params: None, facts: { complex: true, product_operands_from: Some(0) };
+    Bmm = "bmm", family: Linalg, rule: linalg::Bmm, inputs: "self, mat2", scalars: "", params: None, facts: { complex: true, product_operands_from: Some(0) };
     /// `beta * self + alpha * (mat1 @ mat2)`.
-    Addmm = "addmm", family: Linalg, rule: linalg::LinalgOps, inputs: "self, mat1, mat2", scalars: "beta? (default 1), alpha? (default 1)", params: None, facts: { product_operands_from: Some(1) };
-    Baddbmm = "baddbmm", family: Linalg, rule: linalg::LinalgOps, inputs: "self, batch1, batch2", scalars: "beta? (default 1), alpha? (default 1)", params: None, facts: { product_operands_from: Some(1) };
-    Dot = "dot", family: Linalg, rule: linalg::LinalgOps, inputs: "self, other", scalars: "", params: None, facts: { complex: true, product_operands_from: Some(0) };
-    Matmul = "matmul", family: Linalg, rule: linalg::LinalgOps, inputs: "self, other", scalars: "", params: None, facts: { complex: true, product_operands_from: Some(0) };
+    Addmm = "addmm", family: Linalg, rule: linalg::AddProduct, inputs: "self, mat1, mat2", scalars: "beta? (default 1), alpha? (default 1)", params: None, facts: { product_operands_from: Some(1) };
+    Baddbmm = "baddbmm", family: Linalg, rule: linalg::AddProduct, inputs: "self, batch1, batch2", scalars: "beta? (default 1), alpha? (default 1)", params: None, facts: { product_operands_from: Some(1) };
+    Dot = "dot", family: Linalg, rule: linalg::Dot, inputs: "self, other", scalars: "", params: None, facts: { complex: true, product_operands_from: Some(0) };
+    Matmul = "matmul", family: Linalg, rule: linalg::Matmul, inputs: "self, other", scalars: "", params: None, facts: { complex: true, product_operands_from: Some(0) };
     /// `A X = B` (or `X A = B`) for triangular `A`, batch dims broadcast.
-    SolveTriangular = "linalg_solve_triangular", family: Linalg, rule: linalg::LinalgOps, inputs: "self, B", scalars: "", params: SolveTriangular;
+    SolveTriangular = "linalg_solve_triangular", family: Linalg, rule: linalg::SolveTriangular, inputs: "self, B", scalars: "", params: SolveTriangular;
 
     // ---- shape and indexing ------------------------------------------------------------
     Cat = "cat", family: Shape, rule: shape::ShapeOps, inputs: "tensors...", scalars: "", params: Dim, facts: { complex: true };
@@ -285,9 +285,9 @@ op_catalogue! {
     Select = "select", family: Shape, rule: shape::ShapeOps, inputs: "self", scalars: "", params: SelectIndex, facts: { complex: true, pointwise: true };
 
     // ---- backward ops ------------------------------------------------------------------
-    ThresholdBackward = "threshold_backward", family: Backward, rule: backward::BackwardOps, inputs: "grad_output, self", scalars: "threshold", params: None, facts: { pointwise: true };
-    LogSoftmaxBackward = "_log_softmax_backward_data", family: Backward, rule: backward::BackwardOps, inputs: "grad_output, output", scalars: "", params: SoftmaxBackwardDim;
-    SoftmaxBackward = "_softmax_backward_data", family: Backward, rule: backward::BackwardOps, inputs: "grad_output, output", scalars: "", params: SoftmaxBackwardDim;
+    ThresholdBackward = "threshold_backward", family: Backward, rule: backward::ThresholdBackward, inputs: "grad_output, self", scalars: "threshold", params: None, facts: { pointwise: true };
+    LogSoftmaxBackward = "_log_softmax_backward_data", family: Backward, rule: backward::SoftmaxBackward, inputs: "grad_output, output", scalars: "", params: SoftmaxBackwardDim;
+    SoftmaxBackward = "_softmax_backward_data", family: Backward, rule: backward::SoftmaxBackward, inputs: "grad_output, output", scalars: "", params: SoftmaxBackwardDim;
     /// Outputs `(output, total_weight)`.
     NllLoss = "nll_loss_forward", family: Loss, rule: loss::NllLoss, inputs: "self, target, weight?", scalars: "",
         params: NllLossReduction, facts: { index_checks: true };
@@ -298,23 +298,23 @@ op_catalogue! {
     /// Outputs a 0-d bool flag (true when the assertion holds) that the engine checks after
     /// running: PyTorch's op has no result, so nothing reads the flag, and it is kept only
     /// because it is side-effecting.
-    AssertAsync = "_assert_async", family: Check, rule: checks::CheckOps, inputs: "self", scalars: "", params: None, facts: { side_effecting: true };
+    AssertAsync = "_assert_async", family: Check, rule: checks::AssertAsync, inputs: "self", scalars: "", params: None, facts: { side_effecting: true };
 
     // ---- random numbers ----------------------------------------------------------------
     // Each draw takes a 64-bit key from the device's generator as a lifted scalar (a new draw
     // never recompiles); the bits hash a counter with the key (SplitMix64, RFC 0010).
     /// Values in `[from, to)`.
-    Uniform = "uniform", family: Random, rule: random::RandomOps, inputs: "", scalars: "from, to, key", params: Creation, facts: { size_params_from: Some(1) };
+    Uniform = "uniform", family: Random, rule: random::Uniform, inputs: "", scalars: "from, to, key", params: Creation, facts: { size_params_from: Some(1) };
     /// Normal values (Box-Muller over two uniform draws).
-    Normal = "normal", family: Random, rule: random::RandomOps, inputs: "", scalars: "mean, std, key", params: Creation, facts: { size_params_from: Some(1) };
+    Normal = "normal", family: Random, rule: random::Normal, inputs: "", scalars: "mean, std, key", params: Creation, facts: { size_params_from: Some(1) };
     /// Integers in `[from, to)`; with `full_range`, the 63-bit range `[0, 2^63)` (`to` unused).
-    RandomInt = "random_", family: Random, rule: random::RandomOps, inputs: "", scalars: "from, to, key", params: RandomIntDraw, facts: { size_params_from: Some(2) };
+    RandomInt = "random_", family: Random, rule: random::RandomInt, inputs: "", scalars: "from, to, key", params: RandomIntDraw, facts: { size_params_from: Some(2) };
     /// 1 with probability `p` (a tensor broadcast to `sizes`, or a scalar), else 0.
-    Bernoulli = "bernoulli", family: Random, rule: random::RandomOps, inputs: "p?", scalars: "p (when not an input), key", params: Creation, facts: { size_params_from: Some(1) };
+    Bernoulli = "bernoulli", family: Random, rule: random::Bernoulli, inputs: "p?", scalars: "p (when not an input), key", params: Creation, facts: { size_params_from: Some(1) };
     /// Outputs `(input * mask / (1 - p), mask)`, the mask keeping each element with probability
     /// `1 - p`; with `train` 0, `(input, all true)`.
-    NativeDropout = "native_dropout", family: Random, rule: random::RandomOps, inputs: "input", scalars: "p, key", params: DropoutTrain;
-    NativeDropoutBackward = "native_dropout_backward", family: Random, rule: random::RandomOps, inputs: "grad_output, mask", scalars: "scale", params: None;
+    NativeDropout = "native_dropout", family: Random, rule: random::NativeDropout, inputs: "input", scalars: "p, key", params: DropoutTrain;
+    NativeDropoutBackward = "native_dropout_backward", family: Random, rule: random::NativeDropoutBackward, inputs: "grad_output, mask", scalars: "scale", params: None;
 
     // ---- convolution and pooling -------------------------------------------------------
     // Lists in these params are counted: `n, v1 .. vn`.
@@ -344,31 +344,31 @@ op_catalogue! {
     // the mask is zeros).
     /// Outputs `(output, save_mean, save_invstd)`; in evaluation the saved statistics are empty,
     /// as on PyTorch's CPU. The running statistics are updated by `_batch_norm_running_stats`.
-    NativeBatchNorm = "native_batch_norm", family: Normalization, rule: norm::NormOps,
+    NativeBatchNorm = "native_batch_norm", family: Normalization, rule: norm::NativeBatchNorm,
         inputs: "input, weight?, bias?, running_mean?, running_var?", scalars: "",
         params: BatchNorm;
     /// The new `(running_mean, running_var)` after a training step of batch norm on `input`
     /// (the running variance takes the unbiased batch variance). PyTorch updates them in place
     /// inside `native_batch_norm`; the kernel writes these outputs into them.
-    BatchNormRunningStats = "_batch_norm_running_stats", family: Normalization, rule: norm::NormOps,
+    BatchNormRunningStats = "_batch_norm_running_stats", family: Normalization, rule: norm::BatchNormRunningStats,
         inputs: "input, running_mean, running_var", scalars: "momentum", params: None;
     /// Outputs `(grad_input, grad_weight, grad_bias)`.
-    NativeBatchNormBackward = "native_batch_norm_backward", family: Normalization, rule: norm::NormOps,
+    NativeBatchNormBackward = "native_batch_norm_backward", family: Normalization, rule: norm::NativeBatchNormBackward,
         inputs: "grad_out, input, weight?, running_mean?, running_var?, save_mean?, save_invstd?", scalars: "",
         params: BatchNormBackward;
     /// Outputs `(output, mean, rstd)`.
-    NativeLayerNorm = "native_layer_norm", family: Normalization, rule: norm::NormOps, inputs: "input, weight?, bias?", scalars: "",
+    NativeLayerNorm = "native_layer_norm", family: Normalization, rule: norm::NativeLayerNorm, inputs: "input, weight?, bias?", scalars: "",
         params: LayerNorm, facts: { cheap_to_recompute: true };
-    NativeLayerNormBackward = "native_layer_norm_backward", family: Normalization, rule: norm::NormOps,
+    NativeLayerNormBackward = "native_layer_norm_backward", family: Normalization, rule: norm::NativeLayerNormBackward,
         inputs: "grad_out, input, mean, rstd, weight?, bias?", scalars: "",
         params: LayerNormBackward;
     /// Outputs `(output, mean, rstd)`, the statistics shaped `[N, group]`.
-    NativeGroupNorm = "native_group_norm", family: Normalization, rule: norm::NormOps, inputs: "input, weight?, bias?", scalars: "",
+    NativeGroupNorm = "native_group_norm", family: Normalization, rule: norm::NativeGroupNorm, inputs: "input, weight?, bias?", scalars: "",
         params: GroupNorm, facts: { cheap_to_recompute: true };
-    NativeGroupNormBackward = "native_group_norm_backward", family: Normalization, rule: norm::NormOps,
+    NativeGroupNormBackward = "native_group_norm_backward", family: Normalization, rule: norm::NativeGroupNormBackward,
         inputs: "grad_out, input, mean, rstd, weight?", scalars: "",
         params: GroupNormBackward;
-    EmbeddingDenseBackward = "embedding_dense_backward", family: Backward, rule: backward::BackwardOps, inputs: "grad_output, indices", scalars: "",
+    EmbeddingDenseBackward = "embedding_dense_backward", family: Backward, rule: backward::EmbeddingDenseBackward, inputs: "grad_output, indices", scalars: "",
         params: EmbeddingBackward;
     Cumsum = "cumsum", family: Reduce, rule: reduce::ReduceOps, inputs: "self", scalars: "", params: DimDtype;
     Cumprod = "cumprod", family: Reduce, rule: reduce::ReduceOps, inputs: "self", scalars: "", params: DimDtype;
@@ -400,14 +400,14 @@ op_catalogue! {
     // Attention and training: activation gradients, losses and fused optimizer steps.
     /// Softmax whose rows of all `-inf` (fully masked attention rows) give zeros.
     SafeSoftmax = "_safe_softmax", family: Reduce, rule: reduce::ReduceOps, inputs: "self", scalars: "", params: DimDtype;
-    GeluBackward = "gelu_backward", family: Activation, rule: activation::ActivationOps, inputs: "grad_output, self", scalars: "",
+    GeluBackward = "gelu_backward", family: Activation, rule: activation::GeluBackward, inputs: "grad_output, self", scalars: "",
         params: GeluApproximate, facts: { pointwise: true };
-    TanhBackward = "tanh_backward", family: Activation, rule: activation::ActivationOps, inputs: "grad_output, output", scalars: "", params: None, facts: { pointwise: true };
-    SigmoidBackward = "sigmoid_backward", family: Activation, rule: activation::ActivationOps, inputs: "grad_output, output", scalars: "", params: None, facts: { pointwise: true };
+    TanhBackward = "tanh_backward", family: Activation, rule: activation::TanhBackward, inputs: "grad_output, output", scalars: "", params: None, facts: { pointwise: true };
+    SigmoidBackward = "sigmoid_backward", family: Activation, rule: activation::SigmoidBackward, inputs: "grad_output, output", scalars: "", params: None, facts: { pointwise: true };
     /// Outputs `(output, buffer)`, the buffer `exp(-|self|)` as on PyTorch's CPU.
-    LogSigmoidForward = "log_sigmoid_forward", family: Activation, rule: activation::ActivationOps, inputs: "self", scalars: "", params: None;
+    LogSigmoidForward = "log_sigmoid_forward", family: Activation, rule: activation::LogSigmoidForward, inputs: "self", scalars: "", params: None;
     /// Recomputes what it needs from `self`; `buffer` is accepted and unused.
-    LogSigmoidBackward = "log_sigmoid_backward", family: Activation, rule: activation::ActivationOps, inputs: "grad_output, self, buffer", scalars: "", params: None;
+    LogSigmoidBackward = "log_sigmoid_backward", family: Activation, rule: activation::LogSigmoidBackward, inputs: "grad_output, self, buffer", scalars: "", params: None;
     // Losses: `reduction` is 0 = none, 1 = mean, 2 = sum.
     MseLoss = "mse_loss", family: Loss, rule: loss::PointwiseLoss, inputs: "self, target", scalars: "", params: LossReduction;
     MseLossBackward = "mse_loss_backward", family: Loss, rule: loss::PointwiseLossBackward, inputs: "grad_output, self, target", scalars: "", params: LossReduction;
@@ -430,12 +430,12 @@ op_catalogue! {
     /// Adam (AdamW with `adamw`); outputs `(param, exp_avg, exp_avg_sq, max_exp_avg_sq if
     /// amsgrad)`. `state_step` is the already incremented step count; where `found_inf` is 1
     /// nothing changes.
-    FusedAdam = "_fused_adam_", family: Optim, rule: optim::OptimOps,
+    FusedAdam = "_fused_adam_", family: Optim, rule: optim::FusedAdam,
         inputs: "param, grad, exp_avg, exp_avg_sq, state_step, max_exp_avg_sq? (amsgrad), lr? (lr_is_tensor), found_inf? (has_found_inf)",
         scalars: "lr (when not an input), beta1, beta2, weight_decay, eps",
         params: FusedAdamFlags;
     /// SGD; outputs `(param, momentum_buffer if given)`.
-    FusedSgd = "_fused_sgd_", family: Optim, rule: optim::OptimOps,
+    FusedSgd = "_fused_sgd_", family: Optim, rule: optim::FusedSgd,
         inputs: "param, grad, momentum_buffer? (has_momentum_buffer), lr? (lr_is_tensor), found_inf? (has_found_inf)",
         scalars: "lr (when not an input), weight_decay, momentum, dampening",
         params: FusedSgdFlags;
@@ -445,7 +445,7 @@ op_catalogue! {
     /// `checks::index_checks`). Side-effecting: outputs the i64 verdict `[bad, first bad
     /// index, size, dim, style]`, which the engine reads at the next materialization point
     /// and turns into PyTorch's error (RFC 0012).
-    IndexCheck = "index_check", family: Check, rule: checks::CheckOps, inputs: "index", scalars: "size? (read at run time instead of param 0: a padded extent's true length)",
+    IndexCheck = "index_check", family: Check, rule: checks::IndexCheckOp, inputs: "index", scalars: "size? (read at run time instead of param 0: a padded extent's true length)",
         params: IndexBounds, facts: { side_effecting: true };
 
     // ---- 3-d and adaptive max pooling --------------------------------------------------
@@ -477,13 +477,13 @@ op_catalogue! {
     // `normalization` is at::native's fft_norm_mode: 0 = none, 1 = by 1/sqrt(n), 2 = by 1/n,
     // with n the signal size (the real signal's for the real transforms), in either direction.
     /// A complex-to-complex transform over `dims` (none: a copy).
-    FftC2c = "_fft_c2c", family: Spectral, rule: fft::FftOps, inputs: "self", scalars: "", params: FftC2c, facts: { complex: true };
+    FftC2c = "_fft_c2c", family: Spectral, rule: fft::FftC2c, inputs: "self", scalars: "", params: FftC2c, facts: { complex: true };
     /// The forward transform of a real tensor over `dims`; with `onesided` the last of `dims`
     /// keeps `n / 2 + 1` frequencies.
-    FftR2c = "_fft_r2c", family: Spectral, rule: fft::FftOps, inputs: "self", scalars: "", params: FftR2c, facts: { complex: true };
+    FftR2c = "_fft_r2c", family: Spectral, rule: fft::FftR2c, inputs: "self", scalars: "", params: FftR2c, facts: { complex: true };
     /// The inverse transform to a real tensor over `dims` whose last dim becomes
     /// `last_dim_size` long (reading its first `last_dim_size / 2 + 1` frequencies).
-    FftC2r = "_fft_c2r", family: Spectral, rule: fft::FftOps, inputs: "self", scalars: "", params: FftC2r, facts: { complex: true };
+    FftC2r = "_fft_c2r", family: Spectral, rule: fft::FftC2r, inputs: "self", scalars: "", params: FftC2r, facts: { complex: true };
 
     // ---- repeat_interleave -------------------------------------------------------------
     /// `torch.repeat_interleave(repeats)`: each position `i` of the 1-d int32/int64 `repeats`
@@ -494,7 +494,7 @@ op_catalogue! {
     /// Whether `repeats` has no negative element and sums to `total` (a user's `output_size`,
     /// which the op trusted). Side-effecting: outputs an `index_check`-shaped verdict (style
     /// `NegativeRepeats` or `RepeatsTotal`), read at the next materialization point.
-    RepeatsCheck = "repeats_check", family: Check, rule: checks::CheckOps, inputs: "repeats", scalars: "total", params: None, facts: { side_effecting: true };
+    RepeatsCheck = "repeats_check", family: Check, rule: checks::RepeatsCheck, inputs: "repeats", scalars: "total", params: None, facts: { side_effecting: true };
 }
 
 impl OpId {

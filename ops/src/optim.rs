@@ -13,9 +13,7 @@ use crate::emitter::{Cmp, Emitter, Value};
 use crate::error::{ensure, OpError};
 use crate::param_layout as layout;
 use crate::params::Params;
-use crate::{LowerArgs, Meta, MetaArgs, MetaOutputs, OpId, ScalarDTypes};
-
-crate::family_rule!(OptimOps);
+use crate::{LowerArgs, Meta, MetaArgs, MetaOutputs, OpId, OpRule, ScalarDTypes};
 
 /// Where the optional inputs sit, given their presence flags (in layout order).
 fn place(
@@ -129,69 +127,28 @@ fn check_one(op: OpId, name: &str, t: &TensorType) -> Result<(), OpError> {
     Ok(())
 }
 
-pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
-    let i = a.inputs;
-    ensure!(
-        !i.is_empty(),
-        "{}: expected tensor inputs ({})",
-        a.op.name(),
-        a.op.inputs_layout()
-    );
-    let param = &i[0];
+/// The parameter every step updates (input 0), which must be floating point.
+fn parameter<'a>(a: &MetaArgs<'a>) -> Result<&'a TensorType, OpError> {
+    let param = a.inputs.first().ok_or_else(|| {
+        OpError::runtime(format!(
+            "{}: expected tensor inputs ({})",
+            a.op.name(),
+            a.op.inputs_layout()
+        ))
+    })?;
     ensure!(
         param.dtype.is_float(),
         "{}: the parameter must be a floating point tensor, got {}",
         a.op.name(),
         param.dtype.scalar_type_name()
     );
-    let mut outputs = MetaOutputs::new();
-    outputs.push(param.clone());
-    let scalars = match a.op {
-        OpId::FusedAdam => {
-            let f = adam_flags(a.op, &a.params, i.len())?;
-            for (name, at) in [("grad", 1), ("exp_avg", 2), ("exp_avg_sq", 3)] {
-                check_state(a.op, param, name, &i[at])?;
-            }
-            check_one(a.op, "the step count", &i[4])?;
-            if let Some(at) = f.max_exp_avg_sq {
-                check_state(a.op, param, "max_exp_avg_sq", &i[at])?;
-            }
-            outputs.push(param.clone());
-            outputs.push(param.clone());
-            if f.amsgrad {
-                outputs.push(param.clone());
-            }
-            for (name, at) in [("lr", f.lr), ("found_inf", f.found_inf)] {
-                if let Some(at) = at {
-                    check_one(a.op, name, &i[at])?;
-                }
-            }
-            // lr (unless a tensor), beta1, beta2, weight_decay, eps
-            4 + usize::from(f.lr.is_none())
-        }
-        OpId::FusedSgd => {
-            let f = sgd_flags(a.op, &a.params, i.len())?;
-            check_state(a.op, param, "grad", &i[1])?;
-            if let Some(at) = f.momentum_buffer {
-                check_state(a.op, param, "momentum_buffer", &i[at])?;
-                outputs.push(param.clone());
-            }
-            for (name, at) in [("lr", f.lr), ("found_inf", f.found_inf)] {
-                if let Some(at) = at {
-                    check_one(a.op, name, &i[at])?;
-                }
-            }
-            // lr (unless a tensor), weight_decay, momentum, dampening
-            3 + usize::from(f.lr.is_none())
-        }
-        op => {
-            return Err(OpError::runtime(format!(
-                "{}: not an optimizer op",
-                op.name()
-            )))
-        }
-    };
-    a.expect_counts(i.len()..=i.len(), scalars..=scalars)?;
+    Ok(param)
+}
+
+/// A step's meta: `outputs` (each like the parameter) and `scalars` lifted f64 hyper-parameters.
+fn step_meta(a: &MetaArgs, outputs: MetaOutputs, scalars: usize) -> Result<Meta, OpError> {
+    let inputs = a.inputs.len();
+    a.expect_counts(inputs..=inputs, scalars..=scalars)?;
     Ok(Meta {
         outputs,
         scalar_dtypes: ScalarDTypes::from_elem(DType::F64, scalars),
@@ -199,6 +156,77 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
         float_default: None,
         matmul_precision: None,
     })
+}
+
+/// The `lr` and `found_inf` inputs, where given, are one-element float tensors.
+fn check_lr_and_found_inf(
+    a: &MetaArgs,
+    lr: Option<usize>,
+    found_inf: Option<usize>,
+) -> Result<(), OpError> {
+    for (name, at) in [("lr", lr), ("found_inf", found_inf)] {
+        if let Some(at) = at {
+            check_one(a.op, name, &a.inputs[at])?;
+        }
+    }
+    Ok(())
+}
+
+/// `_fused_adam_` and `_fused_adamw_` on one parameter.
+pub(crate) struct FusedAdam;
+
+impl OpRule for FusedAdam {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let i = a.inputs;
+        let param = parameter(a)?;
+        let f = adam_flags(a.op, &a.params, i.len())?;
+        for (name, at) in [("grad", 1), ("exp_avg", 2), ("exp_avg_sq", 3)] {
+            check_state(a.op, param, name, &i[at])?;
+        }
+        check_one(a.op, "the step count", &i[4])?;
+        if let Some(at) = f.max_exp_avg_sq {
+            check_state(a.op, param, "max_exp_avg_sq", &i[at])?;
+        }
+        let mut outputs = MetaOutputs::new();
+        outputs.push(param.clone());
+        outputs.push(param.clone());
+        outputs.push(param.clone());
+        if f.amsgrad {
+            outputs.push(param.clone());
+        }
+        check_lr_and_found_inf(a, f.lr, f.found_inf)?;
+        // lr (unless a tensor), beta1, beta2, weight_decay, eps
+        step_meta(a, outputs, 4 + usize::from(f.lr.is_none()))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        lower_adam(e, a)
+    }
+}
+
+/// `_fused_sgd_` on one parameter.
+pub(crate) struct FusedSgd;
+
+impl OpRule for FusedSgd {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let i = a.inputs;
+        let param = parameter(a)?;
+        let f = sgd_flags(a.op, &a.params, i.len())?;
+        check_state(a.op, param, "grad", &i[1])?;
+        let mut outputs = MetaOutputs::new();
+        outputs.push(param.clone());
+        if let Some(at) = f.momentum_buffer {
+            check_state(a.op, param, "momentum_buffer", &i[at])?;
+            outputs.push(param.clone());
+        }
+        check_lr_and_found_inf(a, f.lr, f.found_inf)?;
+        // lr (unless a tensor), weight_decay, momentum, dampening
+        step_meta(a, outputs, 3 + usize::from(f.lr.is_none()))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        lower_sgd(e, a)
+    }
 }
 
 /// A one-element tensor as a 0-d f64 value.
@@ -229,17 +257,6 @@ fn skip_step(e: &mut Emitter, found_inf: Value, shape: &[i64]) -> Value {
     let f = scalar_f64(e, found_inf);
     let skip = e.compare_const(Cmp::Eq, f, 1.0);
     splat(e, skip, shape)
-}
-
-pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
-    match a.op {
-        OpId::FusedAdam => lower_adam(e, a),
-        OpId::FusedSgd => lower_sgd(e, a),
-        op => Err(OpError::runtime(format!(
-            "{}: not an optimizer op",
-            op.name()
-        ))),
-    }
 }
 
 fn lower_adam(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {

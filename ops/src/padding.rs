@@ -405,7 +405,97 @@ fn along(op: OpId, params: &[i64], input: usize, rank: usize, dim: usize) -> Alo
             Some(d) if d != dim => Along::Independent,
             _ => Along::Unsupported,
         },
-        _ => Along::Unsupported,
+        // Pointwise ops, which the guard above answers: listed so that every op is placed
+        // here, a new one included.
+        Neg | Abs | Exp | Exp2 | Log | Log2 | Log10 | Log1p | Expm1 | Sqrt | Rsqrt | Sin | Cos
+        | Tan | Tanh | Sigmoid | Relu | Gelu | Silu | Erf | Erfinv | Lgamma | Digamma | Floor
+        | Ceil | Round | Trunc | Sign | Reciprocal | LogicalNot | BitwiseNot | IsNan | IsInf
+        | NanToNum | Add | Sub | Rsub | Mul | Div | Remainder | Fmod | Pow | PowScalarBase
+        | Maximum | Minimum | Atan2 | Eq | Ne | Lt | Le | Gt | Ge | LogicalAnd | LogicalOr
+        | LogicalXor | BitwiseAnd | BitwiseOr | BitwiseXor | BitwiseLeftShift
+        | BitwiseRightShift | Where | Clamp | Lerp | Addcmul | Addcdiv | Convert | Clone | Copy
+        | ThresholdBackward | MaskedFill | GeluBackward | TanhBackward | SigmoidBackward
+        | Complex | ConjPhysical => Along::Independent,
+        // The other inputs of the ops above, and the ops a padded extent does not pass
+        // through yet.
+        Fill
+        | Full
+        | Zeros
+        | Ones
+        | Arange
+        | Linspace
+        | Eye
+        | Norm
+        | Baddbmm
+        | Dot
+        | Matmul
+        | SolveTriangular
+        | Stack
+        | Flip
+        | Roll
+        | ConstantPadNd
+        | Repeat
+        | IndexSelect
+        | Scatter
+        | ScatterAdd
+        | ScatterReduce
+        | Embedding
+        | SumToSize
+        | NllLoss
+        | NllLossBackward
+        | AssertAsync
+        | Uniform
+        | Normal
+        | RandomInt
+        | Bernoulli
+        | NativeDropout
+        | NativeDropoutBackward
+        | Convolution
+        | ConvolutionBackward
+        | MaxPool2dWithIndices
+        | MaxPool2dWithIndicesBackward
+        | AvgPool2d
+        | AvgPool2dBackward
+        | AdaptiveAvgPool2d
+        | AdaptiveAvgPool2dBackward
+        | NativeBatchNorm
+        | BatchNormRunningStats
+        | NativeBatchNormBackward
+        | NativeLayerNormBackward
+        | NativeGroupNorm
+        | NativeGroupNormBackward
+        | Sort
+        | TopK
+        | Nonzero
+        | MaskedSelect
+        | MaskedScatter
+        | IndexPut
+        | LogSigmoidForward
+        | LogSigmoidBackward
+        | MseLoss
+        | MseLossBackward
+        | SmoothL1Loss
+        | SmoothL1LossBackward
+        | HuberLoss
+        | HuberLossBackward
+        | BinaryCrossEntropy
+        | BinaryCrossEntropyBackward
+        | NllLoss2d
+        | NllLoss2dBackward
+        | FusedAdam
+        | FusedSgd
+        | MaxPool3dWithIndices
+        | MaxPool3dWithIndicesBackward
+        | AvgPool3d
+        | AvgPool3dBackward
+        | AdaptiveMaxPool2d
+        | AdaptiveMaxPool2dBackward
+        | Isin
+        | FftC2c
+        | FftR2c
+        | FftC2r
+        | RepeatInterleave
+        | RepeatsCheck => Along::Unsupported,
     }
 }
 

@@ -2,9 +2,11 @@
 
 `python/torch_pjrt/csrc/param_layouts.json` is written from the op catalogue by
 `ops/tests/param_layouts.rs`; the generator places every param a recipe names where the op's
-layout puts it, and refuses a recipe that disagrees with the layout."""
+layout puts it, and refuses a recipe that disagrees with the layout. Hand-written kernels build
+their params through typed builders generated from the same layouts (`param_builders.h`)."""
 
 import os
+import re
 import sys
 
 import pytest
@@ -78,3 +80,196 @@ def test_a_recipe_that_disagrees_with_the_layout_is_refused(layouts, op, recipe,
 def test_an_engine_op_missing_from_the_catalogue_is_refused(layouts):
     with pytest.raises(SystemExit, match="engine op 'no_such_op' is not in the catalogue"):
         gen_kernels.check_table([("neg", "no_such_op", "t self")], layouts)
+
+
+# ----- typed param builders for hand-written kernels ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def layout_table():
+    return gen_kernels.load_layout_table()
+
+
+def builder_members(code: str, layout: str) -> list[str]:
+    """The member names of a layout's builder struct, in declaration order."""
+    body = code.split(f"struct {layout} {{\n", 1)[1].split("  template <typename Call>", 1)[0]
+    return re.findall(r"^  (?:Required|std::optional)<.*> (\w+)(?: = std::nullopt)?;$", body, re.M)
+
+
+def test_every_layout_has_a_builder_whose_fields_are_the_layouts(layout_table):
+    layouts, op_layouts = layout_table
+    code = gen_kernels.param_builders_code(layouts, op_layouts)
+    for name, fields in layouts.items():
+        assert builder_members(code, name) == [f.name for f in fields], name
+    for op, layout in op_layouts.items():
+        ident = gen_kernels.op_identifier(op)
+        assert f'params::EngineOpName<params::{layout}> {ident}{{"{op}"}};' in code, op
+    assert gen_kernels.op_identifier("pow.Scalar") == "pow_Scalar"
+
+
+def test_a_layout_a_builder_cannot_encode_is_refused(layout_table):
+    layouts, _ = layout_table
+    bad = {"Odd": [gen_kernels.Field("x", "int", True), gen_kernels.Field("y", "flag", False)]}
+    with pytest.raises(SystemExit, match="the required field 'y' follows the optional 'x'"):
+        gen_kernels.param_builders_code(bad, {"odd": "Odd"})
+    bad = {"Odd": [gen_kernels.Field("x", "string", False)]}
+    with pytest.raises(SystemExit, match="field 'x' has kind string"):
+        gen_kernels.param_builders_code(bad, {"odd": "Odd"})
+    with pytest.raises(SystemExit, match="names the unknown param layout Gone"):
+        gen_kernels.param_builders_code(layouts, {"odd": "Gone"})
+
+
+# A stand-in for `OpCall` (pjrt_backend.h needs the whole of ATen): its typed constructor is
+# OpCall's, and it prints the params in the order they are appended.
+FAKE_CALL = r"""
+#include <cstdio>
+#include "param_builders.h"
+using namespace torch_pjrt;
+struct Call {
+  template <typename Layout>
+  Call(params::EngineOp<Layout>, const Layout& p) { p.encode(*this); }
+  void param(int64_t v) { std::printf("%lld ", static_cast<long long>(v)); }
+  void params(c10::IntArrayRef vs) { for (int64_t v : vs) param(v); }
+};
+constexpr params::EngineOp<params::BatchNorm> batch_norm{0};
+constexpr params::EngineOp<params::RandomIntDraw> random_draw{1};
+constexpr params::EngineOp<params::MaxPool> max_pool{2};
+constexpr params::EngineOp<params::NanToNum> nan_to_num{3};
+int main() {
+  const int64_t sizes[] = {2, 3};
+  const int64_t kernel[] = {3, 3};
+  const int64_t one[] = {1};
+"""
+
+# The hand-written call, as it is written against the catalogue's layouts.
+BATCH_NORM_PARAMS = """{.has_weight = true, .has_bias = false, .has_running_mean = true,
+                 .has_running_var = true, .training = false, .eps = 0.5}"""
+BATCH_NORM_CALL = f"  Call(batch_norm, {BATCH_NORM_PARAMS});\n"
+
+CALLS_THAT_FIT = BATCH_NORM_CALL + """
+  std::printf("| ");
+  Call(random_draw, {.dtype = c10::ScalarType::Long, .full_range = true, .sizes = sizes});
+  std::printf("| ");
+  Call(max_pool, {.ceil_mode = false, .kernel_size = kernel, .stride = one, .padding = one,
+                  .dilation = one});
+  std::printf("| ");
+  Call(nan_to_num, {.given = 1, .nan = 0.5});
+  std::printf("| ");
+  Call(nan_to_num, {});
+"""
+
+
+def compile_cpp(tmp_path, header: str, body: str, run: bool):
+    """Compiles FAKE_CALL + body against `header`; (ok, compiler messages or program output)."""
+    import subprocess
+
+    import torch
+    import torch.utils.cpp_extension as ext
+
+    (tmp_path / "param_builders.h").write_text(header)
+    src = tmp_path / "call.cpp"
+    src.write_text(FAKE_CALL + body + "\n  return 0;\n}\n")
+    includes = [f"-I{p}" for p in ext.include_paths()] + [f"-I{tmp_path}"]
+    cmd = ["c++", "-std=c++20", *includes, str(src)]
+    if run:
+        lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+        exe = tmp_path / "call"
+        cmd += ["-o", str(exe), f"-L{lib}", "-lc10", f"-Wl,-rpath,{lib}"]
+    else:
+        cmd.append("-fsyntax-only")
+    # The C locale keeps the compiler's quotes plain.
+    built = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "LC_ALL": "C"})
+    if built.returncode != 0 or not run:
+        return built.returncode == 0, built.stderr
+    ran = subprocess.run([str(exe)], capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr
+    return True, ran.stdout
+
+
+def test_builders_append_each_param_where_its_layout_puts_it(tmp_path, layout_table):
+    import struct
+
+    layouts, op_layouts = layout_table
+    ok, out = compile_cpp(tmp_path, gen_kernels.param_builders_code(layouts, op_layouts),
+                          CALLS_THAT_FIT, run=True)
+    assert ok, out
+    half = struct.unpack("<q", struct.pack("<d", 0.5))[0]
+    long_code = 4  # c10::ScalarType::Long
+    assert [part.split() for part in out.split("|")] == [
+        ["1", "0", "1", "1", "0", str(half)],
+        [str(long_code), "1", "2", "3"],
+        ["0", "2", "3", "3", "1", "1", "1", "1", "1", "1"],
+        ["1", str(half)],
+        [],
+    ]
+
+
+def _changed(layouts, name, change):
+    changed = {k: list(v) for k, v in layouts.items()}
+    changed[name] = change(list(changed[name]))
+    return changed
+
+
+RANDOM_DRAW = "random_draw", "RandomIntDraw"
+
+
+@pytest.mark.parametrize(
+    "case, op, params, reason",
+    [
+        # The catalogue's layout changes under a hand-written call: the call no longer compiles.
+        ("fields swapped", ("batch_norm", "BatchNorm"), BATCH_NORM_PARAMS,
+         "designator order for field 'torch_pjrt::params::BatchNorm::has_bias' does not match"),
+        ("field renamed", ("batch_norm", "BatchNorm"), BATCH_NORM_PARAMS,
+         "has no non-static data member named 'has_running_mean'"),
+        ("field added", ("batch_norm", "BatchNorm"), BATCH_NORM_PARAMS,
+         "to 'torch_pjrt::params::Required<double>'"),
+        # A call that disagrees with an unchanged layout.
+        ("another op's layout", RANDOM_DRAW, "{.has_weight = true}",
+         "has no non-static data member named 'has_weight'"),
+        ("required field left out", RANDOM_DRAW, "{.dtype = c10::ScalarType::Long, .sizes = sizes}",
+         "to 'torch_pjrt::params::Required<bool>'"),
+        ("integer for a flag", RANDOM_DRAW,
+         "{.dtype = c10::ScalarType::Long, .full_range = 1, .sizes = sizes}",
+         "'torch_pjrt::params::Required<bool>'"),
+    ],
+)
+def test_a_builder_that_disagrees_with_its_layout_does_not_compile(
+    tmp_path, layout_table, case, op, params, reason
+):
+    layouts, op_layouts = layout_table
+    Field = gen_kernels.Field
+    if case == "fields swapped":
+        layouts = _changed(layouts, "BatchNorm", lambda f: [f[1], f[0], *f[2:]])
+    elif case == "field renamed":
+        layouts = _changed(
+            layouts, "BatchNorm",
+            lambda f: [Field("has_mean" if x.name == "has_running_mean" else x.name, x.kind, x.optional)
+                       for x in f])
+    elif case == "field added":
+        layouts = _changed(layouts, "BatchNorm", lambda f: [*f, Field("momentum", "f64", False)])
+    header = gen_kernels.param_builders_code(layouts, op_layouts)
+    op_name, layout = op
+    # Through the call, as the kernels write it: refused for the op's layout...
+    ok, errors = compile_cpp(tmp_path, header, f"  Call({op_name}, {params});", run=False)
+    assert not ok, f"{case}: compiled"
+    assert f"'const torch_pjrt::params::{layout}" in errors, errors
+    # ...and the builder on its own, for the compiler's reason.
+    ok, errors = compile_cpp(tmp_path, header, f"  const params::{layout} p{params};", run=False)
+    assert not ok, f"{case}: compiled"
+    assert reason in errors, errors
+
+
+def test_hand_written_kernels_name_their_params(layout_table):
+    """Outside the generated kernels, params are built by name through the layout's builder:
+    no positional `.param(...)` and no untyped op lookup. indexing.cpp is the one file that
+    still appends by position."""
+    positional = {"indexing.cpp"}
+    offenders = []
+    for name in sorted(os.listdir(CSRC)):
+        if not name.endswith((".cpp", ".h")) or name in positional or name == "pjrt_backend.h":
+            continue
+        with open(os.path.join(CSRC, name)) as f:
+            for n, line in enumerate(f, 1):
+                if re.search(r"\.params?\(|engine_op\(\"", line):
+                    offenders.append(f"{name}:{n}: {line.strip()}")
+    assert not offenders, "\n".join(offenders)

@@ -538,19 +538,17 @@ void copy_device_to_device(const at::Tensor& src, const at::Tensor& dst) {
     return;
   }
   if (src.sizes() == dst.sizes()) {
-    static const int32_t clone_op = engine_op("clone");
-    static const int32_t to_copy_op = engine_op("_to_copy");
-    const bool same_dtype = src.scalar_type() == dst.scalar_type();
-    OpCall call(same_dtype ? clone_op : to_copy_op, same_dtype ? "clone" : "_to_copy");
+    static const auto clone_op = engine_op(ops::clone);
+    static const auto to_copy_op = engine_op(ops::_to_copy);
+    OpCall call = src.scalar_type() == dst.scalar_type()
+        ? OpCall(clone_op, "clone")
+        : OpCall(to_copy_op, "_to_copy", {.dtype = dst.scalar_type()});
     call.input(src);
-    if (!same_dtype) {
-      call.param(enc::code(dst));
-    }
     call.out(dst);
     call.run_inplace();
     return;
   }
-  static const int32_t copy_op = engine_op("copy_");
+  static const auto copy_op = engine_op(ops::copy_);
   OpCall call(copy_op, "copy_");
   call.input(dst);
   call.input(src);
@@ -1482,16 +1480,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_impl(
     double momentum,
     double eps) {
   // Kernels run only once the engine table is installed; a lookup that raises is retried.
-  static const int32_t norm_op = engine_op("native_batch_norm");
-  static const int32_t stats_op = engine_op("_batch_norm_running_stats");
-  OpCall c(norm_op, aten_name);
+  static const auto norm_op = engine_op(ops::native_batch_norm);
+  static const auto stats_op = engine_op(ops::_batch_norm_running_stats);
+  OpCall c(norm_op, aten_name, {
+      .has_weight = present(weight),
+      .has_bias = present(bias),
+      .has_running_mean = present(running_mean),
+      .has_running_var = present(running_var),
+      .training = training,
+      .eps = eps,
+  });
   c.input(input);
   for (const std::optional<at::Tensor>* t : {&weight, &bias, &running_mean, &running_var}) {
     c.opt_input(*t);
-    c.param(static_cast<int64_t>(present(*t)));
   }
-  c.param(static_cast<int64_t>(training));
-  c.param(enc::f64(eps));
   std::vector<at::Tensor> r = c.run_functional_n(3);
   if (training && present(running_mean) && present(running_var)) {
     OpCall update(stats_op, aten_name);

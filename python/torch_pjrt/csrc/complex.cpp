@@ -15,7 +15,7 @@ namespace torch_pjrt {
 namespace {
 
 at::Tensor& pjrt_conj_physical_out(const at::Tensor& self, at::Tensor& out) {
-  static const int32_t op = engine_op("_conj_physical");
+  static const auto op = engine_op(ops::_conj_physical);
   OpCall c(op, "aten::conj_physical.out");
   c.input(self);
   c.out(out);
@@ -32,7 +32,7 @@ at::Tensor& pjrt_conj_physical_(at::Tensor& self) {
 }
 
 at::Tensor& pjrt_complex_out(const at::Tensor& real, const at::Tensor& imag, at::Tensor& out) {
-  static const int32_t op = engine_op("complex");
+  static const auto op = engine_op(ops::complex);
   OpCall c(op, "aten::complex.out");
   c.input(real);
   c.input(imag);

@@ -777,13 +777,11 @@ at::Tensor pjrt_scatter_reduce(
       "reduce argument must be either sum, prod, mean, amax or amin, got ", reduce);
   at::Tensor base =
       include_self ? self : self.scatter(dim, index, reduction_identity(self.scalar_type(), reduce));
-  static const int32_t op = engine_op("scatter_reduce");
-  OpCall c(op, "aten::scatter_reduce.two");
+  static const auto op = engine_op(ops::scatter_reduce);
+  OpCall c(op, "aten::scatter_reduce.two", {.dim = dim, .combiner = combiner});
   c.input(base);
   c.input(index);
   c.input(src.to(self.scalar_type()));
-  c.param(dim);
-  c.param(combiner);
   return c.run_functional();
 }
 

@@ -90,7 +90,7 @@ void fused_adam(
     bool maximize,
     const std::optional<at::Tensor>& grad_scale,
     const std::optional<at::Tensor>& found_inf) {
-  static const int32_t op = engine_op("_fused_adam_");
+  static const auto op = engine_op(ops::_fused_adam_);
   const size_t n = params.size();
   check_length(name, grads, n, "grads");
   check_length(name, exp_avgs, n, "exp_avgs");
@@ -101,8 +101,17 @@ void fused_adam(
   }
   unscale_grads(grads, grad_scale, found_inf);
   const bool skip_flag = present(found_inf);
+  const params::FusedAdamFlags flags{
+      .amsgrad = amsgrad,
+      .maximize = maximize,
+      .adamw = adamw,
+      .lr_is_tensor = lr.tensor != nullptr,
+      .has_found_inf = skip_flag,
+      .weight_decay = weight_decay != 0.0,
+      .small_lerp_weight = std::abs(1.0 - beta1) < 0.5,
+  };
   for (const auto i : c10::irange(n)) {
-    OpCall c(op, name);
+    OpCall c(op, name, flags);
     c.input(params[i]);
     c.input(grads[i]);
     c.input(exp_avgs[i]);
@@ -123,13 +132,6 @@ void fused_adam(
     c.scalar(beta2);
     c.scalar(weight_decay);
     c.scalar(eps);
-    c.param(enc::b(amsgrad));
-    c.param(enc::b(maximize));
-    c.param(enc::b(adamw));
-    c.param(enc::b(lr.tensor != nullptr));
-    c.param(enc::b(skip_flag));
-    c.param(enc::b(weight_decay != 0.0));
-    c.param(enc::b(std::abs(1.0 - beta1) < 0.5));
     c.out(params[i]);
     c.out(exp_avgs[i]);
     c.out(exp_avg_sqs[i]);
@@ -181,7 +183,7 @@ void fused_sgd(
     bool is_first_step,
     const std::optional<at::Tensor>& grad_scale,
     const std::optional<at::Tensor>& found_inf) {
-  static const int32_t op = engine_op("_fused_sgd_");
+  static const auto op = engine_op(ops::_fused_sgd_);
   const size_t n = params.size();
   check_length(name, grads, n, "grads");
   // As on the CPU, a zero momentum keeps no buffer.
@@ -191,8 +193,17 @@ void fused_sgd(
   }
   unscale_grads(grads, grad_scale, found_inf);
   const bool skip_flag = present(found_inf);
+  const params::FusedSgdFlags flags{
+      .nesterov = nesterov,
+      .maximize = maximize,
+      .is_first_step = is_first_step,
+      .has_momentum_buffer = has_buffer,
+      .lr_is_tensor = lr.tensor != nullptr,
+      .has_found_inf = skip_flag,
+      .weight_decay = weight_decay != 0.0,
+  };
   for (const auto i : c10::irange(n)) {
-    OpCall c(op, name);
+    OpCall c(op, name, flags);
     c.input(params[i]);
     c.input(grads[i]);
     if (has_buffer) {
@@ -209,13 +220,6 @@ void fused_sgd(
     c.scalar(weight_decay);
     c.scalar(momentum);
     c.scalar(dampening);
-    c.param(enc::b(nesterov));
-    c.param(enc::b(maximize));
-    c.param(enc::b(is_first_step));
-    c.param(enc::b(has_buffer));
-    c.param(enc::b(lr.tensor != nullptr));
-    c.param(enc::b(skip_flag));
-    c.param(enc::b(weight_decay != 0.0));
     c.out(params[i]);
     if (has_buffer) {
       c.out(momentum_buffers[i]);

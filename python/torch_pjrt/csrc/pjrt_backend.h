@@ -11,6 +11,7 @@
 #include <string>
 #include <tuple>
 
+#include "generated/param_builders.h"
 #include "torch_pjrt_engine.h"
 
 namespace torch_pjrt {
@@ -206,7 +207,8 @@ at::Generator new_generator(c10::DeviceIndex index);
 // ----- one op call ------------------------------------------------------------------------------
 
 // Builds one `TpjrtOpCall` from ATen arguments, following the engine's per-op layout (inputs,
-// value scalars, static params, outs), and runs it. Generated kernels drive it.
+// value scalars, static params, outs), and runs it. Generated kernels drive it and place params
+// by the layout; hand-written ones give them through the layout's typed builder.
 // The engine's id for the op named `name` (its name in the op catalogue); raises when the engine
 // has no such op. Kernels resolve ids once: `static const int32_t op = engine_op("...")`.
 inline int32_t engine_op(const char* name) {
@@ -214,10 +216,25 @@ inline int32_t engine_op(const char* name) {
   check(api().op_id(name, &id), name);
   return id;
 }
+// The same for a typed name (`ops::native_batch_norm`): the id keeps the type of the op's params,
+// so an `OpCall` of it takes only those (generated/param_builders.h).
+template <typename Layout>
+params::EngineOp<Layout> engine_op(params::EngineOpName<Layout> op) {
+  return {engine_op(op.name)};
+}
 
 class OpCall {
  public:
   OpCall(int32_t op, const char* aten_name) : op_(op), name_(aten_name) {}
+  // A call of an op whose params are named in its layout's builder, which places them:
+  // `OpCall c(op, "aten::random_", {.dtype = ..., .full_range = ..., .sizes = ...})`.
+  template <typename Layout>
+  OpCall(params::EngineOp<Layout> op, const char* aten_name, const Layout& op_params)
+      : OpCall(op.id, aten_name) {
+    op_params.encode(*this);
+  }
+  // A call of an op that takes no params.
+  OpCall(params::EngineOp<params::None> op, const char* aten_name) : OpCall(op.id, aten_name) {}
 
   // A tensor input. A CPU 0-d tensor is uploaded; any other CPU tensor is an error.
   void input(const at::Tensor& t);

@@ -128,10 +128,14 @@ int64_t next_key(const std::optional<at::Generator>& gen, const at::Tensor& like
 }
 
 
-// The engine op `op` drawn into `self` (any strides: the engine writes through views).
+// The params of a draw of `self`'s dtype and shape.
+params::Creation draw_of(const at::Tensor& self) {
+  return {.dtype = self.scalar_type(), .sizes = self.sizes()};
+}
+
+// A draw (its params from `draw_of(self)`) written into `self` (any strides: the engine writes
+// through views).
 at::Tensor& draw_into(at::Tensor& self, OpCall& c) {
-  c.param(enc::code(self));
-  c.params(self.sizes());
   c.out(self);
   c.run_inplace();
   return self;
@@ -145,8 +149,8 @@ at::Tensor& pjrt_uniform_(
     pjrt_uniform_(parts, from, to, gen);
     return self;
   }
-  static const int32_t op = engine_op("uniform");
-  OpCall c(op, "aten::uniform_");
+  static const auto op = engine_op(ops::uniform);
+  OpCall c(op, "aten::uniform_", draw_of(self));
   c.scalar(from);
   c.scalar(to);
   c.scalar(next_key(gen, self));
@@ -161,8 +165,8 @@ at::Tensor& pjrt_normal_(
     pjrt_normal_(parts, mean, std / std::sqrt(2.0), gen);
     return self;
   }
-  static const int32_t op = engine_op("normal");
-  OpCall c(op, "aten::normal_");
+  static const auto op = engine_op(ops::normal);
+  OpCall c(op, "aten::normal_", draw_of(self));
   c.scalar(mean);
   c.scalar(std);
   c.scalar(next_key(gen, self));
@@ -172,7 +176,7 @@ at::Tensor& pjrt_normal_(
 // `random_` with an exclusive upper bound `to` (none: the dtype's own range, as PyTorch).
 at::Tensor& random_between(
     at::Tensor& self, int64_t from, std::optional<int64_t> to, std::optional<at::Generator> gen) {
-  static const int32_t op = engine_op("random_");
+  static const auto op = engine_op(ops::random_);
   bool full_range = false;
   int64_t upper = 0;
   if (to.has_value()) {
@@ -197,13 +201,14 @@ at::Tensor& random_between(
       upper = max + 1;
     }
   }
-  OpCall c(op, "aten::random_");
+  OpCall c(op, "aten::random_", {
+      .dtype = self.scalar_type(),
+      .full_range = full_range,
+      .sizes = self.sizes(),
+  });
   c.scalar(from);
   c.scalar(full_range ? from + 1 : upper);
   c.scalar(next_key(gen, self));
-  c.param(enc::code(self));
-  c.param(full_range ? 1 : 0);
-  c.params(self.sizes());
   c.out(self);
   c.run_inplace();
   return self;
@@ -223,8 +228,8 @@ at::Tensor& pjrt_random_from(
 }
 
 at::Tensor& pjrt_bernoulli_float(at::Tensor& self, double p, std::optional<at::Generator> gen) {
-  static const int32_t op = engine_op("bernoulli");
-  OpCall c(op, "aten::bernoulli_");
+  static const auto op = engine_op(ops::bernoulli);
+  OpCall c(op, "aten::bernoulli_", draw_of(self));
   c.scalar(p);
   c.scalar(next_key(gen, self));
   return draw_into(self, c);
@@ -232,8 +237,8 @@ at::Tensor& pjrt_bernoulli_float(at::Tensor& self, double p, std::optional<at::G
 
 at::Tensor& pjrt_bernoulli_tensor(
     at::Tensor& self, const at::Tensor& p, std::optional<at::Generator> gen) {
-  static const int32_t op = engine_op("bernoulli");
-  OpCall c(op, "aten::bernoulli_");
+  static const auto op = engine_op(ops::bernoulli);
+  OpCall c(op, "aten::bernoulli_", draw_of(self));
   c.input(p);
   c.scalar(next_key(gen, self));
   return draw_into(self, c);
@@ -241,42 +246,37 @@ at::Tensor& pjrt_bernoulli_tensor(
 
 // `bernoulli(self)`: `self` holds the probabilities; the result has its dtype and shape.
 at::Tensor pjrt_bernoulli(const at::Tensor& self, std::optional<at::Generator> gen) {
-  static const int32_t op = engine_op("bernoulli");
-  OpCall c(op, "aten::bernoulli");
+  static const auto op = engine_op(ops::bernoulli);
+  OpCall c(op, "aten::bernoulli", draw_of(self));
   c.input(self);
   c.scalar(next_key(gen, self));
-  c.param(enc::code(self));
-  c.params(self.sizes());
   return c.run_functional();
 }
 
 at::Tensor pjrt_bernoulli_p(const at::Tensor& self, double p, std::optional<at::Generator> gen) {
-  static const int32_t op = engine_op("bernoulli");
-  OpCall c(op, "aten::bernoulli.p");
+  static const auto op = engine_op(ops::bernoulli);
+  OpCall c(op, "aten::bernoulli.p", draw_of(self));
   c.scalar(p);
   c.scalar(next_key(gen, self));
-  c.param(enc::code(self));
-  c.params(self.sizes());
   return c.run_functional();
 }
 
 std::tuple<at::Tensor, at::Tensor> pjrt_native_dropout(
     const at::Tensor& input, double p, std::optional<bool> train) {
-  static const int32_t op = engine_op("native_dropout");
-  OpCall c(op, "aten::native_dropout");
+  static const auto op = engine_op(ops::native_dropout);
+  const bool training = train.value_or(true);
+  OpCall c(op, "aten::native_dropout", {.train = training});
   c.input(input);
   c.scalar(p);
   // Eval mode draws nothing: the generator does not advance, as on CPU.
-  const bool training = train.value_or(true);
   c.scalar(training ? next_key(std::nullopt, input) : int64_t{0});
-  c.param(training ? 1 : 0);
   auto r = c.run_functional_n(2);
   return std::make_tuple(std::move(r[0]), std::move(r[1]));
 }
 
 at::Tensor pjrt_native_dropout_backward(
     const at::Tensor& grad_output, const at::Tensor& mask, double scale) {
-  static const int32_t op = engine_op("native_dropout_backward");
+  static const auto op = engine_op(ops::native_dropout_backward);
   OpCall c(op, "aten::native_dropout_backward");
   c.input(grad_output);
   c.input(mask);

@@ -14,6 +14,20 @@ impl<V: Clone> Graph<V> {
     pub fn run_if_compiled(
         &mut self,
         call: OpCall<'_>,
+        make_output: impl FnMut(&TensorType) -> V,
+        has_program: impl FnOnce(u64, u64, RegionSize) -> bool,
+    ) -> Result<Option<(Captured, Flush<V>)>, EngineError> {
+        let known = self.known_write(call.op, call.inputs, call.scalars, call.params, call.outs);
+        let ran = self.run_direct(call, make_output, has_program)?;
+        if let (Some(write), Some((captured, _))) = (known, &ran) {
+            self.remember_known(write, captured);
+        }
+        Ok(ran)
+    }
+
+    fn run_direct(
+        &mut self,
+        call: OpCall<'_>,
         mut make_output: impl FnMut(&TensorType) -> V,
         has_program: impl FnOnce(u64, u64, RegionSize) -> bool,
     ) -> Result<Option<(Captured, Flush<V>)>, EngineError> {

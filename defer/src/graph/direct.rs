@@ -14,20 +14,6 @@ impl<V: Clone> Graph<V> {
     pub fn run_if_compiled(
         &mut self,
         call: OpCall<'_>,
-        make_output: impl FnMut(&TensorType) -> V,
-        has_program: impl FnOnce(u64, u64, RegionSize) -> bool,
-    ) -> Result<Option<(Captured, Flush<V>)>, EngineError> {
-        let known = self.known_write(call.op, call.inputs, call.scalars, call.params, call.outs);
-        let ran = self.run_direct(call, make_output, has_program)?;
-        if let (Some(write), Some((captured, _))) = (known, &ran) {
-            self.remember_known(write, captured);
-        }
-        Ok(ran)
-    }
-
-    fn run_direct(
-        &mut self,
-        call: OpCall<'_>,
         mut make_output: impl FnMut(&TensorType) -> V,
         has_program: impl FnOnce(u64, u64, RegionSize) -> bool,
     ) -> Result<Option<(Captured, Flush<V>)>, EngineError> {
@@ -41,6 +27,8 @@ impl<V: Clone> Graph<V> {
         if !self.pending.is_empty() || op.is_side_effecting() || outs.len() > 1 {
             return Ok(None);
         }
+        // Read before any write: a write through a view keeps the rest of the old value.
+        let known = self.known_write(op, inputs, scalars, params, outs);
         let mut types: SmallVec<[TensorType; 3]> = SmallVec::new();
         for (i, t) in inputs.iter().enumerate() {
             if !self.placement(&OperandName(op, "input", i), t)?.whole {
@@ -202,8 +190,12 @@ impl<V: Clone> Graph<V> {
         self.stats.regions += 1;
         self.stats.region_ops += 1;
         self.stats.largest_region = self.stats.largest_region.max(1);
+        let captured = Captured { outputs: captured };
+        if let Some(write) = known {
+            self.remember_known(write, &captured);
+        }
         Ok(Some((
-            Captured { outputs: captured },
+            captured,
             Flush {
                 shapeless,
                 dims,

@@ -84,10 +84,12 @@ pub(crate) fn refuse(op: OpId, types: &[TensorType], made: bool) -> Result<(), O
         return Ok(());
     };
     let dtype = t.dtype.scalar_type_name();
-    Err(OpError::not_implemented(match cpu_kernel_made_by_dtype_argument(op) {
-        Some(kernel) if made => format!("\"{kernel}\" not implemented for '{dtype}'"),
-        _ => format!("\"{}\" is not implemented for '{dtype}' on pjrt", op.name()),
-    }))
+    Err(OpError::not_implemented(
+        match cpu_kernel_made_by_dtype_argument(op) {
+            Some(kernel) if made => format!("\"{kernel}\" not implemented for '{dtype}'"),
+            _ => format!("\"{}\" is not implemented for '{dtype}' on pjrt", op.name()),
+        },
+    ))
 }
 
 /// The CPU kernel PyTorch names when asked for a wide unsigned result through a dtype argument

@@ -742,7 +742,10 @@ impl Engine {
             // Indices into a padded extent are checked against its true length at run time
             // (the param holds the bucket), so the check's program is the bucket's.
             let extent = inputs.first().and_then(|t| graph.padded_extent_of(t));
-            Counters::bump(&self.counters.device_index_checks, device_checks.len() as u64);
+            Counters::bump(
+                &self.counters.device_index_checks,
+                device_checks.len() as u64,
+            );
             for check in device_checks {
                 let mut check_params = check.params.clone();
                 let mut check_scalars: smallvec::SmallVec<[ScalarArg; 1]> =
@@ -1659,7 +1662,10 @@ impl Engine {
         v.insert("memory_cuts", Counters::get(&c.memory_cuts) as f64);
         v.insert("isolation_cuts", Counters::get(&c.isolation_cuts) as f64);
         v.insert("graph_replays", Counters::get(&c.graph_replays) as f64);
-        v.insert("host_index_checks", Counters::get(&c.host_index_checks) as f64);
+        v.insert(
+            "host_index_checks",
+            Counters::get(&c.host_index_checks) as f64,
+        );
         v.insert(
             "device_index_checks",
             Counters::get(&c.device_index_checks) as f64,

@@ -28,8 +28,8 @@ mod region;
 mod repeat;
 
 pub use isolate::{isolation_cuts, PlannedRegion};
-pub(crate) use known::KnownValues;
 use key::*;
+pub(crate) use known::KnownValues;
 pub use padded::Regrow;
 pub use region::RegionSource;
 use region::*;

@@ -30,6 +30,9 @@ pub(crate) struct Storage<V> {
     /// Set while the value is padded to a bucket along a growing extent (`crate::bucket`);
     /// every other write clears it.
     pub padding: Option<std::sync::Arc<crate::bucket::Padding>>,
+    /// The elements the host knows the storage holds, valid while their version is the
+    /// storage's (`crate::graph::known`).
+    pub known: Option<Box<crate::graph::KnownValues>>,
 }
 
 /// The engine's storages, in slots addressed by their ids: a storage is looked up several
@@ -132,6 +135,7 @@ mod tests {
             value: StorageValue::Uninit,
             version: 0,
             padding: None,
+            known: None,
         }
     }
 

@@ -86,12 +86,16 @@ fn check(
     IndexCheck { input, params }
 }
 
-/// The range checks for the indices `op` reads, given its inputs' shapes and its params (the
-/// op's meta has accepted them). Empty index tensors need no check. Backward ops are not
+/// The range checks for the indices `op` reads, given its inputs' shapes and its params (a call
+/// the op's meta refuses may get none). Empty index tensors need no check. Backward ops are not
 /// checked: their indices were checked by the forward op.
 pub fn index_checks(op: OpId, shapes: &[&[i64]], params: &[i64]) -> SmallVec<[IndexCheck; 1]> {
     use OpId::*;
     let mut out = SmallVec::new();
+    if shapes.is_empty() {
+        // Not a call the op's meta accepts: it raises the error.
+        return out;
+    }
     let size_at = |shape: &[i64], dim: usize| shape.get(dim).copied().unwrap_or(1);
     let nonempty = |i: usize| {
         shapes
@@ -178,6 +182,32 @@ pub fn index_checks(op: OpId, shapes: &[&[i64]], params: &[i64]) -> SmallVec<[In
         _ => {}
     }
     out
+}
+
+/// The verdict an `index_check` with `params` gives for index values the host knows (in
+/// row-major order): the device lowering's rule, `[bad, first bad index, size, dim, style]`, so
+/// [`index_check_error`] words both alike. The engine asks this at capture when the indices came
+/// from host memory, so PyTorch's error is raised at the op in every mode.
+pub fn host_index_verdict(
+    params: &[i64],
+    values: &[i64],
+) -> Result<[i64; INDEX_VERDICT_LEN], OpError> {
+    let layout::IndexBounds {
+        size,
+        negative_ok,
+        dim,
+        style,
+        ignore,
+    } = layout::IndexBounds::decode(&Params::new(OpId::IndexCheck, params))?;
+    let lowest = if negative_ok { -size } else { 0 };
+    let first_bad = values
+        .iter()
+        .copied()
+        .find(|&v| (v < lowest || v >= size) && Some(v) != ignore);
+    Ok(match first_bad {
+        Some(value) => [1, value, size, dim, style],
+        None => [0, 0, size, dim, style],
+    })
 }
 
 /// The error an `index_check` verdict stands for, if any.
@@ -443,6 +473,30 @@ mod tests {
             index_check_error(&[1, 9, 5, 1, 4]).unwrap().message,
             "Target 9 is out of bounds."
         );
+    }
+
+    #[test]
+    fn host_verdicts_follow_the_device_rule() {
+        // index_put_ along position 1 of a size-5 dim: -5..5 is in range.
+        let wraps = [5, 1, 1, 0];
+        assert_eq!(host_index_verdict(&wraps, &[0, -5, 4]).unwrap()[0], 0);
+        assert_eq!(
+            host_index_verdict(&wraps, &[1, 5, -6]).unwrap(),
+            [1, 5, 5, 1, 0]
+        );
+        // gather: no wrapping, the first bad index in row-major order.
+        let gather = [5, 0, 0, 1];
+        assert_eq!(
+            host_index_verdict(&gather, &[2, -1, 9]).unwrap(),
+            [1, -1, 5, 0, 1]
+        );
+        // nll_loss: the ignored target is never reported.
+        let targets = [7, 0, 1, 4, -100];
+        assert_eq!(host_index_verdict(&targets, &[-100, 6]).unwrap()[0], 0);
+        let e = index_check_error(&host_index_verdict(&targets, &[-100, 7]).unwrap()).unwrap();
+        assert_eq!(e.message, "Target 7 is out of bounds.");
+        assert_eq!(host_index_verdict(&gather, &[]).unwrap()[0], 0);
+        assert!(host_index_verdict(&[5], &[1]).is_err());
     }
 
     #[test]

@@ -80,13 +80,27 @@ pub(crate) fn refuse(op: OpId, types: &[TensorType], made: bool) -> Result<(), O
     if allowed {
         return Ok(());
     }
-    match types.iter().find(|t| t.dtype.is_wide_unsigned()) {
-        Some(t) => Err(OpError::not_implemented(format!(
-            "\"{}\" is not implemented for '{}' on pjrt",
-            op.name(),
-            t.dtype.scalar_type_name()
-        ))),
-        None => Ok(()),
+    let Some(t) = types.iter().find(|t| t.dtype.is_wide_unsigned()) else {
+        return Ok(());
+    };
+    let dtype = t.dtype.scalar_type_name();
+    Err(OpError::not_implemented(
+        match cpu_kernel_made_by_dtype_argument(op) {
+            Some(kernel) if made => format!("\"{kernel}\" not implemented for '{dtype}'"),
+            _ => format!("\"{}\" is not implemented for '{dtype}' on pjrt", op.name()),
+        },
+    ))
+}
+
+/// The CPU kernel PyTorch names when asked for a wide unsigned result through a dtype argument
+/// of an op that reads them (`sum(dtype=torch.uint16)`): no operand is unsigned, so the plugin
+/// does not send the call to the CPU, and the engine words PyTorch's error itself.
+fn cpu_kernel_made_by_dtype_argument(op: OpId) -> Option<&'static str> {
+    match op {
+        OpId::Sum => Some("sum_cpu"),
+        OpId::Prod => Some("prod_out_cpu"),
+        OpId::Cumsum => Some("cumsum_out_cpu"),
+        _ => None,
     }
 }
 
@@ -144,7 +158,7 @@ mod tests {
             err.message,
             "\"add\" is not implemented for 'UInt32' on pjrt"
         );
-        // A sum may read uint16 but not make it.
+        // A sum may read uint16 but not make it, and says so as PyTorch's CPU kernel does.
         let err = meta(
             OpId::Sum,
             &[t(DType::I64, &[3])],
@@ -153,6 +167,7 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(err.kind, ErrorKind::NotImplemented);
+        assert_eq!(err.message, "\"sum_cpu\" not implemented for 'UInt16'");
     }
 
     #[test]

@@ -40,13 +40,15 @@ RUN_ORDER = ("defer_and_fuse",) + tuple(m for m in MODES if m != "defer_and_fuse
 # Gradients compile a backward per sample in the op-by-op modes; CI checks them fused only.
 GRAD_MODES = MODES if FULL else ("defer_and_fuse",)
 
-CI_DTYPES = (torch.float32, torch.int64, torch.bool, torch.bfloat16)
+# complex64 stands for the complex dtypes (RFC 0038); the full sweep runs complex128 as well.
+CI_DTYPES = (torch.float32, torch.int64, torch.bool, torch.bfloat16, torch.complex64)
 
 # The element types the engine stores; any other is a TypeError at the first pjrt tensor.
 PJRT_DTYPES = frozenset(
     {
         torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32,
         torch.int16, torch.int8, torch.uint8, torch.bool, torch.uint16, torch.uint32, torch.uint64,
+        torch.complex64, torch.complex128,
     }
 )
 

@@ -1,6 +1,7 @@
 """Out-of-range integer indices on pjrt raise PyTorch's exception with PyTorch's message
-(RFC 0012): at the op in Debug mode and for indices still on the host, at the next
-materialization point otherwise; the engine stays usable afterwards."""
+(RFC 0012): at the op for indices whose values the host knows (still on the host, uploaded from
+it, or made by fills, `arange` and copies of such values) and in Debug mode, at the next
+materialization point for indices computed on the device; the engine stays usable afterwards."""
 
 import pytest
 import torch
@@ -62,9 +63,15 @@ def _cpu_error(fn, index):
     return None
 
 
-def _pjrt_error(fn, index, materialize=True):
+def _on_device(index, source):
+    """`index` on pjrt: uploaded (the host knows its values) or computed on the device."""
+    uploaded = index.to("pjrt")
+    return uploaded if source == "uploaded" else uploaded * 1
+
+
+def _pjrt_error(fn, index, materialize=True, source="computed"):
     try:
-        out = fn("pjrt", index.to("pjrt"))
+        out = fn("pjrt", _on_device(index, source))
         if materialize:
             if isinstance(out, torch.Tensor):
                 out.cpu()
@@ -83,13 +90,15 @@ def mode(request):
         torch.testing.assert_close((X.to("pjrt") * 2).cpu(), X * 2)
 
 
+@pytest.mark.parametrize("source", ["uploaded", "computed"])
 @pytest.mark.parametrize("bad", list(BAD), ids=list(BAD))
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_errors_match_cpu(mode, case, bad):
+def test_errors_match_cpu(mode, case, bad, source):
     _, fn = case
     index = BAD[bad]
     expected = _cpu_error(fn, index)
-    assert _pjrt_error(fn, index) == expected
+    # Uploaded indices raise at the op itself, with nothing read afterwards.
+    assert _pjrt_error(fn, index, materialize=source == "computed", source=source) == expected
 
 
 def test_debug_raises_at_the_op():
@@ -101,8 +110,8 @@ def test_debug_raises_at_the_op():
         torch_pjrt.sync()
 
 
-def test_strict_and_deferred_raise_at_the_next_materialization():
-    weight, bad = X.to("pjrt"), _i(2, 5).to("pjrt")
+def test_strict_and_deferred_raise_computed_indices_at_the_next_materialization():
+    weight, bad = X.to("pjrt"), _on_device(_i(2, 5), "computed")
     for mode in ("strict", "defer_and_fuse"):
         with torch_pjrt.eager_mode(mode):
             torch_pjrt.sync()
@@ -146,9 +155,10 @@ def test_first_bad_index_is_reported(mode):
     # Several bad indices: the first in row-major order is named, as on the CPU.
     index = _i(0, 6, -2, 11).view(2, 2)
     fn = CASES[[c[0] for c in CASES].index("gather")][1]
-    assert _pjrt_error(lambda d, i: _x(d).gather(0, i), index) == \
-        _cpu_error(lambda d, i: _x(d).gather(0, i), index)
-    assert _pjrt_error(fn, _i(9, 8)) == _cpu_error(fn, _i(9, 8))
+    for source in ("uploaded", "computed"):
+        assert _pjrt_error(lambda d, i: _x(d).gather(0, i), index, source=source) == \
+            _cpu_error(lambda d, i: _x(d).gather(0, i), index)
+        assert _pjrt_error(fn, _i(9, 8), source=source) == _cpu_error(fn, _i(9, 8))
 
 
 def test_checks_do_not_recompile_a_training_loop():
@@ -168,3 +178,78 @@ def test_checks_do_not_recompile_a_training_loop():
             if step == 2:
                 compilations = torch_pjrt.metrics()["compilations"]
         assert torch_pjrt.metrics()["compilations"] == compilations
+
+
+def _checks():
+    m = torch_pjrt.metrics()
+    return m["host_index_checks"], m["device_index_checks"], m["executions"]
+
+
+def test_indices_made_by_fills_raise_at_the_op(strict_or_fused_mode):
+    # PyTorch's test_trivial_fancy_out_of_bounds: the indices are a fill, then a setitem.
+    def run(d):
+        a = torch.zeros(5, device=d)
+        ind = torch.ones(20, dtype=torch.int64, device=d)
+        ind[-1] = 10
+        errors = []
+        for call in (lambda: a[ind], lambda: a.__setitem__(ind, 1.0)):
+            try:
+                call()
+            except IndexError as e:
+                errors.append(str(e))
+        return a, ind, errors
+
+    _, _, expected = run("cpu")
+    host, device, executions = _checks()
+    a, ind, errors = run("pjrt")
+    assert errors == expected and len(errors) == 2
+    after = _checks()
+    # Decided at capture from the values the host followed: no device check, and in
+    # DeferAndFuse nothing has run yet.
+    assert after[0] - host == 2 and after[1] == device
+    if strict_or_fused_mode == "defer_and_fuse":
+        assert after[2] == executions
+    # The failed setitem wrote nothing, and the engine goes on.
+    torch.testing.assert_close(a.cpu(), torch.zeros(5))
+    ind[-1] = 4
+    torch.testing.assert_close(a[ind].cpu(), torch.zeros(20))
+
+
+def test_arange_and_copied_indices_raise_at_the_op(strict_or_fused_mode):
+    x = torch.arange(5.0, device="pjrt")
+    with pytest.raises(IndexError, match="^index 5 is out of bounds for dimension 0 with size 5$"):
+        x[torch.arange(6, device="pjrt")]
+    # A cast and a strided copy of uploaded values are followed too.
+    index = torch.zeros(2, 3, dtype=torch.int64, device="pjrt")
+    index[:, 1] = torch.tensor([1, -6], dtype=torch.int32, device="pjrt")
+    with pytest.raises(RuntimeError, match="^index -6 is out of bounds for dimension 0 with size 5$"):
+        x.gather(0, index.t().reshape(-1).int().long())
+    torch_pjrt.sync()
+
+
+def test_known_valid_indices_need_no_device_check(pjrt):
+    x = torch.arange(10.0, device=pjrt)
+    index = torch.tensor([1, -3], device=pjrt)
+    x[index].cpu()  # compiles the op
+    host, device, _ = _checks()
+    direct = torch_pjrt.metrics()["direct_ops"]
+    for _ in range(3):
+        y = x[index]
+    torch.testing.assert_close(y.cpu(), torch.tensor([1.0, 7.0]))
+    after = _checks()
+    assert after[0] - host == 3 and after[1] == device
+    # Strict runs a warm indexing op with no check by its direct path.
+    assert torch_pjrt.metrics()["direct_ops"] - direct >= 3
+
+
+def test_indices_the_host_cannot_follow_are_checked_on_the_device(strict_or_fused_mode):
+    x = torch.arange(5.0, device="pjrt")
+    changed = torch.tensor([1, 2], device="pjrt")
+    changed.add_(5)  # arithmetic on the device: the host no longer knows the values
+    large = torch.full((5000,), 9, dtype=torch.int64).to("pjrt")  # too large to keep
+    for index, bad in ((changed, 6), (large, 9)):
+        host, device, _ = _checks()
+        out = x[index]
+        assert _checks()[:2] == (host, device + 1)
+        with pytest.raises(IndexError, match=f"^index {bad} is out of bounds for dimension 0 with size 5$"):
+            out.cpu()

@@ -36,7 +36,8 @@ skipped as a whole and listed under its most common reason. Any other difference
 error raised on pjrt where the CPU succeeds, is a mismatch and fails the test.
 
 Scope of a run:
-- CI (default): float32, int64, bool and bfloat16 (those the OpInfo supports on the CPU), in
+- CI (default): float32, int64, bool, bfloat16 and complex64 (those the OpInfo supports on the
+  CPU; complex values without gradients), in
   strict and defer_and_fuse, at most `CI_SAMPLE_CAP` samples per op and dtype, spread over the
   OpInfo's list (and shifted per dtype); gradients in defer_and_fuse;
 - `TORCH_PJRT_OPINFO_FULL=1`: every dtype the OpInfo supports on the CPU (those pjrt does not

@@ -220,19 +220,40 @@ def test_ops_the_cpu_lacks_raise_pytorchs_error(pjrt, mode, dtype, name):
     assert_same(x.to("pjrt") * 2, x * 2)
 
 
-@pytest.mark.parametrize("name", ["nonzero", "masked_select", "index_put", "sum_into_uint16"])
-def test_refusals_the_engine_words(strict_or_fused_mode, name):
-    """The indexing kernels, and an op whose uint16 comes only from its dtype argument, raise
-    the engine's refusal (the op and the dtype named) without going through the CPU."""
-    p = values(torch.uint16).to("pjrt")
-    calls = {
-        "nonzero": lambda: p.nonzero(),
-        "masked_select": lambda: p.masked_select(p == 2),
-        "index_put": lambda: p.index_put_((torch.tensor([0], device="pjrt"),), p[:1]),
-        "sum_into_uint16": lambda: p.long().sum(dtype=torch.uint16),
-    }
-    with pytest.raises(NotImplementedError, match="not implemented for 'UInt16'"):
-        calls[name]()
+HAND_WRITTEN = {
+    "nonzero": lambda p, i: p.nonzero(),
+    "nonzero_out": lambda p, i: torch.nonzero(p, out=torch.empty(0, 1, dtype=torch.long, device=p.device)),
+    "argwhere": lambda p, i: torch.argwhere(p),
+    "masked_select": lambda p, i: p.masked_select(p == 2),
+    "masked_scatter": lambda p, i: p.clone().masked_scatter_(p == 2, p),
+    "index_put": lambda p, i: p.clone().index_put_((i,), p[:1]),
+    "index_put_accumulate": lambda p, i: p.clone().index_put_((i,), p[:1], accumulate=True),
+    "setitem_mask": lambda p, i: p.clone().__setitem__(p == 2, 5),
+    "index_add": lambda p, i: p.clone().index_add_(0, i, p[:1]),
+    "index_add_functional": lambda p, i: p.index_add(0, i, p[:1]),
+    "sum_into_uint16": lambda p, i: p.long().sum(dtype=torch.uint16),
+    "prod_into_uint16": lambda p, i: p.long().prod(dtype=torch.uint16),
+    "cumsum_into_uint16": lambda p, i: p.long().cumsum(0, dtype=torch.uint16),
+}
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+@pytest.mark.parametrize("name", list(HAND_WRITTEN))
+def test_hand_written_kernels_raise_pytorchs_error(pjrt, mode, name):
+    """The indexing kernels written by hand send a call on uint16 to the CPU, as the generated
+    ones do, and the engine words the error of an op whose uint16 comes only from its dtype
+    argument as PyTorch's CPU kernel does: the same message as on the CPU."""
+    fn = HAND_WRITTEN[name]
+    x, i = values(torch.uint16), torch.tensor([0])
+    with pytest.raises(NotImplementedError) as on_cpu:
+        fn(x, i)
+    with torch_pjrt.eager_mode(mode), warnings.catch_warnings():
+        # The fallback's warning (once per op) says the call runs on the CPU, which raises.
+        warnings.simplefilter("ignore")
+        with pytest.raises(NotImplementedError) as on_pjrt:
+            fn(x.to("pjrt"), i.to("pjrt"))
+    assert str(on_pjrt.value) == str(on_cpu.value)
+    assert_same(x.to("pjrt") * 2, x * 2)
 
 
 @pytest.mark.parametrize(

@@ -677,7 +677,28 @@ impl Engine {
                 self.regrow(graph, &regrow)?;
             }
         }
-        if self.flush_mode() == Mode::Strict && !op.has_index_checks() {
+        // Indices whose values the host knows (uploads, fills) are checked now, so PyTorch's
+        // error comes at the op; the others are checked on the device (RFC 0012).
+        let mut device_checks: smallvec::SmallVec<[ops::checks::IndexCheck; 1]> =
+            smallvec::SmallVec::new();
+        if op.has_index_checks() {
+            let shapes: smallvec::SmallVec<[&[i64]; 4]> =
+                inputs.iter().map(|t| t.sizes.as_slice()).collect();
+            for check in ops::checks::index_checks(op, &shapes, params) {
+                let Some(values) = graph.known_elements(&inputs[check.input]) else {
+                    device_checks.push(check);
+                    continue;
+                };
+                Counters::bump(&self.counters.host_index_checks, 1);
+                let verdict = ops::checks::host_index_verdict(&check.params, &values)?;
+                if let Some(e) = ops::checks::index_check_error(&verdict) {
+                    // PyTorch checks the op's arguments before it reads an index.
+                    op_meta(op, inputs, scalars, params)?;
+                    return Err(e.into());
+                }
+            }
+        }
+        if self.flush_mode() == Mode::Strict && device_checks.is_empty() {
             // A warm Strict op on device values skips the pending graph: same key, same
             // program, same results (see `Graph::run_if_compiled`).
             let call = OpCall {
@@ -722,14 +743,16 @@ impl Engine {
             }
         }
         let captured = graph.capture(op, inputs, scalars, params, outs)?;
-        if op.has_index_checks() {
+        if !device_checks.is_empty() {
             // Captured before the flush policy runs, so Strict runs op and check as one region.
-            let shapes: smallvec::SmallVec<[&[i64]; 4]> =
-                inputs.iter().map(|t| t.sizes.as_slice()).collect();
             // Indices into a padded extent are checked against its true length at run time
             // (the param holds the bucket), so the check's program is the bucket's.
             let extent = inputs.first().and_then(|t| graph.padded_extent_of(t));
-            for check in ops::checks::index_checks(op, &shapes, params) {
+            Counters::bump(
+                &self.counters.device_index_checks,
+                device_checks.len() as u64,
+            );
+            for check in device_checks {
                 let mut check_params = check.params.clone();
                 let mut check_scalars: smallvec::SmallVec<[ScalarArg; 1]> =
                     smallvec::SmallVec::new();
@@ -1492,17 +1515,25 @@ impl Engine {
         Counters::bump(&self.counters.host_to_device, 1);
         Counters::bump(&self.counters.host_to_device_bytes, bytes.len() as u64);
         let value = DeviceValue::ready(Arc::new(buffer));
+        // Small integer uploads are remembered on the host (`Graph::note_uploaded`): index
+        // lists uploaded from host memory get their range checked at the op.
         if let Some((_, padding)) = padded {
-            return self.graph.lock()?.write_device_padded(t, value, padding);
+            let mut graph = self.graph.lock()?;
+            graph.write_device_padded(t, value, padding)?;
+            graph.note_uploaded(t, src);
+            return Ok(());
         }
         let mut graph = self.graph.lock()?;
         if graph.is_whole(t)? {
-            return graph.write_device(t, value);
+            graph.write_device(t, value)?;
+            graph.note_uploaded(t, src);
+            return Ok(());
         }
         // A strided destination: the upload becomes a temporary, copied in through the view.
         let temp = graph.new_storage(expected as u64);
         let temp_ref = TensorRef::contiguous(temp, t.dtype, &t.sizes);
         let result = graph.write_device(&temp_ref, value).and_then(|()| {
+            graph.note_uploaded(&temp_ref, src);
             graph.capture(OpId::Clone, &[temp_ref], &[], &[], std::slice::from_ref(t))?;
             self.after_capture(&mut graph)
         });
@@ -1637,6 +1668,14 @@ impl Engine {
         v.insert("memory_cuts", Counters::get(&c.memory_cuts) as f64);
         v.insert("isolation_cuts", Counters::get(&c.isolation_cuts) as f64);
         v.insert("graph_replays", Counters::get(&c.graph_replays) as f64);
+        v.insert(
+            "host_index_checks",
+            Counters::get(&c.host_index_checks) as f64,
+        );
+        v.insert(
+            "device_index_checks",
+            Counters::get(&c.device_index_checks) as f64,
+        );
         v.insert("ops", Counters::get(&c.ops) as f64);
         v.insert("deferred_ops", graph.deferred_ops as f64);
         v.insert("pending_ops", pending_ops as f64);

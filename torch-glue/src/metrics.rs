@@ -25,6 +25,10 @@ pub struct Counters {
     pub isolation_cuts: AtomicU64,
     /// Compiled-mode graphs run as their recorded program, without capturing their ops.
     pub graph_replays: AtomicU64,
+    /// Index range checks decided at capture from index values the host knows (RFC 0012).
+    pub host_index_checks: AtomicU64,
+    /// Index range checks captured to run on the device, their verdicts read later.
+    pub device_index_checks: AtomicU64,
     /// Host time in the engine's op calls (capture, meta, and any flush an op triggered), ns.
     pub op_nanos: AtomicU64,
     /// Host time planning and launching regions, wherever a flush was triggered, ns.
@@ -65,6 +69,8 @@ impl Counters {
             &self.memory_cuts,
             &self.isolation_cuts,
             &self.graph_replays,
+            &self.host_index_checks,
+            &self.device_index_checks,
             &self.op_nanos,
             &self.flush_nanos,
             &self.wait_nanos,

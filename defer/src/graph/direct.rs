@@ -27,6 +27,8 @@ impl<V: Clone> Graph<V> {
         if !self.pending.is_empty() || op.is_side_effecting() || outs.len() > 1 {
             return Ok(None);
         }
+        // Read before any write: a write through a view keeps the rest of the old value.
+        let known = self.known_write(op, inputs, scalars, params, outs);
         let mut types: SmallVec<[TensorType; 3]> = SmallVec::new();
         for (i, t) in inputs.iter().enumerate() {
             if !self.placement(&OperandName(op, "input", i), t)?.whole {
@@ -188,8 +190,12 @@ impl<V: Clone> Graph<V> {
         self.stats.regions += 1;
         self.stats.region_ops += 1;
         self.stats.largest_region = self.stats.largest_region.max(1);
+        let captured = Captured { outputs: captured };
+        if let Some(write) = known {
+            self.remember_known(write, &captured);
+        }
         Ok(Some((
-            Captured { outputs: captured },
+            captured,
             Flush {
                 shapeless,
                 dims,

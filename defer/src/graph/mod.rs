@@ -21,6 +21,7 @@ mod direct;
 mod flush;
 mod isolate;
 mod key;
+mod known;
 mod memory;
 mod padded;
 mod region;
@@ -28,6 +29,7 @@ mod repeat;
 
 pub use isolate::{isolation_cuts, PlannedRegion};
 use key::*;
+pub(crate) use known::KnownValues;
 pub use padded::Regrow;
 pub use region::RegionSource;
 use region::*;
@@ -614,6 +616,7 @@ impl<V: Clone> Graph<V> {
             value,
             version,
             padding: None,
+            known: None,
         })
     }
 
@@ -649,6 +652,8 @@ impl<V: Clone> Graph<V> {
         if storage.nbytes == nbytes {
             return Ok(());
         }
+        // Some resizes change the bytes without a write (an unwritten storage's size).
+        storage.known = None;
         let (old_bytes, native) = (storage.nbytes, storage.native);
         let native = match (&storage.value, native) {
             (StorageValue::Uninit, _) | (_, None) => {
@@ -779,7 +784,12 @@ impl<V: Clone> Graph<V> {
         // Kept only if this capture succeeds: its flush then checks the key.
         #[cfg(debug_assertions)]
         let direct_key_check = self.direct_key_check.take();
+        // Read before the capture: a write through a view keeps the rest of the old value.
+        let known = self.known_write(op, inputs, scalars, params, outs);
         let captured = self.capture_op(op, inputs, scalars, params, outs)?;
+        if let Some(write) = known {
+            self.remember_known(write, &captured);
+        }
         if op == OpId::Cat && inputs.len() == 2 && outs.is_empty() {
             if let Some(&(storage, _)) = captured.outputs.first() {
                 let first = inputs[0].sizes.as_slice() == [0];

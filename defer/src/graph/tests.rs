@@ -647,3 +647,128 @@ fn a_view_merging_the_extent_with_outer_dimensions_is_gathered_run_by_run() {
     let expected: Vec<u16> = (0..(2 * len * 4) as u16).collect();
     assert_eq!(read, expected, "every true row in order, no padding");
 }
+
+#[test]
+fn the_host_follows_small_integer_values_through_uploads_fills_and_copies() {
+    let mut g: Graph<u32> = Graph::new();
+    let long = DType::I64;
+    let bytes =
+        |values: &[i64]| -> Vec<u8> { values.iter().flat_map(|v| v.to_ne_bytes()).collect() };
+    // An upload of [[1, 2], [3, 4]]: its transpose reads 1, 3, 2, 4.
+    let t = device(&mut g, long, &[2, 2], 0);
+    g.note_uploaded(&t, &bytes(&[1, 2, 3, 4]));
+    let transposed = TensorRef {
+        strides: SmallVec::from_slice(&[1, 2]),
+        ..t.clone()
+    };
+    assert_eq!(g.known_elements(&transposed), Some(vec![1, 3, 2, 4]));
+    // Read as another dtype, the bytes are not followed.
+    let as_int = TensorRef::contiguous(t.storage, DType::I32, &[8]);
+    assert_eq!(g.known_elements(&as_int), None);
+
+    // A fill of one element through a view keeps the others (`t[1, 1] = 10`).
+    let corner = TensorRef {
+        sizes: Shape::new(),
+        strides: SmallVec::new(),
+        offset: 3,
+        ..t.clone()
+    };
+    let fill = [ops::dtype_param(Some(long))];
+    g.capture(
+        OpId::Full,
+        &[],
+        &[ScalarArg::int(10)],
+        &fill,
+        std::slice::from_ref(&corner),
+    )
+    .unwrap();
+    assert_eq!(g.known_elements(&t), Some(vec![1, 2, 3, 10]));
+
+    // A copy into a new storage, and a cast that wraps as PyTorch's does.
+    let copy = g
+        .capture(OpId::Clone, std::slice::from_ref(&t), &[], &[], &[])
+        .unwrap();
+    let copy = TensorRef::contiguous(copy.outputs[0].0, long, &[2, 2]);
+    assert_eq!(g.known_elements(&copy), Some(vec![1, 2, 3, 10]));
+    let filled = device(&mut g, long, &[4], 0);
+    let big = [ops::dtype_param(Some(long)), 4];
+    // `ones` fills with the float 1.0: a whole float is followed, a fraction is not.
+    g.capture(
+        OpId::Full,
+        &[],
+        &[ScalarArg::float(1.5)],
+        &big,
+        std::slice::from_ref(&filled),
+    )
+    .unwrap();
+    assert_eq!(g.known_elements(&filled), None);
+    g.capture(
+        OpId::Full,
+        &[],
+        &[ScalarArg::float(300.0)],
+        &big,
+        std::slice::from_ref(&filled),
+    )
+    .unwrap();
+    let to_byte = [ops::dtype_param(Some(DType::U8))];
+    let cast = g
+        .capture(OpId::Convert, &[filled], &[], &to_byte, &[])
+        .unwrap();
+    let cast = TensorRef::contiguous(cast.outputs[0].0, DType::U8, &[4]);
+    assert_eq!(g.known_elements(&cast), Some(vec![44; 4]));
+
+    // `arange`, and a fill the direct path runs.
+    let range = [
+        ops::dtype_param(Some(long)),
+        ops::f64_param(3.0),
+        ops::f64_param(-3.0),
+        ops::f64_param(-2.0),
+    ];
+    let made = g.capture(OpId::Arange, &[], &[], &range, &[]).unwrap();
+    let made = TensorRef::contiguous(made.outputs[0].0, long, &[3]);
+    assert_eq!(g.known_elements(&made), Some(vec![3, 1, -1]));
+    g.flush(FlushRequest::All, |_| 1).unwrap();
+    let ones = [ops::dtype_param(Some(long)), 3];
+    let ran = g
+        .run_if_compiled(
+            OpCall {
+                op: OpId::Ones,
+                inputs: &[],
+                scalars: &[],
+                params: &ones,
+                outs: &[],
+            },
+            |_| 2,
+            |_, _, _| true,
+        )
+        .unwrap()
+        .expect("a program for the key");
+    let ones = TensorRef::contiguous(ran.0.outputs[0].0, long, &[3]);
+    assert_eq!(g.known_elements(&ones), Some(vec![1, 1, 1]));
+
+    // A write the host does not follow leaves the values unknown.
+    g.capture(
+        OpId::Neg,
+        std::slice::from_ref(&t),
+        &[],
+        &[],
+        std::slice::from_ref(&t),
+    )
+    .unwrap();
+    assert_eq!(g.known_elements(&t), None);
+    assert_eq!(g.known_elements(&copy), Some(vec![1, 2, 3, 10]));
+    // So does a fill through a view of a storage whose other elements are unknown.
+    g.capture(
+        OpId::Full,
+        &[],
+        &[ScalarArg::int(0)],
+        &fill,
+        std::slice::from_ref(&corner),
+    )
+    .unwrap();
+    assert_eq!(g.known_elements(&t), None);
+    // Large tensors are not followed.
+    let large = device(&mut g, long, &[5000], 0);
+    g.note_uploaded(&large, &bytes(&[0; 5000]));
+    assert_eq!(g.known_elements(&large), None);
+}

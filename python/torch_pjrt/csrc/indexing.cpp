@@ -8,6 +8,7 @@
 // the columns of its nonzero coordinates, as in PyTorch.
 #include <ATen/ATen.h>
 #include <ATen/ExpandUtils.h>
+#include <ATen/native/CPUFallback.h>
 #include <ATen/native/Resize.h>
 #include <c10/util/irange.h>
 #include <torch/library.h>
@@ -20,6 +21,20 @@ namespace {
 
 bool is_mask(const at::Tensor& t) {
   return t.scalar_type() == at::kBool || t.scalar_type() == at::kByte;
+}
+
+// uint16, uint32 and uint64 (RFC 0038): PyTorch's CPU kernels of the ops below (but `index`)
+// have no case for them, so a call on them runs on the CPU as the generated kernels' refused
+// calls do, and the CPU raises PyTorch's own error (or computes it, where a later PyTorch can).
+bool wide_unsigned(const at::Tensor& t) {
+  const at::ScalarType type = t.scalar_type();
+  return type == at::kUInt16 || type == at::kUInt32 || type == at::kUInt64;
+}
+
+template <typename Op, typename... Args>
+decltype(auto) run_on_cpu(Args&&... args) {
+  return at::native::call_fallback_fn_symint<&pjrt_cpu_fallback, Op>::call(
+      std::forward<Args>(args)...);
 }
 
 // How many elements of `t` are nonzero: a reduction on the device, read to the host.
@@ -42,6 +57,9 @@ at::Tensor nonzero_counted(const at::Tensor& self, int64_t count) {
 }
 
 at::Tensor pjrt_nonzero(const at::Tensor& self) {
+  if (C10_UNLIKELY(wide_unsigned(self))) {
+    return run_on_cpu<at::_ops::nonzero>(self);
+  }
   return nonzero_counted(self, count_true(self));
 }
 
@@ -51,6 +69,9 @@ at::Tensor& pjrt_nonzero_out(const at::Tensor& self, at::Tensor& out) {
       "nonzero: Expected out tensor to have scalar type Long but got scalar type ",
       out.scalar_type());
   check_out_device("nonzero", self, out);
+  if (C10_UNLIKELY(wide_unsigned(self))) {
+    return run_on_cpu<at::_ops::nonzero_out>(self, out);
+  }
   const at::Tensor result = pjrt_nonzero(self);
   // As PyTorch's kernel: an output it has to resize gets the column-major layout.
   if (at::native::resize_output(out, result.sizes())) {
@@ -80,6 +101,9 @@ void masked_select_call(OpCall& c, const at::Tensor& self, const at::Tensor& mas
 }
 
 at::Tensor pjrt_masked_select(const at::Tensor& self, const at::Tensor& mask) {
+  if (C10_UNLIKELY(wide_unsigned(self))) {
+    return run_on_cpu<at::_ops::masked_select>(self, mask);
+  }
   static const int32_t op = engine_op("masked_select");
   OpCall c(op, "aten::masked_select");
   masked_select_call(c, self, mask);
@@ -87,6 +111,9 @@ at::Tensor pjrt_masked_select(const at::Tensor& self, const at::Tensor& mask) {
 }
 
 at::Tensor& pjrt_masked_select_out(const at::Tensor& self, const at::Tensor& mask, at::Tensor& out) {
+  if (C10_UNLIKELY(wide_unsigned(self))) {
+    return run_on_cpu<at::_ops::masked_select_out>(self, mask, out);
+  }
   static const int32_t op = engine_op("masked_select");
   OpCall c(op, "aten::masked_select.out");
   masked_select_call(c, self, mask);
@@ -96,6 +123,9 @@ at::Tensor& pjrt_masked_select_out(const at::Tensor& self, const at::Tensor& mas
 }
 
 at::Tensor& pjrt_masked_scatter_(at::Tensor& self, const at::Tensor& mask, const at::Tensor& source) {
+  if (C10_UNLIKELY(wide_unsigned(self))) {
+    return run_on_cpu<at::_ops::masked_scatter_>(self, mask, source);
+  }
   static const int32_t op = engine_op("masked_scatter_");
   OpCall c(op, "aten::masked_scatter_");
   c.input(self);
@@ -344,6 +374,9 @@ at::Tensor& pjrt_index_put_impl_(
       " (got ",
       indices.size(),
       ")");
+  if (C10_UNLIKELY(wide_unsigned(self))) {
+    return run_on_cpu<at::_ops::_index_put_impl_>(self, indices, values, accumulate, unsafe);
+  }
   warn_byte_masks(indices);
   if (!accumulate && try_masked_fill(self, indices, values)) {
     return self;
@@ -463,6 +496,9 @@ at::Tensor pjrt_index_add(
     const at::Tensor& index,
     const at::Tensor& source,
     const at::Scalar& alpha) {
+  if (C10_UNLIKELY(wide_unsigned(self))) {
+    return run_on_cpu<at::_ops::index_add>(self, dim, index, source, alpha);
+  }
   return index_add_impl(self, dim, index, source, alpha, Into::Functional, nullptr);
 }
 
@@ -472,6 +508,9 @@ at::Tensor& pjrt_index_add_(
     const at::Tensor& index,
     const at::Tensor& source,
     const at::Scalar& alpha) {
+  if (C10_UNLIKELY(wide_unsigned(self))) {
+    return run_on_cpu<at::_ops::index_add_>(self, dim, index, source, alpha);
+  }
   index_add_impl(self, dim, index, source, alpha, Into::Inplace, &self);
   return self;
 }
@@ -483,6 +522,9 @@ at::Tensor& pjrt_index_add_out(
     const at::Tensor& source,
     const at::Scalar& alpha,
     at::Tensor& out) {
+  if (C10_UNLIKELY(wide_unsigned(self))) {
+    return run_on_cpu<at::_ops::index_add_out>(self, dim, index, source, alpha, out);
+  }
   index_add_impl(self, dim, index, source, alpha, Into::Out, &out);
   return out;
 }

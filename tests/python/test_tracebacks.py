@@ -1,5 +1,6 @@
 """`TORCH_PJRT_TRACEBACKS=1`: a check that fails at a later materialization (an index out of
-range) names the user's line that queued it, in every mode."""
+range) names the user's line that queued it, in every mode. The probe's indices are computed on
+the device, so the host does not know them and their check is the deferred one (RFC 0012)."""
 
 import os
 import subprocess
@@ -13,7 +14,7 @@ PROBE = """\
 import torch, torch_pjrt, sys
 emb = torch.nn.Embedding(10, 4).to("pjrt")
 with torch_pjrt.eager_mode(sys.argv[1]):
-    ids = torch.tensor([1, 12], device="pjrt")
+    ids = (torch.tensor([0.5, 6.0], device="pjrt") * 2).long()
     y = emb(ids) * 2
     total = y.sum() + 1
     try:

@@ -682,6 +682,7 @@ impl Engine {
         let mut device_checks: smallvec::SmallVec<[ops::checks::IndexCheck; 1]> =
             smallvec::SmallVec::new();
         if op.has_index_checks() {
+            let in_graph = self.in_graph();
             let shapes: smallvec::SmallVec<[&[i64]; 4]> =
                 inputs.iter().map(|t| t.sizes.as_slice()).collect();
             for check in ops::checks::index_checks(op, &shapes, params) {
@@ -695,6 +696,11 @@ impl Engine {
                     // PyTorch checks the op's arguments before it reads an index.
                     op_meta(op, inputs, scalars, params)?;
                     return Err(e.into());
+                }
+                if in_graph {
+                    // A compiled graph's program is recorded and replayed with other index
+                    // values, which no host check sees: it keeps its device check.
+                    device_checks.push(check);
                 }
             }
         }

@@ -256,6 +256,12 @@ impl GrowthSites {
         }
     }
 
+    /// Whether storage `id` holds an append's result or a sequence's first entry: a cache
+    /// whose next append is to read it padded.
+    pub fn is_sequence(&self, id: StorageId) -> bool {
+        self.results.contains(&id) || self.first_entries.contains(&id)
+    }
+
     /// Records the append of `b_len` elements to `a` (of `a_sizes`, held by storage `a`)
     /// along `dim`; returns whether it continues a sequence seen growing.
     pub fn note_append(

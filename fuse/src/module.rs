@@ -565,19 +565,18 @@ fn emit_node(
                 .collect()
         }
         RegionOp::Append(a) => {
-            if inputs.len() != 2 || scalars.len() != 1 {
-                return Err(OpError::runtime(
-                    "internal error: an append takes 2 inputs and a length",
-                ));
-            }
-            let out = ops::padding::lower_append(
-                e,
-                inputs[0],
-                inputs[1],
-                a.dim,
-                scalars[0],
-                a.out_bucket,
-            );
+            let out = match (inputs.as_slice(), scalars.as_slice()) {
+                // A sequence's first entry: its value padded to the bucket.
+                ([first], [_]) => ops::padding::pad_to_bucket(e, *first, a.dim, a.out_bucket),
+                ([a_value, b], [a_len]) => {
+                    ops::padding::lower_append(e, *a_value, *b, a.dim, *a_len, a.out_bucket)
+                }
+                _ => {
+                    return Err(OpError::runtime(
+                        "internal error: an append takes 1 or 2 inputs and a length",
+                    ))
+                }
+            };
             SmallVec::from_elem(out, 1)
         }
     })

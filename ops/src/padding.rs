@@ -584,6 +584,20 @@ pub fn lower_padded(
     crate::lower(op, e, &filled, scalars, params, &plan.meta)
 }
 
+/// `a` with zeros after its elements along `dim` up to `bucket` (none when it holds as many).
+pub fn pad_to_bucket(e: &mut Emitter, a: Value, dim: usize, bucket: i64) -> Value {
+    let a_shape = e.shape(a).to_vec();
+    let rank = a_shape.len();
+    let grow = bucket - a_shape[dim];
+    if grow <= 0 {
+        return a;
+    }
+    let zero = e.scalar_constant(e.dtype(a), ScalarValue::Int(0));
+    let mut high = vec![0; rank];
+    high[dim] = grow;
+    e.pad(a, zero, &vec![0; rank], &high, &vec![0; rank])
+}
+
 /// The append `cat([a, b], dim)` along the padded extent: `a` holds `a_len` (a 0-d integer
 /// value) true elements along `dim` in a buffer of `a_bucket` or fewer (an exact `a`), `b` is
 /// exact; the result holds `a_len + b`'s size true elements in a buffer of `out_bucket`. The
@@ -598,18 +612,9 @@ pub fn lower_append(
 ) -> Value {
     let dtype = e.dtype(a);
     let b = e.convert(b, dtype);
-    let a_shape = e.shape(a).to_vec();
-    let rank = a_shape.len();
-    let grow = out_bucket - a_shape[dim];
-    let a = if grow > 0 {
-        let zero = e.scalar_constant(dtype, ScalarValue::Int(0));
-        let mut high = vec![0; rank];
-        high[dim] = grow;
-        e.pad(a, zero, &vec![0; rank], &high, &vec![0; rank])
-    } else {
-        a
-    };
+    let a = pad_to_bucket(e, a, dim, out_bucket);
     let out_shape = e.shape(a).to_vec();
+    let rank = out_shape.len();
     let index_ty = TensorType::scalar(DType::I32);
     let zero = e.scalar_constant(DType::I32, ScalarValue::Int(0));
     let start = e.convert(a_len, DType::I32);

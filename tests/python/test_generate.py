@@ -158,6 +158,11 @@ def test_a_dynamic_cache_compiles_once_per_bucket(mode, arch):
         # it extends (nothing else holds it), so no memory cut splits the step. The request
         # compiles at most 2 * log2(final length) + 4 programs, prefill and warm-up included.
         assert steps[min(crossing)] <= 1, steps
+        # The prefill's cache entries are padded at once (a sequence's first entry), so the
+        # first decoding step reads a bucket like the steps after it and compiles their program
+        # (step 0's region is the prefill's, step 1's the first decoding step's): no later step
+        # of the first bucket compiles.
+        assert steps[2:8] == [0] * 6, steps
         assert m["compilations"] - before["compilations"] <= 2 * 5 + 4, m["compiled_programs"]
         assert m["donated_buffers"] > before["donated_buffers"]
 

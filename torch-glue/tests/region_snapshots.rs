@@ -189,3 +189,17 @@ fn a_random_draw_hashes_a_counter_with_its_lifted_key() {
     let d = g.op1(OpId::Mul, &[&x, &drawn], &[], &[]);
     insta::assert_snapshot!("random_draw_counter_hash", g.module_for(&d));
 }
+
+#[test]
+fn a_sequence_starts_padded_and_grows_in_its_bucket() {
+    let mut g = G::new();
+    let empty = g.input(DType::F32, &[0]);
+    let x = g.input(DType::F32, &[1, 2, 3, 4]);
+    // `cat([torch.tensor([]), x], -2)`: the first entry, padded to a bucket of 16 at once.
+    let first = g.op1(OpId::Cat, &[&empty, &x], &[], &[-2]);
+    let new = g.input(DType::F32, &[1, 2, 1, 4]);
+    // Its append reads the bucket and writes the next position, the true length a runtime scalar.
+    let grown = g.op1(OpId::Cat, &[&first, &new], &[], &[2]);
+    g.release(first);
+    insta::assert_snapshot!("sequence_first_entry_and_append", g.module_for(&grown));
+}

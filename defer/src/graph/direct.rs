@@ -53,6 +53,13 @@ impl<V: Clone> Graph<V> {
             // An append that continues a growing sequence: capture pads it (RFC 0029).
             return Ok(None);
         }
+        if self
+            .first_entry_dim(op, inputs, outs, &types, params)
+            .is_some()
+        {
+            // A sequence's first entry: capture pads it.
+            return Ok(None);
+        }
         if outs.is_empty() && self.pads_count(op, &types, params).is_some() {
             // A data-dependent count at a site whose count changes: capture pads it.
             return Ok(None);

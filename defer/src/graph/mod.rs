@@ -860,6 +860,9 @@ impl<V: Clone> Graph<V> {
                 return Ok(captured);
             }
         }
+        if let Some(dim) = self.first_entry_dim(op, inputs, outs, &types, params) {
+            return self.first_entry(inputs, &types, dim);
+        }
         if op == OpId::Cat && inputs.len() == 2 && outs.is_empty() && self.bounded {
             if let Some(captured) = self.start_append(inputs, params, &types, &placements)? {
                 return Ok(captured);

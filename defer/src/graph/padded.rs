@@ -25,8 +25,30 @@ impl<V: Clone> Graph<V> {
     /// Replaces a padded storage's value by its true elements (a slice per padded dimension),
     /// for a reader that needs the exact value.
     pub(super) fn unpad(&mut self, id: StorageId) -> Result<(), EngineError> {
+        if let Some(out) = self.exact_value(id)? {
+            self.write_pending(id, out);
+        }
+        Ok(())
+    }
+
+    /// A new storage holding padded storage `id`'s true elements, for one reader that needs
+    /// them exact; `id` itself stays padded for its other readers. The caller releases it.
+    fn exact_copy(&mut self, id: StorageId) -> Result<Option<StorageId>, EngineError> {
+        let Some(out) = self.exact_value(id)? else {
+            return Ok(None);
+        };
+        let storage = self.storage(id)?;
+        let (nbytes, native) = (storage.nbytes, storage.native);
+        let native = native
+            .ok_or_else(|| EngineError::runtime("internal error: a padded storage has no dtype"))?;
+        Ok(Some(self.new_pending_storage(nbytes, native, out)))
+    }
+
+    /// Pushes the nodes that cut padded storage `id`'s value back to its true elements (a
+    /// slice per padded dimension); their result. `None` when `id` is not padded.
+    fn exact_value(&mut self, id: StorageId) -> Result<Option<NodeOutput>, EngineError> {
         let Some(padding) = self.padding_of(id) else {
-            return Ok(());
+            return Ok(None);
         };
         let native = self
             .storage(id)?
@@ -49,11 +71,8 @@ impl<V: Clone> Graph<V> {
             input = NodeInput::plain(ValueRef::Pending(node.output(0)));
             last = Some(node.output(0));
         }
-        if let Some(out) = last {
-            self.write_pending(id, out);
-        }
         self.stats.unpadded_values += 1;
-        Ok(())
+        Ok(last)
     }
 
     /// The node input reading padded storage `id`'s whole padded value (of dtype `native`).
@@ -163,8 +182,42 @@ impl<V: Clone> Graph<V> {
                 return Ok(captured);
             }
         }
-        self.unpad_all(inputs, outs)?;
-        self.capture_op(op, inputs, scalars, params, outs)
+        // A sequence (a cache) that the op reads but does not write is read through an exact
+        // copy made for this op: it stays padded for its next append (a cache's first entry
+        // read by a prefill's causal attention stays padded for the first decoding step, so
+        // that step runs the program of the steps after it). Other padded values, and what
+        // the op writes, are cut back in place once.
+        let mut exact_inputs: SmallVec<[TensorRef; 3]> = SmallVec::new();
+        let mut copies: SmallVec<[(StorageId, StorageId); 2]> = SmallVec::new();
+        for t in inputs {
+            let mut t = t.clone();
+            if self.is_padded(t.storage)
+                && self.growth.is_sequence(t.storage)
+                && !outs.iter().any(|o| o.storage == t.storage)
+            {
+                let copy = match copies.iter().find(|(from, _)| *from == t.storage) {
+                    Some(&(_, copy)) => Some(copy),
+                    None => {
+                        let copy = self.exact_copy(t.storage)?;
+                        if let Some(copy) = copy {
+                            copies.push((t.storage, copy));
+                        }
+                        copy
+                    }
+                };
+                if let Some(copy) = copy {
+                    t.storage = copy;
+                }
+            }
+            exact_inputs.push(t);
+        }
+        let captured = self
+            .unpad_all(&exact_inputs, outs)
+            .and_then(|()| self.capture_op(op, &exact_inputs, scalars, params, outs));
+        for (_, copy) in copies {
+            self.release_storage(copy)?;
+        }
+        captured
     }
 
     fn try_padded(
@@ -756,6 +809,85 @@ impl<V: Clone> Graph<V> {
         self.growth
             .note_append(a.dtype, a_storage, &a.shape, dim, b_len)
             .then_some(dim)
+    }
+
+    /// The dimension along which `cat([torch.tensor([]), x], dim)` (of `types`) starts a
+    /// sequence, when its result is to be made padded at once (`first_entry`): a sequence
+    /// that starts empty and is appended to is a dynamic cache's, whose first append then
+    /// reads a padded buffer like every later one.
+    pub(super) fn first_entry_dim(
+        &self,
+        op: OpId,
+        inputs: &[TensorRef],
+        outs: &[TensorRef],
+        types: &[TensorType],
+        params: &[i64],
+    ) -> Option<usize> {
+        if op != OpId::Cat || inputs.len() != 2 || !outs.is_empty() || !self.bounded {
+            return None;
+        }
+        let (empty, x) = (&types[0], &types[1]);
+        if empty.shape.as_slice() != [0] || empty.dtype != x.dtype || x.shape.is_empty() {
+            return None;
+        }
+        let dim = cat_dim(params, x.shape.len())?;
+        // One element has no extent to pad (`Padding::translate` refuses it).
+        (x.shape[dim] >= 2 && self.padding_of(inputs[1].storage).is_none()).then_some(dim)
+    }
+
+    /// `cat([torch.tensor([]), x], dim)`, a sequence's first entry (`first_entry_dim`): its
+    /// result is `x` padded along `dim` to the bucket of its length. Without it the first
+    /// append reads an exact buffer and compiles a program of its own, one more per request of
+    /// a new prompt length than the buckets need.
+    pub(super) fn first_entry(
+        &mut self,
+        inputs: &[TensorRef],
+        types: &[TensorType],
+        dim: usize,
+    ) -> Result<Captured, EngineError> {
+        let ty = types[1].clone();
+        let placement = self.placement(&OperandName(OpId::Cat, "input", 1), &inputs[1])?;
+        let x = self.read_for_node(&inputs[1], &placement)?;
+        let len = ty.shape[dim];
+        let bucket = padding::bucket(len);
+        let mut padded_shape = ty.shape.clone();
+        padded_shape[dim] = bucket;
+        let meta = Meta {
+            outputs: smallvec::smallvec![TensorType::new(ty.dtype, &padded_shape)],
+            scalar_dtypes: ops::ScalarDTypes::from_elem(DType::I64, 1),
+            variant: 0,
+            float_default: None,
+            matmul_precision: None,
+        };
+        let mut node_inputs: SmallVec<[NodeInput; 3]> = SmallVec::new();
+        node_inputs.push(x);
+        let id = self.push_node(
+            RegionOp::Append(Arc::new(AppendOp {
+                dim,
+                out_bucket: bucket,
+            })),
+            &[],
+            &[ScalarArg::int(len)],
+            meta,
+            node_inputs,
+        );
+        let storage = self.new_pending_storage(ty.nbytes(), ty.dtype, id.output(0));
+        self.set_padding(
+            storage,
+            Padding {
+                sizes: ty.shape.clone(),
+                dims: smallvec::smallvec![dim],
+                bucket,
+            },
+        );
+        // As after an append: what the next step builds from the sequence's length (positions,
+        // masks) is made padded, as at every later step.
+        self.last_extent = Some((len, bucket));
+        self.stats.captured_ops += 1;
+        self.stats.padded_ops += 1;
+        let mut outputs = CapturedOutputs::new();
+        outputs.push((storage, ty));
+        Ok(Captured { outputs })
     }
 
     /// `cat([a, b], dim)` of exact values: when it continues a sequence seen growing along

@@ -316,7 +316,8 @@ fn a_read_into_the_extent_cuts_the_padding_off_first() {
     assert_eq!(captured.outputs[0].1.shape.as_slice(), &[1, 2, 1, 4]);
     assert_eq!(g.stats().unpadded_values, 0);
     assert!(g.is_padded(cache.storage));
-    // The last two: a slice of the extent, which no padded program reads.
+    // The last two: a slice of the extent, which no padded program reads. It reads an exact
+    // copy; the cache stays padded for its next append.
     let last_two = TensorRef {
         sizes: Shape::from_slice(&[1, 2, 2, 4]),
         offset: (len - 2) * 4,
@@ -325,8 +326,60 @@ fn a_read_into_the_extent_cuts_the_padding_off_first() {
     let captured = g.capture(OpId::Clone, &[last_two], &[], &[], &[]).unwrap();
     assert_eq!(captured.outputs[0].1.shape.as_slice(), &[1, 2, 2, 4]);
     assert_eq!(g.stats().unpadded_values, 1);
+    assert!(g.is_padded(cache.storage));
+    // Written through that slice: cut back in place.
+    let one = device(&mut g, DType::F32, &[1, 2, 2, 4], 3);
+    let last_two = TensorRef {
+        sizes: Shape::from_slice(&[1, 2, 2, 4]),
+        offset: (len - 2) * 4,
+        ..cache.clone()
+    };
+    g.capture(OpId::Copy, &[last_two.clone(), one], &[], &[], &[last_two])
+        .unwrap();
     assert!(!g.is_padded(cache.storage));
     assert!(g.is_whole(&cache).unwrap());
+}
+
+#[test]
+fn a_first_entry_is_padded_at_once_so_its_first_append_reads_a_bucket() {
+    let mut g: Graph<u32> = Graph::new();
+    let empty = device(&mut g, DType::F32, &[0], 0);
+    let x = device(&mut g, DType::F32, &[1, 2, 8, 4], 1);
+    let captured = g.capture(OpId::Cat, &[empty, x], &[], &[-2], &[]).unwrap();
+    let (storage, ty) = captured.outputs[0].clone();
+    assert_eq!(
+        ty.shape.as_slice(),
+        &[1, 2, 8, 4],
+        "PyTorch sees the true shape"
+    );
+    assert!(g.is_padded(storage));
+    let mut cache = TensorRef::contiguous(storage, ty.dtype, &ty.shape);
+    g.flush(FlushRequest::All, |_| 7).unwrap();
+    // A read the padded programs cannot run (a slice of the extent) keeps it padded.
+    let first_two = TensorRef {
+        sizes: Shape::from_slice(&[1, 2, 2, 4]),
+        ..cache.clone()
+    };
+    g.capture(OpId::Clone, &[first_two], &[], &[], &[]).unwrap();
+    g.flush(FlushRequest::All, |_| 7).unwrap();
+    assert!(g.is_padded(storage));
+    // Each append, the first included, is the same program while the bucket holds.
+    let mut keys = Vec::new();
+    for step in 0..4 {
+        let new = device(&mut g, DType::F32, &[1, 2, 1, 4], 10 + step);
+        let captured = g
+            .capture(OpId::Cat, &[cache.clone(), new], &[], &[2], &[])
+            .unwrap();
+        let (storage, ty) = captured.outputs[0].clone();
+        assert!(g.is_padded(storage));
+        cache = TensorRef::contiguous(storage, ty.dtype, &ty.shape);
+        let flush = g
+            .flush(FlushRequest::All, |_| 7)
+            .unwrap()
+            .expect("a region");
+        keys.push((flush.shapeless, flush.dims));
+    }
+    assert!(keys.windows(2).all(|w| w[0] == w[1]), "{keys:?}");
 }
 
 #[test]

@@ -66,7 +66,7 @@ rust-test: deps
 bench-build: deps
 	$(CARGO) bench -q --workspace --no-run
 
-# The benchmark suite (benches/python/suite.py): CPU eager, inductor, torch_xla (from .venv-peer)
+# The benchmark suite (benches/python/suite.py): CPU eager, inductor, torch_xla and openxla (from .venv-peer)
 # and pjrt in each mode, written to benches/results/latest.md and latest.png; then the criterion
 # benches of the engine stages, whose HTML reports land in benches/results/criterion/.
 # BENCH_CRITERION=0 skips criterion, BENCH_CRITERION_ARGS passes options to it (e.g.

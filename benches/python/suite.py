@@ -1,12 +1,12 @@
-"""The benchmark suite: CPU eager, torch.compile (inductor), torch_xla on its CPU PJRT client, `jax.jit`
-and pjrt in Strict, Debug and DeferAndFuse, timed in one run on the workloads of workloads.py (JAX's
+"""The benchmark suite: CPU eager, torch.compile (inductor), torch_xla on its CPU PJRT client (eager,
+and `torch.compile(backend="openxla")` where inductor compiles), `jax.jit` and pjrt in Strict, Debug and DeferAndFuse, timed in one run on the workloads of workloads.py (JAX's
 from jax_workloads.py: the same computations compiled by the same XLA CPU compiler).
 
     python benches/python/suite.py                     # everything; what `make bench` runs
     python benches/python/suite.py --backends cpu,pjrt-strict --workloads chains
 
-Each (workload, backend) pair runs in a fresh process (torch_xla runs under the peer venv's
-python, JAX under the JAX venv's, and fresh processes keep one workload's memory and caches out of the next); the cold/warm
+Each (workload, backend) pair runs in a fresh process (torch_xla and openxla run under the peer
+venv's python, JAX under the JAX venv's, and fresh processes keep one workload's memory and caches out of the next); the cold/warm
 start pairs run in fresh processes too, with an empty cache directory and then the same one
 filled. The results go to <out-dir>/latest.json, latest.md and latest.png.
 
@@ -36,7 +36,7 @@ WORKER = os.path.join(HERE, "workloads.py")
 JAX_WORKER = os.path.join(HERE, "jax_workloads.py")
 
 BACKENDS = (
-    "cpu", "inductor", "torch_xla", "jax", "pjrt-strict", "pjrt-debug", "pjrt-defer_and_fuse",
+    "cpu", "inductor", "torch_xla", "openxla", "jax", "pjrt-strict", "pjrt-debug", "pjrt-defer_and_fuse",
     "pjrt-compiled",
 )
 # Workloads JAX runs (jax_workloads.py); the others have no `jax.jit` counterpart.
@@ -63,6 +63,7 @@ LABELS = {
     "cpu": "CPU eager",
     "inductor": "inductor",
     "torch_xla": "torch_xla",
+    "openxla": "openxla",
     "jax": "jax.jit",
     "pjrt-strict": "pjrt Strict",
     "pjrt-debug": "pjrt Debug",
@@ -181,7 +182,7 @@ def run_cold_warm(python: str, backend: str) -> dict:
                 env["TORCH_PJRT_CACHE_DIR"] = cache
             elif backend == "inductor":
                 env["TORCHINDUCTOR_CACHE_DIR"] = cache
-            elif backend == "torch_xla":
+            elif backend in ("torch_xla", "openxla"):
                 env["BENCH_XLA_CACHE_DIR"] = cache
             c = run_worker(python, backend, "first_step", env)
             w = run_worker(python, backend, "first_step", env)
@@ -359,7 +360,7 @@ def targets(results: list, idx: dict) -> tuple[list, dict]:
         n = e.get("compiles")
         others = ", ".join(
             f"{LABELS[b]} {idx[('adam', adam[0], b)].get('compiles')}"
-            for b in (S, "pjrt-debug", X, "inductor")
+            for b in (S, "pjrt-debug", X, "inductor", "openxla", "pjrt-compiled")
             if ("adam", adam[0], b) in idx and idx[("adam", adam[0], b)].get("compiles") is not None
         )
         fig = f"DeferAndFuse {n} compilations over {e.get('reps', 0) * e.get('count', 0)} timed steps" + (f" (others: {others})" if others else "")
@@ -383,6 +384,23 @@ def targets(results: list, idx: dict) -> tuple[list, dict]:
         if slower:
             fig += "; slower on " + ", ".join(slower)
         rows.append(("Compiled ≥ DeferAndFuse on every case", fig, status(not slower)))
+    # ... and against torch_xla's Dynamo backend, openxla, on the same cases.
+    O = "openxla"
+    compared_o, slower_o = [], []
+    for w in ("tiny_ops", "mlp", "item_loop", "adam", "attention", "norms", "chains"):
+        for case in cases_of(results, w):
+            if is_diagnostic(idx, w, case):
+                continue
+            p, o = median_of(idx, w, case, P), median_of(idx, w, case, O)
+            if p and o:
+                compared_o.append(o / p)
+                if p > o:
+                    slower_o.append(f"{w}/{case} {fmt_ratio(o / p)}")
+    if compared_o:
+        fig = f"compiled vs openxla: geomean {fmt_ratio(geomean(compared_o))} over {len(compared_o)} cases"
+        if slower_o:
+            fig += "; slower on " + ", ".join(slower_o)
+        rows.append(("Compiled ≥ openxla (torch_xla's Dynamo backend) on every case", fig, status(not slower_o)))
     if tiny:
         p, i = (median_of(idx, "tiny_ops", tiny[0], b) for b in (P, I))
         fig = f"compiled {fmt_time(p)}/op, inductor {fmt_time(i)}/op (blocks of 100 adds)"
@@ -443,7 +461,8 @@ def write_markdown(path: str, results: list, meta: dict, chart_name: str | None)
         "",
         "How to read the tables: *vs X* is the speed relative to backend X, time(X) / time(row): above 1 "
         "the row is faster. *compiles* counts compilations during the timed repetitions (pjrt: executables "
-        "built; torch_xla: the CompileTime counter; inductor: dynamo graphs); non-zero means the "
+        "built; torch_xla: the CompileTime counter; inductor: dynamo graphs; openxla: both the "
+        "CompileTime counter and dynamo graphs); non-zero means the "
         "workload kept compiling after warm-up. *first rep* is the first warm-up repetition (compilation "
         "included), per the same unit.",
         "",
@@ -594,14 +613,16 @@ def write_markdown(path: str, results: list, meta: dict, chart_name: str | None)
         "## pjrt profiles",
         "",
         "Engine counters per timed repetition (from `torch_pjrt.metrics()`): executions, compilations, "
-        "ops per executed region, transfers each way, and ops that ran on the CPU fallback.",
+        "ops per executed region, transfers each way, and ops that ran on the CPU fallback. *compiled* "
+        "rows count a recorded graph's replay as an execution and not as a region; *replays* is the "
+        "replays among the executions.",
         "",
-        "| workload | case | mode | executions | compilations | ops/region | largest region | host→device | device→host | CPU fallbacks |",
-        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| workload | case | mode | executions | replays | compilations | ops/region | largest region | host→device | device→host | CPU fallbacks |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for w in STEADY_WORKLOADS:
         for case in cases_of(results, w):
-            for b in ("pjrt-strict", "pjrt-debug", "pjrt-defer_and_fuse"):
+            for b in ("pjrt-strict", "pjrt-debug", "pjrt-defer_and_fuse", "pjrt-compiled"):
                 c = idx.get((w, case, b))
                 if not c or "profile" not in c:
                     continue
@@ -610,7 +631,7 @@ def write_markdown(path: str, results: list, meta: dict, chart_name: str | None)
                 per_region = p.get("region_ops", 0) / p["regions"] if p.get("regions") else None
                 fb = ", ".join(f"{k} ×{v:g}" for k, v in sorted(p.get("fallback_ops", {}).items())) or "none"
                 lines.append(
-                    f"| {w} | {case} | {b[5:]} | {ex:g} | {p.get('compilations', 0):g} | "
+                    f"| {w} | {case} | {b[5:]} | {ex:g} | {p.get('graph_replays', 0):g} | {p.get('compilations', 0):g} | "
                     f"{'—' if per_region is None else f'{per_region:.1f}'} | {p.get('largest_region', '—')} | "
                     f"{p.get('host_to_device', 0):g} | {p.get('device_to_host', 0):g} | {fb} |"
                 )
@@ -706,6 +727,7 @@ def write_chart(path: str, results: list, backends: list, quick: bool = False) -
     colors = {
         "inductor": "#8c8c8c",
         "torch_xla": "#d62728",
+        "openxla": "#e377c2",
         "jax": "#ff7f0e",
         "pjrt-strict": "#9ecae1",
         "pjrt-debug": "#c6dbef",
@@ -746,7 +768,7 @@ def describe(results: list, meta: dict) -> dict:
         elif b == "cpu":
             versions.setdefault("torch", (r.get("versions") or {}).get("torch"))
         family = "pjrt" if b.startswith("pjrt-") else b
-        if family in ("pjrt", "torch_xla") and r.get("device_peak_source"):
+        if family in ("pjrt", "torch_xla", "openxla") and r.get("device_peak_source"):
             found = r.get("device_peak_mb") is not None
             notes[family] = f"from {r['device_peak_source']}" if found else f"n/a ({r['device_peak_source']})"
     loads = [r[k] for r in results for k in ("loadavg_start", "loadavg_end") if k in r]
@@ -810,14 +832,17 @@ def main(argv=None) -> int:
     pythons = {b: sys.executable for b in backends}
     unavailable = {}
     peer = "not used"
-    if "torch_xla" in backends:
+    peer_backends = [b for b in ("torch_xla", "openxla") if b in backends]
+    if peer_backends:
         ok, info = probe_peer(args.peer_python)
         if ok:
-            pythons["torch_xla"] = args.peer_python
+            for b in peer_backends:
+                pythons[b] = args.peer_python
             torch_v, xla_v = info.split()[:2]
             peer = f"torch {torch_v}, torch_xla {xla_v} (PJRT_DEVICE=CPU)"
         else:
-            unavailable["torch_xla"] = info
+            for b in peer_backends:
+                unavailable[b] = info
             peer = f"torch_xla unavailable ({info})"
             log(f"torch_xla unavailable: {info}")
     jax_info = "not used"

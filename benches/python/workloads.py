@@ -3,8 +3,10 @@
     python workloads.py --backend pjrt-defer_and_fuse --workload chains --json-out out.json
 
 Backends: cpu (eager), inductor (torch.compile), torch_xla (its CPU PJRT client; needs the peer
-venv's python), pjrt-strict, pjrt-debug, pjrt-defer_and_fuse, pjrt-compiled
-(`torch.compile(backend="pjrt")` where inductor compiles, the code around it in Strict). Each workload is a list of cases;
+venv's python), openxla (`torch.compile(backend="openxla")`, torch_xla's Dynamo backend, on
+torch_xla's CPU client, where inductor compiles; the peer venv's python too), pjrt-strict,
+pjrt-debug, pjrt-defer_and_fuse, pjrt-compiled (`torch.compile(backend="pjrt")` where inductor
+compiles, the code around it in Strict). Each workload is a list of cases;
 each case is timed as a median over repetitions, after warm-up repetitions, with the device synced
 before the clock stops. The result (JSON) goes to --json-out, or stdout without it.
 
@@ -37,11 +39,13 @@ WARMUP = max(1, int(os.environ.get("BENCH_WARMUP", "1" if QUICK else "2")))
 BUDGET_S = float(os.environ.get("BENCH_BUDGET_S", "30" if QUICK else "150"))
 
 BACKENDS = (
-    "cpu", "inductor", "torch_xla", "pjrt-strict", "pjrt-debug", "pjrt-defer_and_fuse",
+    "cpu", "inductor", "torch_xla", "openxla", "pjrt-strict", "pjrt-debug", "pjrt-defer_and_fuse",
     "pjrt-compiled",
 )
+# The backends that run on torch_xla's device (both from the peer venv).
+XLA_BACKENDS = ("torch_xla", "openxla")
 
-if __name__ == "__main__" and "torch_xla" in sys.argv:
+if __name__ == "__main__" and any(b in sys.argv for b in XLA_BACKENDS):
     # torch_xla reads PJRT_DEVICE when it is imported: choose its CPU client before anything
     # imports it.
     os.environ.setdefault("PJRT_DEVICE", "CPU")
@@ -66,7 +70,7 @@ class Backend:
         self.name = name
         self.mode = None
         self._xm = self._met = None
-        if name == "torch_xla":
+        if name in XLA_BACKENDS:
             os.environ.setdefault("PJRT_DEVICE", "CPU")
             import torch_xla
             import torch_xla.core.xla_model as xm
@@ -101,7 +105,7 @@ class Backend:
     def sync(self) -> None:
         if self.name.startswith("pjrt-"):
             self._tp.sync()
-        elif self.name == "torch_xla":
+        elif self.name in XLA_BACKENDS:
             self._torch_xla.sync()
             self._xm.wait_device_ops()
 
@@ -121,25 +125,33 @@ class Backend:
 
     @property
     def compiles(self) -> bool:
-        """Whether the backend runs `torch.compile`d functions (inductor, or pjrt's compiled
-        mode)."""
-        return self.name in ("inductor", "pjrt-compiled")
+        """Whether the backend runs `torch.compile`d functions (inductor, openxla, or pjrt's
+        compiled mode)."""
+        return self.name in ("inductor", "openxla", "pjrt-compiled")
 
     def compile(self, fn):
         if self.name == "inductor":
             return torch.compile(fn, dynamic=False)
+        if self.name == "openxla":
+            return torch.compile(fn, backend="openxla", dynamic=False)
         if self.name == "pjrt-compiled":
             return torch.compile(fn, backend="pjrt", dynamic=False)
         return fn
 
     def compile_count(self):
         """Compilations so far: pjrt executables built, torch_xla graphs compiled, dynamo graphs
-        made for inductor; None for CPU eager."""
+        made for inductor, and for openxla XLA graphs compiled plus dynamo graphs made (a
+        recompile of either kind counts); None for CPU eager."""
         if self.name.startswith("pjrt-"):
             return int(self._tp.metrics()["compilations"])
-        if self.name == "torch_xla":
+        if self.name in XLA_BACKENDS:
             data = self._met.metric_data("CompileTime")
-            return int(data[0]) if data else 0
+            xla = int(data[0]) if data else 0
+            if self.name == "openxla":
+                from torch._dynamo.utils import counters
+
+                xla += int(counters["stats"]["unique_graphs"])
+            return xla
         if self.name == "inductor":
             from torch._dynamo.utils import counters
 
@@ -149,7 +161,7 @@ class Backend:
     def metrics(self) -> dict:
         """Runtime counters for per-repetition profiles: the pjrt engine's, or torch_xla's
         compile and cache counters; empty for the others."""
-        if self.name == "torch_xla":
+        if self.name in XLA_BACKENDS:
             out = {n: self._met.counter_value(n) or 0 for n in _XLA_COUNTERS}
             data = self._met.metric_data("CompileTime")
             out["compilations"] = int(data[0]) if data else 0
@@ -169,7 +181,7 @@ class Backend:
             if keys:
                 return m[keys[0]] / 2**20, keys[0]
             return None, "torch_pjrt.metrics() has no peak-bytes counter"
-        if self.name == "torch_xla":
+        if self.name in XLA_BACKENDS:
             try:
                 info = self._xm.get_memory_info(self.device)
                 peak = info.get("peak_bytes_used") or info.get("peak_bytes")
@@ -485,9 +497,9 @@ def wl_adam(r: Runner):
         # torch.compile takes a schedule.
         lr = torch.tensor(1e-3) if b.compiles else 1e-3
         capturable = False
-        if b.name == "pjrt-compiled":
+        if b.name in ("pjrt-compiled", "openxla"):
             # On an accelerator a compiled optimizer keeps its step counts and learning rate on
-            # the device (capturable): its graph is then all device work, and replays.
+            # the device (capturable): its graph is then all device work (pjrt replays it).
             lr, capturable = torch.tensor(1e-3, device=b.device), True
         opt = torch.optim.Adam(params, lr=lr, capturable=capturable)
         # Compiled before the scheduler wraps opt.step: dynamo skips the wrapper, and the graph
@@ -631,9 +643,9 @@ def wl_generate(r: Runner):
     cache: the first request (compiles included: "first rep", and the programs it compiled in the
     note) and the repeated one.
     pjrt-compiled runs the static cache with the model's forward under
-    `torch.compile(backend="pjrt")` (HF's recipe for compiled generation); inductor is left out
-    (CPU eager is the reference)."""
-    if r.b.name == "inductor":
+    `torch.compile(backend="pjrt")` (HF's recipe for compiled generation); inductor and openxla
+    are left out (CPU eager and torch_xla are the references)."""
+    if r.b.name in ("inductor", "openxla"):
         return
     try:
         import transformers  # noqa: F401
@@ -814,7 +826,7 @@ def versions(backend: Backend) -> dict:
         "torch_threads": torch.get_num_threads(),
         "cpus": os.cpu_count(),
     }
-    if backend.name == "torch_xla":
+    if backend.name in XLA_BACKENDS:
         out["torch_xla"] = backend._torch_xla.__version__
     if backend.mode is not None:
         out["torch_pjrt"] = backend._tp.__version__

@@ -14,8 +14,8 @@ mod storage;
 
 pub use graph::{
     isolation_cuts, Captured, CapturedOutputs, CheckSite, EngineError, ErrorKind, ExternalValue,
-    Flush, FlushRequest, Graph, GraphStats, HostGather, OpCall, PlannedRegion, ReadSource,
-    RegionSize, RegionSource, Regrow, TensorRef,
+    Flush, FlushRequest, Graph, GraphStats, HostGather, OpCall, PlannedRegion, Prologue,
+    ReadSource, RegionSize, RegionSource, Regrow, TensorRef,
 };
 pub use mode::{Mode, ModeStack};
 pub use signature::{Change, RegionSignature};

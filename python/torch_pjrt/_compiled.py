@@ -234,7 +234,9 @@ class _CompiledGraph:
         self.recordable = False  # recorded at most once
         if not all(isinstance(a, torch.Tensor) and a.device.type == "pjrt" for a in args):
             return self._run(engine, args)
-        _native.check(engine.tpjrt_graph_begin())
+        # Pending ops that make only inputs (autograd's `ones_like` seed of a backward graph)
+        # join the region: the program computes them, and a replay drops them.
+        torch.ops.torch_pjrt.graph_begin_record(args)
         try:
             outputs = self.gm(*args)
             plan = _plan_outputs(args, outputs)

@@ -103,3 +103,47 @@ def test_jax_runs_the_same_cases_as_the_torch_workers(tmp_path):
     report = (tmp_path / "latest.md").read_text()
     assert "| softmax 256x1024 | jax.jit |" in report
     assert any(t["target"].startswith("DeferAndFuse within 1.15× of jax.jit") for t in data["meta"]["targets"])
+
+
+PEER_PYTHON = os.path.join(ROOT, ".venv-peer", "bin", "python")
+
+
+def test_openxla_is_reported_unavailable_without_the_peer_venv(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ENGINE_ENV}
+    env.update(BENCH_QUICK="1", BENCH_REPS="1", BENCH_WARMUP="1")
+    proc = subprocess.run(
+        [sys.executable, SUITE, "--backends", "cpu,openxla", "--workloads", "norms",
+         "--peer-python", str(tmp_path / "no-such-python"), "--out-dir", str(tmp_path),
+         "--no-chart"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads((tmp_path / "latest.json").read_text())
+    assert data["meta"]["backends"] == ["cpu"]
+    assert "venv-peer" in data["meta"]["unavailable"]["openxla"]
+    assert "openxla: **unavailable**" in (tmp_path / "latest.md").read_text()
+
+
+def test_openxla_compiles_the_tiny_op_blocks_once(tmp_path):
+    """Where `make venv-peer` has built torch_xla's venv (`make bench` does; `make test` does
+    not): the openxla column runs torch_xla's Dynamo backend on the compiled-mode cases, with no
+    compilation after warm-up."""
+    if not os.path.exists(PEER_PYTHON):
+        import pytest
+
+        pytest.skip("no .venv-peer here (`make venv-peer` builds it)")
+    env = {k: v for k, v in os.environ.items() if k not in ENGINE_ENV}
+    env.update(BENCH_QUICK="1", BENCH_REPS="1", BENCH_WARMUP="1")
+    proc = subprocess.run(
+        [sys.executable, SUITE, "--backends", "openxla", "--workloads", "tiny_ops",
+         "--peer-python", PEER_PYTHON, "--out-dir", str(tmp_path), "--no-chart"],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads((tmp_path / "latest.json").read_text())
+    (result,) = data["results"]
+    assert result["backend"] == "openxla" and result["ok"], result
+    (case,) = result["cases"]
+    assert "error" not in case and case["median_s"] > 0, case
+    assert case["compiles"] == 0 and case["note"] == "compiled blocks of 100 adds", case
+    assert "| tiny_ops | 1000 adds, 16 floats | " in (tmp_path / "latest.md").read_text()

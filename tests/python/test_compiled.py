@@ -489,3 +489,103 @@ def test_a_host_prologue_runs_foreach_ops_over_cpu_scalars_as_one_op_each():
     for a, e in zip(out, expected):
         torch.testing.assert_close(a.cpu(), e)
     assert [float(s) for s in steps] == [float(s) for s in expected_steps] == [1.0, 2.0, 3.0, 4.0]
+
+
+def _per_step(counts_before, counts_after, steps):
+    return {k: (counts_after[k] - counts_before[k]) / steps for k in ("executions", "graph_replays")}
+
+
+def _launches():
+    torch_pjrt.sync()
+    m = torch_pjrt.metrics()
+    return {"executions": m["executions"], "graph_replays": m["graph_replays"]}
+
+
+@pytest.mark.parametrize("around", ["defer_and_fuse", "strict"])
+def test_a_compiled_training_step_launches_one_program_per_graph(around):
+    # The step of the benchmark suite: zero_grad, forward, backward and an SGD step with
+    # momentum, all under torch.compile. Dynamo breaks the graph at `loss.backward()`, whose
+    # `ones_like` seed autograd makes between the forward and the backward graph.
+    steps, warm_up = 10, 4
+    batches = [(x.to("pjrt"), y.to("pjrt")) for x, y in _batches(steps)]
+
+    def train(compiled, mode):
+        model = _mlp().to("pjrt")
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+        def step(x, y):
+            opt.zero_grad(set_to_none=True)
+            loss = _loss(model, x, y)
+            loss.backward()
+            opt.step()
+            return loss
+
+        fn = torch.compile(step, backend="pjrt") if compiled else step
+        losses = []
+        with in_mode_without_fallbacks(mode):
+            for i, (x, y) in enumerate(batches):
+                if i == warm_up:
+                    before = _launches()
+                losses.append(fn(x, y).detach())
+                torch_pjrt.sync()
+            after = _launches()
+        return [float(l) for l in losses], _per_step(before, after, steps - warm_up)
+
+    expected, eager = train(False, "defer_and_fuse")
+    losses, compiled = train(True, around)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), rtol=1e-6, atol=1e-6)
+    assert eager == {"executions": 1, "graph_replays": 0}, "DeferAndFuse: the step is one region"
+    if around == "defer_and_fuse":
+        # The forward, backward and optimizer graphs replayed, and nothing else: the seed is
+        # still pending when the backward graph is replayed, and its program computes it (it
+        # was a one-op region of its own, launched before the backward replay: 4 a step).
+        assert compiled == {"executions": 3, "graph_replays": 3}
+    else:
+        # Strict runs the seed op at once, as it runs every op outside a graph.
+        assert compiled == {"executions": 4, "graph_replays": 3}
+
+
+def test_a_backward_graph_computes_its_seed_with_each_calls_value():
+    # `loss.backward(gradient)` with a gradient made on the device just before: a fill whose
+    # value changes at every step, folded into the backward graph's program with that value.
+    steps, warm_up = 10, 4
+    batches = [(x.to("pjrt"), y.to("pjrt")) for x, y in _batches(steps)]
+
+    def train(compiled):
+        model = _mlp().to("pjrt")
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+
+        def forward(x, y):
+            return _loss(model, x, y)
+
+        if compiled:
+            forward = torch.compile(forward, backend="pjrt")
+        losses, grads = [], []
+        with in_mode_without_fallbacks("defer_and_fuse"):
+            for i, (x, y) in enumerate(batches):
+                if i == warm_up:
+                    before = _launches()
+                loss = forward(x, y)
+                if i == steps - 1:
+                    # A gradient the host uploaded, not a pending fill: the program that
+                    # computes its seed cannot run, and the graph's ops do.
+                    seed = torch.tensor(0.25).to("pjrt")
+                else:
+                    seed = torch.full_like(loss, 1.0 + 0.5 * i)
+                loss.backward(seed)
+                grads.append(model[0].weight.grad.detach().clone())
+                opt.step()
+                opt.zero_grad()
+                losses.append(loss.detach())
+                torch_pjrt.sync()
+                if i == steps - 2:
+                    after = _launches()
+        return [float(l) for l in losses], grads, _per_step(before, after, steps - 1 - warm_up)
+
+    expected, expected_grads, _ = train(False)
+    losses, grads, launched = train(True)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), rtol=1e-6, atol=1e-6)
+    for g, e in zip(grads, expected_grads):
+        torch.testing.assert_close(g.cpu(), e.cpu(), rtol=1e-6, atol=1e-6)
+    # The forward and backward replays and the optimizer's region.
+    assert launched == {"executions": 3, "graph_replays": 2}

@@ -213,6 +213,7 @@ typedef struct TpjrtApi {
   int32_t (*trace_stop)(void);
   int32_t (*trace_take)(void(*)(void*, const struct TpjrtTraceEvent*), void*);
   int32_t (*note_sequence_length)(int64_t);
+  int32_t (*graph_begin_record)(const uint64_t*, uint64_t);
 } TpjrtApi;
 
 #ifdef __cplusplus
@@ -429,6 +430,16 @@ int32_t tpjrt_graph_begin(void);
  * Closes the innermost graph: launches its region without waiting for the device.
  */
 int32_t tpjrt_graph_end(void);
+
+/**
+ * Opens a compiled-mode graph like `tpjrt_graph_begin`, for `tpjrt_graph_end_record` to record
+ * over the graph inputs' storages `inputs`: a few pending ops that read no device value and make
+ * only inputs' values stay pending and join the graph's region, which its program computes.
+ *
+ * # Safety
+ * `inputs` points to `num_inputs` ids.
+ */
+int32_t tpjrt_graph_begin_record(const uint64_t *inputs, uint64_t num_inputs);
 
 /**
  * Closes the innermost graph like `tpjrt_graph_end`, and records its region as a program over

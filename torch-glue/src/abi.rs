@@ -797,6 +797,20 @@ fn storage_ids(ptr: *const u64, len: u64) -> Result<SmallVec<[StorageId; 8]>, En
     Ok(ids.iter().map(|&id| StorageId(id)).collect())
 }
 
+/// Opens a compiled-mode graph like `tpjrt_graph_begin`, for `tpjrt_graph_end_record` to record
+/// over the graph inputs' storages `inputs`: a few pending ops that read no device value and make
+/// only inputs' values stay pending and join the graph's region, which its program computes.
+///
+/// # Safety
+/// `inputs` points to `num_inputs` ids.
+#[no_mangle]
+pub unsafe extern "C" fn tpjrt_graph_begin_record(inputs: *const u64, num_inputs: u64) -> i32 {
+    guarded(|| {
+        let inputs = storage_ids(inputs, num_inputs)?;
+        global::engine()?.graph_begin_record(&inputs)
+    })
+}
+
 /// Closes the innermost graph like `tpjrt_graph_end`, and records its region as a program over
 /// the graph inputs' storages `inputs` and its fresh outputs' storages `fresh`. `*handle` is the
 /// program (for `tpjrt_graph_replay`), or 0 when the region cannot be replayed.
@@ -1105,6 +1119,7 @@ pub struct TpjrtApi {
         *mut c_void,
     ) -> i32,
     pub note_sequence_length: extern "C" fn(i64) -> i32,
+    pub graph_begin_record: unsafe extern "C" fn(*const u64, u64) -> i32,
 }
 
 static API: TpjrtApi = TpjrtApi {
@@ -1143,6 +1158,7 @@ static API: TpjrtApi = TpjrtApi {
     trace_stop: tpjrt_trace_stop,
     trace_take: tpjrt_trace_take,
     note_sequence_length: tpjrt_note_sequence_length,
+    graph_begin_record: tpjrt_graph_begin_record,
 };
 
 /// The function table of this engine library.

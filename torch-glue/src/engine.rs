@@ -389,6 +389,9 @@ pub struct Engine {
     next_event: std::sync::atomic::AtomicU64,
     /// Compiled-mode graphs recorded as programs ([`Engine::graph_end_record`]), by handle - 1.
     graph_programs: Mutex<Vec<Arc<graphs::GraphProgram>>>,
+    /// The ops left pending by the graph being recorded, which its program computes first
+    /// (RFC 0033).
+    graph_prologue: Mutex<Option<defer::Prologue>>,
     /// `TORCH_PJRT_LOG_RECOMPILES`: also each op's line is recorded ([`Engine::op_at`]).
     log_recompiles: bool,
     /// `TORCH_PJRT_TRACEBACKS`: each op's line is recorded, and a check that fails later names
@@ -493,6 +496,7 @@ impl Engine {
             isolation_cuts: config.isolation_cuts,
             open_graphs: Default::default(),
             graph_programs: Mutex::new(Vec::new()),
+            graph_prologue: Mutex::new(None),
             events: Mutex::new(Default::default()),
             next_event: std::sync::atomic::AtomicU64::new(1),
             log_recompiles: config.log_recompiles,
@@ -1246,6 +1250,25 @@ impl Engine {
     /// region until [`Engine::graph_end`].
     pub fn graph_begin(&self) -> Result<(), EngineError> {
         self.flush_pending()?;
+        self.open_graph()
+    }
+
+    /// Opens a compiled-mode graph that [`Engine::graph_end_record`] will record, over the
+    /// storages `inputs` of the graph's inputs. What is pending is launched first, as
+    /// [`Engine::graph_begin`] does, unless it is a prologue of the graph: a few ops that read
+    /// no device value and whose held results are all inputs' (autograd's `ones_like` seed of a
+    /// backward graph). Those stay pending, join the graph's region, and the recorded program
+    /// computes them: a replay drops the same ops pending then instead of launching them.
+    pub fn graph_begin_record(&self, inputs: &[StorageId]) -> Result<(), EngineError> {
+        let prologue = self.graph.lock()?.pending_prologue(inputs);
+        if prologue.is_none() {
+            self.flush_pending()?;
+        }
+        *self.graph_prologue.lock() = prologue;
+        self.open_graph()
+    }
+
+    fn open_graph(&self) -> Result<(), EngineError> {
         self.graph.lock()?.take_zero_filled();
         self.modes.push(Mode::DeferAndFuse);
         self.open_graphs

@@ -1067,3 +1067,66 @@ fn a_graph_that_read_an_unwritten_input_is_not_recorded() {
     assert_eq!(handle, 0);
     assert_eq!(read_f32(&e, &z), vec![1.0; 4]);
 }
+
+#[test]
+fn a_recorded_graph_computes_the_pending_ops_that_make_its_inputs() {
+    let e = engine_with(Mode::DeferAndFuse, None);
+    let x = upload_f32(&e, &[1.0, 2.0, 3.0, 4.0], &[4]);
+    let seed = |value: f64| {
+        op(
+            &e,
+            OpId::Full,
+            &[],
+            &[f(value)],
+            &[DType::F32.code() as i64, 4],
+        )
+    };
+    // A fill pending when the graph opens, held by one of its inputs: its prologue.
+    let s = seed(2.0);
+    e.graph_begin_record(&[x.storage, s.storage])
+        .expect("graph_begin_record");
+    let z = op(&e, OpId::Mul, &[&x, &s], &[], &[]);
+    let handle = e
+        .graph_end_record(&[x.storage, s.storage], &[z.storage])
+        .expect("record");
+    assert!(handle > 0, "the fill and the graph are one region");
+    assert_eq!(read_f32(&e, &z), vec![2.0, 4.0, 6.0, 8.0]);
+    release(&e, s);
+
+    e.reset_metrics();
+    for round in 1..=3 {
+        // The same fill with another value, pending again: the replay computes it.
+        let value = 1.0 + round as f64;
+        let s = seed(value);
+        let out = TensorRef::contiguous(e.new_storage(16), DType::F32, &[4]);
+        let ran = e
+            .graph_replay(handle, &[x.storage, s.storage], &[out.storage])
+            .expect("replay");
+        assert!(ran);
+        let v = value as f32;
+        assert_eq!(read_f32(&e, &out), vec![v, 2.0 * v, 3.0 * v, 4.0 * v]);
+        assert_eq!(
+            read_f32(&e, &s),
+            vec![v; 4],
+            "the seed's storage holds its value"
+        );
+        release(&e, s);
+        release(&e, out);
+    }
+    let s = e.metrics();
+    assert_eq!(s.values["graph_replays"], 3.0);
+    assert_eq!(
+        s.values["executions"], 3.0,
+        "one program a round, the fill in it"
+    );
+    assert_eq!(s.values["regions"], 0.0, "the fills were never launched");
+    assert_eq!(s.values["compilations"], 0.0);
+
+    // A seed that is no pending fill (an upload) does not replay: the graph's ops run instead.
+    let uploaded = upload_f32(&e, &[5.0; 4], &[4]);
+    let out = TensorRef::contiguous(e.new_storage(16), DType::F32, &[4]);
+    let ran = e
+        .graph_replay(handle, &[x.storage, uploaded.storage], &[out.storage])
+        .expect("replay");
+    assert!(!ran);
+}

@@ -24,6 +24,7 @@ mod key;
 mod known;
 mod memory;
 mod padded;
+mod prologue;
 mod region;
 mod repeat;
 
@@ -31,6 +32,7 @@ pub use isolate::{isolation_cuts, PlannedRegion};
 use key::*;
 pub(crate) use known::KnownValues;
 pub use padded::Regrow;
+pub use prologue::Prologue;
 pub use region::RegionSource;
 use region::*;
 

@@ -825,3 +825,62 @@ fn the_host_follows_small_integer_values_through_uploads_fills_and_copies() {
     g.note_uploaded(&large, &bytes(&[0; 5000]));
     assert_eq!(g.known_elements(&large), None);
 }
+
+/// Captures `fill(value)` into a fresh `[sizes]` float storage and returns it.
+fn pending_fill(g: &mut Graph<u32>, sizes: &[i64], value: f64) -> TensorRef {
+    let n: i64 = sizes.iter().product();
+    let s = g.new_storage(n as u64 * 4);
+    let t = TensorRef::contiguous(s, DType::F32, sizes);
+    let params: SmallVec<[i64; 4]> = std::iter::once(ops::dtype_param(Some(DType::F32)))
+        .chain(sizes.iter().copied())
+        .collect();
+    g.capture(
+        OpId::Full,
+        &[],
+        &[ScalarArg::float(value)],
+        &params,
+        std::slice::from_ref(&t),
+    )
+    .unwrap();
+    t
+}
+
+#[test]
+fn a_prologue_is_pending_ops_that_make_only_graph_inputs() {
+    let mut g: Graph<u32> = Graph::new();
+    let x = device(&mut g, DType::F32, &[4], 1);
+    let seed = pending_fill(&mut g, &[], 1.0);
+    let inputs = [x.storage, seed.storage];
+    let p = g
+        .pending_prologue(&inputs)
+        .expect("a fill held by an input");
+    assert_eq!(p.held_inputs().collect::<Vec<_>>(), vec![1]);
+    assert_eq!(p.scalars().len(), 1);
+    // Not when the value is held by a storage outside the graph's inputs.
+    assert!(g.pending_prologue(&[x.storage]).is_none());
+    // The same ops pending again, with another value, are the same prologue.
+    g.release_storage(seed.storage).unwrap();
+    assert!(g.drop_unheld_pending(), "nothing holds the fill: dropped");
+    assert_eq!(g.pending_len(), 0);
+    let seed = pending_fill(&mut g, &[], 2.0);
+    let again = g.pending_prologue(&[x.storage, seed.storage]).unwrap();
+    assert!(again.same_ops(&p));
+    assert_ne!(again.scalars()[0].0, p.scalars()[0].0);
+    // Another size is another prologue.
+    g.release_storage(seed.storage).unwrap();
+    g.drop_unheld_pending();
+    let wide = pending_fill(&mut g, &[3], 1.0);
+    assert!(!g
+        .pending_prologue(&[x.storage, wide.storage])
+        .unwrap()
+        .same_ops(&p));
+    // Held values are not dropped.
+    assert!(!g.drop_unheld_pending());
+    // An op that reads a device value is no prologue: its argument would be the caller's.
+    let neg = g
+        .capture(OpId::Neg, std::slice::from_ref(&x), &[], &[], &[])
+        .unwrap();
+    assert!(g
+        .pending_prologue(&[x.storage, wide.storage, neg.outputs[0].0])
+        .is_none());
+}

@@ -1,5 +1,6 @@
-// Compiled-mode graphs as programs (RFC 0033): `torch_pjrt::graph_end_record` closes a graph
-// and records its region over the storages of the graph's inputs and fresh outputs;
+// Compiled-mode graphs as programs (RFC 0033): `torch_pjrt::graph_begin_record` opens a graph
+// that will be recorded (a few pending ops making only its inputs join its region);
+// `torch_pjrt::graph_end_record` closes a graph and records its region over the storages of the graph's inputs and fresh outputs;
 // `torch_pjrt::graph_replay` runs that program on new tensors without capturing the graph's ops.
 // The Python backend (_compiled.py) decides when a graph may be recorded and builds the output
 // tensors; these only hand the tensors' storages to the engine.
@@ -28,6 +29,13 @@ std::vector<uint64_t> storage_ids(at::TensorList tensors, const char* what) {
   return ids;
 }
 
+void graph_begin_record(at::TensorList inputs) {
+  const std::vector<uint64_t> in = storage_ids(inputs, "inputs");
+  check(
+      api().graph_begin_record(in.data(), in.size()),
+      "torch.compile(backend='pjrt') opening a graph to record");
+}
+
 int64_t graph_end_record(at::TensorList inputs, at::TensorList fresh) {
   const std::vector<uint64_t> in = storage_ids(inputs, "inputs");
   const std::vector<uint64_t> out = storage_ids(fresh, "outputs");
@@ -53,6 +61,7 @@ bool graph_replay(int64_t handle, at::TensorList inputs, at::TensorList fresh) {
 }  // namespace torch_pjrt
 
 TORCH_LIBRARY_FRAGMENT(torch_pjrt, m) {
+  m.def("graph_begin_record(Tensor[] inputs) -> ()", &torch_pjrt::graph_begin_record);
   m.def("graph_end_record(Tensor[] inputs, Tensor[] fresh) -> int", &torch_pjrt::graph_end_record);
   m.def(
       "graph_replay(int handle, Tensor[] inputs, Tensor[] fresh) -> bool",

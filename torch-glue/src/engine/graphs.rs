@@ -42,6 +42,27 @@ pub(crate) struct GraphProgram {
     scalar_packs: fuse::ScalarPacks,
     /// Results that are assertion verdicts, with the op that made each.
     checks: Vec<(usize, defer::CheckSite)>,
+    /// The ops pending before the graph that its region computed first
+    /// ([`Engine::graph_begin_record`]): a replay finds the same ops pending and drops them.
+    prologue: Option<defer::Prologue>,
+}
+
+/// `recorded`, the scalar packs of a region that starts with a prologue, with the prologue's
+/// scalars replaced by `prologue`'s (the leading ones of each dtype's pack); `None` when
+/// `recorded` has no room for them.
+fn splice_prologue_scalars(
+    recorded: &fuse::ScalarPacks,
+    prologue: &defer::Prologue,
+) -> Option<fuse::ScalarPacks> {
+    let (_, now) = fuse::pack_scalars(prologue.scalars());
+    let mut packs = recorded.clone();
+    for pack in &now {
+        let into = packs.iter_mut().find(|p| p.dtype == pack.dtype)?;
+        into.bytes
+            .get_mut(..pack.bytes.len())?
+            .copy_from_slice(&pack.bytes);
+    }
+    Some(packs)
 }
 
 /// A storage's device value and its type, when it holds a computed (or launched) one.
@@ -81,6 +102,7 @@ impl Engine {
         inputs: &[StorageId],
         fresh: &[StorageId],
     ) -> Result<Option<GraphProgram>, EngineError> {
+        let prologue = self.graph_prologue.lock().take();
         let mut graph = self.graph.lock()?;
         // An input read before it was ever written was read as zeros baked into the region:
         // a replay with a written one would compute from the zeros.
@@ -94,6 +116,7 @@ impl Engine {
         // Every value the graph's ops read, and the storage it was read from: the region's
         // arguments are among them.
         let mut before = graph.read_storages();
+        let dropped = graph.stats().dropped_ops;
         let start = std::time::Instant::now();
         let began = compile::trace::on().then_some(start);
         let mut recorded = None;
@@ -119,7 +142,27 @@ impl Engine {
         if graph.pending_len() != 0 {
             return Ok(None); // part of the graph is still pending: not one region
         }
-        Ok(recorded)
+        let Some(mut program) = recorded else {
+            return Ok(None);
+        };
+        if let Some(prologue) = prologue {
+            // The prologue's ops lead the region only if none was dropped, and its results are
+            // the program's only if it installs them in the inputs that held them.
+            let leads = graph.stats().dropped_ops == dropped
+                && splice_prologue_scalars(&program.scalar_packs, &prologue).as_ref()
+                    == Some(&program.scalar_packs);
+            let installs = prologue.held_inputs().all(|k| {
+                program
+                    .installs
+                    .iter()
+                    .any(|&(_, t, _)| t == Target::Input(k))
+            });
+            if !leads || !installs {
+                return Ok(None);
+            }
+            program.prologue = Some(prologue);
+        }
+        Ok(Some(program))
     }
 
     /// The flush as a program over the graph's storages, or `None` when it is not one.
@@ -199,6 +242,7 @@ impl Engine {
             donated: flush.aliases.iter().map(|&(arg, _)| arg as usize).collect(),
             scalar_packs: flush.scalar_packs.clone(),
             checks,
+            prologue: None,
         }))
     }
 
@@ -234,7 +278,20 @@ impl Engine {
             return Ok(false);
         };
         let mut graph = self.graph.lock()?;
-        if graph.pending_len() > 0 {
+        // A program that computes its prologue runs only when the same ops are pending (with
+        // their scalars of now); any other runs after what is pending.
+        let mut spliced = None;
+        if let Some(recorded) = &program.prologue {
+            match graph.pending_prologue(inputs) {
+                Some(now) if now.same_ops(recorded) => {
+                    match splice_prologue_scalars(&program.scalar_packs, &now) {
+                        Some(packs) => spliced = Some(packs),
+                        None => return Ok(false),
+                    }
+                }
+                _ => return Ok(false),
+            }
+        } else if graph.pending_len() > 0 {
             self.flush_locked(&mut graph, FlushRequest::All)?;
         }
         let start = std::time::Instant::now();
@@ -262,6 +319,12 @@ impl Engine {
             for (j, t, ty) in &program.installs {
                 graph.install_value(target(*t), outputs[*j].clone(), ty.clone())?;
             }
+            // The prologue's values are the program's now: its pending ops are dead.
+            if program.prologue.is_some() && !graph.drop_unheld_pending() {
+                return Err(EngineError::runtime(
+                    "internal error: a replayed graph's prologue is still held",
+                ));
+            }
             let mut job = ExecJob::new(
                 program.label.clone(),
                 CompileHandle::ready(program.key, executable),
@@ -269,7 +332,7 @@ impl Engine {
                 &outputs,
             )
             .donate(program.donated.iter().copied());
-            for pack in &program.scalar_packs {
+            for pack in spliced.as_ref().unwrap_or(&program.scalar_packs) {
                 job = job.upload(HostArgument {
                     client: self.client.clone(),
                     bytes: pack.bytes.clone(),

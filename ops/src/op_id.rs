@@ -4,7 +4,11 @@
 //! params, side effects, index checks, product operands, cheap to recompute, exact `out=`
 //! dtype). Every row names its family, so no op falls into one by default.
 
-use crate::param_layout::ParamLayout;
+use std::marker::PhantomData;
+
+use smallvec::SmallVec;
+
+use crate::param_layout::{LayoutType, ParamLayout};
 use crate::{
     activation, backward, checks, conv, creation, elementwise, fft, indexing, linalg, loss, norm,
     optim, random, reduce, shape, OpRule,
@@ -129,7 +133,80 @@ macro_rules! op_catalogue {
                 }
             }
         }
+
+        /// Every op typed by its row's param layout (`typed::Slice`): a caller in Rust that
+        /// makes an op builds its params through that layout's struct, so another layout's
+        /// struct, a field left out or a field misnamed does not compile.
+        #[allow(non_upper_case_globals)]
+        pub mod typed {
+            use super::{OpId, TypedOp};
+            use crate::param_layout::of;
+            $( pub const $variant: TypedOp<of::$params> = TypedOp::new(OpId::$variant); )*
+        }
     };
+}
+
+/// An op whose params have the layout `L` (made by the catalogue, [`typed`], or checked
+/// against the op's row, [`TypedOp::of`]).
+///
+/// ```
+/// use ops::{param_layout as layout, typed, OpId};
+/// let slice = typed::Slice.encode(layout::SliceRange { dim: 0, start: 1, end: 4, step: 1 });
+/// assert_eq!((slice.op, slice.params.as_slice()), (OpId::Slice, &[0, 1, 4, 1][..]));
+/// ```
+///
+/// Another layout's struct does not compile:
+///
+/// ```compile_fail
+/// use ops::{param_layout as layout, typed};
+/// typed::Slice.encode(layout::SelectIndex { dim: 0, index: 1 });
+/// ```
+pub struct TypedOp<L> {
+    op: OpId,
+    layout: PhantomData<L>,
+}
+
+impl<L> Clone for TypedOp<L> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<L> Copy for TypedOp<L> {}
+
+impl<L: LayoutType> TypedOp<L> {
+    const fn new(op: OpId) -> Self {
+        TypedOp {
+            op,
+            layout: PhantomData,
+        }
+    }
+
+    /// `op`, when its row names the layout `L`.
+    pub fn of(op: OpId) -> Option<Self> {
+        (op.param_layout() == L::LAYOUT).then(|| TypedOp::new(op))
+    }
+
+    pub const fn op(self) -> OpId {
+        self.op
+    }
+
+    /// The op with `fields` encoded in its layout's order.
+    pub fn encode(self, fields: L::Fields<'_>) -> EncodedOp {
+        let mut params = SmallVec::new();
+        L::encode_into(&fields, &mut params);
+        EncodedOp {
+            op: self.op,
+            params,
+        }
+    }
+}
+
+/// An op and its params, encoded by the op's layout ([`TypedOp::encode`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EncodedOp {
+    pub op: OpId,
+    pub params: SmallVec<[i64; 6]>,
 }
 
 op_catalogue! {

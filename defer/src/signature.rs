@@ -419,12 +419,13 @@ fn truncate(mut s: String) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ops::{DType, OpId};
+    use ops::param_layout as layout;
+    use ops::{typed, DType, EncodedOp, OpId};
 
-    fn op(id: OpId, params: &[i64], inputs: &[&[i64]], output: &[i64]) -> OpSignature {
+    fn op(call: EncodedOp, inputs: &[&[i64]], output: &[i64]) -> OpSignature {
         OpSignature {
-            op: RegionOp::Aten(id),
-            params: params.into(),
+            op: RegionOp::Aten(call.op),
+            params: call.params.as_slice().into(),
             scalar_kinds: SmallVec::new(),
             variant: 0,
             inputs: inputs
@@ -453,8 +454,16 @@ mod tests {
 
     #[test]
     fn a_new_dimension_is_named_by_op_input_and_dim() {
-        let old = region(vec![op(OpId::Add, &[], &[&[2, 8], &[2, 8]], &[2, 8])]);
-        let new = region(vec![op(OpId::Add, &[], &[&[2, 9], &[2, 9]], &[2, 9])]);
+        let old = region(vec![op(
+            typed::Add.encode(()),
+            &[&[2, 8], &[2, 8]],
+            &[2, 8],
+        )]);
+        let new = region(vec![op(
+            typed::Add.encode(()),
+            &[&[2, 9], &[2, 9]],
+            &[2, 9],
+        )]);
         assert_eq!(old.skeleton, new.skeleton);
         let changes = explain(&old, &new);
         let text: Vec<String> = changes.iter().map(|c| c.to_string()).collect();
@@ -470,19 +479,16 @@ mod tests {
 
     #[test]
     fn float_params_are_shown_as_numbers_and_named_from_the_layout() {
-        let f = |x: f64| x.to_bits() as i64;
-        let old = region(vec![op(
-            OpId::Arange,
-            &[4, f(7.0), f(8.0), f(1.0)],
-            &[],
-            &[1],
-        )]);
-        let new = region(vec![op(
-            OpId::Arange,
-            &[4, f(8.0), f(9.0), f(1.0)],
-            &[],
-            &[1],
-        )]);
+        let arange = |start: f64, end: f64| {
+            typed::Arange.encode(layout::ArangeRange {
+                dtype: DType::I64,
+                start,
+                end,
+                step: 1.0,
+            })
+        };
+        let old = region(vec![op(arange(7.0, 8.0), &[], &[1])]);
+        let new = region(vec![op(arange(8.0, 9.0), &[], &[1])]);
         let changes = explain(&old, &new);
         assert_eq!(changes.len(), 2, "{changes:?}");
         assert_eq!(changes[0].what, "param 1 (start)");
@@ -495,8 +501,14 @@ mod tests {
 
     #[test]
     fn trailing_size_lists_and_dtypes() {
-        let old = region(vec![op(OpId::Zeros, &[4, 2, 3], &[], &[2, 3])]);
-        let mut new = region(vec![op(OpId::Zeros, &[4, 2, 5], &[], &[2, 5])]);
+        let zeros = |sizes: &[i64]| {
+            typed::Zeros.encode(layout::Creation {
+                dtype: DType::I64,
+                sizes,
+            })
+        };
+        let old = region(vec![op(zeros(&[2, 3]), &[], &[2, 3])]);
+        let mut new = region(vec![op(zeros(&[2, 5]), &[], &[2, 5])]);
         new.ops[0].outputs[0].dtype = DType::F16;
         let changes = explain(&old, &new);
         assert_eq!(changes[0].what, "param 2 (sizes)");
@@ -507,7 +519,7 @@ mod tests {
 
     #[test]
     fn region_level_changes_come_after_the_ops() {
-        let old = region(vec![op(OpId::Neg, &[], &[&[4]], &[4])]);
+        let old = region(vec![op(typed::Neg.encode(()), &[&[4]], &[4])]);
         let mut new = old.clone();
         new.outputs.push((0, 1));
         let changes = explain(&old, &new);

@@ -57,10 +57,17 @@ impl IndexStyle {
 
 /// One `index_check` to capture after an indexing op: which of the op's inputs holds the
 /// indices, and the check's params.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct IndexCheck {
     pub input: usize,
-    pub params: SmallVec<[i64; 5]>,
+    pub bounds: layout::IndexBounds<'static>,
+}
+
+impl IndexCheck {
+    /// The check's params, encoded.
+    pub fn params(&self) -> SmallVec<[i64; 6]> {
+        crate::typed::IndexCheck.encode(self.bounds).params
+    }
 }
 
 /// The elements of an `index_check` verdict.
@@ -74,16 +81,16 @@ fn check(
     style: IndexStyle,
     ignore: Option<i64>,
 ) -> IndexCheck {
-    let mut params = SmallVec::new();
-    layout::IndexBounds {
-        size,
-        negative_ok,
-        dim,
-        style: style as i64,
-        ignore,
+    IndexCheck {
+        input,
+        bounds: layout::IndexBounds {
+            size,
+            negative_ok,
+            dim,
+            style: style as i64,
+            ignore,
+        },
     }
-    .encode_into(&mut params);
-    IndexCheck { input, params }
 }
 
 /// The range checks for the indices `op` reads, given its inputs' shapes and its params (a call
@@ -437,15 +444,18 @@ mod tests {
     fn checks_follow_each_ops_rules() {
         let c = index_checks(OpId::Gather, &[&[5, 3], &[2, 3]], &[-2]);
         assert_eq!(c.len(), 1);
-        assert_eq!((c[0].input, c[0].params.as_slice()), (1, &[5, 0, 0, 1][..]));
+        assert_eq!(
+            (c[0].input, c[0].params().as_slice()),
+            (1, &[5, 0, 0, 1][..])
+        );
         let c = index_checks(OpId::Index, &[&[4, 5, 6], &[2], &[2]], &[0, 2]);
-        assert_eq!(c[1].params.as_slice(), &[6, 1, 1, 0]);
+        assert_eq!(c[1].params().as_slice(), &[6, 1, 1, 0]);
         let c = index_checks(OpId::IndexPut, &[&[4, 5], &[1, 5], &[1]], &[2, 0]);
-        assert_eq!(c[0].params.as_slice(), &[4, 0, 0, 1]);
+        assert_eq!(c[0].params().as_slice(), &[4, 0, 0, 1]);
         let c = index_checks(OpId::IndexSelect, &[&[4, 5], &[1]], &[1]);
-        assert_eq!(c[0].params[3], IndexStyle::DataBounds as i64);
+        assert_eq!(c[0].bounds.style, IndexStyle::DataBounds as i64);
         let c = index_checks(OpId::NllLoss, &[&[2, 7], &[2]], &[1, -100]);
-        assert_eq!(c[0].params.as_slice(), &[7, 0, 1, 4, -100]);
+        assert_eq!(c[0].params().as_slice(), &[7, 0, 1, 4, -100]);
         assert!(index_checks(OpId::Embedding, &[&[4, 5], &[0]], &[]).is_empty());
         assert!(index_checks(OpId::Add, &[&[4], &[4]], &[]).is_empty());
     }

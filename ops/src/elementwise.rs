@@ -8,9 +8,7 @@ use crate::error::{ensure, OpError};
 use crate::param_layout as layout;
 use crate::params::{OperandKind, RoundingMode};
 use crate::promote::{broadcast_all, broadcast_shapes, check_fits, result_type, to_float, Operand};
-use crate::{LowerArgs, Meta, MetaArgs, OpId};
-
-crate::family_rule!(ElementwiseOps);
+use crate::{LowerArgs, Meta, MetaArgs, OpId, OpRule};
 
 pub(crate) fn not_implemented_for(kernel: &str, dtype: DType) -> OpError {
     OpError::not_implemented(format!(
@@ -38,10 +36,6 @@ fn operand_scalar(o: &Operand<'_>) -> Option<ScalarValue> {
         Operand::Scalar(s) => Some(s.value),
         Operand::Tensor(_) => None,
     }
-}
-
-fn is_unary(op: OpId) -> bool {
-    (op as u16) <= (OpId::NanToNum as u16)
 }
 
 fn is_comparison(op: OpId) -> bool {
@@ -134,23 +128,6 @@ fn masked_fill_meta(a: &MetaArgs) -> Result<Meta, OpError> {
         },
         scalar_dtypes,
     ))
-}
-
-pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
-    match a.op {
-        op if is_unary(op) => unary_meta(a),
-        OpId::Where => where_meta(a),
-        OpId::Clamp => clamp_meta(a),
-        OpId::Lerp => lerp_meta(a),
-        OpId::Addcmul | OpId::Addcdiv => addc_meta(a),
-        OpId::MaskedFill => masked_fill_meta(a),
-        OpId::Complex => complex_meta(a),
-        OpId::ConjPhysical => {
-            a.expect_counts(1..=1, 0..=0)?;
-            Ok(Meta::single(a.inputs[0].clone(), vec![]))
-        }
-        _ => binary_meta(a),
-    }
 }
 
 /// `torch.complex(real, imag)`: the parts must be float tensors of one dtype.
@@ -690,24 +667,128 @@ fn lower_masked_fill(e: &mut Emitter, a: &LowerArgs) -> Value {
     e.select(m, value, x)
 }
 
-pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
-    let v = match a.op {
-        op if is_unary(op) => lower_unary(e, a)?,
-        OpId::Where => lower_where(e, a)?,
-        OpId::Clamp => lower_clamp(e, a)?,
-        OpId::Lerp => lower_lerp(e, a),
-        OpId::Addcmul | OpId::Addcdiv => lower_addc(e, a),
-        OpId::MaskedFill => lower_masked_fill(e, a),
-        OpId::Complex => {
-            let shape = a.out(0).shape.clone();
-            let re = e.broadcast_to(a.inputs[0], &shape);
-            let im = e.broadcast_to(a.inputs[1], &shape);
-            e.complex(re, im)
-        }
-        OpId::ConjPhysical => e.conj(a.inputs[0]),
-        _ => lower_binary(e, a)?,
-    };
-    Ok(vec![v])
+// ---- rules: each op's meta beside its lowering --------------------------------------------
+
+/// The unary ops (`neg` to `nan_to_num` in the catalogue): one input, the result in its shape.
+pub(crate) struct Unary;
+
+impl OpRule for Unary {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        unary_meta(a)
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        Ok(vec![lower_unary(e, a)?])
+    }
+}
+
+/// The binary ops: arithmetic, comparisons, logical and bitwise ops on two tensors or a tensor
+/// and a scalar, broadcast and promoted together.
+pub(crate) struct Binary;
+
+impl OpRule for Binary {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        binary_meta(a)
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        Ok(vec![lower_binary(e, a)?])
+    }
+}
+
+/// `where(condition, self, other)`, either value a tensor or a scalar.
+pub(crate) struct Where;
+
+impl OpRule for Where {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        where_meta(a)
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        Ok(vec![lower_where(e, a)?])
+    }
+}
+
+/// `clamp` with optional tensor or scalar bounds.
+pub(crate) struct Clamp;
+
+impl OpRule for Clamp {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        clamp_meta(a)
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        Ok(vec![lower_clamp(e, a)?])
+    }
+}
+
+/// `lerp` by a tensor or scalar weight.
+pub(crate) struct Lerp;
+
+impl OpRule for Lerp {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        lerp_meta(a)
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        Ok(vec![lower_lerp(e, a)])
+    }
+}
+
+/// `addcmul` and `addcdiv`: `self + value * (tensor1 op tensor2)`.
+pub(crate) struct Addc;
+
+impl OpRule for Addc {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        addc_meta(a)
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        Ok(vec![lower_addc(e, a)])
+    }
+}
+
+/// `masked_fill` by a scalar or a 0-d tensor.
+pub(crate) struct MaskedFill;
+
+impl OpRule for MaskedFill {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        masked_fill_meta(a)
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        Ok(vec![lower_masked_fill(e, a)])
+    }
+}
+
+/// `torch.complex(real, imag)`.
+pub(crate) struct Complex;
+
+impl OpRule for Complex {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        complex_meta(a)
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let shape = a.out(0).shape.clone();
+        let re = e.broadcast_to(a.inputs[0], &shape);
+        let im = e.broadcast_to(a.inputs[1], &shape);
+        Ok(vec![e.complex(re, im)])
+    }
+}
+
+/// `_conj_physical`: the complex conjugate, in the input's type.
+pub(crate) struct ConjPhysical;
+
+impl OpRule for ConjPhysical {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        a.expect_counts(1..=1, 0..=0)?;
+        Ok(Meta::single(a.inputs[0].clone(), vec![]))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        Ok(vec![e.conj(a.inputs[0])])
+    }
 }
 
 /// Cast `v` to `dtype` (PyTorch semantics) and broadcast it to `shape`.

@@ -34,8 +34,8 @@ pub mod unsigned;
 pub use dtype::{scoped_default_float, DType, ScalarArg, ScalarValue, Shape, TensorType};
 pub use emitter::{Cmp, Emitter, Value};
 pub use error::{ErrorKind, OpError};
-pub use op_id::{Family, OpFacts, OpId};
-pub use param_layout::{FieldDecl, FieldKind, ParamLayout};
+pub use op_id::{typed, EncodedOp, Family, OpFacts, OpId, TypedOp};
+pub use param_layout::{FieldDecl, FieldKind, LayoutType, ParamLayout};
 pub use params::{dtype_param, f64_param, Params};
 pub use precision::{scoped_matmul_precision, Precision};
 

@@ -4,7 +4,11 @@
 //! params, side effects, index checks, product operands, cheap to recompute, exact `out=`
 //! dtype). Every row names its family, so no op falls into one by default.
 
-use crate::param_layout::ParamLayout;
+use std::marker::PhantomData;
+
+use smallvec::SmallVec;
+
+use crate::param_layout::{LayoutType, ParamLayout};
 use crate::{
     activation, backward, checks, conv, creation, elementwise, fft, indexing, linalg, loss, norm,
     optim, random, reduce, shape, OpRule,
@@ -129,92 +133,165 @@ macro_rules! op_catalogue {
                 }
             }
         }
+
+        /// Every op typed by its row's param layout (`typed::Slice`): a caller in Rust that
+        /// makes an op builds its params through that layout's struct, so another layout's
+        /// struct, a field left out or a field misnamed does not compile.
+        #[allow(non_upper_case_globals)]
+        pub mod typed {
+            use super::{OpId, TypedOp};
+            use crate::param_layout::of;
+            $( pub const $variant: TypedOp<of::$params> = TypedOp::new(OpId::$variant); )*
+        }
     };
+}
+
+/// An op whose params have the layout `L` (made by the catalogue, [`typed`], or checked
+/// against the op's row, [`TypedOp::of`]).
+///
+/// ```
+/// use ops::{param_layout as layout, typed, OpId};
+/// let slice = typed::Slice.encode(layout::SliceRange { dim: 0, start: 1, end: 4, step: 1 });
+/// assert_eq!((slice.op, slice.params.as_slice()), (OpId::Slice, &[0, 1, 4, 1][..]));
+/// ```
+///
+/// Another layout's struct does not compile:
+///
+/// ```compile_fail
+/// use ops::{param_layout as layout, typed};
+/// typed::Slice.encode(layout::SelectIndex { dim: 0, index: 1 });
+/// ```
+pub struct TypedOp<L> {
+    op: OpId,
+    layout: PhantomData<L>,
+}
+
+impl<L> Clone for TypedOp<L> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<L> Copy for TypedOp<L> {}
+
+impl<L: LayoutType> TypedOp<L> {
+    const fn new(op: OpId) -> Self {
+        TypedOp {
+            op,
+            layout: PhantomData,
+        }
+    }
+
+    /// `op`, when its row names the layout `L`.
+    pub fn of(op: OpId) -> Option<Self> {
+        (op.param_layout() == L::LAYOUT).then(|| TypedOp::new(op))
+    }
+
+    pub const fn op(self) -> OpId {
+        self.op
+    }
+
+    /// The op with `fields` encoded in its layout's order.
+    pub fn encode(self, fields: L::Fields<'_>) -> EncodedOp {
+        let mut params = SmallVec::new();
+        L::encode_into(&fields, &mut params);
+        EncodedOp {
+            op: self.op,
+            params,
+        }
+    }
+}
+
+/// An op and its params, encoded by the op's layout ([`TypedOp::encode`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EncodedOp {
+    pub op: OpId,
+    pub params: SmallVec<[i64; 6]>,
 }
 
 op_catalogue! {
     // ---- unary elementwise -------------------------------------------------------------
-    Neg = "neg", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self", scalars: "", params: None, facts: { complex: true, out_dtype_exact: true };
-    Abs = "abs", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self", scalars: "", params: None, facts: { complex: true, out_dtype_exact: true };
-    Exp = "exp", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self", scalars: "", params: None, facts: { complex: true };
-    Exp2 = "exp2", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self", scalars: "", params: None;
-    Log = "log", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self", scalars: "", params: None, facts: { complex: true };
-    Log2 = "log2", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self", scalars: "", params: None;
-    Log10 = "log10", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self", scalars: "", params: None;
-    Log1p = "log1p", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self", scalars: "", params: None;
-    Expm1 = "expm1", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self", scalars: "", params: None;
-    Sqrt = "sqrt", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self", scalars: "", params: None, facts: { complex: true };
-    Rsqrt = "rsqrt", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self", scalars: "", params: None;
-    Sin = "sin", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self", scalars: "", params: None, facts: { complex: true };
-    Cos = "cos", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self", scalars: "", params: None, facts: { complex: true };
-    Tan = "tan", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self", scalars: "", params: None;
-    Tanh = "tanh", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self", scalars: "", params: None, facts: { complex: true };
-    Sigmoid = "sigmoid", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self", scalars: "", params: None;
-    Relu = "relu", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self", scalars: "", params: None;
-    Gelu = "gelu", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self", scalars: "", params: GeluApproximate;
-    Silu = "silu", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self", scalars: "", params: None;
-    Erf = "erf", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self", scalars: "", params: None;
-    Erfinv = "erfinv", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self", scalars: "", params: None;
-    Lgamma = "lgamma", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self", scalars: "", params: None;
-    Digamma = "digamma", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self", scalars: "", params: None;
-    Floor = "floor", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self", scalars: "", params: None, facts: { out_dtype_exact: true };
-    Ceil = "ceil", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self", scalars: "", params: None, facts: { out_dtype_exact: true };
-    Round = "round", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self", scalars: "", params: RoundDecimals, facts: { out_dtype_exact: true };
-    Trunc = "trunc", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self", scalars: "", params: None, facts: { out_dtype_exact: true };
-    Sign = "sign", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self", scalars: "", params: None, facts: { out_dtype_exact: true };
-    Reciprocal = "reciprocal", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self", scalars: "", params: None, facts: { complex: true };
-    LogicalNot = "logical_not", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self", scalars: "", params: None;
-    BitwiseNot = "bitwise_not", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self", scalars: "", params: None, facts: { out_dtype_exact: true };
-    IsNan = "isnan", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self", scalars: "", params: None;
-    IsInf = "isinf", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self", scalars: "", params: None;
+    Neg = "neg", family: Elementwise, rule: elementwise::Unary, inputs: "self", scalars: "", params: None, facts: { complex: true, out_dtype_exact: true };
+    Abs = "abs", family: Elementwise, rule: elementwise::Unary, inputs: "self", scalars: "", params: None, facts: { complex: true, out_dtype_exact: true };
+    Exp = "exp", family: Elementwise, rule: elementwise::Unary, inputs: "self", scalars: "", params: None, facts: { complex: true };
+    Exp2 = "exp2", family: Elementwise, rule: elementwise::Unary, inputs: "self", scalars: "", params: None;
+    Log = "log", family: Elementwise, rule: elementwise::Unary, inputs: "self", scalars: "", params: None, facts: { complex: true };
+    Log2 = "log2", family: Elementwise, rule: elementwise::Unary, inputs: "self", scalars: "", params: None;
+    Log10 = "log10", family: Elementwise, rule: elementwise::Unary, inputs: "self", scalars: "", params: None;
+    Log1p = "log1p", family: Elementwise, rule: elementwise::Unary, inputs: "self", scalars: "", params: None;
+    Expm1 = "expm1", family: Elementwise, rule: elementwise::Unary, inputs: "self", scalars: "", params: None;
+    Sqrt = "sqrt", family: Elementwise, rule: elementwise::Unary, inputs: "self", scalars: "", params: None, facts: { complex: true };
+    Rsqrt = "rsqrt", family: Elementwise, rule: elementwise::Unary, inputs: "self", scalars: "", params: None;
+    Sin = "sin", family: Elementwise, rule: elementwise::Unary, inputs: "self", scalars: "", params: None, facts: { complex: true };
+    Cos = "cos", family: Elementwise, rule: elementwise::Unary, inputs: "self", scalars: "", params: None, facts: { complex: true };
+    Tan = "tan", family: Elementwise, rule: elementwise::Unary, inputs: "self", scalars: "", params: None;
+    Tanh = "tanh", family: Elementwise, rule: elementwise::Unary, inputs: "self", scalars: "", params: None, facts: { complex: true };
+    Sigmoid = "sigmoid", family: Elementwise, rule: elementwise::Unary, inputs: "self", scalars: "", params: None;
+    Relu = "relu", family: Elementwise, rule: elementwise::Unary, inputs: "self", scalars: "", params: None;
+    Gelu = "gelu", family: Elementwise, rule: elementwise::Unary, inputs: "self", scalars: "", params: GeluApproximate;
+    Silu = "silu", family: Elementwise, rule: elementwise::Unary, inputs: "self", scalars: "", params: None;
+    Erf = "erf", family: Elementwise, rule: elementwise::Unary, inputs: "self", scalars: "", params: None;
+    Erfinv = "erfinv", family: Elementwise, rule: elementwise::Unary, inputs: "self", scalars: "", params: None;
+    Lgamma = "lgamma", family: Elementwise, rule: elementwise::Unary, inputs: "self", scalars: "", params: None;
+    Digamma = "digamma", family: Elementwise, rule: elementwise::Unary, inputs: "self", scalars: "", params: None;
+    Floor = "floor", family: Elementwise, rule: elementwise::Unary, inputs: "self", scalars: "", params: None, facts: { out_dtype_exact: true };
+    Ceil = "ceil", family: Elementwise, rule: elementwise::Unary, inputs: "self", scalars: "", params: None, facts: { out_dtype_exact: true };
+    Round = "round", family: Elementwise, rule: elementwise::Unary, inputs: "self", scalars: "", params: RoundDecimals, facts: { out_dtype_exact: true };
+    Trunc = "trunc", family: Elementwise, rule: elementwise::Unary, inputs: "self", scalars: "", params: None, facts: { out_dtype_exact: true };
+    Sign = "sign", family: Elementwise, rule: elementwise::Unary, inputs: "self", scalars: "", params: None, facts: { out_dtype_exact: true };
+    Reciprocal = "reciprocal", family: Elementwise, rule: elementwise::Unary, inputs: "self", scalars: "", params: None, facts: { complex: true };
+    LogicalNot = "logical_not", family: Elementwise, rule: elementwise::Unary, inputs: "self", scalars: "", params: None;
+    BitwiseNot = "bitwise_not", family: Elementwise, rule: elementwise::Unary, inputs: "self", scalars: "", params: None, facts: { out_dtype_exact: true };
+    IsNan = "isnan", family: Elementwise, rule: elementwise::Unary, inputs: "self", scalars: "", params: None;
+    IsInf = "isinf", family: Elementwise, rule: elementwise::Unary, inputs: "self", scalars: "", params: None;
     /// Replacements are static: PyTorch's defaults depend on the dtype (its max/min).
-    NanToNum = "nan_to_num", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self", scalars: "",
+    NanToNum = "nan_to_num", family: Elementwise, rule: elementwise::Unary, inputs: "self", scalars: "",
         params: NanToNum, facts: { out_dtype_exact: true };
 
     // ---- binary elementwise: `other` is inputs[1], or scalars[0] when only one input ----
-    Add = "add", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self, other", scalars: "other (when not an input), alpha?", params: None, facts: { complex: true };
-    Sub = "sub", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self, other", scalars: "other (when not an input), alpha?", params: None, facts: { complex: true };
+    Add = "add", family: Elementwise, rule: elementwise::Binary, inputs: "self, other", scalars: "other (when not an input), alpha?", params: None, facts: { complex: true };
+    Sub = "sub", family: Elementwise, rule: elementwise::Binary, inputs: "self, other", scalars: "other (when not an input), alpha?", params: None, facts: { complex: true };
     /// `other - alpha * self`.
-    Rsub = "rsub", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self, other", scalars: "other (when not an input), alpha?", params: None, facts: { complex: true };
-    Mul = "mul", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self, other", scalars: "other (when not an input)", params: None, facts: { complex: true };
-    Div = "div", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self, other", scalars: "other (when not an input)",
+    Rsub = "rsub", family: Elementwise, rule: elementwise::Binary, inputs: "self, other", scalars: "other (when not an input), alpha?", params: None, facts: { complex: true };
+    Mul = "mul", family: Elementwise, rule: elementwise::Binary, inputs: "self, other", scalars: "other (when not an input)", params: None, facts: { complex: true };
+    Div = "div", family: Elementwise, rule: elementwise::Binary, inputs: "self, other", scalars: "other (when not an input)",
         params: DivRounding, facts: { complex: true };
-    Remainder = "remainder", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self, other", scalars: "other (when not an input)", params: None;
-    Fmod = "fmod", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self, other", scalars: "other (when not an input)", params: None;
+    Remainder = "remainder", family: Elementwise, rule: elementwise::Binary, inputs: "self, other", scalars: "other (when not an input)", params: None;
+    Fmod = "fmod", family: Elementwise, rule: elementwise::Binary, inputs: "self, other", scalars: "other (when not an input)", params: None;
     /// `self ** exponent`; a scalar exponent stays a runtime scalar, and the values PyTorch's
     /// kernels special-case (2, 3, 0.5, -0.5, -1, -2, 1, 0) pick their own lowering
     /// (`Meta::variant`).
-    Pow = "pow", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self, exponent", scalars: "exponent (when not an input)", params: None;
+    Pow = "pow", family: Elementwise, rule: elementwise::Binary, inputs: "self, exponent", scalars: "exponent (when not an input)", params: None;
     /// `self ** exponent` with a scalar base.
-    PowScalarBase = "pow.Scalar", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "exponent", scalars: "self", params: None;
-    Maximum = "maximum", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self, other", scalars: "other (when not an input)", params: None;
-    Minimum = "minimum", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self, other", scalars: "other (when not an input)", params: None;
-    Atan2 = "atan2", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self, other", scalars: "other (when not an input)", params: None;
-    Eq = "eq", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self, other", scalars: "other (when not an input)", params: None, facts: { complex: true };
-    Ne = "ne", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self, other", scalars: "other (when not an input)", params: None, facts: { complex: true };
-    Lt = "lt", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self, other", scalars: "other (when not an input)", params: None;
-    Le = "le", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self, other", scalars: "other (when not an input)", params: None;
-    Gt = "gt", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self, other", scalars: "other (when not an input)", params: None;
-    Ge = "ge", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self, other", scalars: "other (when not an input)", params: None;
-    LogicalAnd = "logical_and", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self, other", scalars: "other (when not an input)", params: None;
-    LogicalOr = "logical_or", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self, other", scalars: "other (when not an input)", params: None;
-    LogicalXor = "logical_xor", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self, other", scalars: "other (when not an input)", params: None;
-    BitwiseAnd = "bitwise_and", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self, other", scalars: "other (when not an input)", params: None;
-    BitwiseOr = "bitwise_or", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self, other", scalars: "other (when not an input)", params: None;
-    BitwiseXor = "bitwise_xor", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self, other", scalars: "other (when not an input)", params: None;
+    PowScalarBase = "pow.Scalar", family: Elementwise, rule: elementwise::Binary, inputs: "exponent", scalars: "self", params: None;
+    Maximum = "maximum", family: Elementwise, rule: elementwise::Binary, inputs: "self, other", scalars: "other (when not an input)", params: None;
+    Minimum = "minimum", family: Elementwise, rule: elementwise::Binary, inputs: "self, other", scalars: "other (when not an input)", params: None;
+    Atan2 = "atan2", family: Elementwise, rule: elementwise::Binary, inputs: "self, other", scalars: "other (when not an input)", params: None;
+    Eq = "eq", family: Elementwise, rule: elementwise::Binary, inputs: "self, other", scalars: "other (when not an input)", params: None, facts: { complex: true };
+    Ne = "ne", family: Elementwise, rule: elementwise::Binary, inputs: "self, other", scalars: "other (when not an input)", params: None, facts: { complex: true };
+    Lt = "lt", family: Elementwise, rule: elementwise::Binary, inputs: "self, other", scalars: "other (when not an input)", params: None;
+    Le = "le", family: Elementwise, rule: elementwise::Binary, inputs: "self, other", scalars: "other (when not an input)", params: None;
+    Gt = "gt", family: Elementwise, rule: elementwise::Binary, inputs: "self, other", scalars: "other (when not an input)", params: None;
+    Ge = "ge", family: Elementwise, rule: elementwise::Binary, inputs: "self, other", scalars: "other (when not an input)", params: None;
+    LogicalAnd = "logical_and", family: Elementwise, rule: elementwise::Binary, inputs: "self, other", scalars: "other (when not an input)", params: None;
+    LogicalOr = "logical_or", family: Elementwise, rule: elementwise::Binary, inputs: "self, other", scalars: "other (when not an input)", params: None;
+    LogicalXor = "logical_xor", family: Elementwise, rule: elementwise::Binary, inputs: "self, other", scalars: "other (when not an input)", params: None;
+    BitwiseAnd = "bitwise_and", family: Elementwise, rule: elementwise::Binary, inputs: "self, other", scalars: "other (when not an input)", params: None;
+    BitwiseOr = "bitwise_or", family: Elementwise, rule: elementwise::Binary, inputs: "self, other", scalars: "other (when not an input)", params: None;
+    BitwiseXor = "bitwise_xor", family: Elementwise, rule: elementwise::Binary, inputs: "self, other", scalars: "other (when not an input)", params: None;
     /// `self << other`; shifts of the bit width or more, or negative, give 0 (as PyTorch's).
-    BitwiseLeftShift = "bitwise_left_shift", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self, other", scalars: "other (when not an input)", params: None;
+    BitwiseLeftShift = "bitwise_left_shift", family: Elementwise, rule: elementwise::Binary, inputs: "self, other", scalars: "other (when not an input)", params: None;
     /// `self >> other`, arithmetic for signed dtypes; out-of-range shifts fill with the sign bit.
-    BitwiseRightShift = "bitwise_right_shift", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self, other", scalars: "other (when not an input)", params: None;
+    BitwiseRightShift = "bitwise_right_shift", family: Elementwise, rule: elementwise::Binary, inputs: "self, other", scalars: "other (when not an input)", params: None;
 
     // ---- ternary elementwise -----------------------------------------------------------
-    Where = "where", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "condition, self?, other?", scalars: "self?, other?",
+    Where = "where", family: Elementwise, rule: elementwise::Where, inputs: "condition, self?, other?", scalars: "self?, other?",
         params: WhereOperands, facts: { complex: true };
-    Clamp = "clamp", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self, min?, max?", scalars: "min?, max?",
+    Clamp = "clamp", family: Elementwise, rule: elementwise::Clamp, inputs: "self, min?, max?", scalars: "min?, max?",
         params: ClampBounds;
-    Lerp = "lerp", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self, end, weight?", scalars: "weight (when not an input)", params: None;
-    Addcmul = "addcmul", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self, tensor1, tensor2", scalars: "value? (default 1)", params: None;
-    Addcdiv = "addcdiv", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self, tensor1, tensor2", scalars: "value? (default 1)", params: None;
+    Lerp = "lerp", family: Elementwise, rule: elementwise::Lerp, inputs: "self, end, weight?", scalars: "weight (when not an input)", params: None;
+    Addcmul = "addcmul", family: Elementwise, rule: elementwise::Addc, inputs: "self, tensor1, tensor2", scalars: "value? (default 1)", params: None;
+    Addcdiv = "addcdiv", family: Elementwise, rule: elementwise::Addc, inputs: "self, tensor1, tensor2", scalars: "value? (default 1)", params: None;
 
     // ---- casts, copies and creation ----------------------------------------------------
     Convert = "_to_copy", family: Creation, rule: creation::Convert, inputs: "self", scalars: "", params: ConvertTo, facts: { complex: true, pointwise: true };
@@ -373,7 +450,7 @@ op_catalogue! {
     Cumsum = "cumsum", family: Reduce, rule: reduce::ReduceOps, inputs: "self", scalars: "", params: DimDtype;
     Cumprod = "cumprod", family: Reduce, rule: reduce::ReduceOps, inputs: "self", scalars: "", params: DimDtype;
     Logcumsumexp = "logcumsumexp", family: Reduce, rule: reduce::ReduceOps, inputs: "self", scalars: "", params: Dim;
-    MaskedFill = "masked_fill", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self, mask, value? (0-d tensor)",
+    MaskedFill = "masked_fill", family: Elementwise, rule: elementwise::MaskedFill, inputs: "self, mask, value? (0-d tensor)",
         scalars: "value (when not an input)", params: None;
 
     // ---- attention, sorting, indexing and optimizer ops --------------------------------
@@ -469,9 +546,9 @@ op_catalogue! {
 
     // ---- complex numbers ---------------------------------------------------------------
     /// `torch.complex(real, imag)`: two float tensors of one dtype, broadcast together.
-    Complex = "complex", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "real, imag", scalars: "", params: None, facts: { complex: true };
+    Complex = "complex", family: Elementwise, rule: elementwise::Complex, inputs: "real, imag", scalars: "", params: None, facts: { complex: true };
     /// The complex conjugate as stored values (no conjugate bit); a real tensor's copy.
-    ConjPhysical = "_conj_physical", family: Elementwise, rule: elementwise::ElementwiseOps, inputs: "self", scalars: "", params: None, facts: { complex: true };
+    ConjPhysical = "_conj_physical", family: Elementwise, rule: elementwise::ConjPhysical, inputs: "self", scalars: "", params: None, facts: { complex: true };
 
     // ---- discrete Fourier transforms ---------------------------------------------------
     // `normalization` is at::native's fft_norm_mode: 0 = none, 1 = by 1/sqrt(n), 2 = by 1/n,

@@ -370,6 +370,15 @@ macro_rules! has_default {
     };
 }
 
+/// A layout as a type: the struct its params decode into, and how that struct encodes.
+pub trait LayoutType {
+    /// The layout's struct (`()` for `None`).
+    type Fields<'a>;
+    const LAYOUT: ParamLayout;
+    /// Appends the params in the layout's order.
+    fn encode_into<E: Extend<i64>>(fields: &Self::Fields<'_>, out: &mut E);
+}
+
 macro_rules! param_layouts {
     ($(
         $(#[$doc:meta])*
@@ -408,6 +417,30 @@ macro_rules! param_layouts {
                 }
             }
         }
+
+        /// Each layout as a type ([`LayoutType`]), for the ops typed by their layout
+        /// ([`crate::op_id::typed`]): `of::SliceRange`'s params are a [`SliceRange`].
+        pub mod of {
+            /// The layout of ops without params.
+            pub struct None;
+            $( #[doc = concat!("The layout [`", stringify!($layout), "`](super::", stringify!($layout), ").")] pub struct $layout; )*
+        }
+
+        impl LayoutType for of::None {
+            type Fields<'a> = ();
+            const LAYOUT: ParamLayout = ParamLayout::None;
+            fn encode_into<E: Extend<i64>>(_fields: &(), _out: &mut E) {}
+        }
+
+        $(
+            impl LayoutType for of::$layout {
+                type Fields<'a> = $layout<'a>;
+                const LAYOUT: ParamLayout = ParamLayout::$layout;
+                fn encode_into<E: Extend<i64>>(fields: &$layout<'_>, out: &mut E) {
+                    fields.encode_into(out);
+                }
+            }
+        )*
 
         $(
             $(#[$doc])*
@@ -673,6 +706,25 @@ mod tests {
                 layout.name()
             );
         }
+    }
+
+    #[test]
+    fn a_typed_op_is_an_op_of_its_layout() {
+        assert_eq!(
+            crate::TypedOp::<of::Count>::of(OpId::Nonzero).map(|t| t.op()),
+            Some(OpId::Nonzero)
+        );
+        assert!(crate::TypedOp::<of::Count>::of(OpId::Slice).is_none());
+        assert!(crate::TypedOp::<of::None>::of(OpId::Neg).is_some());
+        // What a typed op encodes, its op's row decodes.
+        let zeros = crate::typed::Zeros.encode(Creation {
+            dtype: DType::F32,
+            sizes: &[2, 3],
+        });
+        assert_eq!(zeros.op, OpId::Zeros);
+        let p = Params::new(zeros.op, &zeros.params);
+        assert_eq!(Creation::decode(&p).unwrap().sizes, &[2, 3]);
+        assert!(crate::typed::Clone.encode(()).params.is_empty());
     }
 
     #[test]

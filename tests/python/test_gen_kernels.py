@@ -261,12 +261,10 @@ def test_a_builder_that_disagrees_with_its_layout_does_not_compile(
 
 def test_hand_written_kernels_name_their_params(layout_table):
     """Outside the generated kernels, params are built by name through the layout's builder:
-    no positional `.param(...)` and no untyped op lookup. indexing.cpp is the one file that
-    still appends by position."""
-    positional = {"indexing.cpp"}
+    no positional `.param(...)` and no untyped op lookup."""
     offenders = []
     for name in sorted(os.listdir(CSRC)):
-        if not name.endswith((".cpp", ".h")) or name in positional or name == "pjrt_backend.h":
+        if not name.endswith((".cpp", ".h")) or name == "pjrt_backend.h":
             continue
         with open(os.path.join(CSRC, name)) as f:
             for n, line in enumerate(f, 1):

@@ -695,7 +695,7 @@ impl Engine {
                     continue;
                 };
                 Counters::bump(&self.counters.host_index_checks, 1);
-                let verdict = ops::checks::host_index_verdict(&check.params, &values)?;
+                let verdict = ops::checks::host_index_verdict(&check.params(), &values)?;
                 if let Some(e) = ops::checks::index_check_error(&verdict) {
                     // PyTorch checks the op's arguments before it reads an index.
                     op_meta(op, inputs, scalars, params)?;
@@ -763,18 +763,19 @@ impl Engine {
                 device_checks.len() as u64,
             );
             for check in device_checks {
-                let mut check_params = check.params.clone();
+                let mut bounds = check.bounds;
                 let mut check_scalars: smallvec::SmallVec<[ScalarArg; 1]> =
                     smallvec::SmallVec::new();
-                if let Some((len, bucket)) = extent.filter(|&(len, _)| check.params[0] == len) {
-                    check_params[0] = bucket;
+                if let Some((len, bucket)) = extent.filter(|&(len, _)| bounds.size == len) {
+                    bounds.size = bucket;
                     check_scalars.push(ScalarArg::int(len));
                 }
+                let call = ops::typed::IndexCheck.encode(bounds);
                 graph.capture(
-                    OpId::IndexCheck,
+                    call.op,
                     std::slice::from_ref(&inputs[check.input]),
                     &check_scalars,
-                    &check_params,
+                    &call.params,
                     &[],
                 )?;
             }

@@ -10,8 +10,9 @@ use crate::signature::{
 use crate::storage::{Storage, StorageId, StorageSlots, StorageValue};
 use fuse::{InputRef, InputView, Operand, Region, RegionNode, RegionOp, StableHasher, WriteView};
 use liveness::{ExternalId, NodeId, NodeIdSequence, NodeOutput, PendingNode, Request, ValueRef};
+use ops::param_layout as layout;
 pub use ops::ErrorKind;
-use ops::{DType, Meta, OpError, OpId, ScalarArg, Shape, TensorType};
+use ops::{typed, DType, Meta, OpError, OpId, ScalarArg, Shape, TensorType};
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use smallvec::SmallVec;
 use std::collections::VecDeque;
@@ -684,18 +685,27 @@ impl<V: Clone> Graph<V> {
             padded: false,
         };
         let input = self.read_for_node(&old, &placement)?;
-        let (op, params): (OpId, SmallVec<[i64; 4]>) = if new_len > old_len {
-            (
-                OpId::ConstantPadNd,
-                SmallVec::from_slice(&[0, new_len - old_len]),
-            )
+        let call = if new_len > old_len {
+            typed::ConstantPadNd.encode(layout::PadWidths {
+                pad: &[0, new_len - old_len],
+            })
         } else {
-            (OpId::Slice, SmallVec::from_slice(&[0, 0, new_len, 1]))
+            typed::Slice.encode(layout::SliceRange {
+                dim: 0,
+                start: 0,
+                end: new_len,
+                step: 1,
+            })
         };
-        let meta = ops::meta(op, &[TensorType::new(native, &[old_len])], &[], &params)?;
+        let meta = ops::meta(
+            call.op,
+            &[TensorType::new(native, &[old_len])],
+            &[],
+            &call.params,
+        )?;
         let node = self.push_node(
-            RegionOp::Aten(op),
-            &params,
+            RegionOp::Aten(call.op),
+            &call.params,
             &[],
             meta,
             SmallVec::from_elem(input, 1),
@@ -945,16 +955,17 @@ impl<V: Clone> Graph<V> {
                 let mut value = id.output(i as u32);
                 if produced.dtype != out.dtype {
                     // out= with another dtype: PyTorch casts the result into the output's dtype.
+                    let convert = typed::Convert.encode(layout::ConvertTo { dtype: out.dtype });
                     let cast_meta = ops::meta(
-                        OpId::Convert,
+                        convert.op,
                         std::slice::from_ref(produced),
                         &[],
-                        &[out.dtype.code() as i64],
+                        &convert.params,
                     )?;
                     let input = NodeInput::plain(ValueRef::Pending(value));
                     let cast = self.push_node(
-                        RegionOp::Aten(OpId::Convert),
-                        &[out.dtype.code() as i64],
+                        RegionOp::Aten(convert.op),
+                        &convert.params,
                         &[],
                         cast_meta,
                         SmallVec::from_elem(input, 1),
@@ -1078,14 +1089,15 @@ impl<V: Clone> Graph<V> {
                 if self.zero_filled.len() < 1024 {
                     self.zero_filled.push(t.storage);
                 }
-                let mut params: SmallVec<[i64; 4]> = SmallVec::new();
-                params.push(placement.native.code() as i64);
-                params.push(placement.base_len);
-                let meta = ops::meta(OpId::Zeros, &[], &[], &params)?;
+                let zeros = typed::Zeros.encode(layout::Creation {
+                    dtype: placement.native,
+                    sizes: &[placement.base_len],
+                });
+                let meta = ops::meta(zeros.op, &[], &[], &zeros.params)?;
                 let same_shape = meta.outputs[0].shape == t.sizes;
                 let id = self.push_node(
-                    RegionOp::Aten(OpId::Zeros),
-                    &params,
+                    RegionOp::Aten(zeros.op),
+                    &zeros.params,
                     &[],
                     meta,
                     SmallVec::new(),

@@ -6,6 +6,7 @@ use super::*;
 use crate::bucket::{PaddedView, Padding};
 use fuse::{AppendOp, PaddedOp};
 use ops::padding::{self, PaddedDims};
+use ops::{Params, TypedOp};
 
 impl<V: Clone> Graph<V> {
     pub(super) fn is_padded(&self, id: StorageId) -> bool {
@@ -58,12 +59,17 @@ impl<V: Clone> Graph<V> {
         let mut ty = TensorType::new(native, &padding.padded_sizes());
         let mut last = None;
         for &d in &padding.dims {
-            let params = [d as i64, 0, padding.sizes[d], 1];
-            let meta = ops::meta(OpId::Slice, std::slice::from_ref(&ty), &[], &params)?;
+            let slice = typed::Slice.encode(layout::SliceRange {
+                dim: d as i64,
+                start: 0,
+                end: padding.sizes[d],
+                step: 1,
+            });
+            let meta = ops::meta(slice.op, std::slice::from_ref(&ty), &[], &slice.params)?;
             ty = meta.outputs[0].clone();
             let node = self.push_node(
-                RegionOp::Aten(OpId::Slice),
-                &params,
+                RegionOp::Aten(slice.op),
+                &slice.params,
                 &[],
                 meta,
                 SmallVec::from_elem(input, 1),
@@ -383,16 +389,18 @@ impl<V: Clone> Graph<V> {
         };
         let padded_numel = padding.padded_numel();
         let value = self.read_whole_padded(result, out.dtype, &padding)?;
-        let flat_params = [padded_numel];
+        let reshape = typed::Reshape.encode(layout::Sizes {
+            sizes: &[padded_numel],
+        });
         let flat = ops::meta(
-            OpId::Reshape,
+            reshape.op,
             &[TensorType::new(out.dtype, &padding.padded_sizes())],
             &[],
-            &flat_params,
+            &reshape.params,
         )?;
         let node = self.push_node(
-            RegionOp::Aten(OpId::Reshape),
-            &flat_params,
+            RegionOp::Aten(reshape.op),
+            &reshape.params,
             &[],
             flat,
             SmallVec::from_elem(value, 1),
@@ -922,7 +930,8 @@ impl<V: Clone> Graph<V> {
         dim: usize,
         a_padded: bool,
     ) -> Result<Option<Captured>, EngineError> {
-        let exact = ops::meta(OpId::Cat, types, &[], &[dim as i64])?;
+        let cat = typed::Cat.encode(layout::Dim { dim: dim as i64 });
+        let exact = ops::meta(cat.op, types, &[], &cat.params)?;
         let out_ty = exact.outputs[0].clone();
         let a_len = types[0].shape[dim];
         let out_len = out_ty.shape[dim];
@@ -996,7 +1005,7 @@ impl<V: Clone> Graph<V> {
         if !self.bounded {
             return None;
         }
-        let count = *params.first()?;
+        let count = layout::Count::decode(&Params::new(op, params)).ok()?.count;
         let site: SmallVec<[(DType, Shape); 2]> =
             types.iter().map(|t| (t.dtype, t.shape.clone())).collect();
         self.counts
@@ -1026,8 +1035,10 @@ impl<V: Clone> Graph<V> {
         };
         let bucket = padding::bucket(count);
         let exact = ops::meta(op, types, &[], params)?;
-        let mut bucket_params: SmallVec<[i64; 2]> = SmallVec::from_slice(params);
-        bucket_params[0] = bucket;
+        let Some(counted) = TypedOp::<layout::of::Count>::of(op) else {
+            return Ok(None);
+        };
+        let bucket_params = counted.encode(layout::Count { count: bucket }).params;
         // A bucket past the most the op can select (every element) stays exact.
         let Ok(meta) = ops::meta(op, types, &[], &bucket_params) else {
             return Ok(None);
@@ -1120,20 +1131,32 @@ impl<V: Clone> Graph<V> {
         if dims.is_empty() {
             return Ok(None);
         }
-        let mut padded_params: SmallVec<[i64; 4]> = SmallVec::from_slice(params);
-        match op {
+        let p = Params::new(op, params);
+        let padded = match op {
             OpId::Zeros | OpId::Ones | OpId::Full => {
+                let Some(creation) = TypedOp::<layout::of::Creation>::of(op) else {
+                    return Ok(None);
+                };
+                let layout::Creation { dtype, sizes } = layout::Creation::decode(&p)?;
+                let mut sizes: SmallVec<[i64; 4]> = SmallVec::from_slice(sizes);
                 for &d in &dims {
-                    padded_params[1 + d] = bucket;
+                    sizes[d] = bucket;
                 }
+                creation.encode(layout::Creation {
+                    dtype,
+                    sizes: &sizes,
+                })
             }
-            OpId::Arange if params.len() == 4 => {
-                let start = f64::from_bits(params[1] as u64);
-                let step = f64::from_bits(params[3] as u64);
-                padded_params[2] = ops::f64_param(start + step * bucket as f64);
+            OpId::Arange => {
+                let Ok(mut range) = layout::ArangeRange::decode(&p) else {
+                    return Ok(None);
+                };
+                range.end = range.start + range.step * bucket as f64;
+                typed::Arange.encode(range)
             }
             _ => return Ok(None),
-        }
+        };
+        let padded_params = padded.params;
         let meta = ops::meta(op, &[], scalars, &padded_params)?;
         let padded_ty = &meta.outputs[0];
         if dims.iter().any(|&d| padded_ty.shape[d] != bucket)
@@ -1254,10 +1277,12 @@ fn is_indexing(op: OpId) -> bool {
     )
 }
 
-/// `cat`'s dimension (its first param, 0 when absent, negative from the end) as an index into
-/// operands of `rank` dimensions; `None` when out of range.
+/// `cat`'s dimension (negative from the end) as an index into operands of `rank` dimensions;
+/// `None` when out of range or not `cat`'s params.
 fn cat_dim(params: &[i64], rank: usize) -> Option<usize> {
-    let dim = params.first().copied().unwrap_or(0);
+    let dim = layout::Dim::decode(&Params::new(OpId::Cat, params))
+        .ok()?
+        .dim;
     let dim = if dim < 0 { dim + rank as i64 } else { dim };
     usize::try_from(dim).ok().filter(|&d| d < rank)
 }

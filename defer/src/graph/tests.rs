@@ -4,6 +4,11 @@
 use super::*;
 use crate::signature::explain;
 
+/// `cat`'s params along `dim`.
+fn cat_at(dim: i64) -> SmallVec<[i64; 6]> {
+    typed::Cat.encode(layout::Dim { dim }).params
+}
+
 fn device(g: &mut Graph<u32>, dtype: DType, sizes: &[i64], value: u32) -> TensorRef {
     let n: i64 = sizes.iter().product();
     let s = g.new_storage(n as u64 * dtype.size_bytes() as u64);
@@ -176,9 +181,12 @@ fn signatures_see_static_params_and_dtypes() {
     let sig = |dtype: DType, dims: i64| {
         let mut g: Graph<u32> = Graph::new();
         let x = device(&mut g, dtype, &[3, 4], 1);
-        // sum: [keepdim, dtype (-1 = none), dims...]
-        g.capture(OpId::Sum, &[x], &[], &[0, -1, dims], &[])
-            .unwrap();
+        let sum = typed::Sum.encode(layout::ReduceDtypeDims {
+            keepdim: false,
+            dtype: None,
+            dims: &[dims],
+        });
+        g.capture(sum.op, &[x], &[], &sum.params, &[]).unwrap();
         g.flush(FlushRequest::All, |_| 0)
             .unwrap()
             .unwrap()
@@ -261,7 +269,7 @@ fn grow_cache(g: &mut Graph<u32>, steps: usize) -> (TensorRef, StepKeys) {
     for step in 0..steps {
         let new = device(g, DType::F32, &[1, 2, 1, 4], 10 + step as u32);
         let captured = g
-            .capture(OpId::Cat, &[cache.clone(), new], &[], &[2], &[])
+            .capture(OpId::Cat, &[cache.clone(), new], &[], &cat_at(2), &[])
             .unwrap();
         let (storage, ty) = captured.outputs[0].clone();
         cache = TensorRef::contiguous(storage, ty.dtype, &ty.shape);
@@ -397,10 +405,11 @@ fn tensors_made_at_the_appended_length_are_padded_like_the_sequence() {
     let mut g: Graph<u32> = Graph::new();
     let (cache, _) = grow_cache(&mut g, 4);
     let len = cache.sizes[2];
-    let f32 = DType::F32.code() as i64;
-    let zeros = g
-        .capture(OpId::Zeros, &[], &[], &[f32, 1, len], &[])
-        .unwrap();
+    let zeros = typed::Zeros.encode(layout::Creation {
+        dtype: DType::F32,
+        sizes: &[1, len],
+    });
+    let zeros = g.capture(zeros.op, &[], &[], &zeros.params, &[]).unwrap();
     let (storage, ty) = zeros.outputs[0].clone();
     assert_eq!(
         ty.shape.as_slice(),
@@ -408,23 +417,20 @@ fn tensors_made_at_the_appended_length_are_padded_like_the_sequence() {
         "PyTorch sees the true sizes"
     );
     assert!(g.is_padded(storage));
-    let positions = g
-        .capture(
-            OpId::Arange,
-            &[],
-            &[],
-            &[
-                DType::I64.code() as i64,
-                ops::f64_param(0.0),
-                ops::f64_param(len as f64),
-                ops::f64_param(1.0),
-            ],
-            &[],
-        )
-        .unwrap();
+    let arange = typed::Arange.encode(layout::ArangeRange {
+        dtype: DType::I64,
+        start: 0.0,
+        end: len as f64,
+        step: 1.0,
+    });
+    let positions = g.capture(arange.op, &[], &[], &arange.params, &[]).unwrap();
     assert!(g.is_padded(positions.outputs[0].0));
     // Other lengths are not the sequence's.
-    let other = g.capture(OpId::Zeros, &[], &[], &[f32, 3, 5], &[]).unwrap();
+    let other = typed::Zeros.encode(layout::Creation {
+        dtype: DType::F32,
+        sizes: &[3, 5],
+    });
+    let other = g.capture(other.op, &[], &[], &other.params, &[]).unwrap();
     assert!(!g.is_padded(other.outputs[0].0));
 }
 
@@ -495,14 +501,14 @@ fn a_value_regrown_before_it_outgrows_its_bucket_appends_as_at_the_steps_after()
     for step in 0..3 {
         let new = device(&mut g, DType::F32, &[1, 2, 1, 4], 50 + step);
         let inputs = [cache.clone(), new];
-        if let Some(regrow) = g.append_regrow(&inputs, &[2]) {
+        if let Some(regrow) = g.append_regrow(&inputs, &cat_at(2)) {
             assert_eq!(step, 0, "only the append that outgrows the bucket regrows");
             assert_eq!((regrow.dim, regrow.bucket, regrow.value), (2, 32, 7));
             assert_eq!(regrow.held.shape.as_slice(), &[1, 2, 16, 4]);
             assert_eq!(regrow.grown_sizes().as_slice(), &[1, 2, 32, 4]);
             g.install_regrown(&regrow, 99).unwrap();
         }
-        let captured = g.capture(OpId::Cat, &inputs, &[], &[2], &[]).unwrap();
+        let captured = g.capture(OpId::Cat, &inputs, &[], &cat_at(2), &[]).unwrap();
         let (storage, ty) = captured.outputs[0].clone();
         assert_eq!(
             ty.shape[2],
@@ -535,26 +541,28 @@ fn only_a_padded_device_value_about_to_outgrow_its_bucket_regrows() {
     let (cache, _) = grow_cache(&mut g, 4); // length 12 of 16
     let new = device(&mut g, DType::F32, &[1, 2, 1, 4], 50);
     assert!(g
-        .append_regrow(&[cache.clone(), new.clone()], &[2])
+        .append_regrow(&[cache.clone(), new.clone()], &cat_at(2))
         .is_none());
     // Five more rows would outgrow it, but not along another dimension, nor an exact value.
     let five = device(&mut g, DType::F32, &[1, 2, 5, 4], 51);
     assert!(g
-        .append_regrow(&[cache.clone(), five.clone()], &[2])
+        .append_regrow(&[cache.clone(), five.clone()], &cat_at(2))
         .is_some());
     assert!(g
-        .append_regrow(&[cache.clone(), five.clone()], &[1])
+        .append_regrow(&[cache.clone(), five.clone()], &cat_at(1))
         .is_none());
     let exact = device(&mut g, DType::F32, &[1, 2, 16, 4], 52);
-    assert!(g.append_regrow(&[exact, five.clone()], &[2]).is_none());
+    assert!(g
+        .append_regrow(&[exact, five.clone()], &cat_at(2))
+        .is_none());
     // A pending padded value grows inside its region.
     let pending = g
-        .capture(OpId::Cat, &[cache, new], &[], &[2], &[])
+        .capture(OpId::Cat, &[cache, new], &[], &cat_at(2), &[])
         .unwrap()
         .outputs[0]
         .clone();
     let pending = TensorRef::contiguous(pending.0, pending.1.dtype, &pending.1.shape);
-    assert!(g.append_regrow(&[pending, five], &[2]).is_none());
+    assert!(g.append_regrow(&[pending, five], &cat_at(2)).is_none());
 }
 
 #[test]
@@ -567,7 +575,7 @@ fn an_append_writes_into_the_buffer_of_a_padded_value_nothing_else_holds() {
         let (cache, _) = grow_cache(&mut g, 4);
         let new = device(&mut g, DType::F32, &[1, 2, 1, 4], 50);
         let appended = g
-            .capture(OpId::Cat, &[cache.clone(), new], &[], &[2], &[])
+            .capture(OpId::Cat, &[cache.clone(), new], &[], &cat_at(2), &[])
             .unwrap();
         if released {
             g.release_storage(cache.storage).unwrap();
@@ -726,12 +734,15 @@ fn the_host_follows_small_integer_values_through_uploads_fills_and_copies() {
         offset: 3,
         ..t.clone()
     };
-    let fill = [ops::dtype_param(Some(long))];
+    let fill = typed::Full.encode(layout::Creation {
+        dtype: long,
+        sizes: &[],
+    });
     g.capture(
-        OpId::Full,
+        fill.op,
         &[],
         &[ScalarArg::int(10)],
-        &fill,
+        &fill.params,
         std::slice::from_ref(&corner),
     )
     .unwrap();
@@ -744,51 +755,57 @@ fn the_host_follows_small_integer_values_through_uploads_fills_and_copies() {
     let copy = TensorRef::contiguous(copy.outputs[0].0, long, &[2, 2]);
     assert_eq!(g.known_elements(&copy), Some(vec![1, 2, 3, 10]));
     let filled = device(&mut g, long, &[4], 0);
-    let big = [ops::dtype_param(Some(long)), 4];
+    let big = typed::Full.encode(layout::Creation {
+        dtype: long,
+        sizes: &[4],
+    });
     // `ones` fills with the float 1.0: a whole float is followed, a fraction is not.
     g.capture(
-        OpId::Full,
+        big.op,
         &[],
         &[ScalarArg::float(1.5)],
-        &big,
+        &big.params,
         std::slice::from_ref(&filled),
     )
     .unwrap();
     assert_eq!(g.known_elements(&filled), None);
     g.capture(
-        OpId::Full,
+        big.op,
         &[],
         &[ScalarArg::float(300.0)],
-        &big,
+        &big.params,
         std::slice::from_ref(&filled),
     )
     .unwrap();
-    let to_byte = [ops::dtype_param(Some(DType::U8))];
+    let to_byte = typed::Convert.encode(layout::ConvertTo { dtype: DType::U8 });
     let cast = g
-        .capture(OpId::Convert, &[filled], &[], &to_byte, &[])
+        .capture(to_byte.op, &[filled], &[], &to_byte.params, &[])
         .unwrap();
     let cast = TensorRef::contiguous(cast.outputs[0].0, DType::U8, &[4]);
     assert_eq!(g.known_elements(&cast), Some(vec![44; 4]));
 
     // `arange`, and a fill the direct path runs.
-    let range = [
-        ops::dtype_param(Some(long)),
-        ops::f64_param(3.0),
-        ops::f64_param(-3.0),
-        ops::f64_param(-2.0),
-    ];
-    let made = g.capture(OpId::Arange, &[], &[], &range, &[]).unwrap();
+    let range = typed::Arange.encode(layout::ArangeRange {
+        dtype: long,
+        start: 3.0,
+        end: -3.0,
+        step: -2.0,
+    });
+    let made = g.capture(range.op, &[], &[], &range.params, &[]).unwrap();
     let made = TensorRef::contiguous(made.outputs[0].0, long, &[3]);
     assert_eq!(g.known_elements(&made), Some(vec![3, 1, -1]));
     g.flush(FlushRequest::All, |_| 1).unwrap();
-    let ones = [ops::dtype_param(Some(long)), 3];
+    let ones = typed::Ones.encode(layout::Creation {
+        dtype: long,
+        sizes: &[3],
+    });
     let ran = g
         .run_if_compiled(
             OpCall {
-                op: OpId::Ones,
+                op: ones.op,
                 inputs: &[],
                 scalars: &[],
-                params: &ones,
+                params: &ones.params,
                 outs: &[],
             },
             |_| 2,
@@ -812,10 +829,10 @@ fn the_host_follows_small_integer_values_through_uploads_fills_and_copies() {
     assert_eq!(g.known_elements(&copy), Some(vec![1, 2, 3, 10]));
     // So does a fill through a view of a storage whose other elements are unknown.
     g.capture(
-        OpId::Full,
+        fill.op,
         &[],
         &[ScalarArg::int(0)],
-        &fill,
+        &fill.params,
         std::slice::from_ref(&corner),
     )
     .unwrap();

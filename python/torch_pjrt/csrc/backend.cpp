@@ -700,8 +700,12 @@ void OpCall::inputs(at::ITensorListRef ts) {
   }
 }
 
+int64_t OpCall::operand_kind(const at::Tensor& t) {
+  return is_cpu_scalar_tensor(t) && !t.is_complex() ? 2 : 1;
+}
+
 int64_t OpCall::input_or_scalar(const at::Tensor& t) {
-  if (is_cpu_scalar_tensor(t) && !t.is_complex()) {
+  if (operand_kind(t) == 2) {
     const int32_t tensor_dtype = t.unsafeGetTensorImpl()->is_wrapped_number()
         ? -1
         : dtype_code(t.scalar_type());

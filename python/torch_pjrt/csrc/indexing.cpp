@@ -49,10 +49,9 @@ int64_t count_true(const at::Tensor& t) {
 // The engine's nonzero for a known count of nonzero elements: `[count, dim]`, column-major as
 // PyTorch's (the engine computes the transpose).
 at::Tensor nonzero_counted(const at::Tensor& self, int64_t count) {
-  static const int32_t op = engine_op("nonzero");
-  OpCall c(op, "aten::nonzero");
+  static const auto op = engine_op(ops::nonzero);
+  OpCall c(op, "aten::nonzero", {.count = count});
   c.input(self);
-  c.param(count);
   return c.run_functional().t();
 }
 
@@ -91,22 +90,21 @@ int64_t count_broadcast(const at::Tensor& mask, c10::IntArrayRef shape) {
   return count_true(mask) * (total / mask.numel());
 }
 
-void masked_select_call(OpCall& c, const at::Tensor& self, const at::Tensor& mask) {
+// How many elements masked_select selects: its result's length.
+int64_t masked_select_count(const at::Tensor& self, const at::Tensor& mask) {
   TORCH_CHECK(mask.scalar_type() == at::kBool, "masked_select: expected BoolTensor for mask");
   const std::vector<int64_t> shape = at::infer_size(self.sizes(), mask.sizes());
-  const int64_t count = count_broadcast(mask, shape);
-  c.input(self);
-  c.input(mask);
-  c.param(count);
+  return count_broadcast(mask, shape);
 }
 
 at::Tensor pjrt_masked_select(const at::Tensor& self, const at::Tensor& mask) {
   if (C10_UNLIKELY(wide_unsigned(self))) {
     return run_on_cpu<at::_ops::masked_select>(self, mask);
   }
-  static const int32_t op = engine_op("masked_select");
-  OpCall c(op, "aten::masked_select");
-  masked_select_call(c, self, mask);
+  static const auto op = engine_op(ops::masked_select);
+  OpCall c(op, "aten::masked_select", {.count = masked_select_count(self, mask)});
+  c.input(self);
+  c.input(mask);
   return c.run_functional();
 }
 
@@ -114,9 +112,10 @@ at::Tensor& pjrt_masked_select_out(const at::Tensor& self, const at::Tensor& mas
   if (C10_UNLIKELY(wide_unsigned(self))) {
     return run_on_cpu<at::_ops::masked_select_out>(self, mask, out);
   }
-  static const int32_t op = engine_op("masked_select");
-  OpCall c(op, "aten::masked_select.out");
-  masked_select_call(c, self, mask);
+  static const auto op = engine_op(ops::masked_select);
+  OpCall c(op, "aten::masked_select.out", {.count = masked_select_count(self, mask)});
+  c.input(self);
+  c.input(mask);
   c.out(out);
   c.run_out();
   return out;
@@ -126,7 +125,7 @@ at::Tensor& pjrt_masked_scatter_(at::Tensor& self, const at::Tensor& mask, const
   if (C10_UNLIKELY(wide_unsigned(self))) {
     return run_on_cpu<at::_ops::masked_scatter_>(self, mask, source);
   }
-  static const int32_t op = engine_op("masked_scatter_");
+  static const auto op = engine_op(ops::masked_scatter_);
   OpCall c(op, "aten::masked_scatter_");
   c.input(self);
   c.input(mask);
@@ -254,30 +253,30 @@ Indices expand_indices(
   return r;
 }
 
-// `ix` must outlive the call: its tensors may be temporaries (nonzero columns, uploads).
-void index_call(OpCall& c, const at::Tensor& self, const Indices& ix) {
+// `index`'s inputs: self, then the index tensors. `ix` must outlive the call: its tensors may
+// be temporaries (nonzero columns, uploads).
+void index_inputs(OpCall& c, const at::Tensor& self, const Indices& ix) {
   c.input(self);
   for (const at::Tensor& t : ix.tensors) {
     c.input(t);
   }
-  c.params(ix.dims);
 }
 
 at::Tensor pjrt_index(const at::Tensor& self, const IndexList& indices) {
-  static const int32_t op = engine_op("index");
+  static const auto op = engine_op(ops::index);
   warn_byte_masks(indices);
   const Indices ix = expand_indices(self, indices, std::nullopt);
-  OpCall c(op, "aten::index.Tensor");
-  index_call(c, self, ix);
+  OpCall c(op, "aten::index.Tensor", {.indexed_dims = ix.dims});
+  index_inputs(c, self, ix);
   return c.run_functional();
 }
 
 at::Tensor& pjrt_index_out(const at::Tensor& self, const IndexList& indices, at::Tensor& out) {
-  static const int32_t op = engine_op("index");
+  static const auto op = engine_op(ops::index);
   warn_byte_masks(indices);
   const Indices ix = expand_indices(self, indices, std::nullopt);
-  OpCall c(op, "aten::index.Tensor_out");
-  index_call(c, self, ix);
+  OpCall c(op, "aten::index.Tensor_out", {.indexed_dims = ix.dims});
+  index_inputs(c, self, ix);
   c.out(out);
   c.run_out();
   return out;
@@ -332,12 +331,15 @@ bool try_masked_fill(at::Tensor& self, const IndexList& indices, const at::Tenso
   if (value.scalar_type() != self.scalar_type()) {
     value = value.to(self.scalar_type());
   }
-  static const int32_t op = engine_op("where");
-  OpCall c(op, "aten::_index_put_impl_");
+  // where(condition, value, self): `value` is a value scalar when it is a CPU 0-d tensor.
+  static const auto op = engine_op(ops::where);
+  OpCall c(
+      op,
+      "aten::_index_put_impl_",
+      {.self_kind = OpCall::operand_kind(value), .other_kind = OpCall::operand_kind(self)});
   c.input(condition);
-  c.param(c.input_or_scalar(value));
-  c.input(self);
-  c.param(1);
+  c.input_or_scalar(value);
+  c.input_or_scalar(self);
   c.out(self);
   c.run_inplace();
   return true;
@@ -386,15 +388,14 @@ at::Tensor& pjrt_index_put_impl_(
   const std::optional<int64_t> count =
       unsafe ? implied_mask_count(self, indices, values) : std::nullopt;
   Indices ix = expand_indices(self, indices, count);
-  static const int32_t op = engine_op("index_put");
-  OpCall c(op, "aten::_index_put_impl_");
+  static const auto op = engine_op(ops::index_put);
+  OpCall c(
+      op, "aten::_index_put_impl_", {.accumulate = accumulate ? 1 : 0, .indexed_dims = ix.dims});
   c.input(self);
   c.input(values);
   for (const at::Tensor& t : ix.tensors) {
     c.input(t);
   }
-  c.param(accumulate ? 1 : 0);
-  c.params(ix.dims);
   c.out(self);
   c.run_inplace();
   return self;
@@ -468,13 +469,15 @@ at::Tensor index_add_impl(
   }
   const at::Tensor flat_index = is_pjrt(index) ? index.reshape({-1})
                                                : index.reshape({-1}).to(self.device());
-  static const int32_t op = engine_op("index_put");
-  OpCall c(op, "aten::index_add");
+  static const auto op = engine_op(ops::index_put);
+  OpCall c(
+      op,
+      "aten::index_add",
+      // 2: accumulate, reporting out-of-range indices as index_add does.
+      {.accumulate = 2, .indexed_dims = c10::IntArrayRef(dim)});
   c.input(self);
   c.input(values);
   c.input(flat_index);
-  c.param(2);  // accumulate, reporting out-of-range indices as index_add does
-  c.param(dim);
   switch (into) {
     case Into::Functional:
       return c.run_functional();
@@ -558,13 +561,12 @@ at::Tensor pjrt_repeat_interleave(const at::Tensor& repeats, std::optional<c10::
       total = sum_and_min[0];
     }
   }
-  static const int32_t op = engine_op("repeat_interleave");
-  OpCall c(op, "aten::repeat_interleave.Tensor");
+  static const auto op = engine_op(ops::repeat_interleave);
+  OpCall c(op, "aten::repeat_interleave.Tensor", {.count = total});
   c.input(repeats);
-  c.param(total);
   at::Tensor result = c.run_functional();
   if (trusted) {
-    static const int32_t check = engine_op("repeats_check");
+    static const auto check = engine_op(ops::repeats_check);
     OpCall k(check, "aten::repeat_interleave.Tensor");
     k.input(repeats);
     k.scalar(at::Scalar(total));

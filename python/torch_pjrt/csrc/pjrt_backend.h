@@ -243,6 +243,9 @@ class OpCall {
   // A CPU 0-d tensor becomes a value scalar (a Python number if it is a wrapped number),
   // anything else a tensor input. Returns the operand kind: 1 = tensor, 2 = scalar.
   int64_t input_or_scalar(const at::Tensor& t);
+  // The operand kind `input_or_scalar(t)` gives, for a builder's `_kind` field, which is
+  // encoded when the call is made, before its inputs are added.
+  static int64_t operand_kind(const at::Tensor& t);
   // As above, 0 when absent.
   int64_t opt_input_or_scalar(const std::optional<at::Tensor>& t);
   void scalar(const at::Scalar& s);

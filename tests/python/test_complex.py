@@ -205,6 +205,20 @@ def test_products_and_data_movement(strict_or_fused_mode, dtype):
          torch.index_select(a, 1, torch.tensor([3, 0])))
 
 
+@pytest.mark.parametrize("dtype", COMPLEX)
+def test_linspace_and_eye(strict_or_fused_mode, dtype):
+    # Real bounds: the real part is the real linspace of the parts' dtype, the imaginary part 0.
+    for start, end, steps in [(-2.0, -3, 0), (1.5, 4, 1), (0, 1, 2), (-2.0, 3.25, 7), (10, -7.5, 100)]:
+        same(torch.linspace(start, end, steps, dtype=dtype, device="pjrt"),
+             torch.linspace(start, end, steps, dtype=dtype), rtol=0, atol=0)
+    out = torch.empty(0, dtype=dtype, device="pjrt")
+    torch.linspace(-1, 1, 5, out=out)
+    same(out, torch.linspace(-1, 1, 5, dtype=dtype), rtol=0, atol=0)
+    same(torch.eye(3, dtype=dtype, device="pjrt"), torch.eye(3, dtype=dtype), rtol=0, atol=0)
+    same(torch.eye(2, 5, dtype=dtype, device="pjrt"), torch.eye(2, 5, dtype=dtype), rtol=0, atol=0)
+    same(torch.eye(0, 3, dtype=dtype, device="pjrt"), torch.eye(0, 3, dtype=dtype))
+
+
 def test_gradients_through_complex_values():
     for mode in ["strict", "defer_and_fuse"]:
         with torch_pjrt.eager_mode(mode):

@@ -278,6 +278,40 @@ def test_indexing(strict_or_fused_mode, dtype):
     same(p.masked_scatter(mask.to("pjrt"), source.to("pjrt")), x.masked_scatter(mask, source))
 
 
+@pytest.mark.parametrize("name", ["sinh", "cosh", "sinc", "asinh", "acosh", "atanh", "atan", "asin", "acos"])
+@pytest.mark.parametrize("dtype", COMPLEX)
+def test_real_compositions_run_complex_values_on_the_cpu_in_every_form(name, dtype):
+    """Kernels composed for real numbers send complex values to the CPU in their functional,
+    `out=` and in-place forms alike, on plain tensors and on conjugate and negative views."""
+    x = sample(dtype, 6, seed=27)
+    fn, in_place = getattr(torch, name), getattr(torch.Tensor, name + "_")
+    views = {
+        "plain": lambda t: t,
+        "conj": lambda t: t.conj(),
+        "neg_conj": lambda t: torch._neg_view(t.conj()),
+    }
+    with torch_pjrt.eager_mode("strict"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for view in views.values():
+            cpu, dev = view(x.clone()), view(x.to("pjrt"))
+            same(fn(dev), fn(cpu))
+            out = torch.empty(6, dtype=dtype, device="pjrt")
+            assert fn(dev, out=out) is out
+            same(out, fn(cpu))
+            cpu, dev = view(x.clone()), view(x.to("pjrt"))
+            in_place(cpu)
+            assert in_place(dev) is dev
+            assert dev.is_conj() == cpu.is_conj() and dev.is_neg() == cpu.is_neg()
+            same(dev.resolve_conj().resolve_neg(), cpu.resolve_conj().resolve_neg())
+        # PyTorch's errors where it refuses: a complex result into a real out=, and `frac`.
+        for call in [lambda t: fn(t, out=torch.empty(6, device=t.device)), torch.frac, torch.Tensor.frac_]:
+            with pytest.raises(Exception) as on_cpu:
+                call(x.clone())
+            with pytest.raises(type(on_cpu.value)) as on_pjrt:
+                call(x.to("pjrt"))
+            assert str(on_pjrt.value) == str(on_cpu.value)
+
+
 def test_ops_not_lowered_for_complex_values_run_on_the_cpu():
     x = sample(torch.complex64, 5, seed=18)
     p = x.to("pjrt")

@@ -987,23 +987,17 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("var_mean.correction", TORCH_FN(pjrt_var_mean));
   m.impl("std_mean.correction", TORCH_FN(pjrt_std_mean));
 
-// These compositions are for real numbers; PyTorch's CPU kernels take complex values too.
-#define PJRT_FLOAT_UNARY(name, fn)                                                                 \
-  m.impl(#name, [](const at::Tensor& self) {                                                      \
-    return self.is_complex() ? unary_on_cpu("aten::" #name, self) : fn(self);                     \
-  });                                                                                             \
-  m.impl(#name ".out", TORCH_FN(Variants<&fn>::out));                                             \
-  m.impl(#name "_", TORCH_FN(Variants<&fn>::in_place_floating));
-  PJRT_FLOAT_UNARY(atan, pjrt_atan)
-  PJRT_FLOAT_UNARY(asin, pjrt_asin)
-  PJRT_FLOAT_UNARY(acos, pjrt_acos)
-  PJRT_FLOAT_UNARY(sinh, pjrt_sinh)
-  PJRT_FLOAT_UNARY(cosh, pjrt_cosh)
-  PJRT_FLOAT_UNARY(asinh, pjrt_asinh)
-  PJRT_FLOAT_UNARY(acosh, pjrt_acosh)
-  PJRT_FLOAT_UNARY(atanh, pjrt_atanh)
-  PJRT_FLOAT_UNARY(frac, pjrt_frac)
-#undef PJRT_FLOAT_UNARY
+  // Compositions for real numbers: complex values run on the CPU, which computes them (`frac`:
+  // raises PyTorch's error).
+  PJRT_REAL_UNARY(atan, pjrt_atan)
+  PJRT_REAL_UNARY(asin, pjrt_asin)
+  PJRT_REAL_UNARY(acos, pjrt_acos)
+  PJRT_REAL_UNARY(sinh, pjrt_sinh)
+  PJRT_REAL_UNARY(cosh, pjrt_cosh)
+  PJRT_REAL_UNARY(asinh, pjrt_asinh)
+  PJRT_REAL_UNARY(acosh, pjrt_acosh)
+  PJRT_REAL_UNARY(atanh, pjrt_atanh)
+  PJRT_REAL_UNARY(frac, pjrt_frac)
   PJRT_WITH_OUT("logaddexp", "logaddexp.out", pjrt_logaddexp)
   PJRT_WITH_OUT("logaddexp2", "logaddexp2.out", pjrt_logaddexp2)
   PJRT_WITH_OUT_AND_IN_PLACE("hypot", "hypot.out", "hypot_", pjrt_hypot)

@@ -256,9 +256,6 @@ at::Tensor pjrt_logit_backward(
 }
 
 at::Tensor pjrt_sinc(const at::Tensor& self) {
-  if (self.is_complex()) {
-    return unary_on_cpu("aten::sinc", self);
-  }
   at::Tensor x = as_floating(self);
   at::Tensor product = x * M_PI;
   return at::where(x == 0, at::ones_like(x), at::sin(product) / product);
@@ -403,8 +400,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   PJRT_WITH_OUT("logit", "logit.out", pjrt_logit)
   m.impl("logit_", TORCH_FN(Variants<&pjrt_logit>::in_place_floating));
   PJRT_WITH_OUT("logit_backward", "logit_backward.grad_input", pjrt_logit_backward)
-  PJRT_WITH_OUT("sinc", "sinc.out", pjrt_sinc)
-  m.impl("sinc_", TORCH_FN(Variants<&pjrt_sinc>::in_place_floating));
+  PJRT_REAL_UNARY(sinc, pjrt_sinc)
   PJRT_WITH_OUT("heaviside", "heaviside.out", pjrt_heaviside)
   m.impl("heaviside_", TORCH_FN(Variants<&pjrt_heaviside>::in_place));
 

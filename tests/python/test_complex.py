@@ -219,6 +219,41 @@ def test_linspace_and_eye(strict_or_fused_mode, dtype):
     same(torch.eye(0, 3, dtype=dtype, device="pjrt"), torch.eye(0, 3, dtype=dtype))
 
 
+# A grid of parts: finite, zero, infinite and NaN, each against each as real and imaginary parts.
+SPECIAL_PARTS = [0.0, -0.0, 1.5, -2.0, 30.0, float("inf"), float("-inf"), float("nan")]
+
+
+def special_values(dtype):
+    parts = torch.tensor(SPECIAL_PARTS, dtype=torch.float64)
+    grid = torch.complex(parts[:, None].expand(-1, len(parts)), parts[None, :].expand(len(parts), -1))
+    return grid.reshape(-1).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", COMPLEX)
+def test_logaddexp(strict_or_fused_mode, dtype):
+    x, y = sample(dtype, 4, 5, seed=24) * 4, sample(dtype, 5, seed=25) * 4
+    px, py = x.to("pjrt"), y.to("pjrt")
+    same(torch.logaddexp(px, py), torch.logaddexp(x, y))
+    # Far apart (the smaller's exp is a small correction) and on equal real parts.
+    far = torch.complex(torch.tensor([-40.0, 0.0, 25.0], dtype=torch.float64),
+                        torch.tensor([1.0, -3.0, 0.5], dtype=torch.float64)).to(dtype)
+    same(torch.logaddexp(far.to("pjrt"), py[:3]), torch.logaddexp(far, y[:3]))
+    same(torch.logaddexp(py, py.conj()), torch.logaddexp(y, y.conj()))
+    # A real operand promotes; out= takes the complex result.
+    r = torch.randn(4, 5, generator=seeded(26), dtype=torch.float64)
+    same(torch.logaddexp(r.to("pjrt"), py), torch.logaddexp(r, y))
+    out = torch.empty(4, 5, dtype=dtype, device="pjrt")
+    torch.logaddexp(px, py, out=out)
+    same(out, torch.logaddexp(x, y))
+    # Every pair of special values, against the CPU's results (NaN where the CPU's is NaN).
+    grid = special_values(dtype)
+    a, b = grid[:, None], grid[None, :]
+    got = torch.logaddexp(a.to("pjrt"), b.to("pjrt")).cpu()
+    expected = torch.logaddexp(a, b)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got, expected, equal_nan=True, **TOL[dtype])
+
+
 def test_gradients_through_complex_values():
     for mode in ["strict", "defer_and_fuse"]:
         with torch_pjrt.eager_mode(mode):

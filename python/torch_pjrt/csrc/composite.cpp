@@ -511,11 +511,17 @@ at::Tensor pjrt_index_copy(
   return at::index_put(self, indices, source, /*accumulate=*/false);
 }
 
+// A uint16/32/64 `self` runs on the CPU, whose kernel has no case for them and raises its error
+// after its own checks (or computes it, where a later PyTorch can); the in-place and `out=` forms
+// call this one.
 at::Tensor pjrt_index_fill(
     const at::Tensor& self,
     int64_t dim,
     const at::Tensor& index,
     const at::Tensor& value) {
+  if (C10_UNLIKELY(wide_unsigned(self))) {
+    return run_on_cpu<at::_ops::index_fill_int_Tensor>(self, dim, index, value);
+  }
   TORCH_CHECK(
       value.dim() == 0,
       "index_fill_ only supports a 0-dimensional value tensor, but got tensor with ",

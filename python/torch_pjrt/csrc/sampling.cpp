@@ -271,7 +271,13 @@ at::Tensor pjrt_heaviside(const at::Tensor& self, const at::Tensor& values) {
 
 // ----- reductions and products ------------------------------------------------------------------
 
+// PyTorch's CPU counts along given dims as `(self != 0).sum(dims)`, which takes uint16/32/64,
+// and over all dims with a kernel of its own that has no case for them: that call runs on the
+// CPU, which raises its error.
 at::Tensor pjrt_count_nonzero(const at::Tensor& self, at::IntArrayRef dims) {
+  if (C10_UNLIKELY(dims.empty() && wide_unsigned(self))) {
+    return run_on_cpu<at::_ops::count_nonzero_dim_IntList>(self, dims);
+  }
   return (self != 0).sum(dims, /*keepdim=*/false, at::kLong);
 }
 

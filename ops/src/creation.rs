@@ -179,9 +179,13 @@ impl OpRule for Linspace {
             ));
         }
         ensure!(steps >= 0, "number of steps must be non-negative");
+        // A complex linspace between real bounds (complex bounds run on the CPU) has the real
+        // linspace as its real part and 0 as its imaginary part, as PyTorch's complex kernel
+        // computes each part on its own.
+        let bounds = dtype.real_part();
         Ok(Meta::single(
             TensorType::new(dtype, &[steps]),
-            vec![dtype, dtype],
+            vec![bounds, bounds],
         ))
     }
 
@@ -320,9 +324,11 @@ fn truncate_like_x86(e: &mut Emitter, v: Value, wide: DType) -> Value {
 fn lower_linspace(e: &mut Emitter, a: &LowerArgs, out: &TensorType) -> Value {
     let steps = out.shape[0];
     let dtype = out.dtype;
-    // Float outputs compute in their own dtype (f32 for bf16/f16); integer outputs in f64.
-    let step_t = if dtype.is_float() {
-        dtype.compute_dtype()
+    // Float outputs compute in their own dtype (f32 for bf16/f16), complex ones in their parts'
+    // dtype; integer outputs in f64.
+    let computes_in_own_parts = dtype.is_float() || dtype.is_complex();
+    let step_t = if computes_in_own_parts {
+        dtype.real_part().compute_dtype()
     } else {
         DType::F64
     };
@@ -377,7 +383,7 @@ fn lower_linspace(e: &mut Emitter, a: &LowerArgs, out: &TensorType) -> Value {
     );
     let first_half = e.compare(Cmp::Lt, idx_i, halfway);
     let v = e.select(first_half, fwd, bwd);
-    if dtype.is_float() {
+    if computes_in_own_parts {
         e.convert(v, dtype)
     } else {
         cast_like_pytorch(e, v, dtype)

@@ -301,8 +301,28 @@ mod catalogue_tests {
             e.message,
             "\"erf\" is not implemented for 'ComplexFloat' on pjrt"
         );
-        let e = meta(OpId::Eye, &[], &[], &[DType::C64.code() as i64, 2, 2]);
+        let range = [
+            DType::C64.code() as i64,
+            crate::f64_param(0.0),
+            crate::f64_param(3.0),
+            crate::f64_param(1.0),
+        ];
+        let e = meta(OpId::Arange, &[], &[], &range);
         assert_eq!(e.unwrap_err().kind, ErrorKind::NotImplemented);
+        // A complex identity, and a complex linspace between real bounds (lifted in its parts'
+        // dtype).
+        let m = meta(OpId::Eye, &[], &[], &[DType::C64.code() as i64, 2, 2]).unwrap();
+        assert_eq!(m.outputs[0].dtype, DType::C64);
+        let bounds = [ScalarArg::float(-1.0), ScalarArg::int(2)];
+        let m = meta(
+            OpId::Linspace,
+            &[],
+            &bounds,
+            &[DType::C128.code() as i64, 4],
+        )
+        .unwrap();
+        assert_eq!(m.outputs[0].dtype, DType::C128);
+        assert_eq!(m.scalar_dtypes.as_slice(), [DType::F64, DType::F64]);
         // The magnitude is real; a complex product of a complex and a real tensor is complex.
         let m = meta(OpId::Abs, std::slice::from_ref(&z), &[], &[]).unwrap();
         assert_eq!(m.outputs[0].dtype, DType::F32);

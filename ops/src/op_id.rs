@@ -303,8 +303,8 @@ op_catalogue! {
     Zeros = "zeros", family: Creation, rule: creation::Constant(0), inputs: "", scalars: "", params: Creation, facts: { complex: true, size_params_from: Some(1) };
     Ones = "ones", family: Creation, rule: creation::Constant(1), inputs: "", scalars: "", params: Creation, facts: { complex: true, size_params_from: Some(1) };
     Arange = "arange", family: Creation, rule: creation::Arange, inputs: "", scalars: "", params: ArangeRange;
-    Linspace = "linspace", family: Creation, rule: creation::Linspace, inputs: "", scalars: "start, end", params: LinspaceSteps, facts: { size_params_from: Some(1) };
-    Eye = "eye", family: Creation, rule: creation::Eye, inputs: "", scalars: "", params: EyeSizes, facts: { size_params_from: Some(1) };
+    Linspace = "linspace", family: Creation, rule: creation::Linspace, inputs: "", scalars: "start, end", params: LinspaceSteps, facts: { complex: true, size_params_from: Some(1) };
+    Eye = "eye", family: Creation, rule: creation::Eye, inputs: "", scalars: "", params: EyeSizes, facts: { complex: true, size_params_from: Some(1) };
 
     // ---- reductions (dims empty = all dims) --------------------------------------------
     Sum = "sum", family: Reduce, rule: reduce::ReduceOps, inputs: "self", scalars: "", params: ReduceDtypeDims, facts: { complex: true };

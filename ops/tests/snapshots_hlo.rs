@@ -239,6 +239,22 @@ snapshot!(
     [],
     []
 );
+// A complex linspace between real bounds (the real linspace in float32, then made complex) and a
+// complex identity.
+snapshot!(
+    linspace_complex,
+    OpId::Linspace,
+    [],
+    [ScalarArg::float(-2.0), ScalarArg::float(3.0)],
+    [DType::C64.code() as i64, 5]
+);
+snapshot!(
+    eye_complex,
+    OpId::Eye,
+    [],
+    [],
+    [DType::C128.code() as i64, 2, 3]
+);
 // Discrete Fourier transforms: an inverse complex transform over a middle and an outer dim
 // (moved innermost and back; XLA's own 1/n undone for normalization none), a onesided real
 // transform whose halved dim is named first, an inverse real transform over four dims (one

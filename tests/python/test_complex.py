@@ -205,6 +205,55 @@ def test_products_and_data_movement(strict_or_fused_mode, dtype):
          torch.index_select(a, 1, torch.tensor([3, 0])))
 
 
+@pytest.mark.parametrize("dtype", COMPLEX)
+def test_linspace_and_eye(strict_or_fused_mode, dtype):
+    # Real bounds: the real part is the real linspace of the parts' dtype, the imaginary part 0.
+    for start, end, steps in [(-2.0, -3, 0), (1.5, 4, 1), (0, 1, 2), (-2.0, 3.25, 7), (10, -7.5, 100)]:
+        same(torch.linspace(start, end, steps, dtype=dtype, device="pjrt"),
+             torch.linspace(start, end, steps, dtype=dtype), rtol=0, atol=0)
+    out = torch.empty(0, dtype=dtype, device="pjrt")
+    torch.linspace(-1, 1, 5, out=out)
+    same(out, torch.linspace(-1, 1, 5, dtype=dtype), rtol=0, atol=0)
+    same(torch.eye(3, dtype=dtype, device="pjrt"), torch.eye(3, dtype=dtype), rtol=0, atol=0)
+    same(torch.eye(2, 5, dtype=dtype, device="pjrt"), torch.eye(2, 5, dtype=dtype), rtol=0, atol=0)
+    same(torch.eye(0, 3, dtype=dtype, device="pjrt"), torch.eye(0, 3, dtype=dtype))
+
+
+# A grid of parts: finite, zero, infinite and NaN, each against each as real and imaginary parts.
+SPECIAL_PARTS = [0.0, -0.0, 1.5, -2.0, 30.0, float("inf"), float("-inf"), float("nan")]
+
+
+def special_values(dtype):
+    parts = torch.tensor(SPECIAL_PARTS, dtype=torch.float64)
+    grid = torch.complex(parts[:, None].expand(-1, len(parts)), parts[None, :].expand(len(parts), -1))
+    return grid.reshape(-1).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", COMPLEX)
+def test_logaddexp(strict_or_fused_mode, dtype):
+    x, y = sample(dtype, 4, 5, seed=24) * 4, sample(dtype, 5, seed=25) * 4
+    px, py = x.to("pjrt"), y.to("pjrt")
+    same(torch.logaddexp(px, py), torch.logaddexp(x, y))
+    # Far apart (the smaller's exp is a small correction) and on equal real parts.
+    far = torch.complex(torch.tensor([-40.0, 0.0, 25.0], dtype=torch.float64),
+                        torch.tensor([1.0, -3.0, 0.5], dtype=torch.float64)).to(dtype)
+    same(torch.logaddexp(far.to("pjrt"), py[:3]), torch.logaddexp(far, y[:3]))
+    same(torch.logaddexp(py, py.conj()), torch.logaddexp(y, y.conj()))
+    # A real operand promotes; out= takes the complex result.
+    r = torch.randn(4, 5, generator=seeded(26), dtype=torch.float64)
+    same(torch.logaddexp(r.to("pjrt"), py), torch.logaddexp(r, y))
+    out = torch.empty(4, 5, dtype=dtype, device="pjrt")
+    torch.logaddexp(px, py, out=out)
+    same(out, torch.logaddexp(x, y))
+    # Every pair of special values, against the CPU's results (NaN where the CPU's is NaN).
+    grid = special_values(dtype)
+    a, b = grid[:, None], grid[None, :]
+    got = torch.logaddexp(a.to("pjrt"), b.to("pjrt")).cpu()
+    expected = torch.logaddexp(a, b)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got, expected, equal_nan=True, **TOL[dtype])
+
+
 def test_gradients_through_complex_values():
     for mode in ["strict", "defer_and_fuse"]:
         with torch_pjrt.eager_mode(mode):
@@ -262,6 +311,40 @@ def test_indexing(strict_or_fused_mode, dtype):
     same(got, expected)
     source = sample(dtype, 20, seed=23)
     same(p.masked_scatter(mask.to("pjrt"), source.to("pjrt")), x.masked_scatter(mask, source))
+
+
+@pytest.mark.parametrize("name", ["sinh", "cosh", "sinc", "asinh", "acosh", "atanh", "atan", "asin", "acos"])
+@pytest.mark.parametrize("dtype", COMPLEX)
+def test_real_compositions_run_complex_values_on_the_cpu_in_every_form(name, dtype):
+    """Kernels composed for real numbers send complex values to the CPU in their functional,
+    `out=` and in-place forms alike, on plain tensors and on conjugate and negative views."""
+    x = sample(dtype, 6, seed=27)
+    fn, in_place = getattr(torch, name), getattr(torch.Tensor, name + "_")
+    views = {
+        "plain": lambda t: t,
+        "conj": lambda t: t.conj(),
+        "neg_conj": lambda t: torch._neg_view(t.conj()),
+    }
+    with torch_pjrt.eager_mode("strict"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for view in views.values():
+            cpu, dev = view(x.clone()), view(x.to("pjrt"))
+            same(fn(dev), fn(cpu))
+            out = torch.empty(6, dtype=dtype, device="pjrt")
+            assert fn(dev, out=out) is out
+            same(out, fn(cpu))
+            cpu, dev = view(x.clone()), view(x.to("pjrt"))
+            in_place(cpu)
+            assert in_place(dev) is dev
+            assert dev.is_conj() == cpu.is_conj() and dev.is_neg() == cpu.is_neg()
+            same(dev.resolve_conj().resolve_neg(), cpu.resolve_conj().resolve_neg())
+        # PyTorch's errors where it refuses: a complex result into a real out=, and `frac`.
+        for call in [lambda t: fn(t, out=torch.empty(6, device=t.device)), torch.frac, torch.Tensor.frac_]:
+            with pytest.raises(Exception) as on_cpu:
+                call(x.clone())
+            with pytest.raises(type(on_cpu.value)) as on_pjrt:
+                call(x.to("pjrt"))
+            assert str(on_pjrt.value) == str(on_cpu.value)
 
 
 def test_ops_not_lowered_for_complex_values_run_on_the_cpu():

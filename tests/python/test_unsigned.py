@@ -151,6 +151,7 @@ SUPPORTED = {
     "to_float": lambda a, b: a.float(),
     "nan_to_num": lambda a, b: a.nan_to_num(),
     "equal": lambda a, b: torch.equal(a, b),
+    "count_nonzero_dim": lambda a, b: a.reshape(2, 4).count_nonzero(1),
 }
 
 
@@ -234,6 +235,9 @@ HAND_WRITTEN = {
     "sum_into_uint16": lambda p, i: p.long().sum(dtype=torch.uint16),
     "prod_into_uint16": lambda p, i: p.long().prod(dtype=torch.uint16),
     "cumsum_into_uint16": lambda p, i: p.long().cumsum(0, dtype=torch.uint16),
+    "index_fill": lambda p, i: p.clone().index_fill_(0, i, 5),
+    "index_fill_tensor_value": lambda p, i: p.index_fill(0, i, torch.tensor(5, device=p.device)),
+    "count_nonzero": lambda p, i: p.count_nonzero(),
 }
 
 

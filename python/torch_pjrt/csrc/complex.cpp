@@ -72,13 +72,6 @@ at::Tensor& pjrt_angle_out(const at::Tensor& self, at::Tensor& out) {
 
 }  // namespace
 
-at::Tensor unary_on_cpu(const char* name, const at::Tensor& self) {
-  using Signature = at::Tensor(const at::Tensor&);
-  const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
-  return c10::impl::BoxedKernelWrapper<Signature>::call(
-      c10::BoxedKernel::makeFromFunction<&pjrt_cpu_fallback>(), op, c10::DispatchKeySet(), self);
-}
-
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("view_as_real", TORCH_FN(at::native::view_as_real));
   m.impl("view_as_complex", TORCH_FN(at::native::view_as_complex));

@@ -350,10 +350,75 @@ at::Tensor pjrt_frac(const at::Tensor& self) {
   return self - at::trunc(self);
 }
 
+// logaddexp of complex values as PyTorch's CPU kernel computes it: of the two, `lo` has the
+// smaller real part (`other` on a tie) and `hi` the other, and the result is
+// log1p(exp(lo - hi)) + hi. A NaN in any part makes both parts NaN; equal infinite real parts give
+// `lo` (both -inf) or log(exp(lo) + exp(hi)) (both +inf). Computed on the parts with real ops,
+// with C's values of the complex exp and log where a part is infinite.
+at::Tensor complex_log_add_exp(
+    const at::Tensor& self, const at::Tensor& other, at::ScalarType dtype) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const at::Tensor x = self.to(dtype).resolve_conj();
+  const at::Tensor y = other.to(dtype).resolve_conj();
+  const at::Tensor xr = at::real(x);
+  const at::Tensor xi = at::imag(x);
+  const at::Tensor yr = at::real(y);
+  const at::Tensor yi = at::imag(y);
+  const at::Tensor x_lower = xr < yr;
+  const at::Tensor lo_r = at::where(x_lower, xr, yr);
+  const at::Tensor lo_i = at::where(x_lower, xi, yi);
+  const at::Tensor hi_r = at::where(x_lower, yr, xr);
+  const at::Tensor hi_i = at::where(x_lower, yi, xi);
+
+  // z = exp(lo - hi), of modulus at most 1; 0 where the real part is -inf, whatever the angle.
+  const at::Tensor modulus = at::exp(lo_r - hi_r);
+  const at::Tensor angle = lo_i - hi_i;
+  const at::Tensor vanishes = modulus == 0;
+  const at::Tensor zero = at::zeros_like(modulus);
+  const at::Tensor zr = at::where(vanishes, zero, modulus * at::cos(angle));
+  const at::Tensor zi = at::where(vanishes, zero, modulus * at::sin(angle));
+  // log1p(z): log|1 + z| as half of log1p(|1 + z|^2 - 1) for a small z (no cancellation, and z's
+  // real part itself where that underflows to 0), else as log|1 + z|; the angle of 1 + z.
+  const at::Tensor r = zr * (zr + 2) + zi * zi;
+  const at::Tensor near_one = at::where(r == 0, zr, at::log1p(r) * 0.5);
+  const at::Tensor log_modulus = at::where(modulus < 0.5, near_one, at::log(at::hypot(zr + 1, zi)));
+  const at::Tensor finite_r = log_modulus + hi_r;
+  const at::Tensor finite_i = at::atan2(zi, zr + 1) + hi_i;
+
+  // Both real parts +inf: log(exp(lo) + exp(hi)). C's exp of +inf along an angle is infinite
+  // along it (its imaginary part kept where the angle is 0, and NaN where the angle is not
+  // finite); C's log of a value with an infinite part has an infinite modulus, even beside a NaN.
+  auto infinite_exp = [&](const at::Tensor& theta) {
+    at::Tensor re = at::where(at::isfinite(theta), at::cos(theta) * inf, at::full_like(theta, inf));
+    at::Tensor im = at::where(theta == 0, theta, at::sin(theta) * inf);
+    return std::make_pair(re, im);
+  };
+  const auto [lo_exp_r, lo_exp_i] = infinite_exp(lo_i);
+  const auto [hi_exp_r, hi_exp_i] = infinite_exp(hi_i);
+  const at::Tensor sum_r = lo_exp_r + hi_exp_r;
+  const at::Tensor sum_i = lo_exp_i + hi_exp_i;
+  const at::Tensor plus_r = at::log(at::hypot(sum_r, sum_i));
+  const at::Tensor plus_i = at::atan2(sum_i, sum_r);
+
+  const at::Tensor both_infinite = at::isinf(lo_r).logical_and(lo_r == hi_r);
+  const at::Tensor both_minus = both_infinite.logical_and(lo_r < 0);
+  at::Tensor re = at::where(both_infinite, at::where(both_minus, lo_r, plus_r), finite_r);
+  at::Tensor im = at::where(both_infinite, at::where(both_minus, lo_i, plus_i), finite_i);
+  const at::Tensor nan =
+      at::isnan(xr).logical_or(at::isnan(xi)).logical_or(at::isnan(yr)).logical_or(at::isnan(yi));
+  const double quiet_nan = std::numeric_limits<double>::quiet_NaN();
+  re = at::where(nan, quiet_nan, re);
+  im = at::where(nan, quiet_nan, im);
+  return at::complex(re, im);
+}
+
 // log(exp(a) + exp(b)) (base 2 with `base_two`), with PyTorch's rule for equal infinities.
 at::Tensor log_add_exp(const at::Tensor& self, const at::Tensor& other, bool base_two) {
   const char* op = base_two ? "logaddexp2" : "logaddexp";
   at::ScalarType dtype = at::result_type(self, other);
+  if (!base_two && at::isComplexType(dtype)) {
+    return complex_log_add_exp(self, other, dtype);
+  }
   TORCH_CHECK_NOT_IMPLEMENTED(
       at::isFloatingType(dtype),
       "\"",
@@ -446,11 +511,17 @@ at::Tensor pjrt_index_copy(
   return at::index_put(self, indices, source, /*accumulate=*/false);
 }
 
+// A uint16/32/64 `self` runs on the CPU, whose kernel has no case for them and raises its error
+// after its own checks (or computes it, where a later PyTorch can); the in-place and `out=` forms
+// call this one.
 at::Tensor pjrt_index_fill(
     const at::Tensor& self,
     int64_t dim,
     const at::Tensor& index,
     const at::Tensor& value) {
+  if (C10_UNLIKELY(wide_unsigned(self))) {
+    return run_on_cpu<at::_ops::index_fill_int_Tensor>(self, dim, index, value);
+  }
   TORCH_CHECK(
       value.dim() == 0,
       "index_fill_ only supports a 0-dimensional value tensor, but got tensor with ",
@@ -987,23 +1058,17 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("var_mean.correction", TORCH_FN(pjrt_var_mean));
   m.impl("std_mean.correction", TORCH_FN(pjrt_std_mean));
 
-// These compositions are for real numbers; PyTorch's CPU kernels take complex values too.
-#define PJRT_FLOAT_UNARY(name, fn)                                                                 \
-  m.impl(#name, [](const at::Tensor& self) {                                                      \
-    return self.is_complex() ? unary_on_cpu("aten::" #name, self) : fn(self);                     \
-  });                                                                                             \
-  m.impl(#name ".out", TORCH_FN(Variants<&fn>::out));                                             \
-  m.impl(#name "_", TORCH_FN(Variants<&fn>::in_place_floating));
-  PJRT_FLOAT_UNARY(atan, pjrt_atan)
-  PJRT_FLOAT_UNARY(asin, pjrt_asin)
-  PJRT_FLOAT_UNARY(acos, pjrt_acos)
-  PJRT_FLOAT_UNARY(sinh, pjrt_sinh)
-  PJRT_FLOAT_UNARY(cosh, pjrt_cosh)
-  PJRT_FLOAT_UNARY(asinh, pjrt_asinh)
-  PJRT_FLOAT_UNARY(acosh, pjrt_acosh)
-  PJRT_FLOAT_UNARY(atanh, pjrt_atanh)
-  PJRT_FLOAT_UNARY(frac, pjrt_frac)
-#undef PJRT_FLOAT_UNARY
+  // Compositions for real numbers: complex values run on the CPU, which computes them (`frac`:
+  // raises PyTorch's error).
+  PJRT_REAL_UNARY(atan, pjrt_atan)
+  PJRT_REAL_UNARY(asin, pjrt_asin)
+  PJRT_REAL_UNARY(acos, pjrt_acos)
+  PJRT_REAL_UNARY(sinh, pjrt_sinh)
+  PJRT_REAL_UNARY(cosh, pjrt_cosh)
+  PJRT_REAL_UNARY(asinh, pjrt_asinh)
+  PJRT_REAL_UNARY(acosh, pjrt_acosh)
+  PJRT_REAL_UNARY(atanh, pjrt_atanh)
+  PJRT_REAL_UNARY(frac, pjrt_frac)
   PJRT_WITH_OUT("logaddexp", "logaddexp.out", pjrt_logaddexp)
   PJRT_WITH_OUT("logaddexp2", "logaddexp2.out", pjrt_logaddexp2)
   PJRT_WITH_OUT_AND_IN_PLACE("hypot", "hypot.out", "hypot_", pjrt_hypot)

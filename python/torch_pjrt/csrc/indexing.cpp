@@ -18,23 +18,8 @@
 namespace torch_pjrt {
 namespace {
 
-
 bool is_mask(const at::Tensor& t) {
   return t.scalar_type() == at::kBool || t.scalar_type() == at::kByte;
-}
-
-// uint16, uint32 and uint64 (RFC 0038): PyTorch's CPU kernels of the ops below (but `index`)
-// have no case for them, so a call on them runs on the CPU as the generated kernels' refused
-// calls do, and the CPU raises PyTorch's own error (or computes it, where a later PyTorch can).
-bool wide_unsigned(const at::Tensor& t) {
-  const at::ScalarType type = t.scalar_type();
-  return type == at::kUInt16 || type == at::kUInt32 || type == at::kUInt64;
-}
-
-template <typename Op, typename... Args>
-decltype(auto) run_on_cpu(Args&&... args) {
-  return at::native::call_fallback_fn_symint<&pjrt_cpu_fallback, Op>::call(
-      std::forward<Args>(args)...);
 }
 
 // How many elements of `t` are nonzero: a reduction on the device, read to the host.

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/native/CPUFallback.h>
 #include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
@@ -127,9 +128,47 @@ void note_kernel_cpu_fallback(const std::string& name);
 // copies of its pjrt arguments on the CPU, and its results and written arguments come back.
 void pjrt_cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
-// The unary op `name` (`aten::sinh`) run through the CPU fallback: for a complex `self` that a
-// kernel composed for real numbers cannot compute, where PyTorch's CPU kernel can.
-at::Tensor unary_on_cpu(const char* name, const at::Tensor& self);
+// Runs the ATen op `Op` (an `at::_ops` struct: `at::_ops::sinh_out`) through the boxed CPU
+// fallback: for a case that a kernel has no device path for (RFC 0038).
+template <typename Op, typename... Args>
+decltype(auto) run_on_cpu(Args&&... args) {
+  return at::native::call_fallback_fn_symint<&pjrt_cpu_fallback, Op>::call(
+      std::forward<Args>(args)...);
+}
+
+// uint16, uint32 and uint64 (RFC 0038): PyTorch's CPU computes few ops on them, so a kernel
+// composed of other ops sends a call on them to the CPU, as the generated kernels' refused calls
+// go, and the CPU raises PyTorch's own error (or computes it, where a later PyTorch can).
+inline bool wide_unsigned(const at::Tensor& t) {
+  const at::ScalarType type = t.scalar_type();
+  return type == at::kUInt16 || type == at::kUInt32 || type == at::kUInt64;
+}
+
+// The functional, `out=` and in-place forms of a unary kernel `Fn` composed for real numbers.
+// A complex `self` (a conjugate view's resolved values, by the time a kernel sees them) runs the
+// called form (`Op`, `OutOp`, `InPlaceOp`) on the CPU, whose kernels take complex values, in every
+// form alike: the result stays complex, as PyTorch's is.
+template <auto Fn, typename Op, typename OutOp, typename InPlaceOp>
+struct RealUnary {
+  static at::Tensor functional(const at::Tensor& self) {
+    return self.is_complex() ? run_on_cpu<Op>(self) : Fn(self);
+  }
+  static at::Tensor& out(const at::Tensor& self, at::Tensor& out) {
+    return self.is_complex() ? run_on_cpu<OutOp>(self, out) : Variants<Fn>::out(self, out);
+  }
+  static at::Tensor& in_place(at::Tensor& self) {
+    return self.is_complex() ? run_on_cpu<InPlaceOp>(self) : Variants<Fn>::in_place_floating(self);
+  }
+};
+
+// Inside a `TORCH_LIBRARY_IMPL` body: registers the three forms of the unary op `name` (`sinh`,
+// `sinh.out`, `sinh_`) as `RealUnary` of the kernel `fn`.
+#define PJRT_REAL_UNARY(name, fn)                                                                  \
+  using name##_forms =                                                                            \
+      ::torch_pjrt::RealUnary<&fn, at::_ops::name, at::_ops::name##_out, at::_ops::name##_>;      \
+  m.impl(#name, TORCH_FN(name##_forms::functional));                                              \
+  m.impl(#name ".out", TORCH_FN(name##_forms::out));                                              \
+  m.impl(#name "_", TORCH_FN(name##_forms::in_place));
 
 // ----- storages ---------------------------------------------------------------------------------
 

@@ -256,9 +256,6 @@ at::Tensor pjrt_logit_backward(
 }
 
 at::Tensor pjrt_sinc(const at::Tensor& self) {
-  if (self.is_complex()) {
-    return unary_on_cpu("aten::sinc", self);
-  }
   at::Tensor x = as_floating(self);
   at::Tensor product = x * M_PI;
   return at::where(x == 0, at::ones_like(x), at::sin(product) / product);
@@ -274,7 +271,13 @@ at::Tensor pjrt_heaviside(const at::Tensor& self, const at::Tensor& values) {
 
 // ----- reductions and products ------------------------------------------------------------------
 
+// PyTorch's CPU counts along given dims as `(self != 0).sum(dims)`, which takes uint16/32/64,
+// and over all dims with a kernel of its own that has no case for them: that call runs on the
+// CPU, which raises its error.
 at::Tensor pjrt_count_nonzero(const at::Tensor& self, at::IntArrayRef dims) {
+  if (C10_UNLIKELY(dims.empty() && wide_unsigned(self))) {
+    return run_on_cpu<at::_ops::count_nonzero_dim_IntList>(self, dims);
+  }
   return (self != 0).sum(dims, /*keepdim=*/false, at::kLong);
 }
 
@@ -403,8 +406,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   PJRT_WITH_OUT("logit", "logit.out", pjrt_logit)
   m.impl("logit_", TORCH_FN(Variants<&pjrt_logit>::in_place_floating));
   PJRT_WITH_OUT("logit_backward", "logit_backward.grad_input", pjrt_logit_backward)
-  PJRT_WITH_OUT("sinc", "sinc.out", pjrt_sinc)
-  m.impl("sinc_", TORCH_FN(Variants<&pjrt_sinc>::in_place_floating));
+  PJRT_REAL_UNARY(sinc, pjrt_sinc)
   PJRT_WITH_OUT("heaviside", "heaviside.out", pjrt_heaviside)
   m.impl("heaviside_", TORCH_FN(Variants<&pjrt_heaviside>::in_place));
 

@@ -110,11 +110,13 @@ class Backend:
             self._xm.wait_device_ops()
 
     def settle_compiles(self):
-        """pjrt: waits (at most a minute) for the background recompiles with full options that
-        warm-up started (RFC 0041), so that the timed repetitions run the programs a loop settles
-        on and do not share the cores with those compiles; returns whether they finished. None
-        elsewhere."""
+        """pjrt: upgrades every quick program warm-up ran to its full compile (RFC 0041), as a
+        loop running long enough does (one that runs once per repetition would otherwise stay
+        quick for the first eight), and waits (at most a minute) for those compiles, so that the
+        timed repetitions run the programs a loop settles on and do not share the cores with
+        them; returns whether they finished. None elsewhere."""
         if self.name.startswith("pjrt-"):
+            self._tp._api._upgrade_quick_programs()
             return self._tp._api._wait_compile_upgrades(60.0)
         return None
 

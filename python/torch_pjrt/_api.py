@@ -89,6 +89,16 @@ def sync() -> None:
     _native.check(_native.ensure_started().tpjrt_sync())
 
 
+def _upgrade_quick_programs() -> int:
+    """Queues the full recompile (RFC 0041) of every quick program not upgraded yet, however
+    often it has run; returns how many. With :func:`_wait_compile_upgrades` after it, a benchmark
+    times the programs a long-running loop settles on: one that runs once per request (a
+    prefill) is otherwise upgraded only at its eighth run."""
+    queued = ctypes.c_int64(0)
+    _native.check(_native.ensure_started().tpjrt_upgrade_quick_programs(ctypes.byref(queued)))
+    return int(queued.value)
+
+
 def _wait_compile_upgrades(limit_s: float = 60.0) -> bool:
     """Waits, at most ``limit_s`` seconds, until no quick program is being compiled again in full
     in the background (RFC 0041); returns whether none is. Benchmarks call it after warm-up so

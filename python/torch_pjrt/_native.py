@@ -91,6 +91,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "tpjrt_graph_end": (c_int, []),
         "tpjrt_wait_warm_up": (c_int, []),
         "tpjrt_wait_compile_upgrades": (c_int, [ctypes.c_int64, ctypes.POINTER(c_int)]),
+        "tpjrt_upgrade_quick_programs": (c_int, [ctypes.POINTER(ctypes.c_int64)]),
         "tpjrt_prepare_exit": (c_int, []),
         "tpjrt_mode_push": (c_int, [c_int]),
         "tpjrt_mode_pop": (c_int, []),

@@ -356,6 +356,17 @@ int32_t tpjrt_wait_warm_up(void);
 int32_t tpjrt_wait_compile_upgrades(int64_t limit_ms, int32_t *settled);
 
 /**
+ * Queues the background recompile with full options (RFC 0041) of every quick program not
+ * upgraded yet, however often it has run, and writes how many to `queued`; a later
+ * `tpjrt_wait_compile_upgrades` waits for them. For benchmarks that time the programs a loop
+ * settles on after its warm-up; never starts the engine.
+ *
+ * # Safety
+ * `queued` must point to one writable `int64_t`.
+ */
+int32_t tpjrt_upgrade_quick_programs(int64_t *queued);
+
+/**
  * Readies the process to exit: waits for the warm-up and the compiles running now, and refuses
  * later compiles. A client calls it before the process exits (the Python package does from
  * `atexit`; a C program before returning from `main`): the runtime's global state is torn

@@ -640,6 +640,25 @@ pub unsafe extern "C" fn tpjrt_wait_compile_upgrades(limit_ms: i64, settled: *mu
     })
 }
 
+/// Queues the background recompile with full options (RFC 0041) of every quick program not
+/// upgraded yet, however often it has run, and writes how many to `queued`; a later
+/// `tpjrt_wait_compile_upgrades` waits for them. For benchmarks that time the programs a loop
+/// settles on after its warm-up; never starts the engine.
+///
+/// # Safety
+/// `queued` must point to one writable `int64_t`.
+#[no_mangle]
+pub unsafe extern "C" fn tpjrt_upgrade_quick_programs(queued: *mut i64) -> i32 {
+    guarded(|| {
+        if queued.is_null() {
+            return Err(invalid("tpjrt_upgrade_quick_programs: null output".into()));
+        }
+        let count = global::running().map_or(0, |engine| engine.upgrade_all_now());
+        *queued = count as i64;
+        Ok(())
+    })
+}
+
 /// Readies the process to exit: waits for the warm-up and the compiles running now, and refuses
 /// later compiles. A client calls it before the process exits (the Python package does from
 /// `atexit`; a C program before returning from `main`): the runtime's global state is torn

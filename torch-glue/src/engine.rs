@@ -554,6 +554,12 @@ impl Engine {
         self.compiler.close_for_exit(limit);
     }
 
+    /// Queues the background upgrade of every quick program not upgraded yet, however often it
+    /// has run (RFC 0041); returns how many were queued.
+    pub fn upgrade_all_now(&self) -> usize {
+        self.compiler.upgrade_all_now()
+    }
+
     /// Waits, at most `limit`, until no background upgrade of a quick program is queued or
     /// running (RFC 0041); returns whether none is.
     pub fn wait_for_upgrades(&self, limit: std::time::Duration) -> bool {

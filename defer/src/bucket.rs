@@ -262,6 +262,11 @@ impl GrowthSites {
         self.results.contains(&id) || self.first_entries.contains(&id)
     }
 
+    /// Whether storage `id` holds a sequence's first entry (`cat([torch.tensor([]), x])`).
+    pub fn is_first_entry(&self, id: StorageId) -> bool {
+        self.first_entries.contains(&id)
+    }
+
     /// Records the append of `b_len` elements to `a` (of `a_sizes`, held by storage `a`)
     /// along `dim`; returns whether it continues a sequence seen growing.
     pub fn note_append(

@@ -165,6 +165,10 @@ def test_a_dynamic_cache_compiles_once_per_bucket(mode, arch):
         assert steps[2:8] == [0] * 6, steps
         assert m["compilations"] - before["compilations"] <= 2 * 5 + 4, m["compiled_programs"]
         assert m["donated_buffers"] > before["donated_buffers"]
+    if mode == "defer_and_fuse" and arch == "t5":
+        # T5's decoder starts from one token, too short to pad: its first append starts the
+        # padding, so from the third step on the bucket's program runs.
+        assert steps[3:7] == [0] * 4, steps
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])

@@ -811,7 +811,11 @@ impl<V: Clone> Graph<V> {
         }
         let dim = cat_dim(params, rank)?;
         let (a_len, b_len) = (a.shape[dim], b.shape[dim]);
-        if a_len < 2 || b_len < 1 || b_len > a_len {
+        // A first entry of one element (an encoder-decoder's decoder starts from one token)
+        // is too short to be padded itself (`first_entry_dim`); its first append starts the
+        // padding instead, so the second decoding step already runs the bucket's program.
+        let one_long_first = a_len == 1 && b_len == 1 && self.growth.is_first_entry(a_storage);
+        if (a_len < 2 && !one_long_first) || b_len < 1 || b_len > a_len {
             return None;
         }
         self.growth

@@ -901,3 +901,21 @@ fn a_prologue_is_pending_ops_that_make_only_graph_inputs() {
         .pending_prologue(&[x.storage, wide.storage, neg.outputs[0].0])
         .is_none());
 }
+
+#[test]
+fn a_one_long_first_entry_is_padded_from_its_first_append() {
+    let mut g: Graph<u32> = Graph::new();
+    let empty = device(&mut g, DType::F32, &[0], 0);
+    let x = device(&mut g, DType::F32, &[1, 2, 1, 4], 1);
+    let captured = g.capture(OpId::Cat, &[empty, x], &[], &[-2], &[]).unwrap();
+    let (storage, ty) = captured.outputs[0].clone();
+    // One element has no extent to pad: the entry stays exact.
+    assert!(!g.is_padded(storage));
+    let cache = TensorRef::contiguous(storage, ty.dtype, &ty.shape);
+    g.flush(FlushRequest::All, |_| 7).unwrap();
+    let new = device(&mut g, DType::F32, &[1, 2, 1, 4], 2);
+    let captured = g.capture(OpId::Cat, &[cache, new], &[], &[2], &[]).unwrap();
+    let (storage, ty) = captured.outputs[0].clone();
+    assert_eq!(ty.shape.as_slice(), &[1, 2, 2, 4]);
+    assert!(g.is_padded(storage), "the first append starts the padding");
+}

@@ -861,45 +861,10 @@ impl<V: Clone> Graph<V> {
         let placement = self.placement(&OperandName(OpId::Cat, "input", 1), &inputs[1])?;
         let x = self.read_for_node(&inputs[1], &placement)?;
         let len = ty.shape[dim];
-        let bucket = padding::bucket(len);
-        let mut padded_shape = ty.shape.clone();
-        padded_shape[dim] = bucket;
-        let meta = Meta {
-            outputs: smallvec::smallvec![TensorType::new(ty.dtype, &padded_shape)],
-            scalar_dtypes: ops::ScalarDTypes::from_elem(DType::I64, 1),
-            variant: 0,
-            float_default: None,
-            matmul_precision: None,
-        };
-        let mut node_inputs: SmallVec<[NodeInput; 3]> = SmallVec::new();
-        node_inputs.push(x);
-        let id = self.push_node(
-            RegionOp::Append(Arc::new(AppendOp {
-                dim,
-                out_bucket: bucket,
-            })),
-            &[],
-            &[ScalarArg::int(len)],
-            meta,
-            node_inputs,
-        );
-        let storage = self.new_pending_storage(ty.nbytes(), ty.dtype, id.output(0));
-        self.set_padding(
-            storage,
-            Padding {
-                sizes: ty.shape.clone(),
-                dims: smallvec::smallvec![dim],
-                bucket,
-            },
-        );
-        // As after an append: what the next step builds from the sequence's length (positions,
-        // masks) is made padded, as at every later step.
-        self.last_extent = Some((len, bucket));
+        let captured = self.push_append(SmallVec::from_elem(x, 1), ty, dim, len);
         self.stats.captured_ops += 1;
         self.stats.padded_ops += 1;
-        let mut outputs = CapturedOutputs::new();
-        outputs.push((storage, ty));
-        Ok(Captured { outputs })
+        Ok(captured)
     }
 
     /// `cat([a, b], dim)` of exact values: when it continues a sequence seen growing along
@@ -957,6 +922,25 @@ impl<V: Clone> Graph<V> {
         };
         let b_placement = self.placement(&OperandName(OpId::Cat, "input", 1), &inputs[1])?;
         let b_input = self.read_for_node(&inputs[1], &b_placement)?;
+        let mut node_inputs: SmallVec<[NodeInput; 3]> = SmallVec::new();
+        node_inputs.push(a_input);
+        node_inputs.push(b_input);
+        Ok(Some(self.push_append(node_inputs, out_ty, dim, a_len)))
+    }
+
+    /// The `Append` node over `node_inputs` (`a`, or a first entry alone, then `b`) whose true
+    /// result is `out_ty`, padded along `dim` to the bucket of its length; `a_len` is `a`'s true
+    /// length, its one runtime scalar. Its storage is padded, and the sequence's extent is the
+    /// one what the next ops make from its length follows.
+    fn push_append(
+        &mut self,
+        node_inputs: SmallVec<[NodeInput; 3]>,
+        out_ty: TensorType,
+        dim: usize,
+        a_len: i64,
+    ) -> Captured {
+        let out_len = out_ty.shape[dim];
+        let out_bucket = padding::bucket(out_len);
         let mut padded_shape = out_ty.shape.clone();
         padded_shape[dim] = out_bucket;
         let meta = Meta {
@@ -966,9 +950,6 @@ impl<V: Clone> Graph<V> {
             float_default: None,
             matmul_precision: None,
         };
-        let mut node_inputs: SmallVec<[NodeInput; 3]> = SmallVec::new();
-        node_inputs.push(a_input);
-        node_inputs.push(b_input);
         let id = self.push_node(
             RegionOp::Append(Arc::new(AppendOp { dim, out_bucket })),
             &[],
@@ -988,7 +969,7 @@ impl<V: Clone> Graph<V> {
         self.last_extent = Some((out_len, out_bucket));
         let mut outputs = CapturedOutputs::new();
         outputs.push((storage, out_ty));
-        Ok(Some(Captured { outputs }))
+        Captured { outputs }
     }
 
     /// Whether `op` (on exact inputs of `types`, with `params`) returns as many elements as

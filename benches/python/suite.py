@@ -369,38 +369,28 @@ def targets(results: list, idx: dict) -> tuple[list, dict]:
     # 6. The compiled mode (torch.compile(backend="pjrt")) against DeferAndFuse and inductor,
     # on the workloads inductor compiles.
     P, I = "pjrt-compiled", "inductor"
-    compared, slower = [], []
-    for w in ("tiny_ops", "mlp", "item_loop", "adam", "attention", "norms", "chains"):
-        for case in cases_of(results, w):
-            if is_diagnostic(idx, w, case):
-                continue
-            p, d = median_of(idx, w, case, P), median_of(idx, w, case, D)
-            if p and d:
-                compared.append(d / p)
-                if p > d:
-                    slower.append(f"{w}/{case} {fmt_ratio(d / p)}")
-    if compared:
-        fig = f"compiled vs DeferAndFuse: geomean {fmt_ratio(geomean(compared))} over {len(compared)} cases"
-        if slower:
-            fig += "; slower on " + ", ".join(slower)
-        rows.append(("Compiled ≥ DeferAndFuse on every case", fig, status(not slower)))
+
+    def compiled_against(other: str, name: str, label: str):
+        """A row: compiled pjrt's speed against `other`'s on the compiled workloads."""
+        compared, slower = [], []
+        for w in ("tiny_ops", "mlp", "item_loop", "adam", "attention", "norms", "chains"):
+            for case in cases_of(results, w):
+                if is_diagnostic(idx, w, case):
+                    continue
+                p, o = median_of(idx, w, case, P), median_of(idx, w, case, other)
+                if p and o:
+                    compared.append(o / p)
+                    if p > o:
+                        slower.append(f"{w}/{case} {fmt_ratio(o / p)}")
+        if compared:
+            fig = f"compiled vs {name}: geomean {fmt_ratio(geomean(compared))} over {len(compared)} cases"
+            if slower:
+                fig += "; slower on " + ", ".join(slower)
+            rows.append((label, fig, status(not slower)))
+
+    compiled_against(D, "DeferAndFuse", "Compiled ≥ DeferAndFuse on every case")
     # ... and against torch_xla's Dynamo backend, openxla, on the same cases.
-    O = "openxla"
-    compared_o, slower_o = [], []
-    for w in ("tiny_ops", "mlp", "item_loop", "adam", "attention", "norms", "chains"):
-        for case in cases_of(results, w):
-            if is_diagnostic(idx, w, case):
-                continue
-            p, o = median_of(idx, w, case, P), median_of(idx, w, case, O)
-            if p and o:
-                compared_o.append(o / p)
-                if p > o:
-                    slower_o.append(f"{w}/{case} {fmt_ratio(o / p)}")
-    if compared_o:
-        fig = f"compiled vs openxla: geomean {fmt_ratio(geomean(compared_o))} over {len(compared_o)} cases"
-        if slower_o:
-            fig += "; slower on " + ", ".join(slower_o)
-        rows.append(("Compiled ≥ openxla (torch_xla's Dynamo backend) on every case", fig, status(not slower_o)))
+    compiled_against("openxla", "openxla", "Compiled ≥ openxla (torch_xla's Dynamo backend) on every case")
     if tiny:
         p, i = (median_of(idx, "tiny_ops", tiny[0], b) for b in (P, I))
         fig = f"compiled {fmt_time(p)}/op, inductor {fmt_time(i)}/op (blocks of 100 adds)"

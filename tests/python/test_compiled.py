@@ -535,17 +535,16 @@ def test_a_compiled_training_step_launches_one_program_per_graph(around):
     losses, compiled = train(True, around)
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), rtol=1e-6, atol=1e-6)
     assert eager == {"executions": 1, "graph_replays": 0}, "DeferAndFuse: the step is one region"
-    if around == "defer_and_fuse":
-        # The forward, backward and optimizer graphs replayed, and nothing else: the seed is
-        # still pending when the backward graph is replayed, and its program computes it (it
-        # was a one-op region of its own, launched before the backward replay: 4 a step).
-        assert compiled == {"executions": 3, "graph_replays": 3}
-    else:
-        # Strict runs the seed op at once, as it runs every op outside a graph.
-        assert compiled == {"executions": 4, "graph_replays": 3}
+    # The forward, backward and optimizer graphs replayed, and nothing else: the seed is still
+    # pending when the backward graph is replayed, and its program computes it (it was a one-op
+    # region of its own, launched before the backward replay: 4 a step). Strict, which runs
+    # every other op outside a graph at once, holds an op that only makes a new value after a
+    # graph ran, for the next graph to take.
+    assert compiled == {"executions": 3, "graph_replays": 3}
 
 
-def test_a_backward_graph_computes_its_seed_with_each_calls_value():
+@pytest.mark.parametrize("around", ["defer_and_fuse", "strict"])
+def test_a_backward_graph_computes_its_seed_with_each_calls_value(around):
     # `loss.backward(gradient)` with a gradient made on the device just before: a fill whose
     # value changes at every step, folded into the backward graph's program with that value.
     steps, warm_up = 10, 4
@@ -561,7 +560,7 @@ def test_a_backward_graph_computes_its_seed_with_each_calls_value():
         if compiled:
             forward = torch.compile(forward, backend="pjrt")
         losses, grads = [], []
-        with in_mode_without_fallbacks("defer_and_fuse"):
+        with in_mode_without_fallbacks("defer_and_fuse" if not compiled else around):
             for i, (x, y) in enumerate(batches):
                 if i == warm_up:
                     before = _launches()
@@ -587,5 +586,31 @@ def test_a_backward_graph_computes_its_seed_with_each_calls_value():
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), rtol=1e-6, atol=1e-6)
     for g, e in zip(grads, expected_grads):
         torch.testing.assert_close(g.cpu(), e.cpu(), rtol=1e-6, atol=1e-6)
-    # The forward and backward replays and the optimizer's region.
-    assert launched == {"executions": 3, "graph_replays": 2}
+    if around == "defer_and_fuse":
+        # The forward and backward replays and the optimizer's region.
+        assert launched == {"executions": 3, "graph_replays": 2}
+    else:
+        # Strict runs the optimizer's ops one by one, and holds the seed for the backward graph.
+        assert launched["graph_replays"] == 2
+
+
+def test_strict_runs_values_held_after_a_graph_when_eager_code_reads_them():
+    # After a compiled graph, Strict holds ops that only make new values for the next graph's
+    # prologue. Eager code that reads them, or reads a device value, runs them first: values
+    # and the one-op programs of eager Strict are unchanged.
+    f = torch.compile(lambda t: (t * 2).sum(), backend="pjrt")
+    x = torch.arange(6.0).to("pjrt")
+    with in_mode_without_fallbacks("strict"):
+        for _ in range(3):
+            f(x)
+        z = torch.zeros(3, device="pjrt")
+        h = torch.full((3,), 2.5, device="pjrt")
+        y = x[:3] + h  # reads a device value: the held fills run first
+        assert torch.equal(y.cpu(), torch.arange(3.0) + 2.5)
+        assert torch.equal((z + h).cpu(), torch.full((3,), 2.5))
+        f(x)
+        o = torch.ones(2, device="pjrt")
+        assert torch.equal(o.cpu(), torch.ones(2))  # a read of a held value runs it
+        f(x)
+        r = torch.full((4,), 3.0, device="pjrt").add_(1.0)  # held, then written in place
+        assert torch.equal(r.cpu(), torch.full((4,), 4.0))

@@ -392,6 +392,10 @@ pub struct Engine {
     /// The ops left pending by the graph being recorded, which its program computes first
     /// (RFC 0033).
     graph_prologue: Mutex<Option<defer::Prologue>>,
+    /// Set when a compiled-mode graph ran: Strict then keeps ops that only make new values
+    /// (autograd's `ones_like` seed) pending, so the next graph's replay computes them as its
+    /// prologue instead of launching them alone; cleared by an op that reads a device value.
+    hold_sources: std::sync::atomic::AtomicBool,
     /// `TORCH_PJRT_LOG_RECOMPILES`: also each op's line is recorded ([`Engine::op_at`]).
     log_recompiles: bool,
     /// `TORCH_PJRT_TRACEBACKS`: each op's line is recorded, and a check that fails later names
@@ -497,6 +501,7 @@ impl Engine {
             open_graphs: Default::default(),
             graph_programs: Mutex::new(Vec::new()),
             graph_prologue: Mutex::new(None),
+            hold_sources: Default::default(),
             events: Mutex::new(Default::default()),
             next_event: std::sync::atomic::AtomicU64::new(1),
             log_recompiles: config.log_recompiles,
@@ -679,6 +684,25 @@ impl Engine {
         params: &[i64],
         outs: &[TensorRef],
     ) -> Result<Captured, EngineError> {
+        // After a compiled graph, Strict holds ops that only make new values for the next
+        // graph's prologue (`hold_sources`): this one is held too, or what is held runs first,
+        // on its own, and this op keeps Strict's one-op program.
+        let mut held_for_prologue = false;
+        if self.hold_sources.load(std::sync::atomic::Ordering::Relaxed)
+            && self.flush_mode() == Mode::Strict
+        {
+            held_for_prologue = !(graph.reads_device_value(inputs)
+                || graph.reads_device_value(outs)
+                || op.is_side_effecting()
+                || op.family() == ops::Family::Random);
+            if !held_for_prologue {
+                self.hold_sources
+                    .store(false, std::sync::atomic::Ordering::Relaxed);
+                if graph.pending_len() > 0 {
+                    self.flush_locked(graph, FlushRequest::All)?;
+                }
+            }
+        }
         if op == OpId::Cat {
             // Read at each append, as the plugin's capacities read it, so a program can turn
             // bounded shapes off for a while.
@@ -714,7 +738,7 @@ impl Engine {
                 }
             }
         }
-        if self.flush_mode() == Mode::Strict && device_checks.is_empty() {
+        if self.flush_mode() == Mode::Strict && device_checks.is_empty() && !held_for_prologue {
             // A warm Strict op on device values skips the pending graph: same key, same
             // program, same results (see `Graph::run_if_compiled`).
             let call = OpCall {
@@ -866,6 +890,13 @@ impl Engine {
                 }
             }
             Mode::Strict => {
+                if self.hold_sources.load(std::sync::atomic::Ordering::Relaxed)
+                    && graph.pending_could_be_prologue()
+                {
+                    return Ok(());
+                }
+                self.hold_sources
+                    .store(false, std::sync::atomic::Ordering::Relaxed);
                 self.flush_locked(graph, FlushRequest::All)?;
             }
             Mode::Debug => {
@@ -1248,6 +1279,13 @@ impl Engine {
         }
     }
 
+    /// A compiled-mode graph ran: what Strict captures next that only makes new values is
+    /// held for the next graph's prologue (see `hold_sources`).
+    pub(crate) fn note_graph_ran(&self) {
+        self.hold_sources
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
     fn in_graph(&self) -> bool {
         self.open_graphs.load(std::sync::atomic::Ordering::Acquire) > 0
     }
@@ -1296,6 +1334,7 @@ impl Engine {
         self.open_graphs
             .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
         self.modes.pop().map_err(EngineError::runtime)?;
+        self.note_graph_ran();
         launched
     }
 

@@ -101,6 +101,32 @@ impl<V: Clone> Graph<V> {
         })
     }
 
+    /// Whether the pending ops could be some graph's prologue, whatever its inputs: at most a
+    /// few, none reads a device value, has an effect or draws random numbers. Strict keeps such
+    /// ops pending after a compiled graph ran, for the next graph to take (RFC 0033).
+    pub fn pending_could_be_prologue(&self) -> bool {
+        !self.pending.is_empty()
+            && self.pending.len() <= MAX_PROLOGUE_OPS
+            && self.pending.iter().all(|node| {
+                matches!(node.op, RegionOp::Aten(op)
+                    if !op.is_side_effecting() && op.family() != ops::Family::Random)
+                    && node
+                        .inputs
+                        .iter()
+                        .all(|input| !matches!(input.value, ValueRef::External(_)))
+            })
+    }
+
+    /// Whether an op on `inputs` would read a value already on the device (not a pending one,
+    /// and not a storage never written): such an op cannot join a prologue.
+    pub fn reads_device_value(&self, inputs: &[TensorRef]) -> bool {
+        inputs.iter().any(|t| {
+            self.storages
+                .get(&t.storage)
+                .is_some_and(|s| matches!(s.value, StorageValue::Device { .. }))
+        })
+    }
+
     /// Drops the pending ops once a replay gave every storage that held one of their values a
     /// new one; `false` (nothing dropped) when a pending value is still held.
     pub fn drop_unheld_pending(&mut self) -> bool {

@@ -919,3 +919,28 @@ fn a_one_long_first_entry_is_padded_from_its_first_append() {
     assert_eq!(ty.shape.as_slice(), &[1, 2, 2, 4]);
     assert!(g.is_padded(storage), "the first append starts the padding");
 }
+
+#[test]
+fn ops_that_only_make_values_could_be_a_prologue_and_ops_reading_device_values_could_not() {
+    let mut g: Graph<u32> = Graph::new();
+    let x = device(&mut g, DType::F32, &[2], 0);
+    assert!(!g.pending_could_be_prologue(), "nothing pending");
+    assert!(g.reads_device_value(std::slice::from_ref(&x)));
+    let seed = pending_fill(&mut g, &[], 1.0);
+    assert!(
+        !g.reads_device_value(std::slice::from_ref(&seed)),
+        "a pending value is not on the device yet"
+    );
+    assert!(g.pending_could_be_prologue());
+    let doubled = g
+        .capture(OpId::Add, &[seed.clone(), seed], &[], &[], &[])
+        .unwrap();
+    assert!(
+        g.pending_could_be_prologue(),
+        "an op on pending values only still makes values"
+    );
+    let (storage, ty) = doubled.outputs[0].clone();
+    let doubled = TensorRef::contiguous(storage, ty.dtype, &ty.shape);
+    g.capture(OpId::Add, &[doubled, x], &[], &[], &[]).unwrap();
+    assert!(!g.pending_could_be_prologue(), "an op read a device value");
+}

@@ -363,6 +363,9 @@ impl Engine {
             Ok(true)
         });
         Counters::add_time(&self.counters.flush_nanos, start);
+        if matches!(replayed, Ok(true)) {
+            self.note_graph_ran();
+        }
         replayed
     }
 }

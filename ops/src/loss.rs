@@ -469,13 +469,12 @@ impl OpRule for NllLossBackward {
         let shape = e.shape(x).to_vec();
         let r = shape.len();
         let xc = e.convert(x, cd);
-        let (_, w) = nll_mask(e, xc, target, a.inputs.get(4).copied(), ignore_index);
+        let (mask, w) = nll_mask(e, xc, target, a.inputs.get(4).copied(), ignore_index);
         let g = e.convert(grad, cd);
         // Without a reduction a batch's gradient holds one value per sample (dim 0).
         let per_sample: Option<&[usize]> = if r == 2 { Some(&[0]) } else { None };
         let g = spread_gradient(e, g, total, reduction, &shape, per_sample);
-        let wg = e.mul(w, g);
-        let r = e.neg(wg);
+        let r = picked_gradient(e, mask, w, g);
         Ok(vec![e.convert(r, dtype)])
     }
 }
@@ -546,14 +545,23 @@ impl OpRule for NllLoss2dBackward {
         let (g, x, target, total) = (a.inputs[0], a.inputs[1], a.inputs[2], a.inputs[3]);
         let shape = out.shape.clone();
         let xc = e.convert(x, cd);
-        let (_, w) = nll_weights(e, xc, target, a.inputs.get(4).copied(), ignore_index);
+        let (mask, w) = nll_weights(e, xc, target, a.inputs.get(4).copied(), ignore_index);
         let g = e.convert(g, cd);
         // Without a reduction the gradient holds one value per position ([N, H, W]).
         let g = spread_gradient(e, g, total, reduction, &shape, Some(&[0, 2, 3]));
-        let wg = e.mul(w, g);
-        let r = e.neg(wg);
+        let r = picked_gradient(e, mask, w, g);
         Ok(vec![e.convert(r, out.dtype)])
     }
+}
+
+/// The nll losses' gradient: `-w * g` at each target class that is not ignored, and zero
+/// elsewhere, as PyTorch's kernels write it: when every target is ignored a mean's `g` is
+/// `1 / 0`, and the gradient is still zeros, not `0 * inf`.
+fn picked_gradient(e: &mut Emitter, mask: Value, w: Value, g: Value) -> Value {
+    let wg = e.mul(w, g);
+    let r = e.neg(wg);
+    let zero = k(e, r, 0.0);
+    e.select(mask, r, zero)
 }
 
 /// The reduction of an elementwise loss: itself, its sum or its mean.

@@ -201,6 +201,20 @@ snapshot!(
     [],
     [1, -100]
 );
+// The gradient is written at each kept target class and zeros elsewhere (a select, not a
+// product with the mask: a mean over no kept target divides by zero).
+snapshot!(
+    nll_loss_backward_mean,
+    OpId::NllLossBackward,
+    [
+        t(DType::F32, &[]),
+        t(DType::F32, &[2, 3]),
+        t(DType::I64, &[2]),
+        t(DType::F32, &[])
+    ],
+    [],
+    [1, -100]
+);
 // Complex values: a real Python scalar lifted as a complex one, the real magnitude, the parts
 // put together, the conjugate, a complex sum and a complex product.
 snapshot!(

@@ -92,6 +92,21 @@ def test_loss(mode, name):
     check(fn, inputs)
 
 
+def test_nll_losses_with_every_target_ignored_have_zero_gradients(mode):
+    # A mean over no target is 0 / 0 (NaN), as on the CPU; the gradient is zeros there, not the
+    # NaN of 0 * (1 / 0).
+    ignored = torch.full((N,), -100)
+    spatial_ignored = torch.full((2, 3, 4), 3)
+    cases = [
+        (F.cross_entropy, (LOGITS, ignored)),
+        (lambda x, t, w: F.cross_entropy(x, t, weight=w), (LOGITS, ignored, CLASS_WEIGHT)),
+        (lambda x, t: F.nll_loss(x.log_softmax(1), t, ignore_index=3), (SPATIAL, spatial_ignored)),
+        (lambda x, t: F.cross_entropy(x, t, reduction="sum"), (LOGITS, ignored)),
+    ]
+    for fn, inputs in cases:
+        check(fn, inputs, equal_nan=True)
+
+
 def test_loss_target_gradients(mode):
     # Soft targets and regression targets get gradients too.
     check(F.cross_entropy, (LOGITS, PROBS), grads_of=(0, 1))

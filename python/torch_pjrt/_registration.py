@@ -41,7 +41,7 @@ def register() -> None:
         _done = True
         import torch
 
-        from . import _compiled, _device_module, _native
+        from . import _compiled, _decompositions, _device_module, _native
 
         try:
             if torch._C._get_privateuse1_backend_name() != "pjrt":
@@ -58,5 +58,6 @@ def register() -> None:
                 for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
             )
         _native.load()
+        _decompositions.register()
         _patch_printing()
         _compiled.register()

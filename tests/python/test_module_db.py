@@ -36,7 +36,6 @@ EXPECTED_FALLBACKS = {
     "nn.AdaptiveAvgPool3d": {"aten::_adaptive_avg_pool3d", "aten::_adaptive_avg_pool3d_backward"},
     "nn.AdaptiveMaxPool3d": {"aten::adaptive_max_pool3d.out", "aten::adaptive_max_pool3d_backward.grad_input"},
     "nn.CTCLoss": {"aten::_ctc_loss", "aten::_ctc_loss_backward"},
-    "nn.MultiMarginLoss": {"aten::multi_margin_loss", "aten::multi_margin_loss_backward"},
     "nn.MultiLabelMarginLoss": {"aten::multilabel_margin_loss_forward", "aten::multilabel_margin_loss_backward"},
     # The encoder's eval-mode fast path checks its padding mask by making a nested tensor.
     "nn.TransformerEncoder": {"aten::_nested_tensor_from_mask_left_aligned"},

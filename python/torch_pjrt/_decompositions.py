@@ -56,17 +56,30 @@ def kernel(name: str):
     return fixup(decomposition) if fixup else decomposition
 
 
+def _on_first_call(name: str):
+    """A kernel that looks the decomposition up at its first call: `torch._decomp` takes about
+    a third of a second to import, which `import torch` (where this registers) must not pay."""
+    found = []
+
+    def decomposed(*args, **kwargs):
+        if not found:
+            fn = kernel(name)
+            if fn is None:
+                raise NotImplementedError(f"aten::{name} has no decomposition in this torch")
+            found.append(fn)
+        return found[0](*args, **kwargs)
+
+    return decomposed
+
+
 def register() -> None:
-    """Registers the decompositions (once); an op whose decomposition this torch lacks is left
-    to the CPU fallback."""
+    """Registers the decompositions (once)."""
     global _lib
     if _lib is not None:
         return
     lib = torch.library.Library("aten", "IMPL")
     for name in DECOMPOSED:
-        fn = kernel(name)
-        if fn is None:
-            continue
+        fn = _on_first_call(name)
         for key in ("AutogradPrivateUse1", "PrivateUse1"):
             lib.impl(name, fn, key)
     _lib = lib

@@ -171,3 +171,54 @@ def test_collectives_run_as_one_replicated_program():
         )
     )
     assert "ok" in out and out.count("refused:") == 4
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_data_parallel_training_across_the_devices_of_one_process(mode):
+    # Each device trains a replica on a quarter of the batch; the gradients are averaged by
+    # all_reduce across the devices: the replicas follow full-batch training on the CPU.
+    out = assert_ok(
+        run_python(
+            f"""
+            import copy
+            import torch, torch_pjrt
+            from torch_pjrt import comm
+            from torch_pjrt.comm import buffer_device
+            torch_pjrt.set_eager_mode({mode!r})
+            torch.manual_seed(0)
+            cpu_model = torch.nn.Sequential(
+                torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+            data, target = torch.randn(32, 8), torch.randn(32, 1)
+            replicas = [copy.deepcopy(cpu_model).to(f"pjrt:{{d}}") for d in range(4)]
+            optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in replicas]
+            cpu_optimizer = torch.optim.SGD(cpu_model.parameters(), lr=0.1)
+            shards = [(data[8 * d : 8 * d + 8].to(f"pjrt:{{d}}"),
+                       target[8 * d : 8 * d + 8].to(f"pjrt:{{d}}")) for d in range(4)]
+            torch_pjrt.reset_metrics()
+            for step in range(3):
+                for model, (x, y) in zip(replicas, shards):
+                    model.zero_grad()
+                    torch.nn.functional.mse_loss(model(x), y).backward()
+                for params in zip(*(m.parameters() for m in replicas)):
+                    for p, total in zip(params, comm.all_reduce([p.grad for p in params])):
+                        p.grad.copy_(total / 4)
+                for opt in optimizers:
+                    opt.step()
+                cpu_model.zero_grad()
+                torch.nn.functional.mse_loss(cpu_model(data), target).backward()
+                cpu_optimizer.step()
+            for d, model in enumerate(replicas):
+                for p, expected in zip(model.parameters(), cpu_model.parameters()):
+                    assert buffer_device(p) == d
+                    torch.testing.assert_close(p.detach().cpu(), expected.detach(),
+                                               rtol=1e-5, atol=1e-6)
+            m = torch_pjrt.metrics()
+            assert m["device_collectives"] == 3 * 4, m["device_collectives"]
+            # One program per parameter shape, compiled at the first step.
+            assert m["device_collective_compiles"] == 4, m["device_collective_compiles"]
+            print("ok")
+            """,
+            env=FOUR_DEVICES,
+        )
+    )
+    assert "ok" in out

@@ -708,6 +708,10 @@ impl Engine {
             ReadSource::Zeros => Ok(None),
             ReadSource::Device(value, _) => {
                 let buffer = self.wait_device(&value)?;
+                // A value copied from another device may still be arriving.
+                buffer
+                    .wait_ready()
+                    .map_err(|e| runtime_error("waiting for a pjrt buffer", e))?;
                 let device = buffer
                     .device()
                     .map_err(|e| runtime_error("asking a pjrt buffer for its device", e))?;

@@ -222,3 +222,37 @@ def test_data_parallel_training_across_the_devices_of_one_process(mode):
         )
     )
     assert "ok" in out
+
+
+def test_a_compiled_graph_runs_on_the_device_of_its_inputs():
+    # One recorded program serves every device: its replays run where their inputs are, and
+    # their results are made and labelled there.
+    out = assert_ok(
+        run_python(
+            """
+            import torch, torch_pjrt
+            from torch_pjrt.comm import buffer_device
+
+            def f(x, w):
+                return torch.relu(x @ w).sum(0) + 1
+
+            compiled = torch.compile(f, backend="pjrt")
+            torch.manual_seed(0)
+            x, w = torch.randn(8, 4), torch.randn(4, 3)
+            for d in (1, 2, 1, 3):
+                for _ in range(3):
+                    y = compiled(x.to(f"pjrt:{d}"), w.to(f"pjrt:{d}"))
+                    assert y.device == torch.device(f"pjrt:{d}"), (d, y.device)
+                    assert buffer_device(y) == d, (d, buffer_device(y))
+                    torch.testing.assert_close(y.cpu(), f(x, w))
+            m = torch_pjrt.metrics()
+            # Dynamo traces a graph per device; the engine compiles one program for them all.
+            assert m["compiled_graphs"] == 3, m["compiled_graphs"]
+            assert m["compilations"] == 1, m["compilations"]
+            assert m["compiled_graph_replays"] >= 4, m["compiled_graph_replays"]
+            print("ok")
+            """,
+            env=FOUR_DEVICES,
+        )
+    )
+    assert "ok" in out

@@ -300,6 +300,15 @@ impl Engine {
             Some(&first) => graph.storage_device(first)?,
             None => graph.device(),
         };
+        if spliced.is_some() && graph.device() != device {
+            return Ok(false); // a prologue pending on another device is not this program's
+        }
+        for &storage in inputs.iter().chain(fresh) {
+            if graph.storage_device(storage)? != device {
+                // Storages of two devices: the graph's ops run eagerly and raise PyTorch's error.
+                return Ok(false);
+            }
+        }
         let mut args: smallvec::SmallVec<[DeviceValue; 4]> = smallvec::SmallVec::new();
         for (k, ty) in &program.args {
             match device_value(&graph, inputs[*k])? {

@@ -11,10 +11,11 @@ inputs; the inputs are left unchanged (``t.copy_(r)`` writes a result back in pl
     xs = [torch.full((4,), float(i), device=f"pjrt:{i}") for i in range(4)]
     sums = torch_pjrt.comm.all_reduce(xs)          # each: tensor([6., 6., 6., 6.])
 
-Each call materializes its inputs (like a c10d collective, it is a materialization point) and
-waits for its results; ``torch_pjrt.metrics()["device_collectives"]`` counts the programs run
-and ``["device_collective_compiles"]`` the compiles they needed (one per collective, dtype, shape and
-device list). Across processes, use ``torch.distributed`` with the ``"pjrt"`` backend.
+Each call launches what is pending on its inputs' devices and queues the collective after it,
+without waiting: its results are computed in order with the regions, like any op's.
+``torch_pjrt.metrics()["device_collectives"]`` counts the programs run and
+``["device_collective_compiles"]`` the compiles they needed (one per collective, dtype, shape
+and device list). Across processes, use ``torch.distributed`` with the ``"pjrt"`` backend.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@
 
 use super::{runtime_error, Engine};
 use crate::metrics::Counters;
+use compile::DeviceValue;
 use defer::{EngineError, ReadSource, StorageId, TensorRef};
 use ops::DType;
 use std::sync::Arc;
@@ -176,9 +177,10 @@ pub struct CollectiveKey {
 }
 
 impl Engine {
-    /// The device value of whole tensor `t`, computed: what is pending on its device is
-    /// launched first. `None`: a storage never written (zeros).
-    fn whole_value(&self, t: &TensorRef) -> Result<Option<Arc<pjrt::Buffer>>, EngineError> {
+    /// The device value of whole tensor `t`, launched: what is pending on its device is
+    /// launched first (the value may still be computing). `None`: a storage never written
+    /// (zeros).
+    fn whole_value(&self, t: &TensorRef) -> Result<Option<DeviceValue>, EngineError> {
         {
             let mut graph = self.graph.lock()?;
             let device = graph.storage_device(t.storage)?;
@@ -190,27 +192,25 @@ impl Engine {
                 ));
             }
         }
-        let _hold = self.queue.hold_worker();
         match self.materialized_source(|graph| graph.read_source(t))? {
             ReadSource::Zeros => Ok(None),
-            ReadSource::Device(value, _) => Ok(Some(self.wait_device(&value)?)),
+            ReadSource::Device(value, _) => Ok(Some(value)),
         }
     }
 
-    /// A new storage on `device` holding `buffer` as tensor `like`'s type.
+    /// A new storage on `device` holding `value` as a tensor of `like`'s dtype and `sizes`.
     fn install_on(
         &self,
         device: u32,
         like: &TensorRef,
         sizes: &[i64],
-        buffer: pjrt::Buffer,
+        value: DeviceValue,
     ) -> Result<StorageId, EngineError> {
         let nbytes = sizes.iter().product::<i64>() as u64 * like.dtype.size_bytes() as u64;
         let mut graph = self.graph.lock()?;
         let storage = graph.new_storage_on(nbytes, device);
         let t = TensorRef::contiguous(storage, like.dtype, sizes);
-        let written = graph.write_device(&t, compile::DeviceValue::ready(Arc::new(buffer)));
-        if let Err(e) = written {
+        if let Err(e) = graph.write_device(&t, value) {
             let _ = graph.release_storage(storage);
             return Err(e);
         }
@@ -234,7 +234,14 @@ impl Engine {
         let device = self.graph.lock()?.storage_device(dst.storage)?;
         let nbytes = src.numel() as usize * src.dtype.size_bytes();
         let start = std::time::Instant::now();
-        let moved = match self.whole_value(src)? {
+        let source = match self.whole_value(src)? {
+            Some(value) => {
+                let _hold = self.queue.hold_worker();
+                Some(self.wait_device(&value)?)
+            }
+            None => None,
+        };
+        let moved = match source {
             Some(buffer) => match buffer.copy_to_device(&self.devices[device as usize]) {
                 Ok(moved) => moved,
                 Err(e) if e.code() == Some(pjrt::ErrorCode::Unimplemented) => {
@@ -253,7 +260,7 @@ impl Engine {
         Counters::add_time(&self.counters.transfer_nanos, start);
         Counters::bump(&self.counters.device_to_device, 1);
         Counters::bump(&self.counters.device_to_device_bytes, nbytes as u64);
-        let value = compile::DeviceValue::ready(Arc::new(moved));
+        let value = DeviceValue::ready(Arc::new(moved));
         let mut graph = self.graph.lock()?;
         self.enter_device(&mut graph, device, &[])?;
         if graph.is_whole(dst)? {
@@ -278,7 +285,8 @@ impl Engine {
 
     /// Runs `collective` over `inputs`, whole contiguous tensors of one type, one on each of
     /// several distinct devices, as one replicated program; returns each device's result
-    /// storage, in the order of `inputs`.
+    /// storage, in the order of `inputs`. The program runs on the execution thread, in order with
+    /// the regions; the results are pending values until it has.
     pub fn collective(
         &self,
         collective: Collective,
@@ -308,20 +316,6 @@ impl Engine {
             devices.push(device);
         }
         let sizes = collective.result_sizes(&first.sizes, inputs.len())?;
-        let mut buffers = Vec::with_capacity(inputs.len());
-        for (t, &device) in inputs.iter().zip(&devices) {
-            let buffer = match self.whole_value(t)? {
-                Some(buffer) => buffer,
-                None => {
-                    let zeros = vec![0u8; t.numel() as usize * t.dtype.size_bytes()];
-                    Arc::new(
-                        self.upload_to(&zeros, t.dtype, &t.sizes, device)
-                            .map_err(|e| runtime_error("uploading zeros", e))?,
-                    )
-                }
-            };
-            buffers.push(buffer);
-        }
         let key = CollectiveKey {
             collective,
             dtype: first.dtype,
@@ -329,20 +323,26 @@ impl Engine {
             devices: devices.clone(),
         };
         let program = self.collective_program(&key)?;
-        let lists: Vec<Vec<&pjrt::Buffer>> = buffers.iter().map(|b| vec![b.as_ref()]).collect();
-        let start = std::time::Instant::now();
-        let results = program
-            .execute_replicated(&lists)
-            .map_err(|e| runtime_error("running a collective across pjrt devices", e))?;
-        Counters::add_time(&self.counters.wait_nanos, start);
-        Counters::bump(&self.counters.collectives, 1);
-        Counters::bump(&self.counters.executions, 1);
-        let mut storages = Vec::with_capacity(results.len());
-        for ((replica, &device), t) in results.into_iter().zip(&devices).zip(inputs) {
-            let buffer = replica.into_iter().next().ok_or_else(|| {
-                EngineError::runtime("internal error: a collective replica made no result")
-            })?;
-            match self.install_on(device, t, &sizes, buffer) {
+        let mut arguments = Vec::with_capacity(inputs.len());
+        for (t, &device) in inputs.iter().zip(&devices) {
+            let value = match self.whole_value(t)? {
+                Some(value) => value,
+                None => {
+                    let zeros = vec![0u8; t.numel() as usize * t.dtype.size_bytes()];
+                    DeviceValue::ready(
+                        self.upload_to(&zeros, t.dtype, &t.sizes, device)
+                            .map_err(|e| runtime_error("uploading zeros", e))?,
+                    )
+                }
+            };
+            arguments.push(value);
+        }
+        // Run in order with the regions, on the execution thread: the inputs' regions were
+        // queued before it, and the results are pending values like any region's.
+        let results: Vec<DeviceValue> = (0..inputs.len()).map(|_| DeviceValue::pending()).collect();
+        let mut storages = Vec::with_capacity(inputs.len());
+        for ((value, &device), t) in results.iter().zip(&devices).zip(inputs) {
+            match self.install_on(device, t, &sizes, value.clone()) {
                 Ok(storage) => storages.push(storage),
                 Err(e) => {
                     let mut graph = self.graph.lock()?;
@@ -353,6 +353,23 @@ impl Engine {
                 }
             }
         }
+        let label = format!("{collective:?} across {} devices", inputs.len());
+        self.queue.enqueue_fn(label, results, move || {
+            let mut buffers = Vec::with_capacity(arguments.len());
+            for value in &arguments {
+                buffers.push(value.wait().map_err(|e| e.to_string())?);
+            }
+            let lists: Vec<Vec<&pjrt::Buffer>> = buffers.iter().map(|b| vec![b.as_ref()]).collect();
+            let replicas = program
+                .execute_replicated(&lists)
+                .map_err(|e| e.to_string())?;
+            Ok(replicas
+                .into_iter()
+                .flat_map(|replica| replica.into_iter().map(Arc::new))
+                .collect())
+        });
+        Counters::bump(&self.counters.collectives, 1);
+        Counters::bump(&self.counters.executions, 1);
         Ok(storages)
     }
 

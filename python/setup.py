@@ -61,6 +61,7 @@ sources = [
     os.path.join(CSRC, "grouped_mm.cpp"),
     os.path.join(CSRC, "profiler.cpp"),
     os.path.join(CSRC, "distributed.cpp"),
+    os.path.join(CSRC, "devices.cpp"),
 ]
 if not METADATA_ONLY:
     sources += generated_sources()

@@ -180,6 +180,9 @@ pub struct ExecJob {
     /// The number [`crate::trace`] gave the region this job runs, when a profiler was recording
     /// as it was launched (0: none, and the execution is not recorded).
     pub traced_region: u64,
+    /// The device the execution runs on, and its uploads go to: needed by a portable
+    /// executable (`None`: the device the executable was compiled for, uploads to the first).
+    pub device: Option<pjrt::Device>,
 }
 
 /// A job's argument list: inline for the few arguments of one op, so an op-by-op job allocates
@@ -217,7 +220,14 @@ impl ExecJob {
             uploads: SmallVec::new(),
             made_at: std::time::Instant::now(),
             traced_region: 0,
+            device: None,
         }
+    }
+
+    /// Runs the job on `device` (a portable executable, several devices in the process).
+    pub fn on_device(mut self, device: Option<pjrt::Device>) -> ExecJob {
+        self.device = device;
+        self
     }
 
     /// Records the job's execution in the trace as region `region` ([`crate::trace`]).
@@ -824,17 +834,27 @@ fn execute(shared: &QueueShared, job: &ExecJob) -> Result<Vec<Arc<Buffer>>, Exec
     }
     for upload in &job.uploads {
         // A failed upload reads as a failed argument, as if it had been a queued transfer.
-        let buffer = upload
-            .client
-            .buffer_from_host(&upload.bytes, upload.element_type, &upload.dims)
-            .map_err(|e| ExecError::Argument {
-                label: label.clone(),
-                index: arguments.len(),
-                cause: Arc::new(ExecError::Task {
-                    label: upload.what.into(),
-                    message: format!("uploading {}: {e}", upload.what),
-                }),
-            })?;
+        let uploaded = match &job.device {
+            Some(device) => upload.client.buffer_from_host_on(
+                &upload.bytes,
+                upload.element_type,
+                &upload.dims,
+                device,
+            ),
+            None => {
+                upload
+                    .client
+                    .buffer_from_host(&upload.bytes, upload.element_type, &upload.dims)
+            }
+        };
+        let buffer = uploaded.map_err(|e| ExecError::Argument {
+            label: label.clone(),
+            index: arguments.len(),
+            cause: Arc::new(ExecError::Task {
+                label: upload.what.into(),
+                message: format!("uploading {}: {e}", upload.what),
+            }),
+        })?;
         arguments.push(Arc::new(buffer));
     }
     let borrowed: Vec<&Buffer> = arguments.iter().map(|b| b.as_ref()).collect();
@@ -847,6 +867,7 @@ fn execute(shared: &QueueShared, job: &ExecJob) -> Result<Vec<Arc<Buffer>>, Exec
             })
             .map(|i| i as i64)
             .collect(),
+        device: job.device.clone(),
     };
     let (results, completion) =
         executable

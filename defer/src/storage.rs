@@ -23,6 +23,8 @@ pub(crate) enum StorageValue<V> {
 #[derive(Clone, Debug)]
 pub(crate) struct Storage<V> {
     pub nbytes: u64,
+    /// The device (an index among the process's devices) that holds the storage's value.
+    pub device: u32,
     pub native: Option<DType>,
     pub value: StorageValue<V>,
     /// Bumped on every write, so a pending op that read the old value keeps reading it.
@@ -131,6 +133,7 @@ mod tests {
     fn storage(nbytes: u64) -> Storage<()> {
         Storage {
             nbytes,
+            device: 0,
             native: None,
             value: StorageValue::Uninit,
             version: 0,

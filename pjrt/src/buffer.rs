@@ -199,6 +199,32 @@ impl Buffer {
         Ok(order.iter().rev().copied().eq(0..rank as i64))
     }
 
+    /// The addressable device that holds the buffer.
+    pub fn device(&self) -> Result<crate::client::Device> {
+        let mut args = args!(PJRT_Buffer_Device_Args { buffer: self.raw });
+        api_call!(self.client.api(), PJRT_Buffer_Device, &mut args)?;
+        self.client
+            .devices
+            .iter()
+            .find(|device| device.raw == args.device)
+            .cloned()
+            .ok_or_else(|| {
+                Error::InvalidArgument("a buffer is on a device its client does not address".into())
+            })
+    }
+
+    /// Copies the buffer to another device of its client (`PJRT_Buffer_CopyToDevice`); the
+    /// copy may still be in flight when this returns (its ready event tells when it is done).
+    pub fn copy_to_device(&self, device: &crate::client::Device) -> Result<Buffer> {
+        let mut args = args!(PJRT_Buffer_CopyToDevice_Args {
+            buffer: self.raw,
+            dst_device: device.raw,
+        });
+        api_call!(self.client.api(), PJRT_Buffer_CopyToDevice, &mut args)?;
+        // SAFETY: a fresh, owned buffer of this client.
+        Ok(unsafe { Buffer::from_raw(self.client.clone(), args.dst_buffer) })
+    }
+
     /// An event that becomes ready when the buffer's contents are computed.
     pub fn ready_event(&self) -> Result<Event> {
         let mut args = args!(PJRT_Buffer_ReadyEvent_Args { buffer: self.raw });

@@ -12,6 +12,26 @@ pub struct ExecutableBuildOptionsProto {
     pub num_replicas: i64,
     #[prost(int64, tag = "5")]
     pub num_partitions: i64,
+    #[prost(message, optional, tag = "9")]
+    pub device_assignment: Option<DeviceAssignmentProto>,
+}
+
+/// `xla.DeviceAssignmentProto`: the device of each replica (one computation per replica here).
+#[derive(Clone, PartialEq, Message)]
+pub struct DeviceAssignmentProto {
+    #[prost(int32, tag = "1")]
+    pub replica_count: i32,
+    #[prost(int32, tag = "2")]
+    pub computation_count: i32,
+    #[prost(message, repeated, tag = "3")]
+    pub computation_devices: Vec<ComputationDevice>,
+}
+
+/// `xla.DeviceAssignmentProto.ComputationDevice`: one computation's device id for each replica.
+#[derive(Clone, PartialEq, Message)]
+pub struct ComputationDevice {
+    #[prost(int64, repeated, tag = "1")]
+    pub replica_device_ids: Vec<i64>,
 }
 
 /// `xla.OptionOverrideProto`: one value of a compile option set by name.
@@ -38,6 +58,9 @@ pub enum OptionOverrideValue {
 pub struct CompileOptionsProto {
     #[prost(message, optional, tag = "3")]
     pub executable_build_options: Option<ExecutableBuildOptionsProto>,
+    /// A portable executable has no device assignment: each execution names its device.
+    #[prost(bool, tag = "4")]
+    pub compile_portable_executable: bool,
     /// Debug options (`xla_…` flags) by name, applied on top of `XLA_FLAGS`.
     #[prost(btree_map = "string, message", tag = "7")]
     pub env_option_overrides: std::collections::BTreeMap<String, OptionOverrideProto>,
@@ -81,11 +104,16 @@ impl std::hash::Hash for CompileOverride {
 
 /// What a compile is asked for. One partition; one replica unless a program runs on several
 /// devices at once (a collective across a process's devices: `num_replicas` devices, replica
-/// `i` on addressable device `i`).
+/// `i` on device `replica_devices[i]`, or on addressable device `i` when that is empty).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct CompileOptions {
     pub device_ordinal: i64,
     pub num_replicas: i64,
+    /// A single-replica program compiled without a device: every execution names the device
+    /// it runs on (`ExecuteOptions::device`), so one executable serves every device.
+    pub portable: bool,
+    /// The device id of each replica; empty: the plugin's default assignment.
+    pub replica_devices: Vec<i64>,
     /// Options set by name; a later entry for the same name wins.
     pub overrides: Vec<(String, CompileOverride)>,
 }
@@ -95,6 +123,8 @@ impl Default for CompileOptions {
         CompileOptions {
             device_ordinal: -1,
             num_replicas: 1,
+            portable: false,
+            replica_devices: Vec::new(),
             overrides: Vec::new(),
         }
     }
@@ -117,12 +147,21 @@ impl CompileOptions {
                 (name.clone(), OptionOverrideProto { value: Some(value) })
             })
             .collect();
+        let device_assignment = (!self.replica_devices.is_empty()).then(|| DeviceAssignmentProto {
+            replica_count: self.replica_devices.len() as i32,
+            computation_count: 1,
+            computation_devices: vec![ComputationDevice {
+                replica_device_ids: self.replica_devices.clone(),
+            }],
+        });
         CompileOptionsProto {
             executable_build_options: Some(ExecutableBuildOptionsProto {
                 device_ordinal: self.device_ordinal,
                 num_replicas: self.num_replicas.max(1),
                 num_partitions: 1,
+                device_assignment,
             }),
+            compile_portable_executable: self.portable,
             env_option_overrides,
         }
         .encode_to_vec()
@@ -138,6 +177,8 @@ mod tests {
         let options = CompileOptions {
             device_ordinal: -1,
             num_replicas: 1,
+            portable: false,
+            replica_devices: Vec::new(),
             overrides: vec![
                 ("xla_b".to_string(), CompileOverride::Int(3)),
                 ("xla_a".to_string(), CompileOverride::Bool(true)),
@@ -147,6 +188,8 @@ mod tests {
         let swapped = CompileOptions {
             device_ordinal: -1,
             num_replicas: 1,
+            portable: false,
+            replica_devices: Vec::new(),
             overrides: vec![
                 ("xla_a".to_string(), CompileOverride::Bool(true)),
                 ("xla_c".to_string(), CompileOverride::Double(0.5)),

@@ -47,6 +47,9 @@ pub struct CompiledMemoryStats {
 pub struct ExecuteOptions {
     /// Argument indices that must not be donated even if the module aliases them to an output.
     pub non_donatable: Vec<i64>,
+    /// The device to run on; needed by a portable executable, which has no device of its own
+    /// (`None`: the device it was compiled for).
+    pub device: Option<crate::client::Device>,
 }
 
 /// A borrowed `PJRT_Executable` (the unloaded view of a loaded one), destroyed on drop.
@@ -143,6 +146,10 @@ impl LoadedExecutable {
             num_args: raw_arguments.len(),
             output_lists: output_lists.as_ptr(),
             device_complete_events: complete_events.as_mut_ptr(),
+            execute_device: options
+                .device
+                .as_ref()
+                .map_or(std::ptr::null_mut(), |device| device.raw),
         });
         api_call!(self.client.api(), PJRT_LoadedExecutable_Execute, &mut args)?;
         // Donated arguments became results: they leave the ledger before the results join it.

@@ -359,6 +359,7 @@ module {
             &[&x],
             &pjrt::ExecuteOptions {
                 non_donatable: vec![0],
+                ..Default::default()
             },
         )
         .unwrap()
@@ -533,4 +534,109 @@ fn all_reduce_runs_across_the_devices_of_one_process() {
     // Unequal argument lists are refused, not handed to the plugin.
     let uneven = vec![vec![&inputs[0]], vec![]];
     assert!(exe.execute_replicated(&uneven).is_err());
+}
+
+fn four_device_client() -> Client {
+    let plugin = Plugin::load("cpu").unwrap();
+    Client::with_options(
+        &plugin,
+        &[("cpu_device_count".to_string(), NamedValue::Int64(4))],
+    )
+    .unwrap()
+}
+
+/// One portable executable runs on whichever device each execution names, its results on that
+/// device; a buffer copies from one device to another without the host.
+#[test]
+fn portable_executables_run_on_the_device_each_execution_names() {
+    let c = four_device_client();
+    let devices = c.addressable_devices().to_vec();
+    let module = "module @double {
+  func.func public @main(%x: tensor<3xf32>) -> tensor<3xf32> {
+    %r = stablehlo.add %x, %x : tensor<3xf32>
+    return %r : tensor<3xf32>
+  }
+}";
+    let portable = pjrt::CompileOptions {
+        portable: true,
+        ..Default::default()
+    };
+    let exe = c.compile_with_options(module, &portable).unwrap();
+    for device in &devices {
+        let x = c
+            .buffer_from_host_on(&f32_bytes(&[1.0, 2.0, 3.0]), ElementType::F32, &[3], device)
+            .unwrap();
+        assert_eq!(x.device().unwrap().id, device.id);
+        let options = pjrt::ExecuteOptions {
+            device: Some(device.clone()),
+            ..Default::default()
+        };
+        let (out, _) = exe.execute_with(&[&x], &options).unwrap();
+        assert_eq!(out[0].device().unwrap().id, device.id);
+        assert_eq!(f32_values(&out[0].to_host().unwrap()), vec![2.0, 4.0, 6.0]);
+        // Copied to the next device, the values arrive there unchanged.
+        let next = &devices[(device.id as usize + 1) % devices.len()];
+        let moved = out[0].copy_to_device(next).unwrap();
+        assert_eq!(moved.device().unwrap().id, next.id);
+        assert_eq!(f32_values(&moved.to_host().unwrap()), vec![2.0, 4.0, 6.0]);
+    }
+    // An executable compiled for the default device refuses another one.
+    let fixed = c.compile(module).unwrap();
+    let x = c
+        .buffer_from_host_on(
+            &f32_bytes(&[1.0, 2.0, 3.0]),
+            ElementType::F32,
+            &[3],
+            &devices[2],
+        )
+        .unwrap();
+    let elsewhere = pjrt::ExecuteOptions {
+        device: Some(devices[2].clone()),
+        ..Default::default()
+    };
+    assert!(fixed.execute_with(&[&x], &elsewhere).is_err());
+    // A portable executable survives serialization and still runs anywhere.
+    let restored = c.deserialize(&exe.serialize().unwrap()).unwrap();
+    let (out, _) = restored.execute_with(&[&x], &elsewhere).unwrap();
+    assert_eq!(out[0].device().unwrap().id, 2);
+}
+
+/// A replicated program runs its replicas on the devices the compile assigned them.
+#[test]
+fn replicas_run_on_their_assigned_devices() {
+    let c = four_device_client();
+    let devices = c.addressable_devices().to_vec();
+    let module = "module @all_reduce attributes {mhlo.num_replicas = 2 : i32, mhlo.num_partitions = 1 : i32} {
+  func.func public @main(%x: tensor<2xf32>) -> tensor<2xf32> {
+    %r = \"stablehlo.all_reduce\"(%x) ({
+    ^bb0(%a: tensor<f32>, %b: tensor<f32>):
+      %s = stablehlo.add %a, %b : tensor<f32>
+      stablehlo.return %s : tensor<f32>
+    }) {replica_groups = dense<[[0, 1]]> : tensor<1x2xi64>} : (tensor<2xf32>) -> tensor<2xf32>
+    return %r : tensor<2xf32>
+  }
+}";
+    let options = pjrt::CompileOptions {
+        num_replicas: 2,
+        replica_devices: vec![3, 1],
+        ..Default::default()
+    };
+    let exe = c.compile_with_options(module, &options).unwrap();
+    let a = c
+        .buffer_from_host_on(&f32_bytes(&[1.0, 2.0]), ElementType::F32, &[2], &devices[3])
+        .unwrap();
+    let b = c
+        .buffer_from_host_on(
+            &f32_bytes(&[10.0, 20.0]),
+            ElementType::F32,
+            &[2],
+            &devices[1],
+        )
+        .unwrap();
+    let results = exe.execute_replicated(&[vec![&a], vec![&b]]).unwrap();
+    assert_eq!(results[0][0].device().unwrap().id, 3);
+    assert_eq!(results[1][0].device().unwrap().id, 1);
+    for replica in &results {
+        assert_eq!(f32_values(&replica[0].to_host().unwrap()), vec![11.0, 22.0]);
+    }
 }

@@ -23,12 +23,14 @@ from ._api import (
     set_eager_mode,
     sync,
 )
+from . import comm
 from ._registration import register as _register
 from .distributed import register as _register_distributed
 
 __all__ = [
     "EAGER_MODES",
     "cache_stats",
+    "comm",
     "eager_mode",
     "get_eager_mode",
     "mark_dynamic",

@@ -207,7 +207,9 @@ class _CompiledGraph:
             storages.add(_storage_key(a))
         if len(storages) != replay.storages:
             return None
-        fresh = [torch.empty(n, dtype=dtype, device="pjrt") for n, dtype in replay.fresh]
+        # The program runs on its inputs' device; its fresh results are made there too.
+        device = args[0].device if args else torch.device("pjrt")
+        fresh = [torch.empty(n, dtype=dtype, device=device) for n, dtype in replay.fresh]
         if not torch.ops.torch_pjrt.graph_replay(replay.handle, args, fresh):
             replay.misses += 1
             if replay.misses > 3:  # the program keeps being unusable: stop asking

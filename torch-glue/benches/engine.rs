@@ -149,6 +149,7 @@ fn abi_op_strict(c: &mut Criterion) {
         num_outs: u64::from(with_out),
         default_float: -1,
         matmul_precision: 0,
+        device: 0,
     };
     // Warm the cache.
     abi_calls(10, &call(false));
@@ -504,6 +505,7 @@ fn chain16_abi_4m(c: &mut Criterion) {
                 num_outs: 0,
                 default_float: -1,
                 matmul_precision: 0,
+                device: 0,
             };
             let mut out = [empty_output()];
             let mut n = 0u64;

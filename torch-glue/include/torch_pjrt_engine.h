@@ -68,7 +68,7 @@
 /**
  * The ABI version in `TpjrtApi::version`; bumped on any incompatible change.
  */
-#define TPJRT_ABI_VERSION 4
+#define TPJRT_ABI_VERSION 5
 
 /**
  * Above this many pending ops DeferAndFuse flushes on its own. Compile time grows ~0.7 ms per op
@@ -145,6 +145,11 @@ typedef struct TpjrtOpCall {
    * is called: 0 `"highest"` (also a zero-initialized call), 1 `"high"`, 2 `"medium"`.
    */
   int32_t matmul_precision;
+  /**
+   * The device the op runs on (`pjrt:device`; 0 in a zero-initialized call): its tensors
+   * must all be there, and the storages it makes are.
+   */
+  int32_t device;
 } TpjrtOpCall;
 
 /**
@@ -214,6 +219,10 @@ typedef struct TpjrtApi {
   int32_t (*trace_take)(void(*)(void*, const struct TpjrtTraceEvent*), void*);
   int32_t (*note_sequence_length)(int64_t);
   int32_t (*graph_begin_record)(const uint64_t*, uint64_t);
+  int32_t (*storage_new_on)(uint64_t, int32_t, uint64_t*);
+  int32_t (*storage_device)(uint64_t, int32_t*);
+  int32_t (*copy_to_device)(const struct TpjrtTensor*, const struct TpjrtTensor*);
+  int32_t (*collective)(int32_t, int32_t, int64_t, const struct TpjrtTensor*, uint64_t, uint64_t*);
 } TpjrtApi;
 
 #ifdef __cplusplus
@@ -273,6 +282,49 @@ int32_t tpjrt_op_id(const char *name, int32_t *id);
  * `storage` must be a writable u64.
  */
 int32_t tpjrt_storage_new(uint64_t nbytes, uint64_t *storage);
+
+/**
+ * A new storage of `nbytes` bytes on device `device` (`pjrt:device`; unwritten: reads as
+ * zeros).
+ *
+ * # Safety
+ * `storage` must be a writable u64.
+ */
+int32_t tpjrt_storage_new_on(uint64_t nbytes, int32_t device, uint64_t *storage);
+
+/**
+ * The PJRT device id of the buffer that holds a storage's value, once computed (-1: never
+ * written). Launches what is pending first; for tests and debugging.
+ *
+ * # Safety
+ * `device` must be a writable int.
+ */
+int32_t tpjrt_storage_device(uint64_t storage, int32_t *device);
+
+/**
+ * Copies whole contiguous tensor `src` into `dst`, a tensor of the same dtype and sizes on
+ * another device.
+ *
+ * # Safety
+ * `src` and `dst` must be valid.
+ */
+int32_t tpjrt_copy_to_device(const struct TpjrtTensor *src, const struct TpjrtTensor *dst);
+
+/**
+ * Runs a collective over `num_inputs` whole contiguous tensors, one per device, as one
+ * replicated program: `kind` 0 all_reduce, 1 all_gather, 2 reduce_scatter; `reduction` 0 sum,
+ * 1 product, 2 max, 3 min; `dim` the gathered or scattered dimension. Writes each device's
+ * result storage to `outputs` (room for `num_inputs`), in the order of the inputs.
+ *
+ * # Safety
+ * `inputs` must hold `num_inputs` valid tensors; `outputs` room for as many u64s.
+ */
+int32_t tpjrt_collective(int32_t kind,
+                         int32_t reduction,
+                         int64_t dim,
+                         const struct TpjrtTensor *inputs,
+                         uint64_t num_inputs,
+                         uint64_t *outputs);
 
 /**
  * Releases a storage (PyTorch dropped its last reference).

@@ -75,6 +75,9 @@ pub struct TpjrtOpCall {
     /// PyTorch's float32 product precision (`torch.get_float32_matmul_precision()`) as the op
     /// is called: 0 `"highest"` (also a zero-initialized call), 1 `"high"`, 2 `"medium"`.
     pub matmul_precision: i32,
+    /// The device the op runs on (`pjrt:device`; 0 in a zero-initialized call): its tensors
+    /// must all be there, and the storages it makes are.
+    pub device: i32,
 }
 
 /// One result of an op: its storage (0 from `tpjrt_op_meta`), dtype and contiguous sizes.
@@ -282,6 +285,7 @@ struct DecodedCall {
     outs: SmallVec<[TensorRef; 1]>,
     default_float: DType,
     matmul_precision: ops::Precision,
+    device: i32,
 }
 
 /// # Safety
@@ -331,6 +335,7 @@ unsafe fn decode(call: *const TpjrtOpCall) -> Result<DecodedCall, EngineError> {
     let mut decoded = DecodedCall {
         default_float,
         matmul_precision,
+        device: call.device,
         op,
         inputs: SmallVec::new(),
         scalars: SmallVec::new(),
@@ -469,6 +474,93 @@ pub unsafe extern "C" fn tpjrt_storage_new(nbytes: u64, storage: *mut u64) -> i3
     })
 }
 
+/// A new storage of `nbytes` bytes on device `device` (`pjrt:device`; unwritten: reads as
+/// zeros).
+///
+/// # Safety
+/// `storage` must be a writable u64.
+#[no_mangle]
+pub unsafe extern "C" fn tpjrt_storage_new_on(nbytes: u64, device: i32, storage: *mut u64) -> i32 {
+    guarded(|| {
+        let engine = global::engine()?;
+        if storage.is_null() {
+            return Err(invalid("tpjrt_storage_new_on: null output".into()));
+        }
+        *storage = engine.new_storage_on(nbytes, device)?.0;
+        Ok(())
+    })
+}
+
+/// The PJRT device id of the buffer that holds a storage's value, once computed (-1: never
+/// written). Launches what is pending first; for tests and debugging.
+///
+/// # Safety
+/// `device` must be a writable int.
+#[no_mangle]
+pub unsafe extern "C" fn tpjrt_storage_device(storage: u64, device: *mut i32) -> i32 {
+    guarded(|| {
+        if device.is_null() {
+            return Err(invalid("tpjrt_storage_device: null output".into()));
+        }
+        *device = global::engine()?
+            .storage_device(StorageId(storage))?
+            .unwrap_or(-1);
+        Ok(())
+    })
+}
+
+/// Copies whole contiguous tensor `src` into `dst`, a tensor of the same dtype and sizes on
+/// another device.
+///
+/// # Safety
+/// `src` and `dst` must be valid.
+#[no_mangle]
+pub unsafe extern "C" fn tpjrt_copy_to_device(
+    src: *const TpjrtTensor,
+    dst: *const TpjrtTensor,
+) -> i32 {
+    guarded(|| {
+        let engine = global::engine()?;
+        let src = tensor_ref(src.as_ref().ok_or_else(|| invalid("null tensor".into()))?)?;
+        let dst = tensor_ref(dst.as_ref().ok_or_else(|| invalid("null tensor".into()))?)?;
+        engine.copy_to_device(&src, &dst)
+    })
+}
+
+/// Runs a collective over `num_inputs` whole contiguous tensors, one per device, as one
+/// replicated program: `kind` 0 all_reduce, 1 all_gather, 2 reduce_scatter; `reduction` 0 sum,
+/// 1 product, 2 max, 3 min; `dim` the gathered or scattered dimension. Writes each device's
+/// result storage to `outputs` (room for `num_inputs`), in the order of the inputs.
+///
+/// # Safety
+/// `inputs` must hold `num_inputs` valid tensors; `outputs` room for as many u64s.
+#[no_mangle]
+pub unsafe extern "C" fn tpjrt_collective(
+    kind: i32,
+    reduction: i32,
+    dim: i64,
+    inputs: *const TpjrtTensor,
+    num_inputs: u64,
+    outputs: *mut u64,
+) -> i32 {
+    guarded(|| {
+        let engine = global::engine()?;
+        let collective = crate::engine::Collective::from_codes(kind, reduction, dim)?;
+        let mut tensors = Vec::with_capacity(num_inputs as usize);
+        for t in slice(inputs, num_inputs)? {
+            tensors.push(tensor_ref(t)?);
+        }
+        if outputs.is_null() {
+            return Err(invalid("tpjrt_collective: null outputs".into()));
+        }
+        let made = engine.collective(collective, &tensors)?;
+        for (i, storage) in made.into_iter().enumerate() {
+            *outputs.add(i) = storage.0;
+        }
+        Ok(())
+    })
+}
+
 /// Releases a storage (PyTorch dropped its last reference).
 #[no_mangle]
 pub extern "C" fn tpjrt_storage_release(storage: u64) -> i32 {
@@ -503,7 +595,9 @@ pub unsafe extern "C" fn tpjrt_op(
             .then(user_location)
             .flatten()
             .map(Arc::<str>::from);
-        let captured = engine.op_at(location, c.op, &c.inputs, &c.scalars, &c.params, &c.outs)?;
+        let captured = engine.op_at(
+            location, c.device, c.op, &c.inputs, &c.scalars, &c.params, &c.outs,
+        )?;
         let results = captured.outputs;
         let written = write_outputs(&results, outputs, max_outputs, num_outputs);
         if written.is_err() && c.outs.is_empty() {
@@ -1094,7 +1188,7 @@ pub unsafe extern "C" fn tpjrt_trace_take(
 }
 
 /// The ABI version in `TpjrtApi::version`; bumped on any incompatible change.
-pub const TPJRT_ABI_VERSION: u32 = 4;
+pub const TPJRT_ABI_VERSION: u32 = 5;
 
 /// Every ABI function in one table, so a plugin loaded separately (the C++ PrivateUse1 backend)
 /// reaches the same engine instance through one pointer handed over at import time.
@@ -1139,6 +1233,10 @@ pub struct TpjrtApi {
     ) -> i32,
     pub note_sequence_length: extern "C" fn(i64) -> i32,
     pub graph_begin_record: unsafe extern "C" fn(*const u64, u64) -> i32,
+    pub storage_new_on: unsafe extern "C" fn(u64, i32, *mut u64) -> i32,
+    pub storage_device: unsafe extern "C" fn(u64, *mut i32) -> i32,
+    pub copy_to_device: unsafe extern "C" fn(*const TpjrtTensor, *const TpjrtTensor) -> i32,
+    pub collective: unsafe extern "C" fn(i32, i32, i64, *const TpjrtTensor, u64, *mut u64) -> i32,
 }
 
 static API: TpjrtApi = TpjrtApi {
@@ -1178,6 +1276,10 @@ static API: TpjrtApi = TpjrtApi {
     trace_take: tpjrt_trace_take,
     note_sequence_length: tpjrt_note_sequence_length,
     graph_begin_record: tpjrt_graph_begin_record,
+    storage_new_on: tpjrt_storage_new_on,
+    storage_device: tpjrt_storage_device,
+    copy_to_device: tpjrt_copy_to_device,
+    collective: tpjrt_collective,
 };
 
 /// The function table of this engine library.

@@ -16,7 +16,10 @@ use ops::{DType, OpId, ScalarArg};
 use parking_lot::Mutex;
 use std::sync::Arc;
 
+mod devices;
 mod graphs;
+
+pub use devices::{Collective, Reduction};
 
 /// The values a flush produced: inline for the one or two results of an op-by-op flush.
 type FlushedValues = smallvec::SmallVec<[DeviceValue; 2]>;
@@ -364,6 +367,11 @@ fn runtime_error(context: &str, e: impl std::fmt::Display) -> EngineError {
 /// The engine.
 pub struct Engine {
     client: pjrt::Client,
+    /// The process's devices, in PJRT's order: `pjrt:i` is `devices[i]`.
+    devices: Vec<pjrt::Device>,
+    /// Whether programs are compiled portable (several devices): one executable runs on
+    /// whichever device each execution names, so no cache needs the device in its key.
+    portable: bool,
     compiler: Arc<Compiler>,
     /// The process that made the engine, its threads and its warm-up; a forked child has none
     /// of those threads to wait for.
@@ -418,6 +426,10 @@ pub struct Engine {
     warm_up_nanos: Arc<std::sync::atomic::AtomicU64>,
     /// The execution queue's cumulative times at the last `reset_metrics`.
     exec_baseline: Mutex<compile::ExecStats>,
+    /// The replicated programs of collectives across the process's devices, compiled once
+    /// each (`devices.rs`).
+    collective_programs:
+        Mutex<std::collections::HashMap<devices::CollectiveKey, Arc<pjrt::LoadedExecutable>>>,
 }
 
 /// The values a flush makes for its outputs, kept so that a flush failing before its job is on
@@ -459,6 +471,11 @@ impl Engine {
         }
         let mut compile_config = config.compile.clone();
         compile_config.engine_version = ENGINE_VERSION.to_string();
+        let devices = client.addressable_devices().to_vec();
+        // With several devices, one portable executable serves them all (RFC 0046); the flag is
+        // part of the options words, so such programs never meet single-device ones in a cache.
+        let portable = devices.len() > 1;
+        compile_config.compile_options.portable = portable;
         if config.default_compile_options {
             // The platform's defaults first: a user's option of the same name, later, wins.
             let mut overrides = compile::default_overrides_for(client.platform_name());
@@ -479,6 +496,8 @@ impl Engine {
         let quick_options_key = compiler.options_fingerprint_for(Effort::Quick);
         Ok(Engine {
             client,
+            devices,
+            portable,
             compiler: Arc::new(compiler),
             started_by: std::process::id(),
             queue: ExecQueue::new()
@@ -513,6 +532,7 @@ impl Engine {
             warm_up: Mutex::new(None),
             warm_up_nanos: Default::default(),
             exec_baseline: Mutex::new(Default::default()),
+            collective_programs: Mutex::new(Default::default()),
         })
     }
 
@@ -604,6 +624,110 @@ impl Engine {
         self.graph.lock_even_if_stopped().new_storage(nbytes)
     }
 
+    /// A new storage on device `device` (`pjrt:device`).
+    pub fn new_storage_on(&self, nbytes: u64, device: i32) -> Result<StorageId, EngineError> {
+        let device = self.device_index(device)?;
+        Ok(self
+            .graph
+            .lock_even_if_stopped()
+            .new_storage_on(nbytes, device))
+    }
+
+    /// `device` checked against the process's devices.
+    fn device_index(&self, device: i32) -> Result<u32, EngineError> {
+        if device < 0 || device as usize >= self.devices.len() {
+            return Err(EngineError::runtime(format!(
+                "Invalid device pjrt:{device}: this process has {} pjrt device(s) (set \
+                 TORCH_PJRT_CLIENT_OPTIONS=cpu_device_count=N for more XLA CPU devices)",
+                self.devices.len()
+            )));
+        }
+        Ok(device as u32)
+    }
+
+    /// The device an execution names: only portable programs need one.
+    fn execution_device(&self, device: u32) -> Option<pjrt::Device> {
+        self.portable
+            .then(|| self.devices.get(device as usize).cloned())
+            .flatten()
+    }
+
+    /// Copies a dense host array to device `device`.
+    fn upload_to(
+        &self,
+        bytes: &[u8],
+        dtype: DType,
+        sizes: &[i64],
+        device: u32,
+    ) -> Result<pjrt::Buffer, pjrt::Error> {
+        match self.devices.get(device as usize) {
+            Some(target) => {
+                self.client
+                    .buffer_from_host_on(bytes, element_type(dtype), sizes, target)
+            }
+            None => self
+                .client
+                .buffer_from_host(bytes, element_type(dtype), sizes),
+        }
+    }
+
+    /// Makes `device` the one the graph's ops run on: an op whose tensors are on another
+    /// device raises PyTorch's error, and the ops pending on another device are launched
+    /// first, so a region never mixes devices.
+    fn enter_device(
+        &self,
+        graph: &mut Graph<DeviceValue>,
+        device: u32,
+        tensors: &[&[TensorRef]],
+    ) -> Result<(), EngineError> {
+        if self.devices.len() == 1 {
+            return Ok(()); // every storage, and the graph, is on the one device
+        }
+        for group in tensors {
+            if let Some(other) = graph.other_device(group, device)? {
+                return Err(EngineError::runtime(format!(
+                    "Expected all tensors to be on the same device, but found at least two \
+                     devices, pjrt:{device} and pjrt:{other}!"
+                )));
+            }
+        }
+        if graph.device() == device {
+            return Ok(());
+        }
+        if graph.pending_len() > 0 {
+            if self.in_graph() {
+                return Err(EngineError::runtime(format!(
+                    "a compiled graph runs on one pjrt device: it has ops on pjrt:{} and \
+                     pjrt:{device}",
+                    graph.device()
+                )));
+            }
+            self.flush_locked(graph, FlushRequest::All)?;
+            Counters::bump(&self.counters.device_switch_cuts, 1);
+        }
+        graph.set_device(device)
+    }
+
+    /// The PJRT device id of the buffer that holds a storage's value, once computed (`None`: a
+    /// storage never written). Launches what is pending first.
+    pub fn storage_device(&self, id: StorageId) -> Result<Option<i32>, EngineError> {
+        let _hold = self.queue.hold_worker();
+        match self.materialized_source(|graph| graph.storage_source(id))? {
+            ReadSource::Zeros => Ok(None),
+            ReadSource::Device(value, _) => {
+                let buffer = self.wait_device(&value)?;
+                // A value copied from another device may still be arriving.
+                buffer
+                    .wait_ready()
+                    .map_err(|e| runtime_error("waiting for a pjrt buffer", e))?;
+                let device = buffer
+                    .device()
+                    .map_err(|e| runtime_error("asking a pjrt buffer for its device", e))?;
+                Ok(Some(device.id))
+            }
+        }
+    }
+
     /// Releases a storage; once the engine has stopped, does nothing (its state is not to be
     /// trusted, and nothing can run any more).
     pub fn release_storage(&self, id: StorageId) -> Result<(), EngineError> {
@@ -644,15 +768,17 @@ impl Engine {
         params: &[i64],
         outs: &[TensorRef],
     ) -> Result<Captured, EngineError> {
-        self.op_at(None, op, inputs, scalars, params, outs)
+        self.op_at(None, 0, op, inputs, scalars, params, outs)
     }
 
     /// [`Engine::op`], its nodes marked as captured at the user's line `location` (`None`:
     /// unknown). The line is set and cleared under the one graph lock the op holds, so no other
     /// thread's capture takes it.
+    #[allow(clippy::too_many_arguments)]
     pub fn op_at(
         &self,
         location: Option<Arc<str>>,
+        device: i32,
         op: OpId,
         inputs: &[TensorRef],
         scalars: &[ScalarArg],
@@ -661,7 +787,9 @@ impl Engine {
     ) -> Result<Captured, EngineError> {
         let start = std::time::Instant::now();
         Counters::bump(&self.counters.ops, 1);
+        let device = self.device_index(device)?;
         let mut graph = self.graph.lock()?;
+        self.enter_device(&mut graph, device, &[inputs, outs])?;
         let located = location.is_some();
         if located {
             graph.set_capture_location(location);
@@ -850,8 +978,7 @@ impl Engine {
             dst[..held_row].copy_from_slice(src);
         }
         let buffer = self
-            .client
-            .buffer_from_host(&grown, element_type(regrow.held.dtype), &sizes)
+            .upload_to(&grown, regrow.held.dtype, &sizes, graph.device())
             .map_err(|e| runtime_error("copying a regrown padded value to pjrt", e))?;
         Counters::bump(&self.counters.device_to_host, 1);
         Counters::bump(&self.counters.device_to_host_bytes, held.len() as u64);
@@ -1153,7 +1280,9 @@ impl Engine {
                 )))
             }
         };
-        let mut job = ExecJob::new(flush.label, handle, flush.args, &flush.outputs).donate(donated);
+        let mut job = ExecJob::new(flush.label, handle, flush.args, &flush.outputs)
+            .donate(donated)
+            .on_device(self.execution_device(flush.device));
         for pack in flush.scalar_packs {
             // Uploaded by the execution thread as part of the job: in order, off the caller's
             // path, and without a queue item of its own.
@@ -1427,6 +1556,8 @@ impl Engine {
         }
         let whole = {
             let mut graph = self.graph.lock()?;
+            let device = graph.storage_device(t.storage)?;
+            self.enter_device(&mut graph, device, &[])?;
             graph.make_exact(t.storage)?;
             graph.is_whole(t)?
         };
@@ -1556,6 +1687,8 @@ impl Engine {
         // the programs that read it are then one per bucket, not one per length.
         let padding = {
             let mut graph = self.graph.lock()?;
+            let device = graph.storage_device(t.storage)?;
+            self.enter_device(&mut graph, device, &[])?;
             // Read at each upload too, as at each append.
             graph.set_bounded(!matches!(env("TORCH_PJRT_DYNAMIC").as_deref(), Some("off")));
             let padding = if graph.is_whole(t)? {
@@ -1579,9 +1712,13 @@ impl Engine {
             None => (src, t.sizes.clone()),
         };
         let start = std::time::Instant::now();
+        let device = if self.devices.len() > 1 {
+            self.graph.lock()?.storage_device(t.storage)?
+        } else {
+            0
+        };
         let buffer = self
-            .client
-            .buffer_from_host(bytes, element_type(t.dtype), &sizes)
+            .upload_to(bytes, t.dtype, &sizes, device)
             .map_err(|e| runtime_error("copying a host tensor to pjrt", e))?;
         Counters::add_time(&self.counters.transfer_nanos, start);
         if compile::trace::on() {
@@ -1751,6 +1888,15 @@ impl Engine {
             "device_index_checks",
             Counters::get(&c.device_index_checks) as f64,
         );
+        for (name, counter) in [
+            ("device_switch_cuts", &c.device_switch_cuts),
+            ("device_to_device", &c.device_to_device),
+            ("device_to_device_bytes", &c.device_to_device_bytes),
+            ("device_collectives", &c.collectives),
+            ("device_collective_compiles", &c.collective_compiles),
+        ] {
+            v.insert(name, Counters::get(counter) as f64);
+        }
         v.insert("ops", Counters::get(&c.ops) as f64);
         v.insert("deferred_ops", graph.deferred_ops as f64);
         v.insert("pending_ops", pending_ops as f64);

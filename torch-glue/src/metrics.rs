@@ -29,6 +29,16 @@ pub struct Counters {
     pub host_index_checks: AtomicU64,
     /// Index range checks captured to run on the device, their verdicts read later.
     pub device_index_checks: AtomicU64,
+    /// Pending ops launched because an op of another device arrived (a region never mixes
+    /// devices).
+    pub device_switch_cuts: AtomicU64,
+    /// Copies of a value from one device of the process to another, and their bytes.
+    pub device_to_device: AtomicU64,
+    pub device_to_device_bytes: AtomicU64,
+    /// Collectives across the process's devices, each one replicated program
+    /// (`torch_pjrt.comm`), and the compiles their programs needed.
+    pub collectives: AtomicU64,
+    pub collective_compiles: AtomicU64,
     /// Host time in the engine's op calls (capture, meta, and any flush an op triggered), ns.
     pub op_nanos: AtomicU64,
     /// Host time planning and launching regions, wherever a flush was triggered, ns.
@@ -71,6 +81,11 @@ impl Counters {
             &self.graph_replays,
             &self.host_index_checks,
             &self.device_index_checks,
+            &self.device_switch_cuts,
+            &self.device_to_device,
+            &self.device_to_device_bytes,
+            &self.collectives,
+            &self.collective_compiles,
             &self.op_nanos,
             &self.flush_nanos,
             &self.wait_nanos,

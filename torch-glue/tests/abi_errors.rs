@@ -392,6 +392,7 @@ fn bad_scalars_params_and_pointers() {
             num_outs: 0,
             default_float: -1,
             matmul_precision: 0,
+            device: 0,
         };
         let mut n = 0u64;
         // SAFETY: the null array is refused before anything is read through it.
@@ -418,6 +419,7 @@ fn bad_scalars_params_and_pointers() {
             num_outs: 0,
             default_float: 4,
             matmul_precision: 0,
+            device: 0,
         };
         // SAFETY: `raw` outlives the call.
         let code = unsafe { tpjrt_op(&call, std::ptr::null_mut(), 0, &mut n) };
@@ -452,6 +454,7 @@ fn too_little_room_for_outputs() {
             num_outs: 0,
             default_float: -1,
             matmul_precision: 0,
+            device: 0,
         };
         let mut one = [TpjrtOutput {
             storage: 0,

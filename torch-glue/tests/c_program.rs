@@ -70,7 +70,7 @@ fn c_program_runs_ops_through_the_header_and_cdylib() {
         .env_remove("TORCH_PJRT_SHARED_CACHE"));
     let _ = std::fs::remove_file(&exe);
     let expected = "\
-abi version 4, table matches
+abi version 5, table matches
 devices: some
 strict add: 6 12 18 24
 strict sum of squares: 1080 (outputs 1, ndim 0, nbytes 4)

@@ -217,6 +217,7 @@ impl<V: Clone> Graph<V> {
                 prefix,
                 dropped_ops: 0,
                 checks: Vec::new(),
+                device: self.device,
             },
         )))
     }

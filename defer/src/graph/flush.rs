@@ -341,6 +341,7 @@ impl<V: Clone> Graph<V> {
             prefix: last,
             dropped_ops: plan.dropped,
             checks,
+            device: self.device,
         }))
     }
 

@@ -246,6 +246,8 @@ pub struct Flush<V> {
     /// Verdicts of the region's side-effecting checks (`_assert_async`): 0-d bools that must be
     /// true, each with the op that produced it. They are extra outputs no storage holds.
     pub checks: Vec<(V, CheckSite)>,
+    /// The device the region runs on: its arguments are there and its results go there.
+    pub device: u32,
 }
 
 /// Where a check verdict comes from: the checking op, and the user's line that queued it when
@@ -515,6 +517,10 @@ pub struct Graph<V> {
     /// The true length and bucket of the latest append into a padded value (or padded upload):
     /// tensors made from nothing at that length are made padded too (`creation_padded`).
     last_extent: Option<(i64, i64)>,
+    /// The device the pending ops run on (an index among the process's devices): the engine
+    /// launches them before it captures an op of another device, so a region never mixes
+    /// devices, and the storages an op makes are on it.
+    device: u32,
 }
 
 impl<V: Clone> Default for Graph<V> {
@@ -553,7 +559,51 @@ impl<V: Clone> Graph<V> {
             uploads: Default::default(),
             counts: Default::default(),
             last_extent: None,
+            device: 0,
         }
+    }
+
+    /// The device the pending ops run on, and that the storages ops make are on.
+    pub fn device(&self) -> u32 {
+        self.device
+    }
+
+    /// Makes `device` the one later ops run on; refused while ops of another device are
+    /// pending (the engine launches them first).
+    pub fn set_device(&mut self, device: u32) -> Result<(), EngineError> {
+        if device != self.device && !self.pending.is_empty() {
+            return Err(EngineError::new(
+                ErrorKind::Runtime,
+                format!(
+                    "internal error: ops of device {} are pending while ops of device {device} \
+                     arrive",
+                    self.device
+                ),
+            ));
+        }
+        self.device = device;
+        Ok(())
+    }
+
+    /// The device that holds a storage's value.
+    pub fn storage_device(&self, id: StorageId) -> Result<u32, EngineError> {
+        Ok(self.storage(id)?.device)
+    }
+
+    /// The first device other than `device` that holds one of `tensors`' storages: an op
+    /// reading or writing it would mix devices.
+    pub fn other_device(
+        &self,
+        tensors: &[TensorRef],
+        device: u32,
+    ) -> Result<Option<u32>, EngineError> {
+        for t in tensors {
+            let other = self.storage(t.storage)?.device;
+            if other != device {
+                return Ok(Some(other));
+            }
+        }
+        Ok(None)
     }
 
     /// Whether a sequence seen growing by appends is kept padded to a bucket (bounded shapes,
@@ -600,6 +650,15 @@ impl<V: Clone> Graph<V> {
         self.new_storage_of(nbytes, None)
     }
 
+    /// A new, unwritten storage of `nbytes` bytes on `device`.
+    pub fn new_storage_on(&mut self, nbytes: u64, device: u32) -> StorageId {
+        let id = self.new_storage_of(nbytes, None);
+        if let Some(storage) = self.storages.get_mut(&id) {
+            storage.device = device;
+        }
+        id
+    }
+
     /// A new storage whose native dtype is already known (an op's output).
     fn new_storage_of(&mut self, nbytes: u64, native: Option<DType>) -> StorageId {
         self.insert_storage(nbytes, native, StorageValue::Uninit, 0)
@@ -615,6 +674,7 @@ impl<V: Clone> Graph<V> {
     ) -> StorageId {
         self.storages.insert(Storage {
             nbytes,
+            device: self.device,
             native,
             value,
             version,

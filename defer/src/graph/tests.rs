@@ -944,3 +944,31 @@ fn ops_that_only_make_values_could_be_a_prologue_and_ops_reading_device_values_c
     g.capture(OpId::Add, &[doubled, x], &[], &[], &[]).unwrap();
     assert!(!g.pending_could_be_prologue(), "an op read a device value");
 }
+
+#[test]
+fn storages_and_regions_stay_on_the_device_their_ops_run_on() {
+    let mut g: Graph<u32> = Graph::new();
+    g.set_device(2).unwrap();
+    let x = device(&mut g, DType::F32, &[4], 1);
+    assert_eq!(g.storage_device(x.storage).unwrap(), 2);
+    let elsewhere = g.new_storage_on(16, 1);
+    assert_eq!(g.storage_device(elsewhere).unwrap(), 1);
+    let other = TensorRef::contiguous(elsewhere, DType::F32, &[4]);
+    assert_eq!(g.other_device(std::slice::from_ref(&x), 2).unwrap(), None);
+    assert_eq!(g.other_device(&[x.clone(), other], 2).unwrap(), Some(1));
+    let neg = g
+        .capture(OpId::Neg, std::slice::from_ref(&x), &[], &[], &[])
+        .unwrap();
+    // An op's result is on the device it ran on.
+    assert_eq!(g.storage_device(neg.outputs[0].0).unwrap(), 2);
+    // Another device's ops wait until the pending ones are launched.
+    assert!(g.set_device(0).is_err());
+    let flush = g
+        .flush(FlushRequest::All, |_| 9)
+        .unwrap()
+        .expect("a region");
+    assert_eq!(flush.device, 2);
+    g.set_device(0).unwrap();
+    let made = g.new_storage(16);
+    assert_eq!(g.storage_device(made).unwrap(), 0);
+}

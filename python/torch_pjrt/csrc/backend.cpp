@@ -166,9 +166,10 @@ class PjrtAllocator final : public at::Allocator {
   at::DataPtr allocate(size_t nbytes) override {
     const TpjrtApi& table = api();
     uint64_t id = 0;
-    check(table.storage_new(nbytes, &id), "allocating pjrt memory");
+    const c10::DeviceIndex device = current_device_index();
+    check(table.storage_new_on(nbytes, device, &id), "allocating pjrt memory");
     mark_started();
-    return make_data_ptr(id, nbytes, c10::Device(kPjrt, current_device_index()));
+    return make_data_ptr(id, nbytes, c10::Device(kPjrt, device));
   }
 
   at::DeleterFnPtr raw_deleter() const override {
@@ -533,8 +534,42 @@ void copy_device_to_host(const at::Tensor& src, const at::Tensor& dst_cpu) {
   }
 }
 
+// Whether `t` covers its whole storage, contiguously, with no view bits: the engine can hand
+// its buffer to another device as it is.
+bool is_whole_storage(const at::Tensor& t) {
+  return t.is_contiguous() && t.storage_offset() == 0 && !t.is_neg() && !t.is_conj() &&
+      t.storage().nbytes() == t.nbytes();
+}
+
+// A copy between two devices of the process: the source's values, in the destination's dtype
+// and shape, are made whole on the source's device, and the engine moves that buffer to the
+// destination's device (the plugin copies device to device) and writes it into the destination.
+void copy_across_devices(const at::Tensor& src, const at::Tensor& dst) {
+  at::Tensor whole = src;
+  {
+    const c10::DeviceGuard guard(src.device());
+    if (whole.scalar_type() != dst.scalar_type()) {
+      whole = whole.to(dst.scalar_type());
+    }
+    if (whole.sizes() != dst.sizes()) {
+      whole = whole.expand(dst.sizes());
+    }
+    if (!is_whole_storage(whole)) {
+      whole = whole.resolve_conj().resolve_neg().clone(at::MemoryFormat::Contiguous);
+    }
+  }
+  TpjrtTensor from = describe(whole);
+  TpjrtTensor to = describe(dst);
+  check(api().copy_to_device(&from, &to), "copying between pjrt devices");
+  mark_started();
+}
+
 void copy_device_to_device(const at::Tensor& src, const at::Tensor& dst) {
   if (src.is_same(dst)) {
+    return;
+  }
+  if (src.device() != dst.device()) {
+    copy_across_devices(src, dst);
     return;
   }
   if (src.sizes() == dst.sizes()) {
@@ -680,6 +715,8 @@ void OpCall::input(const at::Tensor& t) {
 }
 
 TpjrtTensor OpCall::upload_scalar(const at::Tensor& host) {
+  // On the op's device, as its other tensors.
+  const c10::DeviceGuard guard(result_device());
   at::Tensor uploaded = at::detail::empty_generic(
       {}, &g_allocator, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), host.scalar_type(),
       std::nullopt);
@@ -847,6 +884,7 @@ TpjrtOpCall OpCall::make_call() {
   c.outs = outs_.data();
   c.num_outs = outs_.size();
   c.default_float = dtype_code(c10::typeMetaToScalarType(c10::get_default_dtype()));
+  c.device = result_device().index();
   switch (at::globalContext().float32MatmulPrecision()) {
     case at::Float32MatmulPrecision::HIGHEST:
       c.matmul_precision = 0;

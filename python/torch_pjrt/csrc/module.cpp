@@ -15,6 +15,10 @@ namespace torch_pjrt::distributed {
 void add_bindings(py::module& mod);
 }
 
+namespace torch_pjrt::devices {
+void add_bindings(py::module& mod);
+}
+
 PYBIND11_MODULE(_C, mod) {
   mod.doc() = "torch-pjrt PrivateUse1 backend (device 'pjrt')";
   mod.def(
@@ -47,4 +51,5 @@ PYBIND11_MODULE(_C, mod) {
       py::arg("index"));
   mod.def("_set_rng_state", &m::set_rng_state, py::arg("index"), py::arg("state"));
   torch_pjrt::distributed::add_bindings(mod);
+  torch_pjrt::devices::add_bindings(mod);
 }

@@ -295,6 +295,20 @@ impl Engine {
             self.flush_locked(&mut graph, FlushRequest::All)?;
         }
         let start = std::time::Instant::now();
+        // The program runs where its inputs are (a recorded graph never mixes devices).
+        let device = match inputs.first() {
+            Some(&first) => graph.storage_device(first)?,
+            None => graph.device(),
+        };
+        if spliced.is_some() && graph.device() != device {
+            return Ok(false); // a prologue pending on another device is not this program's
+        }
+        for &storage in inputs.iter().chain(fresh) {
+            if graph.storage_device(storage)? != device {
+                // Storages of two devices: the graph's ops run eagerly and raise PyTorch's error.
+                return Ok(false);
+            }
+        }
         let mut args: smallvec::SmallVec<[DeviceValue; 4]> = smallvec::SmallVec::new();
         for (k, ty) in &program.args {
             match device_value(&graph, inputs[*k])? {
@@ -331,7 +345,8 @@ impl Engine {
                 std::mem::take(&mut args),
                 &outputs,
             )
-            .donate(program.donated.iter().copied());
+            .donate(program.donated.iter().copied())
+            .on_device(self.execution_device(device));
             for pack in spliced.as_ref().unwrap_or(&program.scalar_packs) {
                 job = job.upload(HostArgument {
                     client: self.client.clone(),

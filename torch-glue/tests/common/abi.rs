@@ -185,6 +185,7 @@ pub fn op_room(
         num_outs: raw_outs.len() as u64,
         default_float: -1,
         matmul_precision: 0,
+        device: 0,
     };
     let mut outputs: Vec<TpjrtOutput> = (0..room)
         .map(|_| TpjrtOutput {

@@ -206,6 +206,43 @@ def test_products_and_data_movement(strict_or_fused_mode, dtype):
 
 
 @pytest.mark.parametrize("dtype", COMPLEX)
+@pytest.mark.parametrize("source", [torch.float32, torch.float64, torch.int64, torch.bool])
+def test_out_of_a_real_result_into_a_complex_tensor(strict_or_fused_mode, dtype, source):
+    # c10's canCast lets a real result be written into a complex out= tensor (imaginary part 0)
+    # and refuses a complex result into a real one.
+    x = torch.tensor([1, 0, 3], dtype=source)
+    y = torch.tensor([0, 5, 1], dtype=source)
+    out = torch.ones(6, dtype=dtype, device="pjrt")
+    torch.cat([x.to("pjrt"), y.to("pjrt")], out=out)
+    same(out, torch.cat([x, y]).to(dtype))
+    real_out = torch.zeros(6, dtype=torch.float64, device="pjrt")
+    with pytest.raises(RuntimeError, match="can't be cast to the desired output type Double"):
+        torch.cat([x.to("pjrt").to(dtype)] * 2, out=real_out)
+
+
+@pytest.mark.parametrize("dtype", COMPLEX)
+@pytest.mark.parametrize("conj_self", [False, True])
+@pytest.mark.parametrize("conj_other", [False, True])
+def test_vdot_keeps_the_conjugate_bit_of_the_cpu(strict_or_fused_mode, dtype, conj_self,
+                                                  conj_other):
+    # PyTorch's kernel returns a conjugate view of `dot` when only `other` is conjugate; the
+    # values alone would pass through the CPU fallback, the conjugate bit would not.
+    a, b = sample(dtype, 6, seed=30), sample(dtype, 6, seed=31)
+
+    def operands(x, y):
+        return (x.conj() if conj_self else x), (y.conj() if conj_other else y)
+
+    expected = torch.vdot(*operands(a, b))
+    got = torch.vdot(*operands(a.to("pjrt"), b.to("pjrt")))
+    assert got.is_conj() == expected.is_conj()
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.complex64 else {}
+    same(got, expected, **tol)
+    real_a, real_b = torch.randn(6, generator=seeded(32)), torch.randn(6, generator=seeded(33))
+    same(torch.vdot(real_a.to("pjrt"), real_b.to("pjrt")), torch.vdot(real_a, real_b),
+         rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", COMPLEX)
 def test_linspace_and_eye(strict_or_fused_mode, dtype):
     # Real bounds: the real part is the real linspace of the parts' dtype, the imaginary part 0.
     for start, end, steps in [(-2.0, -3, 0), (1.5, 4, 1), (0, 1, 2), (-2.0, 3.25, 7), (10, -7.5, 100)]:

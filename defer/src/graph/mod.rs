@@ -1511,10 +1511,13 @@ impl Node {
     }
 }
 
-/// PyTorch's `canCast`: a result may be written into an output of a lower category only from
-/// bool, never float into integral or anything but bool into bool.
+/// c10's `canCast`: no complex into a real type, no floating point into an integral type, and
+/// nothing but bool into bool.
 fn can_cast(from: DType, to: DType) -> bool {
-    if from.is_float() && !to.is_float() {
+    if from.is_complex() && !to.is_complex() {
+        return false;
+    }
+    if from.is_float() && !(to.is_float() || to.is_complex()) {
         return false;
     }
     !(from != DType::Bool && to == DType::Bool)

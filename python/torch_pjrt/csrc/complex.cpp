@@ -1,7 +1,7 @@
 // Complex numbers on pjrt: the views between complex and real tensors (`view_as_real`,
 // `view_as_complex`, and through them `real` and `imag`), which share storage as on the CPU, and
 // the complex ops that PyTorch routes through `out=` kernels (`conj_physical`, which resolves the
-// conjugate bit, `complex`, `polar`) or that compose from device ops (`angle`).
+// conjugate bit, `complex`, `polar`) or that compose from device ops (`angle`, `vdot`).
 #include <ATen/ATen.h>
 #include <ATen/ops/view_as_complex_native.h>
 #include <ATen/ops/view_as_real_native.h>
@@ -70,6 +70,25 @@ at::Tensor& pjrt_angle_out(const at::Tensor& self, at::Tensor& out) {
   return write_out(pjrt_angle(self), out);
 }
 
+// PyTorch's CPU kernel: real values are `dot`'s; a conjugate operand is read through its
+// conjugate bit the way the CPU kernel does, so a conjugate `other` gives a conjugate view of
+// `dot` (the CPU fallback would return the same values with the bit cleared).
+at::Tensor pjrt_vdot(const at::Tensor& self, const at::Tensor& other) {
+  if (!self.is_complex()) {
+    return at::dot(self, other);
+  }
+  if (self.is_conj()) {
+    if (other.is_conj()) {
+      return pjrt_vdot(other.conj(), self.conj());
+    }
+    return at::dot(self.conj(), other);
+  }
+  if (other.is_conj()) {
+    return at::dot(self, other.conj()).conj();
+  }
+  return at::dot(self.conj(), other);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
@@ -81,6 +100,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("polar.out", TORCH_FN(pjrt_polar_out));
   m.impl("angle", TORCH_FN(pjrt_angle));
   m.impl("angle.out", TORCH_FN(pjrt_angle_out));
+  m.impl("vdot", TORCH_FN(pjrt_vdot));
 }
 
 }  // namespace torch_pjrt

@@ -257,6 +257,8 @@ struct Shared {
     fast_options: Option<(u64, pjrt::CompileOptions)>,
     /// `compile_options` plus the quick-compile overrides, and the options word of its keys.
     quick_options: Option<(u64, pjrt::CompileOptions)>,
+    /// Added to the options of a module whose reductions are all short.
+    short_reduction_overrides: Vec<(String, pjrt::CompileOverride)>,
     dump_dir: Option<PathBuf>,
     tier1: Tier1<Arc<LoadedExecutable>>,
     /// Tier 1 also shrinks when the process's memory mappings near the kernel's cap.
@@ -436,6 +438,7 @@ impl Compiler {
             compile_options: config.compile_options.clone(),
             fast_options: fast_options.clone(),
             quick_options: quick_options.clone(),
+            short_reduction_overrides: config.short_reduction_overrides.clone(),
             dump_dir: config.dump_dir.clone(),
             tier1: Tier1::new(config.tier1_capacity),
             mappings: MappingBudget::from_system(),
@@ -1154,6 +1157,29 @@ impl Shared {
         *self.last_disk_problem.lock() = Some(message);
     }
 
+    /// `base` plus what the module's own header asks for: the short-reduction options when it
+    /// states that all its reductions are short. Options `base` names already win.
+    fn module_options<'a>(
+        &self,
+        text: &str,
+        base: &'a pjrt::CompileOptions,
+    ) -> std::borrow::Cow<'a, pjrt::CompileOptions> {
+        let short = crate::config::longest_reduction(text)
+            .is_some_and(|longest| longest <= crate::config::SHORT_REDUCTION_MAX);
+        if !short || self.short_reduction_overrides.is_empty() {
+            return std::borrow::Cow::Borrowed(base);
+        }
+        let mut options = base.clone();
+        let added: Vec<_> = self
+            .short_reduction_overrides
+            .iter()
+            .filter(|(name, _)| !base.overrides.iter().any(|(n, _)| n == name))
+            .cloned()
+            .collect();
+        options.overrides.splice(0..0, added);
+        std::borrow::Cow::Owned(options)
+    }
+
     fn compile_and_store(&self, key: CacheKey, label: Arc<str>, build: BuildFn) -> CompileResult {
         bump(&self.counters.misses);
         let source_label = label.clone();
@@ -1164,8 +1190,9 @@ impl Shared {
             (_, Some((word, quick))) if *word == key.options => (quick, false, true),
             _ => (&self.compile_options, false, false),
         };
+        let options = self.module_options(&text, options);
         let start = Instant::now();
-        let compiled = self.client.compile_with_options(&text, options);
+        let compiled = self.client.compile_with_options(&text, &options);
         add_time(&self.counters.compile_nanos, start);
         let program = CompiledProgram {
             label,
@@ -1244,9 +1271,8 @@ impl Shared {
         let Upgrade { key, label, build } = upgrade;
         let started = Instant::now();
         let Ok(text) = build() else { return };
-        let compiled = self
-            .client
-            .compile_with_options(&text, &self.compile_options);
+        let options = self.module_options(&text, &self.compile_options);
+        let compiled = self.client.compile_with_options(&text, &options);
         add_time(&self.counters.upgrade_nanos, started);
         if trace::on() {
             let event = trace::Event::until_now(

@@ -27,8 +27,9 @@ pub use compiler::{
     CompileHandle, CompileStats, CompiledProgram, Compiler, ProgramStats, RECENT_COMPILES_KEPT,
 };
 pub use config::{
-    default_overrides_for, fast_overrides_for, quick_overrides_for, CompileConfig, Effort,
-    DEFAULT_SHARED_DIR, DEFAULT_TIER1_CAPACITY,
+    default_overrides_for, fast_overrides_for, longest_reduction, quick_overrides_for,
+    short_reduction_overrides_for, CompileConfig, Effort, DEFAULT_SHARED_DIR,
+    DEFAULT_TIER1_CAPACITY, LONGEST_REDUCTION_ATTR, SHORT_REDUCTION_MAX,
 };
 pub use cpu::{cpu_features_hash, host_cpu_features, host_cpu_features_hash};
 pub use error::{CompileError, ExecError};

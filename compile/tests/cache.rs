@@ -678,3 +678,85 @@ fn a_quick_program_run_often_is_upgraded_in_place_and_kept_on_disk() {
     assert!(off.wait_for_upgrades(Duration::from_secs(1)));
     assert_eq!(off.stats().upgrades, 0);
 }
+
+/// A row normalization over 64 elements: two 64-element reductions, stating `longest` in its
+/// header when given.
+fn row_norm_module(longest: Option<i64>) -> String {
+    let header = match longest {
+        Some(n) => format!(
+            "module attributes {{{} = {n} : i64}} {{",
+            compile::LONGEST_REDUCTION_ATTR
+        ),
+        None => "module {".to_string(),
+    };
+    format!(
+        r#"{header}
+  func.func public @main(%x: tensor<4x64xf32>) -> (tensor<4x64xf32>) {{
+    %zero = stablehlo.constant dense<0.0> : tensor<f32>
+    %s = stablehlo.reduce(%x init: %zero) applies stablehlo.add across dimensions = [1] : (tensor<4x64xf32>, tensor<f32>) -> tensor<4xf32>
+    %sb = stablehlo.broadcast_in_dim %s, dims = [0] : (tensor<4xf32>) -> tensor<4x64xf32>
+    %d = stablehlo.subtract %x, %sb : tensor<4x64xf32>
+    %q = stablehlo.multiply %d, %d : tensor<4x64xf32>
+    %v = stablehlo.reduce(%q init: %zero) applies stablehlo.add across dimensions = [1] : (tensor<4x64xf32>, tensor<f32>) -> tensor<4xf32>
+    %r = stablehlo.rsqrt %v : tensor<4xf32>
+    %rb = stablehlo.broadcast_in_dim %r, dims = [0] : (tensor<4xf32>) -> tensor<4x64xf32>
+    %o = stablehlo.multiply %d, %rb : tensor<4x64xf32>
+    return %o : tensor<4x64xf32>
+  }}
+}}
+"#
+    )
+}
+
+/// A module that states its reductions are all short compiles with the short-reduction options
+/// (on XLA CPU without the pass that splits each reduction in two: no buffer for the split's
+/// partial sums); one that states a long reduction, or nothing, compiles as before.
+#[test]
+fn modules_stating_only_short_reductions_compile_without_the_split() {
+    assert_eq!(
+        compile::longest_reduction(&row_norm_module(Some(64))),
+        Some(64)
+    );
+    assert_eq!(compile::longest_reduction(&row_norm_module(None)), None);
+    assert_eq!(
+        compile::longest_reduction("module attributes {x = 1 : i64} {\n}"),
+        None
+    );
+    let compiler = compiler(CompileConfig {
+        short_reduction_overrides: compile::short_reduction_overrides_for("cpu"),
+        ..config()
+    });
+    let word = compiler.options_fingerprint();
+    let temp_bytes = |id: u64, longest: Option<i64>| {
+        let text = row_norm_module(longest);
+        let executable = compiler
+            .request(CacheKey::new(id, 0xd1d1, word), move || Ok(text))
+            .wait()
+            .unwrap();
+        executable.temp_bytes()
+    };
+    let short = temp_bytes(1, Some(64));
+    let unstated = temp_bytes(2, None);
+    let long = temp_bytes(3, Some(compile::SHORT_REDUCTION_MAX + 1));
+    assert!(short < unstated, "short {short} bytes, unstated {unstated}");
+    assert_eq!(long, unstated);
+    // A user's own value of the option wins over the short-reduction one.
+    let user = compiler_with_user_passes();
+    let executable = user
+        .request(CacheKey::new(4, 0xd1d1, user.options_fingerprint()), || {
+            Ok(row_norm_module(Some(64)))
+        })
+        .wait()
+        .unwrap();
+    assert_eq!(executable.temp_bytes(), unstated);
+}
+
+fn compiler_with_user_passes() -> compile::Compiler {
+    let mut options = config();
+    options.compile_options.overrides.push((
+        "xla_disable_hlo_passes".to_string(),
+        pjrt::CompileOverride::String("no_such_pass".to_string()),
+    ));
+    options.short_reduction_overrides = compile::short_reduction_overrides_for("cpu");
+    compiler(options)
+}

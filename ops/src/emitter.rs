@@ -60,7 +60,17 @@ pub struct Emitter {
     body: String,
     depth: usize,
     next_name: u32,
+    /// The longest single dimension any `stablehlo.reduce` reduces, or any product contracts
+    /// (XLA may turn a product into a reduction); 0 when there is none. Written into the module
+    /// as [`LONGEST_REDUCTION_ATTR`].
+    longest_reduction: i64,
 }
+
+/// The module attribute that tells the compiler the longest dimension the module reduces over
+/// (see [`Emitter::finish`]): XLA CPU splits every reduction of a dimension longer than 32 into
+/// a `reduce-window` and a `reduce` for precision, two kernels each, which at short lengths only
+/// adds launches; the compiler keeps the split off for modules whose reductions are all short.
+pub const LONGEST_REDUCTION_ATTR: &str = "torch_pjrt.longest_reduction";
 
 impl Default for Emitter {
     fn default() -> Self {
@@ -214,6 +224,7 @@ impl Emitter {
             body: String::new(),
             depth: 0,
             next_name: 0,
+            longest_reduction: 0,
         }
     }
 
@@ -252,7 +263,15 @@ impl Emitter {
         let result_types: Vec<String> = results.iter().map(|&r| self.ty(r).mlir()).collect();
         let result_names: Vec<&str> = results.iter().map(|&r| self.name(r)).collect();
         let mut out = String::new();
-        out.push_str("module {\n");
+        if self.longest_reduction > 0 {
+            let _ = writeln!(
+                out,
+                "module attributes {{{LONGEST_REDUCTION_ATTR} = {} : i64}} {{",
+                self.longest_reduction
+            );
+        } else {
+            out.push_str("module {\n");
+        }
         let _ = writeln!(
             out,
             "  func.func public @main({}) -> ({}) {{",
@@ -885,6 +904,7 @@ impl Emitter {
         let mut arg_types = scalar_types.clone();
         arg_types.extend(scalar_types.iter().cloned());
         let region = self.region(&arg_types, body);
+        self.note_reduction(inputs[0], dims);
         let kept: Shape = self
             .shape(inputs[0])
             .iter()
@@ -909,6 +929,13 @@ impl Emitter {
             &format!("dimensions = {}", i64_array(&dims)),
             results,
         )
+    }
+
+    /// Records the longest of `v`'s `dims` for [`LONGEST_REDUCTION_ATTR`].
+    fn note_reduction(&mut self, v: Value, dims: &[usize]) {
+        let shape = self.shape(v);
+        let longest = dims.iter().map(|&d| shape[d]).max().unwrap_or(0);
+        self.longest_reduction = self.longest_reduction.max(longest);
     }
 
     /// Reduce one input with a binary StableHLO op (`stablehlo.add`, `stablehlo.maximum`...).
@@ -1008,6 +1035,7 @@ impl Emitter {
         rhs_contract: &[usize],
         result_dtype: DType,
     ) -> Value {
+        self.note_reduction(lhs, lhs_contract);
         let ls = self.shape(lhs).to_vec();
         let rs = self.shape(rhs).to_vec();
         let mut shape: Shape = lhs_batch.iter().map(|&d| ls[d]).collect();

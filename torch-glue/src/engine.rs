@@ -25,7 +25,7 @@ pub use devices::{Collective, Reduction};
 type FlushedValues = smallvec::SmallVec<[DeviceValue; 2]>;
 
 /// The engine version: part of every cache key and cache directory name.
-pub const ENGINE_VERSION: &str = concat!("torch-pjrt-", env!("CARGO_PKG_VERSION"), "+hlo20");
+pub const ENGINE_VERSION: &str = concat!("torch-pjrt-", env!("CARGO_PKG_VERSION"), "+hlo21");
 
 /// Above this many pending ops DeferAndFuse flushes on its own. Compile time grows ~0.7 ms per op
 /// past a hundred on the CPU plugin (0.5 s at 1,500 ops), so a cap near a thousand keeps any
@@ -481,6 +481,8 @@ impl Engine {
             let mut overrides = compile::default_overrides_for(client.platform_name());
             overrides.append(&mut compile_config.compile_options.overrides);
             compile_config.compile_options.overrides = overrides;
+            compile_config.short_reduction_overrides =
+                compile::short_reduction_overrides_for(client.platform_name());
         }
         if config.fast_compile {
             compile_config.fast_overrides = compile::fast_overrides_for(client.platform_name());

@@ -401,3 +401,33 @@ def test_ops_not_lowered_for_complex_values_run_on_the_cpu():
     # A composition for real numbers that the CPU does not offer for complex values refuses.
     with pytest.raises(NotImplementedError):
         torch.logit(p)
+
+
+@pytest.mark.parametrize("dtype", COMPLEX)
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_products_write_through_a_conjugate_output_as_the_cpu_does(mode, dtype):
+    """PyTorch's conjugation fallback passes the in-place and `out=` products (mm, addmm, bmm,
+    baddbmm, dot, vdot) an output with the conjugate bit, on the device or through the CPU
+    fallback's write-back (complex addmm): the result reads back unconjugated."""
+    a, b, c = sample(dtype, 3, 4, seed=1), sample(dtype, 4, 2, seed=2), sample(dtype, 3, 2, seed=3)
+    ba, bb, bc = (sample(dtype, 2, *s, seed=4 + i) for i, s in enumerate([(3, 4), (4, 2), (3, 2)]))
+    u, v = sample(dtype, 5, seed=8), sample(dtype, 5, seed=9)
+    cases = {
+        "mm.out": (lambda out, d: torch.mm(d(a), d(b), out=out), c),
+        "addmm.out": (lambda out, d: torch.addmm(d(c), d(a), d(b), alpha=2, out=out), c),
+        "addmm_": (lambda out, d: out.addmm_(d(a), d(b), beta=0.5), c),
+        "bmm.out": (lambda out, d: torch.bmm(d(ba), d(bb), out=out), bc),
+        "baddbmm_": (lambda out, d: out.baddbmm_(d(ba), d(bb), alpha=3), bc),
+        "baddbmm.out": (lambda out, d: torch.baddbmm(d(bc), d(ba), d(bb), out=out), bc),
+        "dot.out": (lambda out, d: torch.dot(d(u), d(v), out=out), torch.zeros((), dtype=dtype)),
+        "vdot.out": (lambda out, d: torch.vdot(d(u), d(v), out=out), torch.zeros((), dtype=dtype)),
+    }
+    for name, (call, init) in cases.items():
+        expected = init.clone().conj()
+        call(expected, lambda t: t)
+        with torch_pjrt.eager_mode(mode), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # complex addmm runs through the CPU fallback
+            got = init.to("pjrt").conj()
+            call(got, lambda t: t.to("pjrt"))
+            assert got.is_conj(), name
+            same(got.resolve_conj(), expected.resolve_conj())

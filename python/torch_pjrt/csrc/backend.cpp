@@ -4,6 +4,8 @@
 #include "pjrt_backend.h"
 
 #include <algorithm>
+#include <array>
+#include <string_view>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
@@ -979,6 +981,7 @@ void OpCall::run_inplace() {
   uint64_t count = 0;
   check(api().op(&c, results, 4, &count), name_);
   mark_started();
+  conjugate_conjugate_outs();
 }
 
 void OpCall::run_out() {
@@ -988,6 +991,31 @@ void OpCall::run_out() {
   uint64_t count = 0;
   check(api().op(&c, results, 4, &count), name_);
   mark_started();
+  conjugate_conjugate_outs();
+}
+
+namespace {
+// The in-place and `out=` products that PyTorch's conjugation fallback passes straight to the
+// kernel (ConjugateFallback.cpp registers them as fallthroughs, since BLAS kernels read and
+// write the conjugate bit themselves). Every other op's conjugate outputs are resolved by the
+// fallback before the kernel runs, and `conj_physical_` must conjugate the memory as it is.
+bool writes_through_the_conjugate_bit(std::string_view name) {
+  static const std::array<std::string_view, 8> names = {
+      "aten::mm.out",      "aten::addmm_", "aten::addmm.out", "aten::bmm.out",
+      "aten::baddbmm_",    "aten::baddbmm.out", "aten::dot.out", "aten::vdot.out"};
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+}  // namespace
+
+void OpCall::conjugate_conjugate_outs() {
+  // The engine wrote the result into the output's memory; an output with the conjugate bit
+  // reads that memory conjugated, so the memory must hold the result's conjugate.
+  bool any = false;
+  for (const at::Tensor& o : out_tensors_) any = any || o.is_conj();
+  if (C10_LIKELY(!any) || !writes_through_the_conjugate_bit(name_)) return;
+  for (const at::Tensor& o : out_tensors_) {
+    if (o.is_conj()) o.conj().conj_physical_();
+  }
 }
 
 // ===== param encoders ===============================================================================
@@ -1498,6 +1526,21 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Tensor", TORCH_FN(pjrt_set_tensor));
   m.impl("set_", TORCH_FN(pjrt_set_empty));
   m.impl("_has_compatible_shallow_copy_type", TORCH_FN(pjrt_has_compatible_shallow_copy_type));
+}
+
+// `_copy_from` and `_copy_from_and_resize` write the bits of a conjugate or negative `dst`
+// themselves (`apply_view_bits`). PyTorch's conjugation and negation fallbacks would otherwise
+// hand them a resolved temporary for `dst` and drop the write: the CPU fallback's write-back of
+// an in-place op on a conjugate view (complex `addmm_`, `baddbmm_`) was lost. Only backends
+// without their own `copy_` (pjrt here) reach these two ops.
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+
+TORCH_LIBRARY_IMPL(aten, Negative, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {

@@ -326,6 +326,9 @@ class OpCall {
   // Uploads a CPU 0-d tensor, kept alive for the call; its description.
   TpjrtTensor upload_scalar(const at::Tensor& host);
   void check_outs(bool resize);
+  // Conjugates the memory of the outputs that carry the conjugate bit, after the op wrote them,
+  // for the products PyTorch's conjugation fallback lets through with such outputs.
+  void conjugate_conjugate_outs();
   c10::Device result_device() const;
   bool complex_on_cpu();
   TpjrtScalar real_scalar(const at::Scalar& s);

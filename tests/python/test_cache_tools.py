@@ -69,11 +69,14 @@ def _entries(root):
 
 
 def test_the_persistent_tier_stays_within_its_bound(tmp_path):
-    bound = 100 * 1024
     unbounded = tmp_path / "unbounded"
     proc = run_python(BOUND_PROBE, env={"TORCH_PJRT_CACHE_DIR": str(unbounded)}, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert sum(os.path.getsize(f) for f in _entries(unbounded)) > 2 * bound
+    # A third of what the probe writes unbounded (executables' sizes change with the compiler's
+    # options), still room for several entries.
+    sizes = [os.path.getsize(f) for f in _entries(unbounded)]
+    bound = sum(sizes) // 3
+    assert 3 * max(sizes) < bound, (len(sizes), max(sizes), bound)
     cache = tmp_path / "bounded"
     env = {"TORCH_PJRT_CACHE_DIR": str(cache), "TORCH_PJRT_CACHE_MAX_MB": str(bound / 2**20)}
     proc = run_python(BOUND_PROBE, env=env, timeout=300)

@@ -244,6 +244,17 @@ pub struct ProgramStats {
     pub hits: u64,
 }
 
+/// Adds the `overrides` that `options` does not name already, ahead of its own: a later entry
+/// for a name wins, so the options already there (the user's) keep their values.
+fn put_under(options: &mut pjrt::CompileOptions, overrides: &[(String, pjrt::CompileOverride)]) {
+    let added: Vec<_> = overrides
+        .iter()
+        .filter(|(name, _)| !options.overrides.iter().any(|(n, _)| n == name))
+        .cloned()
+        .collect();
+    options.overrides.splice(0..0, added);
+}
+
 struct Shared {
     client: pjrt::Client,
     /// `TORCH_PJRT_CACHE_ONLY`: refuse to compile.
@@ -378,15 +389,7 @@ impl Compiler {
         let with_overrides = |overrides: &[(String, pjrt::CompileOverride)]| {
             (!overrides.is_empty()).then(|| {
                 let mut options = config.compile_options.clone();
-                let user_names: Vec<String> =
-                    options.overrides.iter().map(|(n, _)| n.clone()).collect();
-                let added: Vec<_> = overrides
-                    .iter()
-                    .filter(|(name, _)| !user_names.contains(name))
-                    .cloned()
-                    .collect();
-                // Ahead of the user's options: a later entry for a name wins.
-                options.overrides.splice(0..0, added);
+                put_under(&mut options, overrides);
                 let mut inputs = FingerprintInputs::gather(
                     client.plugin(),
                     &client,
@@ -1170,13 +1173,7 @@ impl Shared {
             return std::borrow::Cow::Borrowed(base);
         }
         let mut options = base.clone();
-        let added: Vec<_> = self
-            .short_reduction_overrides
-            .iter()
-            .filter(|(name, _)| !base.overrides.iter().any(|(n, _)| n == name))
-            .cloned()
-            .collect();
-        options.overrides.splice(0..0, added);
+        put_under(&mut options, &self.short_reduction_overrides);
         std::borrow::Cow::Owned(options)
     }
 

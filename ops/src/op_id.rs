@@ -307,21 +307,21 @@ op_catalogue! {
     Eye = "eye", family: Creation, rule: creation::Eye, inputs: "", scalars: "", params: EyeSizes, facts: { complex: true, size_params_from: Some(1) };
 
     // ---- reductions (dims empty = all dims) --------------------------------------------
-    Sum = "sum", family: Reduce, rule: reduce::ReduceOps, inputs: "self", scalars: "", params: ReduceDtypeDims, facts: { complex: true };
-    Mean = "mean", family: Reduce, rule: reduce::ReduceOps, inputs: "self", scalars: "", params: ReduceDtypeDims, facts: { complex: true };
-    Prod = "prod", family: Reduce, rule: reduce::ReduceOps, inputs: "self", scalars: "", params: ReduceDtypeDims, facts: { complex: true };
-    Amax = "amax", family: Reduce, rule: reduce::ReduceOps, inputs: "self", scalars: "", params: ReduceDims;
-    Amin = "amin", family: Reduce, rule: reduce::ReduceOps, inputs: "self", scalars: "", params: ReduceDims;
-    Argmax = "argmax", family: Reduce, rule: reduce::ReduceOps, inputs: "self", scalars: "", params: ArgReduce;
-    Argmin = "argmin", family: Reduce, rule: reduce::ReduceOps, inputs: "self", scalars: "", params: ArgReduce;
-    Any = "any", family: Reduce, rule: reduce::ReduceOps, inputs: "self", scalars: "", params: ReduceDims;
-    All = "all", family: Reduce, rule: reduce::ReduceOps, inputs: "self", scalars: "", params: ReduceDims;
-    Var = "var", family: Reduce, rule: reduce::ReduceOps, inputs: "self", scalars: "", params: ReduceCorrectionDims;
-    Std = "std", family: Reduce, rule: reduce::ReduceOps, inputs: "self", scalars: "", params: ReduceCorrectionDims;
-    Logsumexp = "logsumexp", family: Reduce, rule: reduce::ReduceOps, inputs: "self", scalars: "", params: ReduceDims;
-    Norm = "linalg_vector_norm", family: Reduce, rule: reduce::ReduceOps, inputs: "self", scalars: "", params: VectorNorm;
-    Softmax = "_softmax", family: Reduce, rule: reduce::ReduceOps, inputs: "self", scalars: "", params: SoftmaxDim;
-    LogSoftmax = "_log_softmax", family: Reduce, rule: reduce::ReduceOps, inputs: "self", scalars: "", params: SoftmaxDim;
+    Sum = "sum", family: Reduce, rule: reduce::SumProd, inputs: "self", scalars: "", params: ReduceDtypeDims, facts: { complex: true };
+    Mean = "mean", family: Reduce, rule: reduce::Mean, inputs: "self", scalars: "", params: ReduceDtypeDims, facts: { complex: true };
+    Prod = "prod", family: Reduce, rule: reduce::SumProd, inputs: "self", scalars: "", params: ReduceDtypeDims, facts: { complex: true };
+    Amax = "amax", family: Reduce, rule: reduce::MinMax, inputs: "self", scalars: "", params: ReduceDims;
+    Amin = "amin", family: Reduce, rule: reduce::MinMax, inputs: "self", scalars: "", params: ReduceDims;
+    Argmax = "argmax", family: Reduce, rule: reduce::ArgReduce, inputs: "self", scalars: "", params: ArgReduce;
+    Argmin = "argmin", family: Reduce, rule: reduce::ArgReduce, inputs: "self", scalars: "", params: ArgReduce;
+    Any = "any", family: Reduce, rule: reduce::AnyAll, inputs: "self", scalars: "", params: ReduceDims;
+    All = "all", family: Reduce, rule: reduce::AnyAll, inputs: "self", scalars: "", params: ReduceDims;
+    Var = "var", family: Reduce, rule: reduce::VarStd, inputs: "self", scalars: "", params: ReduceCorrectionDims;
+    Std = "std", family: Reduce, rule: reduce::VarStd, inputs: "self", scalars: "", params: ReduceCorrectionDims;
+    Logsumexp = "logsumexp", family: Reduce, rule: reduce::Logsumexp, inputs: "self", scalars: "", params: ReduceDims;
+    Norm = "linalg_vector_norm", family: Reduce, rule: reduce::VectorNorm, inputs: "self", scalars: "", params: VectorNorm;
+    Softmax = "_softmax", family: Reduce, rule: reduce::Softmax, inputs: "self", scalars: "", params: SoftmaxDim;
+    LogSoftmax = "_log_softmax", family: Reduce, rule: reduce::Softmax, inputs: "self", scalars: "", params: SoftmaxDim;
 
     // ---- matrix products ---------------------------------------------------------------
     Mm = "mm", family: Linalg, rule: linalg::Mm, inputs: "self, mat2", scalars: "", params: None, facts: { complex: true, product_operands_from: Some(0) };
@@ -447,9 +447,9 @@ op_catalogue! {
         params: GroupNormBackward;
     EmbeddingDenseBackward = "embedding_dense_backward", family: Backward, rule: backward::EmbeddingDenseBackward, inputs: "grad_output, indices", scalars: "",
         params: EmbeddingBackward;
-    Cumsum = "cumsum", family: Reduce, rule: reduce::ReduceOps, inputs: "self", scalars: "", params: DimDtype;
-    Cumprod = "cumprod", family: Reduce, rule: reduce::ReduceOps, inputs: "self", scalars: "", params: DimDtype;
-    Logcumsumexp = "logcumsumexp", family: Reduce, rule: reduce::ReduceOps, inputs: "self", scalars: "", params: Dim;
+    Cumsum = "cumsum", family: Reduce, rule: reduce::Cumulative, inputs: "self", scalars: "", params: DimDtype;
+    Cumprod = "cumprod", family: Reduce, rule: reduce::Cumulative, inputs: "self", scalars: "", params: DimDtype;
+    Logcumsumexp = "logcumsumexp", family: Reduce, rule: reduce::Logcumsumexp, inputs: "self", scalars: "", params: Dim;
     MaskedFill = "masked_fill", family: Elementwise, rule: elementwise::MaskedFill, inputs: "self, mask, value? (0-d tensor)",
         scalars: "value (when not an input)", params: None;
 
@@ -476,7 +476,7 @@ op_catalogue! {
         params: IndexPutDims, facts: { complex: true, index_checks: true };
     // Attention and training: activation gradients, losses and fused optimizer steps.
     /// Softmax whose rows of all `-inf` (fully masked attention rows) give zeros.
-    SafeSoftmax = "_safe_softmax", family: Reduce, rule: reduce::ReduceOps, inputs: "self", scalars: "", params: DimDtype;
+    SafeSoftmax = "_safe_softmax", family: Reduce, rule: reduce::SafeSoftmax, inputs: "self", scalars: "", params: DimDtype;
     GeluBackward = "gelu_backward", family: Activation, rule: activation::GeluBackward, inputs: "grad_output, self", scalars: "",
         params: GeluApproximate, facts: { pointwise: true };
     TanhBackward = "tanh_backward", family: Activation, rule: activation::TanhBackward, inputs: "grad_output, output", scalars: "", params: None, facts: { pointwise: true };
@@ -541,7 +541,7 @@ op_catalogue! {
     AdaptiveMaxPool2dBackward = "adaptive_max_pool2d_backward", family: Conv, rule: conv::ConvOps, inputs: "grad_output, self, indices", scalars: "", params: None;
     /// Whether each element of `elements` equals one of `test_elements` (compared in their
     /// promoted dtype); `invert` negates.
-    Isin = "isin", family: Reduce, rule: reduce::ReduceOps, inputs: "elements, test_elements", scalars: "test_elements (when not an input)",
+    Isin = "isin", family: Reduce, rule: reduce::Isin, inputs: "elements, test_elements", scalars: "test_elements (when not an input)",
         params: Invert;
 
     // ---- complex numbers ---------------------------------------------------------------

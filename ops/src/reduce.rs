@@ -6,12 +6,10 @@ use crate::dtype::{DType, ScalarValue, Shape, TensorType};
 use crate::elementwise::{is_nan, k, not_implemented_for};
 use crate::emitter::{i64_array, Cmp, Emitter, Value};
 use crate::error::{ensure, OpError};
-use crate::param_layout::{self as layout, ParamLayout};
-use crate::params::{wrap_dim, wrap_dims, Params};
+use crate::param_layout as layout;
+use crate::params::{wrap_dim, wrap_dims};
 use crate::promote::{result_type, to_float, Operand};
-use crate::{LowerArgs, Meta, MetaArgs, OpId};
-
-crate::family_rule!(ReduceOps);
+use crate::{LowerArgs, Meta, MetaArgs, OpId, OpRule};
 
 /// The shape after reducing `dims` (kept as size 1 when `keepdim`).
 pub fn reduced_shape(shape: &[i64], dims: &[usize], keepdim: bool) -> Shape {
@@ -30,61 +28,442 @@ pub fn reduced_shape(shape: &[i64], dims: &[usize], keepdim: bool) -> Shape {
         .collect()
 }
 
-/// The params of a dim-list reduction, whichever of its four layouts the op's row names.
-struct DimReduction<'a> {
-    keepdim: bool,
-    /// The result dtype asked for (`sum`, `mean`, `prod`, `linalg_vector_norm`).
-    dtype: Option<DType>,
-    /// `var`/`std`'s correction, or `linalg_vector_norm`'s order.
-    value: Option<f64>,
-    dims: &'a [i64],
+// ---- rules: each op's meta beside its lowering --------------------------------------------
+
+/// `sum` and `prod` over a dim list: an integral input reduces in int64 unless a dtype is given.
+pub(crate) struct SumProd;
+
+impl OpRule for SumProd {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        a.expect_counts(1..=1, 0..=0)?;
+        let x = &a.inputs[0];
+        let l = layout::ReduceDtypeDims::decode(&a.params)?;
+        let dims = wrap_dims(l.dims, x.rank())?;
+        let out = l.dtype.unwrap_or(if x.dtype.is_integral(true) {
+            DType::I64
+        } else {
+            x.dtype
+        });
+        Ok(reduced_meta(x, out, &dims, l.keepdim))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let l = layout::ReduceDtypeDims::decode(&a.params)?;
+        lower_reduction(e, a, l.dims, |e, x, dims, out| {
+            accumulate(e, x, dims, out, a.op)
+        })
+    }
 }
 
-fn dim_reduction<'a>(p: &Params<'a>) -> Result<DimReduction<'a>, OpError> {
-    Ok(match p.op().param_layout() {
-        ParamLayout::ReduceDims => {
-            let l = layout::ReduceDims::decode(p)?;
-            DimReduction {
-                keepdim: l.keepdim,
-                dtype: None,
-                value: None,
-                dims: l.dims,
+/// `mean` over a dim list, in a float or complex dtype (its dtype errors before its dims').
+pub(crate) struct Mean;
+
+impl OpRule for Mean {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        a.expect_counts(1..=1, 0..=0)?;
+        let x = &a.inputs[0];
+        let l = layout::ReduceDtypeDims::decode(&a.params)?;
+        let dims = wrap_dims(l.dims, x.rank());
+        let out = l.dtype.unwrap_or(x.dtype);
+        if !out.is_float() && !out.is_complex() {
+            let which = if l.dtype.is_some() {
+                "Optional"
+            } else {
+                "Input"
+            };
+            return Err(OpError::runtime(format!(
+                "mean(): could not infer output dtype. {which} dtype must be either a floating point or complex dtype. Got: {}",
+                out.scalar_type_name()
+            )));
+        }
+        Ok(reduced_meta(x, out, &dims?, l.keepdim))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let l = layout::ReduceDtypeDims::decode(&a.params)?;
+        lower_reduction(e, a, l.dims, |e, x, dims, out| {
+            accumulate(e, x, dims, out, a.op)
+        })
+    }
+}
+
+/// `amax` and `amin` over a dim list, in the input's dtype; NaN propagates.
+pub(crate) struct MinMax;
+
+impl OpRule for MinMax {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        a.expect_counts(1..=1, 0..=0)?;
+        let x = &a.inputs[0];
+        let l = layout::ReduceDims::decode(&a.params)?;
+        let dims = wrap_dims(l.dims, x.rank())?;
+        if x.numel() == 0 {
+            empty_reduction_error(a.op, &dims, &x.shape)?;
+        }
+        Ok(reduced_meta(x, x.dtype, &dims, l.keepdim))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let l = layout::ReduceDims::decode(&a.params)?;
+        lower_reduction(e, a, l.dims, |e, x, dims, _| {
+            min_max_reduce(e, x, dims, a.op == OpId::Amax)
+        })
+    }
+}
+
+/// `argmax` and `argmin`, along a dim or over the flattened input: the first index of the
+/// extreme value, as int64.
+pub(crate) struct ArgReduce;
+
+impl OpRule for ArgReduce {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        a.expect_counts(1..=1, 0..=0)?;
+        let x = &a.inputs[0];
+        let rank = x.rank();
+        let layout::ArgReduce { keepdim, dim } = layout::ArgReduce::decode(&a.params)?;
+        ensure!(
+            x.dtype != DType::Bool,
+            "{}(): does not support bool input",
+            a.op.name()
+        );
+        if let Some(dim) = dim {
+            let dim = wrap_dim(dim, rank)?;
+            if rank > 0 && x.shape[dim] == 0 {
+                return Err(OpError::index(format!(
+                    "{}(): Expected reduction dim {dim} to have non-zero size.",
+                    a.op.name()
+                )));
             }
+            let dims: Vec<usize> = if rank == 0 { vec![] } else { vec![dim] };
+            return Ok(reduced_meta(x, DType::I64, &dims, keepdim));
         }
-        ParamLayout::ReduceDtypeDims => {
-            let l = layout::ReduceDtypeDims::decode(p)?;
-            DimReduction {
-                keepdim: l.keepdim,
-                dtype: l.dtype,
-                value: None,
-                dims: l.dims,
+        if x.numel() == 0 {
+            return Err(OpError::index(format!(
+                "{}(): Expected reduction dim to be specified for input.numel() == 0.",
+                a.op.name()
+            )));
+        }
+        let shape: Shape = if keepdim {
+            Shape::from_elem(1, rank)
+        } else {
+            Shape::new()
+        };
+        Ok(Meta::single(
+            TensorType {
+                dtype: DType::I64,
+                shape,
+            },
+            vec![],
+        ))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let out = a.out(0).dtype;
+        let v = lower_arg_reduce(e, a, a.inputs[0])?;
+        Ok(vec![e.convert(v, out)])
+    }
+}
+
+/// `any` and `all` over a dim list: bool, or uint8 for a uint8 input.
+pub(crate) struct AnyAll;
+
+impl OpRule for AnyAll {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        a.expect_counts(1..=1, 0..=0)?;
+        let x = &a.inputs[0];
+        let l = layout::ReduceDims::decode(&a.params)?;
+        let dims = wrap_dims(l.dims, x.rank())?;
+        let out = if x.dtype == DType::U8 {
+            DType::U8
+        } else {
+            DType::Bool
+        };
+        Ok(reduced_meta(x, out, &dims, l.keepdim))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let l = layout::ReduceDims::decode(&a.params)?;
+        lower_reduction(e, a, l.dims, |e, x, dims, _| {
+            let b = e.cast(x, DType::Bool);
+            let (init, op) = if a.op == OpId::Any {
+                (0.0, "stablehlo.or")
+            } else {
+                (1.0, "stablehlo.and")
+            };
+            e.reduce_with(b, init, dims, op)
+        })
+    }
+}
+
+/// `var` and `std` over a dim list with a correction, for float inputs (their dtype errors
+/// before their dims').
+pub(crate) struct VarStd;
+
+impl OpRule for VarStd {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        a.expect_counts(1..=1, 0..=0)?;
+        let x = &a.inputs[0];
+        let l = layout::ReduceCorrectionDims::decode(&a.params)?;
+        let dims = wrap_dims(l.dims, x.rank());
+        ensure!(
+            x.dtype.is_float(),
+            "std and var only support floating point and complex dtypes"
+        );
+        Ok(reduced_meta(x, x.dtype, &dims?, l.keepdim))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let l = layout::ReduceCorrectionDims::decode(&a.params)?;
+        lower_reduction(e, a, l.dims, |e, x, dims, out| {
+            let xc = e.cast(x, out.compute_dtype());
+            let var = variance(e, xc, dims, l.correction);
+            if a.op == OpId::Std {
+                e.sqrt(var)
+            } else {
+                var
             }
+        })
+    }
+}
+
+/// `logsumexp` over a dim list, in a float dtype.
+pub(crate) struct Logsumexp;
+
+impl OpRule for Logsumexp {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        a.expect_counts(1..=1, 0..=0)?;
+        let x = &a.inputs[0];
+        let l = layout::ReduceDims::decode(&a.params)?;
+        let dims = wrap_dims(l.dims, x.rank())?;
+        Ok(reduced_meta(x, to_float(x.dtype), &dims, l.keepdim))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let l = layout::ReduceDims::decode(&a.params)?;
+        lower_reduction(e, a, l.dims, |e, x, dims, out| {
+            let xc = e.cast(x, out.compute_dtype());
+            logsumexp(e, xc, dims)
+        })
+    }
+}
+
+/// `linalg_vector_norm` of a given order over a dim list, for float inputs (its dtype errors
+/// before its dims'); an infinite order has no identity, so it refuses empty dims.
+pub(crate) struct VectorNorm;
+
+impl OpRule for VectorNorm {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        a.expect_counts(1..=1, 0..=0)?;
+        let x = &a.inputs[0];
+        let l = layout::VectorNorm::decode(&a.params)?;
+        let dims = wrap_dims(l.dims, x.rank());
+        ensure!(
+            x.dtype.is_float(),
+            "linalg.vector_norm: Expected a floating point or complex tensor as input. Got {}",
+            x.dtype.scalar_type_name()
+        );
+        if let Some(d) = l.dtype {
+            ensure!(
+                d.is_float(),
+                "linalg.vector_norm: dtype should be floating point or complex. Got {}",
+                d.scalar_type_name()
+            );
         }
-        ParamLayout::ReduceCorrectionDims => {
-            let l = layout::ReduceCorrectionDims::decode(p)?;
-            DimReduction {
-                keepdim: l.keepdim,
-                dtype: None,
-                value: Some(l.correction),
-                dims: l.dims,
-            }
+        let out = l.dtype.unwrap_or(x.dtype);
+        let dims = dims?;
+        check_norm_empty(x, &dims, l.ord, l.dims.is_empty())?;
+        Ok(reduced_meta(x, out, &dims, l.keepdim))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let l = layout::VectorNorm::decode(&a.params)?;
+        lower_reduction(e, a, l.dims, |e, x, dims, out| {
+            let xc = e.cast(x, out);
+            let xc = e.cast(xc, out.compute_dtype());
+            vector_norm(e, xc, dims, l.ord)
+        })
+    }
+}
+
+/// `_softmax` and `_log_softmax` along a dim, for float inputs, in the input's type.
+pub(crate) struct Softmax;
+
+impl OpRule for Softmax {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        a.expect_counts(1..=1, 0..=0)?;
+        let x = &a.inputs[0];
+        let rank = x.rank();
+        let l = layout::SoftmaxDim::decode(&a.params)?;
+        let dim = wrap_dim(l.dim, rank)?;
+        ensure!(
+            !l.half_to_float,
+            "softmax with half to float conversion is not supported on CPU"
+        );
+        if !x.dtype.is_float() {
+            let base = if a.op == OpId::Softmax {
+                "softmax"
+            } else {
+                "log_softmax"
+            };
+            let lastdim = if dim + 1 >= rank { "lastdim_" } else { "" };
+            return Err(not_implemented_for(
+                &format!("{base}_{lastdim}kernel_impl"),
+                x.dtype,
+            ));
         }
-        ParamLayout::VectorNorm => {
-            let l = layout::VectorNorm::decode(p)?;
-            DimReduction {
-                keepdim: l.keepdim,
-                dtype: l.dtype,
-                value: Some(l.ord),
-                dims: l.dims,
-            }
+        Ok(Meta::single(x.clone(), vec![]))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let x = a.inputs[0];
+        let out = a.out(0).dtype;
+        let dim = wrap_dim(layout::SoftmaxDim::decode(&a.params)?.dim, e.rank(x))?;
+        let v = softmax(e, x, dim, a.op == OpId::LogSoftmax);
+        Ok(vec![e.convert(v, out)])
+    }
+}
+
+/// `_safe_softmax`, the softmax of PyTorch's attention decomposition: rows that are all `-inf`
+/// give zeros.
+pub(crate) struct SafeSoftmax;
+
+impl OpRule for SafeSoftmax {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        a.expect_counts(1..=1, 0..=0)?;
+        let x = &a.inputs[0];
+        let l = layout::DimDtype::decode(&a.params)?;
+        let dim = wrap_dim(l.dim, x.rank())?;
+        let dtype = l.dtype.unwrap_or(x.dtype);
+        if !dtype.is_float() {
+            let lastdim = if dim + 1 >= x.rank() { "lastdim_" } else { "" };
+            return Err(not_implemented_for(
+                &format!("softmax_{lastdim}kernel_impl"),
+                dtype,
+            ));
         }
-        other => {
-            return Err(p.invalid(&format!(
-                "read as a dim-list reduction, but its layout is {}",
-                other.name()
-            )))
+        Ok(Meta::single(x.with_dtype(dtype), vec![]))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        Ok(vec![safe_softmax(e, a)?])
+    }
+}
+
+/// `cumsum` and `cumprod` along a dim: an integral input scans in int64 unless a dtype is
+/// given.
+pub(crate) struct Cumulative;
+
+impl OpRule for Cumulative {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        a.expect_counts(1..=1, 0..=0)?;
+        let x = &a.inputs[0];
+        let l = layout::DimDtype::decode(&a.params)?;
+        let dtype = l.dtype.unwrap_or(if x.dtype.is_integral(true) {
+            DType::I64
+        } else {
+            x.dtype
+        });
+        wrap_dim(l.dim, x.rank())?;
+        Ok(Meta::single(x.with_dtype(dtype), vec![]))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        lower_scan(e, a)
+    }
+}
+
+/// `logcumsumexp` along a dim, for float inputs, in the input's type.
+pub(crate) struct Logcumsumexp;
+
+impl OpRule for Logcumsumexp {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        a.expect_counts(1..=1, 0..=0)?;
+        let x = &a.inputs[0];
+        if !x.dtype.is_float() {
+            return Err(not_implemented_for("logcumsumexp_out_cpu", x.dtype));
         }
-    })
+        wrap_dim(layout::Dim::decode(&a.params)?.dim, x.rank())?;
+        Ok(Meta::single(x.clone(), vec![]))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        lower_scan(e, a)
+    }
+}
+
+/// `isin`: whether each element is among the test elements (a tensor, or a Python number lifted
+/// in the common dtype), optionally inverted.
+pub(crate) struct Isin;
+
+impl OpRule for Isin {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let (elements, test) = isin_operands(a)?;
+        layout::Invert::decode(&a.params)?;
+        let common = result_type(&[elements, test]);
+        let scalar_dtypes: Vec<DType> = if a.inputs.len() == 1 {
+            vec![common]
+        } else {
+            vec![]
+        };
+        Ok(Meta::single(
+            a.inputs[0].with_dtype(DType::Bool),
+            scalar_dtypes,
+        ))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        Ok(vec![lower_isin(e, a)?])
+    }
+}
+
+/// The meta of a reduction of `x` over `dims` to `dtype`.
+fn reduced_meta(x: &TensorType, dtype: DType, dims: &[usize], keepdim: bool) -> Meta {
+    Meta::single(
+        TensorType::new(dtype, &reduced_shape(&x.shape, dims, keepdim)),
+        vec![],
+    )
+}
+
+/// A dim-list reduction of the input over `dims`: `reduce` computes it (given the wrapped dims
+/// and the result's dtype), then it is converted to that dtype, its reduced dims kept as size 1
+/// where the result keeps them.
+fn lower_reduction(
+    e: &mut Emitter,
+    a: &LowerArgs,
+    dims: &[i64],
+    reduce: impl FnOnce(&mut Emitter, Value, &[usize], DType) -> Value,
+) -> Result<Vec<Value>, OpError> {
+    let x = a.inputs[0];
+    let out = a.out(0).clone();
+    let dims = wrap_dims(dims, e.rank(x))?;
+    let keepdim_shape = reduced_shape(e.shape(x), &dims, true);
+    let r = reduce(e, x, &dims, out.dtype);
+    let r = e.convert(r, out.dtype);
+    let r = if out.rank() == keepdim_shape.len() {
+        e.reshape(r, &keepdim_shape)
+    } else {
+        r
+    };
+    Ok(vec![e.convert(r, out.dtype)])
+}
+
+/// `sum`, `prod` or `mean` (`op`) of `x` over `dims` to `out`, accumulated in `out`'s
+/// computation dtype (a sum or product first casts to `out`).
+fn accumulate(e: &mut Emitter, x: Value, dims: &[usize], out: DType, op: OpId) -> Value {
+    let acc = out.compute_dtype();
+    let xc = e.cast(x, if op == OpId::Mean { acc } else { out });
+    let xc = e.cast(xc, acc);
+    let r = if op == OpId::Prod {
+        e.reduce_with(xc, 1.0, dims, "stablehlo.multiply")
+    } else {
+        e.reduce_sum(xc, dims)
+    };
+    if op == OpId::Mean {
+        let count: i64 = dims.iter().map(|&d| e.shape(x)[d]).product();
+        let n = k(e, r, count as f64);
+        e.div(r, n)
+    } else {
+        r
+    }
 }
 
 fn empty_reduction_error(op: OpId, dims: &[usize], shape: &[i64]) -> Result<(), OpError> {
@@ -97,212 +476,6 @@ fn empty_reduction_error(op: OpId, dims: &[usize], shape: &[i64]) -> Result<(), 
         }
     }
     Ok(())
-}
-
-/// Inclusive scans along a dim: `cumsum`, `cumprod` (an integer input scans in int64 unless a
-/// dtype is given) and `logcumsumexp`.
-fn scan_meta(a: &MetaArgs) -> Result<Meta, OpError> {
-    use OpId::*;
-    let i = a.inputs;
-    let p = &a.params;
-    match a.op {
-        Logcumsumexp => {
-            a.expect_counts(1..=1, 0..=0)?;
-            let x = &i[0];
-            if !x.dtype.is_float() {
-                return Err(not_implemented_for("logcumsumexp_out_cpu", x.dtype));
-            }
-            wrap_dim(layout::Dim::decode(p)?.dim, x.rank())?;
-            Ok(Meta::single(x.clone(), vec![]))
-        }
-        Cumsum | Cumprod => {
-            a.expect_counts(1..=1, 0..=0)?;
-            let x = &i[0];
-            let l = layout::DimDtype::decode(p)?;
-            let dtype = l.dtype.unwrap_or(if x.dtype.is_integral(true) {
-                DType::I64
-            } else {
-                x.dtype
-            });
-            wrap_dim(l.dim, x.rank())?;
-            Ok(Meta::single(x.with_dtype(dtype), vec![]))
-        }
-        op => Err(OpError::runtime(format!("{}: not a scan", op.name()))),
-    }
-}
-
-/// `_safe_softmax`, the softmax of PyTorch's attention decomposition: rows that are all `-inf`
-/// give zeros.
-fn safe_softmax_meta(a: &MetaArgs) -> Result<Meta, OpError> {
-    a.expect_counts(1..=1, 0..=0)?;
-    let x = &a.inputs[0];
-    let l = layout::DimDtype::decode(&a.params)?;
-    let dim = wrap_dim(l.dim, x.rank())?;
-    let dtype = l.dtype.unwrap_or(x.dtype);
-    if !dtype.is_float() {
-        let lastdim = if dim + 1 >= x.rank() { "lastdim_" } else { "" };
-        return Err(not_implemented_for(
-            &format!("softmax_{lastdim}kernel_impl"),
-            dtype,
-        ));
-    }
-    Ok(Meta::single(x.with_dtype(dtype), vec![]))
-}
-
-pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
-    use OpId::*;
-    match a.op {
-        Isin => return isin_meta(a),
-        Cumsum | Cumprod | Logcumsumexp => return scan_meta(a),
-        SafeSoftmax => return safe_softmax_meta(a),
-        _ => {}
-    }
-    a.expect_counts(1..=1, 0..=0)?;
-    let x = &a.inputs[0];
-    let p = &a.params;
-    let rank = x.rank();
-    match a.op {
-        Argmax | Argmin => {
-            let layout::ArgReduce { keepdim, dim } = layout::ArgReduce::decode(p)?;
-            ensure!(
-                x.dtype != DType::Bool,
-                "{}(): does not support bool input",
-                a.op.name()
-            );
-            if let Some(dim) = dim {
-                let dim = wrap_dim(dim, rank)?;
-                if rank > 0 && x.shape[dim] == 0 {
-                    return Err(OpError::index(format!(
-                        "{}(): Expected reduction dim {dim} to have non-zero size.",
-                        a.op.name()
-                    )));
-                }
-                let dims: Vec<usize> = if rank == 0 { vec![] } else { vec![dim] };
-                return Ok(Meta::single(
-                    TensorType::new(DType::I64, &reduced_shape(&x.shape, &dims, keepdim)),
-                    vec![],
-                ));
-            }
-            if x.numel() == 0 {
-                return Err(OpError::index(format!(
-                    "{}(): Expected reduction dim to be specified for input.numel() == 0.",
-                    a.op.name()
-                )));
-            }
-            let shape: Shape = if keepdim {
-                Shape::from_elem(1, rank)
-            } else {
-                Shape::new()
-            };
-            return Ok(Meta::single(
-                TensorType {
-                    dtype: DType::I64,
-                    shape,
-                },
-                vec![],
-            ));
-        }
-        Softmax | LogSoftmax => {
-            let l = layout::SoftmaxDim::decode(p)?;
-            let dim = wrap_dim(l.dim, rank)?;
-            ensure!(
-                !l.half_to_float,
-                "softmax with half to float conversion is not supported on CPU"
-            );
-            if !x.dtype.is_float() {
-                let base = if a.op == Softmax {
-                    "softmax"
-                } else {
-                    "log_softmax"
-                };
-                let lastdim = if dim + 1 >= rank { "lastdim_" } else { "" };
-                return Err(not_implemented_for(
-                    &format!("{base}_{lastdim}kernel_impl"),
-                    x.dtype,
-                ));
-            }
-            return Ok(Meta::single(x.clone(), vec![]));
-        }
-        _ => {}
-    }
-    let l = dim_reduction(p)?;
-    let keepdim = l.keepdim;
-    let dtype_arg = l.dtype;
-    let dims_result = wrap_dims(l.dims, rank);
-    let dims = if matches!(a.op, Mean | Var | Std | Norm) {
-        Vec::new()
-    } else {
-        dims_result.clone()?
-    };
-    let out = match a.op {
-        Sum | Prod => dtype_arg.unwrap_or(if x.dtype.is_integral(true) {
-            DType::I64
-        } else {
-            x.dtype
-        }),
-        Mean => {
-            let d = dtype_arg.unwrap_or(x.dtype);
-            if !d.is_float() && !d.is_complex() {
-                let which = if dtype_arg.is_some() {
-                    "Optional"
-                } else {
-                    "Input"
-                };
-                return Err(OpError::runtime(format!(
-                    "mean(): could not infer output dtype. {which} dtype must be either a floating point or complex dtype. Got: {}",
-                    d.scalar_type_name()
-                )));
-            }
-            d
-        }
-        Amax | Amin => {
-            if x.numel() == 0 {
-                empty_reduction_error(a.op, &dims, &x.shape)?;
-            }
-            x.dtype
-        }
-        Any | All => {
-            if x.dtype == DType::U8 {
-                DType::U8
-            } else {
-                DType::Bool
-            }
-        }
-        Var | Std => {
-            ensure!(
-                x.dtype.is_float(),
-                "std and var only support floating point and complex dtypes"
-            );
-            x.dtype
-        }
-        Logsumexp => to_float(x.dtype),
-        Norm => {
-            ensure!(
-                x.dtype.is_float(),
-                "linalg.vector_norm: Expected a floating point or complex tensor as input. Got {}",
-                x.dtype.scalar_type_name()
-            );
-            if let Some(d) = dtype_arg {
-                ensure!(
-                    d.is_float(),
-                    "linalg.vector_norm: dtype should be floating point or complex. Got {}",
-                    d.scalar_type_name()
-                );
-            }
-            dtype_arg.unwrap_or(x.dtype)
-        }
-        op => return Err(OpError::runtime(format!("{}: not a reduction", op.name()))),
-    };
-    // Dtype errors come before dim errors for these ops.
-    let dims = dims_result?;
-    if a.op == Norm {
-        let ord = l.value.expect("linalg_vector_norm's layout has an order");
-        check_norm_empty(x, &dims, ord, l.dims.is_empty())?;
-    }
-    Ok(Meta::single(
-        TensorType::new(out, &reduced_shape(&x.shape, &dims, keepdim)),
-        vec![],
-    ))
 }
 
 fn check_norm_empty(
@@ -326,89 +499,6 @@ fn check_norm_empty(
         );
     }
     Ok(())
-}
-
-pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
-    use OpId::*;
-    match a.op {
-        Isin => return Ok(vec![lower_isin(e, a)?]),
-        Cumsum | Cumprod | Logcumsumexp => return lower_scan(e, a),
-        SafeSoftmax => return Ok(vec![safe_softmax(e, a)?]),
-        _ => {}
-    }
-    let x = a.inputs[0];
-    let out = a.out(0).clone();
-    let rank = e.rank(x);
-    let p = &a.params;
-    let v = match a.op {
-        Argmax | Argmin => lower_arg_reduce(e, a, x)?,
-        Softmax | LogSoftmax => {
-            let dim = wrap_dim(layout::SoftmaxDim::decode(p)?.dim, rank)?;
-            softmax(e, x, dim, a.op == LogSoftmax)
-        }
-        _ => {
-            let l = dim_reduction(p)?;
-            let dims = wrap_dims(l.dims, rank)?;
-            let keepdim_shape = reduced_shape(e.shape(x), &dims, true);
-            let r = match a.op {
-                Sum | Prod | Mean => {
-                    let acc = out.dtype.compute_dtype();
-                    let xc = e.cast(x, if a.op == Mean { acc } else { out.dtype });
-                    let xc = e.cast(xc, acc);
-                    let r = if a.op == Prod {
-                        e.reduce_with(xc, 1.0, &dims, "stablehlo.multiply")
-                    } else {
-                        e.reduce_sum(xc, &dims)
-                    };
-                    if a.op == Mean {
-                        let count: i64 = dims.iter().map(|&d| e.shape(x)[d]).product();
-                        let n = k(e, r, count as f64);
-                        e.div(r, n)
-                    } else {
-                        r
-                    }
-                }
-                Amax | Amin => min_max_reduce(e, x, &dims, a.op == Amax),
-                Any | All => {
-                    let b = e.cast(x, DType::Bool);
-                    let (init, op) = if a.op == Any {
-                        (0.0, "stablehlo.or")
-                    } else {
-                        (1.0, "stablehlo.and")
-                    };
-                    e.reduce_with(b, init, &dims, op)
-                }
-                Var | Std => {
-                    let correction = l.value.expect("var's layout has a correction");
-                    let xc = e.cast(x, out.dtype.compute_dtype());
-                    let var = variance(e, xc, &dims, correction);
-                    if a.op == Std {
-                        e.sqrt(var)
-                    } else {
-                        var
-                    }
-                }
-                Logsumexp => {
-                    let xc = e.cast(x, out.dtype.compute_dtype());
-                    logsumexp(e, xc, &dims)
-                }
-                Norm => {
-                    let xc = e.cast(x, out.dtype);
-                    let xc = e.cast(xc, out.dtype.compute_dtype());
-                    let ord = l.value.expect("linalg_vector_norm's layout has an order");
-                    vector_norm(e, xc, &dims, ord)
-                }
-                op => return Err(OpError::runtime(format!("{}: not a reduction", op.name()))),
-            };
-            let r = e.convert(r, out.dtype);
-            if out.rank() == keepdim_shape.len() {
-                e.reshape(r, &keepdim_shape)
-            } else {
-                r
-            }
-        }
-    };
-    Ok(vec![e.convert(v, out.dtype)])
 }
 
 /// `isin`: the elements and test elements promote like a binary op's operands (a Python number
@@ -435,21 +525,6 @@ fn isin_operands<'a>(a: &'a MetaArgs) -> Result<(Operand<'a>, Operand<'a>), OpEr
         );
     }
     Ok((elements, test))
-}
-
-fn isin_meta(a: &MetaArgs) -> Result<Meta, OpError> {
-    let (elements, test) = isin_operands(a)?;
-    layout::Invert::decode(&a.params)?;
-    let common = result_type(&[elements, test]);
-    let scalar_dtypes: Vec<DType> = if a.inputs.len() == 1 {
-        vec![common]
-    } else {
-        vec![]
-    };
-    Ok(Meta::single(
-        a.inputs[0].with_dtype(DType::Bool),
-        scalar_dtypes,
-    ))
 }
 
 /// Every element against every test element (`elements x test_elements` comparisons, reduced

@@ -335,31 +335,31 @@ op_catalogue! {
     SolveTriangular = "linalg_solve_triangular", family: Linalg, rule: linalg::SolveTriangular, inputs: "self, B", scalars: "", params: SolveTriangular;
 
     // ---- shape and indexing ------------------------------------------------------------
-    Cat = "cat", family: Shape, rule: shape::ShapeOps, inputs: "tensors...", scalars: "", params: Dim, facts: { complex: true };
-    Stack = "stack", family: Shape, rule: shape::ShapeOps, inputs: "tensors...", scalars: "", params: Dim, facts: { complex: true };
-    Flip = "flip", family: Shape, rule: shape::ShapeOps, inputs: "self", scalars: "", params: Dims, facts: { complex: true };
-    Roll = "roll", family: Shape, rule: shape::ShapeOps, inputs: "self", scalars: "", params: RollShifts, facts: { complex: true };
-    ConstantPadNd = "constant_pad_nd", family: Shape, rule: shape::ShapeOps, inputs: "self", scalars: "value? (default 0)",
+    Cat = "cat", family: Shape, rule: shape::Cat, inputs: "tensors...", scalars: "", params: Dim, facts: { complex: true };
+    Stack = "stack", family: Shape, rule: shape::Stack, inputs: "tensors...", scalars: "", params: Dim, facts: { complex: true };
+    Flip = "flip", family: Shape, rule: shape::Flip, inputs: "self", scalars: "", params: Dims, facts: { complex: true };
+    Roll = "roll", family: Shape, rule: shape::Roll, inputs: "self", scalars: "", params: RollShifts, facts: { complex: true };
+    ConstantPadNd = "constant_pad_nd", family: Shape, rule: shape::ConstantPad, inputs: "self", scalars: "value? (default 0)",
         params: PadWidths, facts: { complex: true };
-    Repeat = "repeat", family: Shape, rule: shape::ShapeOps, inputs: "self", scalars: "", params: Repeats, facts: { complex: true, size_params_from: Some(0) };
-    Tril = "tril", family: Shape, rule: shape::ShapeOps, inputs: "self", scalars: "", params: Diagonal;
-    Triu = "triu", family: Shape, rule: shape::ShapeOps, inputs: "self", scalars: "", params: Diagonal;
-    Gather = "gather", family: Shape, rule: shape::ShapeOps, inputs: "self, index", scalars: "", params: Dim, facts: { complex: true, index_checks: true };
-    IndexSelect = "index_select", family: Shape, rule: shape::ShapeOps, inputs: "self, index", scalars: "", params: Dim, facts: { complex: true, index_checks: true };
-    Scatter = "scatter", family: Shape, rule: shape::ShapeOps, inputs: "self, index, src?", scalars: "value (when no src)", params: Dim, facts: { index_checks: true };
-    ScatterAdd = "scatter_add", family: Shape, rule: shape::ShapeOps, inputs: "self, index, src", scalars: "", params: Dim, facts: { index_checks: true };
+    Repeat = "repeat", family: Shape, rule: shape::Repeat, inputs: "self", scalars: "", params: Repeats, facts: { complex: true, size_params_from: Some(0) };
+    Tril = "tril", family: Shape, rule: shape::TrilTriu, inputs: "self", scalars: "", params: Diagonal;
+    Triu = "triu", family: Shape, rule: shape::TrilTriu, inputs: "self", scalars: "", params: Diagonal;
+    Gather = "gather", family: Shape, rule: shape::Gather, inputs: "self, index", scalars: "", params: Dim, facts: { complex: true, index_checks: true };
+    IndexSelect = "index_select", family: Shape, rule: shape::IndexSelect, inputs: "self, index", scalars: "", params: Dim, facts: { complex: true, index_checks: true };
+    Scatter = "scatter", family: Shape, rule: shape::Scatter, inputs: "self, index, src?", scalars: "value (when no src)", params: Dim, facts: { index_checks: true };
+    ScatterAdd = "scatter_add", family: Shape, rule: shape::Scatter, inputs: "self, index, src", scalars: "", params: Dim, facts: { index_checks: true };
     /// `src` combined into `self` at `index` along `dim` with a reduction other than a sum; a
     /// NaN wins in `amax` and `amin`, as in PyTorch's kernels.
-    ScatterReduce = "scatter_reduce", family: Shape, rule: shape::ShapeOps, inputs: "self, index, src", scalars: "",
+    ScatterReduce = "scatter_reduce", family: Shape, rule: shape::Scatter, inputs: "self, index, src", scalars: "",
         params: ScatterCombine, facts: { index_checks: true };
-    Embedding = "embedding", family: Shape, rule: shape::ShapeOps, inputs: "weight, indices", scalars: "", params: None, facts: { index_checks: true };
-    Expand = "expand", family: Shape, rule: shape::ShapeOps, inputs: "self", scalars: "", params: Sizes, facts: { complex: true, pointwise: true, size_params_from: Some(0) };
-    SumToSize = "sum_to_size", family: Shape, rule: shape::ShapeOps, inputs: "self", scalars: "", params: Sizes, facts: { size_params_from: Some(0) };
-    Reshape = "reshape", family: Shape, rule: shape::ShapeOps, inputs: "self", scalars: "", params: Sizes, facts: { complex: true, pointwise: true, size_params_from: Some(0) };
-    Permute = "permute", family: Shape, rule: shape::ShapeOps, inputs: "self", scalars: "", params: Dims, facts: { complex: true, pointwise: true };
-    Transpose = "transpose", family: Shape, rule: shape::ShapeOps, inputs: "self", scalars: "", params: TransposeDims, facts: { complex: true, pointwise: true };
-    Slice = "slice", family: Shape, rule: shape::ShapeOps, inputs: "self", scalars: "", params: SliceRange, facts: { complex: true, pointwise: true };
-    Select = "select", family: Shape, rule: shape::ShapeOps, inputs: "self", scalars: "", params: SelectIndex, facts: { complex: true, pointwise: true };
+    Embedding = "embedding", family: Shape, rule: shape::Embedding, inputs: "weight, indices", scalars: "", params: None, facts: { index_checks: true };
+    Expand = "expand", family: Shape, rule: shape::Expand, inputs: "self", scalars: "", params: Sizes, facts: { complex: true, pointwise: true, size_params_from: Some(0) };
+    SumToSize = "sum_to_size", family: Shape, rule: shape::SumToSize, inputs: "self", scalars: "", params: Sizes, facts: { size_params_from: Some(0) };
+    Reshape = "reshape", family: Shape, rule: shape::Reshape, inputs: "self", scalars: "", params: Sizes, facts: { complex: true, pointwise: true, size_params_from: Some(0) };
+    Permute = "permute", family: Shape, rule: shape::Permute, inputs: "self", scalars: "", params: Dims, facts: { complex: true, pointwise: true };
+    Transpose = "transpose", family: Shape, rule: shape::Transpose, inputs: "self", scalars: "", params: TransposeDims, facts: { complex: true, pointwise: true };
+    Slice = "slice", family: Shape, rule: shape::Slice, inputs: "self", scalars: "", params: SliceRange, facts: { complex: true, pointwise: true };
+    Select = "select", family: Shape, rule: shape::Select, inputs: "self", scalars: "", params: SelectIndex, facts: { complex: true, pointwise: true };
 
     // ---- backward ops ------------------------------------------------------------------
     ThresholdBackward = "threshold_backward", family: Backward, rule: backward::ThresholdBackward, inputs: "grad_output, self", scalars: "threshold", params: None, facts: { pointwise: true };

@@ -7,9 +7,7 @@ use crate::error::{ensure, OpError};
 use crate::param_layout as layout;
 use crate::params::{wrap_dim, wrap_dims, Params};
 use crate::promote::{result_type, Operand};
-use crate::{LowerArgs, Meta, MetaArgs, OpId};
-
-crate::family_rule!(ShapeOps);
+use crate::{LowerArgs, Meta, MetaArgs, OpId, OpRule};
 
 fn fmt_shape(s: &[i64]) -> String {
     format!("{s:?}")
@@ -46,251 +44,544 @@ fn index_dtype_check(op: &str, index: &TensorType) -> Result<(), OpError> {
     Ok(())
 }
 
-pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
-    use OpId::*;
-    let p = &a.params;
-    let i = a.inputs;
-    let single = |t: TensorType| Ok(Meta::single(t, vec![]));
-    match a.op {
-        Cat => {
-            if i.is_empty() {
-                return Err(OpError::value(
-                    "torch.cat(): expected a non-empty list of Tensors",
-                ));
+// ---- rules: each op's meta beside its lowering --------------------------------------------
+
+/// `cat`: tensors joined along a dim, promoted together (1-D empty tensors skipped, as
+/// PyTorch's legacy rule has it).
+pub(crate) struct Cat;
+
+impl OpRule for Cat {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let i = a.inputs;
+        let p = &a.params;
+        if i.is_empty() {
+            return Err(OpError::value(
+                "torch.cat(): expected a non-empty list of Tensors",
+            ));
+        }
+        a.expect_counts(1..=usize::MAX, 0..=0)?;
+        for (pos, t) in i.iter().enumerate() {
+            ensure!(
+                t.rank() > 0,
+                "zero-dimensional tensor (at position {pos}) cannot be concatenated"
+            );
+        }
+        let dtype = result_type(&i.iter().map(Operand::Tensor).collect::<Vec<_>>());
+        // Legacy: 1-D empty tensors are skipped.
+        let kept: Vec<&TensorType> = i
+            .iter()
+            .filter(|t| !(t.rank() == 1 && t.shape[0] == 0))
+            .collect();
+        let Some(first) = kept.first() else {
+            return single(TensorType::new(dtype, &[0]));
+        };
+        let dim = wrap_dim(layout::Dim::decode(p)?.dim, first.rank())?;
+        let mut shape = first.shape.clone();
+        shape[dim] = 0;
+        for (n, t) in i.iter().enumerate() {
+            if t.rank() == 1 && t.shape[0] == 0 {
+                continue;
             }
-            a.expect_counts(1..=usize::MAX, 0..=0)?;
-            for (pos, t) in i.iter().enumerate() {
+            ensure!(
+                t.rank() == first.rank(),
+                "Tensors must have same number of dimensions: got {} and {}",
+                first.rank(),
+                t.rank()
+            );
+            for d in 0..t.rank() {
                 ensure!(
-                    t.rank() > 0,
-                    "zero-dimensional tensor (at position {pos}) cannot be concatenated"
-                );
-            }
-            let dtype = result_type(&i.iter().map(Operand::Tensor).collect::<Vec<_>>());
-            // Legacy: 1-D empty tensors are skipped.
-            let kept: Vec<&TensorType> = i
-                .iter()
-                .filter(|t| !(t.rank() == 1 && t.shape[0] == 0))
-                .collect();
-            let Some(first) = kept.first() else {
-                return single(TensorType::new(dtype, &[0]));
-            };
-            let dim = wrap_dim(layout::Dim::decode(p)?.dim, first.rank())?;
-            let mut shape = first.shape.clone();
-            shape[dim] = 0;
-            for (n, t) in i.iter().enumerate() {
-                if t.rank() == 1 && t.shape[0] == 0 {
-                    continue;
-                }
-                ensure!(
-                    t.rank() == first.rank(),
-                    "Tensors must have same number of dimensions: got {} and {}",
-                    first.rank(),
-                    t.rank()
-                );
-                for d in 0..t.rank() {
-                    ensure!(
                         d == dim || t.shape[d] == first.shape[d],
                         "Sizes of tensors must match except in dimension {dim}. Expected size {} but got size {} for tensor number {n} in the list.",
                         first.shape[d],
                         t.shape[d]
                     );
-                }
-                shape[dim] += t.shape[dim];
             }
-            single(TensorType { dtype, shape })
+            shape[dim] += t.shape[dim];
         }
-        Stack => {
-            ensure!(!i.is_empty(), "stack expects a non-empty TensorList");
-            for (n, t) in i.iter().enumerate() {
-                ensure!(
+        single(TensorType { dtype, shape })
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let out = a.out(0).clone();
+        let p = &a.params;
+        let parts: Vec<Value> = a
+            .inputs
+            .iter()
+            .filter(|&&v| !(e.rank(v) == 1 && e.shape(v)[0] == 0))
+            .copied()
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|v| e.cast(v, out.dtype))
+            .collect();
+        let v = if parts.is_empty() {
+            e.constant(out.clone(), crate::ScalarValue::Int(0))
+        } else {
+            let dim = wrap_dim(layout::Dim::decode(p)?.dim, out.rank())?;
+            e.concatenate(&parts, dim)
+        };
+        Ok(vec![v])
+    }
+}
+
+/// `stack`: same-shaped tensors joined along a new dim, promoted together.
+pub(crate) struct Stack;
+
+impl OpRule for Stack {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let i = a.inputs;
+        let p = &a.params;
+        ensure!(!i.is_empty(), "stack expects a non-empty TensorList");
+        for (n, t) in i.iter().enumerate() {
+            ensure!(
                     t.shape == i[0].shape,
                     "stack expects each tensor to be equal size, but got {} at entry 0 and {} at entry {n}",
                     fmt_shape(&i[0].shape),
                     fmt_shape(&t.shape)
                 );
+        }
+        let dim = wrap_dim(layout::Dim::decode(p)?.dim, i[0].rank() + 1)?;
+        let mut shape = i[0].shape.clone();
+        shape.insert(dim, i.len() as i64);
+        let dtype = result_type(&i.iter().map(Operand::Tensor).collect::<Vec<_>>());
+        single(TensorType { dtype, shape })
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let out = a.out(0).clone();
+        let p = &a.params;
+        let dim = wrap_dim(layout::Dim::decode(p)?.dim, out.rank())?;
+        let parts: Vec<Value> = a
+            .inputs
+            .iter()
+            .map(|&v| {
+                let c = e.cast(v, out.dtype);
+                let mut s = e.shape(c).to_vec();
+                s.insert(dim, 1);
+                e.reshape(c, &s)
+            })
+            .collect();
+        Ok(vec![e.concatenate(&parts, dim)])
+    }
+}
+
+/// `flip`: the input reversed along each of a list of dims.
+pub(crate) struct Flip;
+
+impl OpRule for Flip {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let i = a.inputs;
+        let p = &a.params;
+        a.expect_counts(1..=1, 0..=0)?;
+        wrap_dims(layout::Dims::decode(p)?.dims, i[0].rank())?;
+        single(i[0].clone())
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let out = a.out(0).clone();
+        let p = &a.params;
+        // No dims flips nothing (wrap_dims reads an empty list as every dim, as reductions do).
+        let v = match layout::Dims::decode(p)?.dims {
+            [] => a.inputs[0],
+            dims => {
+                let dims = wrap_dims(dims, out.rank())?;
+                e.reverse(a.inputs[0], &dims)
             }
-            let dim = wrap_dim(layout::Dim::decode(p)?.dim, i[0].rank() + 1)?;
-            let mut shape = i[0].shape.clone();
-            shape.insert(dim, i.len() as i64);
-            let dtype = result_type(&i.iter().map(Operand::Tensor).collect::<Vec<_>>());
-            single(TensorType { dtype, shape })
+        };
+        Ok(vec![v])
+    }
+}
+
+/// `roll`: the input shifted circularly along dims (or flattened, for no dims).
+pub(crate) struct Roll;
+
+impl OpRule for Roll {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let i = a.inputs;
+        let p = &a.params;
+        a.expect_counts(1..=1, 0..=0)?;
+        let layout::RollShifts { shifts, dims } = layout::RollShifts::decode(p)?;
+        ensure!(!shifts.is_empty(), "`shifts` required");
+        ensure!(
+            dims.is_empty() || dims.len() == shifts.len(),
+            "shifts and dimensions must align. shifts: {}, dims:{}",
+            shifts.len(),
+            dims.len()
+        );
+        for &d in dims {
+            wrap_dim(d, i[0].rank())?;
         }
-        Flip => {
-            a.expect_counts(1..=1, 0..=0)?;
-            wrap_dims(layout::Dims::decode(p)?.dims, i[0].rank())?;
-            single(i[0].clone())
+        single(i[0].clone())
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let p = &a.params;
+        let layout::RollShifts { shifts, dims } = layout::RollShifts::decode(p)?;
+        Ok(vec![lower_roll(e, a.inputs[0], shifts, dims)])
+    }
+}
+
+/// `constant_pad_nd`: the trailing dims padded (or cropped, by negative widths) with a value
+/// scalar, 0 by default.
+pub(crate) struct ConstantPad;
+
+impl OpRule for ConstantPad {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let i = a.inputs;
+        let p = &a.params;
+        a.expect_counts(1..=1, 0..=1)?;
+        let shape = padded_shape(&i[0], layout::PadWidths::decode(p)?.pad)?;
+        Ok(Meta::single(
+            TensorType {
+                dtype: i[0].dtype,
+                shape,
+            },
+            vec![i[0].dtype; a.scalars.len()],
+        ))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let out = a.out(0).clone();
+        let p = &a.params;
+        let x = a.inputs[0];
+        let rank = out.rank();
+        let (mut low, mut high) = (vec![0; rank], vec![0; rank]);
+        for (j, pair) in layout::PadWidths::decode(p)?.pad.chunks(2).enumerate() {
+            low[rank - 1 - j] = pair[0];
+            high[rank - 1 - j] = pair[1];
         }
-        Roll => {
-            a.expect_counts(1..=1, 0..=0)?;
-            let layout::RollShifts { shifts, dims } = layout::RollShifts::decode(p)?;
-            ensure!(!shifts.is_empty(), "`shifts` required");
-            ensure!(
-                dims.is_empty() || dims.len() == shifts.len(),
-                "shifts and dimensions must align. shifts: {}, dims:{}",
-                shifts.len(),
-                dims.len()
-            );
-            for &d in dims {
-                wrap_dim(d, i[0].rank())?;
-            }
-            single(i[0].clone())
-        }
-        ConstantPadNd => {
-            a.expect_counts(1..=1, 0..=1)?;
-            let shape = padded_shape(&i[0], layout::PadWidths::decode(p)?.pad)?;
-            Ok(Meta::single(
-                TensorType {
-                    dtype: i[0].dtype,
-                    shape,
-                },
-                vec![i[0].dtype; a.scalars.len()],
-            ))
-        }
-        Repeat => {
-            a.expect_counts(1..=1, 0..=0)?;
-            let reps = layout::Repeats::decode(p)?.repeats;
-            ensure!(
+        let value = match a.scalars.first() {
+            Some(&s) => e.cast(s, out.dtype),
+            None => e.scalar_constant(out.dtype, crate::ScalarValue::Int(0)),
+        };
+        Ok(vec![e.pad(x, value, &low, &high, &vec![0; rank])])
+    }
+}
+
+/// `repeat`: the input tiled by a repeat count per dim (more counts than dims add leading
+/// dims).
+pub(crate) struct Repeat;
+
+impl OpRule for Repeat {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let i = a.inputs;
+        let p = &a.params;
+        a.expect_counts(1..=1, 0..=0)?;
+        let reps = layout::Repeats::decode(p)?.repeats;
+        ensure!(
                 reps.len() >= i[0].rank(),
                 "Number of dimensions of repeat dims can not be smaller than number of dimensions of tensor"
             );
-            let padded = padded_front(&i[0].shape, reps.len());
-            let shape: Shape = padded.iter().zip(reps).map(|(s, r)| s * r).collect();
-            single(TensorType {
-                dtype: i[0].dtype,
-                shape,
-            })
+        let padded = padded_front(&i[0].shape, reps.len());
+        let shape: Shape = padded.iter().zip(reps).map(|(s, r)| s * r).collect();
+        single(TensorType {
+            dtype: i[0].dtype,
+            shape,
+        })
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let out = a.out(0).clone();
+        let p = &a.params;
+        let reps = layout::Repeats::decode(p)?.repeats;
+        let padded = padded_front(e.shape(a.inputs[0]), reps.len());
+        let x = e.reshape(a.inputs[0], &padded);
+        // [s0, s1] -> broadcast to [r0, s0, r1, s1] -> reshape [r0*s0, r1*s1].
+        let mut wide = Vec::new();
+        let mut dims = Vec::new();
+        for (i, (&s, &r)) in padded.iter().zip(reps).enumerate() {
+            wide.push(r);
+            wide.push(s);
+            dims.push(2 * i + 1);
         }
-        Tril | Triu => {
-            a.expect_counts(1..=1, 0..=0)?;
+        let b = e.broadcast_in_dim(x, &wide, &dims);
+        Ok(vec![e.reshape(b, &out.shape)])
+    }
+}
+
+/// `tril` and `triu`: the lower or upper triangle of each matrix from a diagonal, the rest
+/// zeros.
+pub(crate) struct TrilTriu;
+
+impl OpRule for TrilTriu {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let i = a.inputs;
+        a.expect_counts(1..=1, 0..=0)?;
+        ensure!(
+            i[0].rank() >= 2,
+            "{}: input tensor must have at least 2 dimensions",
+            a.op.name()
+        );
+        single(i[0].clone())
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let out = a.out(0).clone();
+        let p = &a.params;
+        let x = a.inputs[0];
+        let diagonal = layout::Diagonal::decode(p)?.diagonal;
+        let shape = out.shape.to_vec();
+        let r = shape.len();
+        let ity = TensorType::new(DType::I64, &shape);
+        let rows = e.iota(ity.clone(), r - 2);
+        let cols = e.iota(ity, r - 1);
+        let diff = e.sub(cols, rows);
+        let dconst = e.full_like(diff, diagonal as f64);
+        let keep = if a.op == OpId::Tril {
+            e.compare(Cmp::Le, diff, dconst)
+        } else {
+            e.compare(Cmp::Ge, diff, dconst)
+        };
+        let zero = e.full_like(x, 0.0);
+        let zero = if out.dtype == DType::Bool {
+            e.cast(zero, DType::Bool)
+        } else {
+            zero
+        };
+        Ok(vec![e.select(keep, x, zero)])
+    }
+}
+
+/// `gather`: the input's elements at an index tensor's positions along a dim, in the index's
+/// shape.
+pub(crate) struct Gather;
+
+impl OpRule for Gather {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let i = a.inputs;
+        let p = &a.params;
+        a.expect_counts(2..=2, 0..=0)?;
+        let (x, index) = (&i[0], &i[1]);
+        let dim = wrap_dim(layout::Dim::decode(p)?.dim, x.rank())?;
+        index_dtype_check("gather", index)?;
+        // PyTorch checks shapes only for a non-empty index, counting a 0-d tensor as 1-d.
+        if index.numel() != 0 {
             ensure!(
-                i[0].rank() >= 2,
-                "{}: input tensor must have at least 2 dimensions",
-                a.op.name()
+                index.rank().max(1) == x.rank().max(1),
+                "Index tensor must have the same number of dimensions as input tensor"
             );
-            single(i[0].clone())
-        }
-        Gather => {
-            a.expect_counts(2..=2, 0..=0)?;
-            let (x, index) = (&i[0], &i[1]);
-            let dim = wrap_dim(layout::Dim::decode(p)?.dim, x.rank())?;
-            index_dtype_check("gather", index)?;
-            // PyTorch checks shapes only for a non-empty index, counting a 0-d tensor as 1-d.
-            if index.numel() != 0 {
+            for d in 0..index.rank() {
                 ensure!(
-                    index.rank().max(1) == x.rank().max(1),
-                    "Index tensor must have the same number of dimensions as input tensor"
-                );
-                for d in 0..index.rank() {
-                    ensure!(
                         d == dim || index.shape[d] <= x.shape.get(d).copied().unwrap_or(1),
                         "Size does not match at dimension {d} expected index {} to be no larger than self {} apart from dimension {dim}",
                         fmt_shape(&index.shape),
                         fmt_shape(&x.shape)
                     );
-                }
             }
-            single(TensorType {
-                dtype: x.dtype,
-                shape: index.shape.clone(),
-            })
         }
-        IndexSelect => {
-            a.expect_counts(2..=2, 0..=0)?;
-            let (x, index) = (&i[0], &i[1]);
-            let dim = wrap_dim(layout::Dim::decode(p)?.dim, x.rank())?;
-            ensure!(
-                matches!(index.dtype, DType::I32 | DType::I64),
-                "index_select(): Expected dtype int32 or int64 for index"
-            );
-            if index.rank() > 1 {
-                return Err(OpError::index(
-                    "index_select(): Index is supposed to be a vector",
-                ));
-            }
-            let mut shape = x.shape.clone();
-            if x.rank() > 0 {
-                shape[dim] = index.numel();
-            }
-            single(TensorType {
-                dtype: x.dtype,
-                shape,
-            })
+        single(TensorType {
+            dtype: x.dtype,
+            shape: index.shape.clone(),
+        })
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let p = &a.params;
+        let dim = wrap_dim(layout::Dim::decode(p)?.dim, e.rank(a.inputs[0]))?;
+        Ok(vec![gather_along(e, a.inputs[0], a.inputs[1], dim)])
+    }
+}
+
+/// `index_select`: the input's slices at a 1-D index along a dim.
+pub(crate) struct IndexSelect;
+
+impl OpRule for IndexSelect {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let i = a.inputs;
+        let p = &a.params;
+        a.expect_counts(2..=2, 0..=0)?;
+        let (x, index) = (&i[0], &i[1]);
+        let dim = wrap_dim(layout::Dim::decode(p)?.dim, x.rank())?;
+        ensure!(
+            matches!(index.dtype, DType::I32 | DType::I64),
+            "index_select(): Expected dtype int32 or int64 for index"
+        );
+        if index.rank() > 1 {
+            return Err(OpError::index(
+                "index_select(): Index is supposed to be a vector",
+            ));
         }
-        Scatter | ScatterAdd | ScatterReduce => {
-            let has_src = i.len() == 3;
-            if has_src {
-                a.expect_counts(3..=3, 0..=0)?;
+        let mut shape = x.shape.clone();
+        if x.rank() > 0 {
+            shape[dim] = index.numel();
+        }
+        single(TensorType {
+            dtype: x.dtype,
+            shape,
+        })
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let out = a.out(0).clone();
+        let p = &a.params;
+        let x = a.inputs[0];
+        let v = if e.rank(x) == 0 {
+            let n = e.ty(a.inputs[1]).numel();
+            if n == 0 {
+                e.constant(out.clone(), crate::ScalarValue::Int(0))
             } else {
-                ensure!(a.op == Scatter, "scatter_add: expected a src tensor");
-                a.expect_counts(2..=2, 1..=1)?;
+                x
             }
-            let (x, index) = (&i[0], &i[1]);
-            let dim = wrap_dim(scatter_dim(p)?, x.rank())?;
-            index_dtype_check("scatter", index)?;
-            if has_src {
-                ensure!(
-                    i[2].dtype == x.dtype,
-                    "scatter(): Expected self.dtype to be equal to src.dtype"
-                );
-            }
-            if index.numel() == 0 {
-                return Ok(Meta::single(x.clone(), vec![x.dtype; a.scalars.len()]));
-            }
-            // A 0-d tensor counts as 1-d, as PyTorch's ensure_nonempty_dim has it.
+        } else {
+            let dim = wrap_dim(layout::Dim::decode(p)?.dim, e.rank(x))?;
+            let n = e.ty(a.inputs[1]).numel();
+            let idx = e.reshape(a.inputs[1], &[n]);
+            index_select(e, x, idx, dim)
+        };
+        Ok(vec![v])
+    }
+}
+
+/// `scatter` (from a tensor or a value scalar), `scatter_add` and `scatter_reduce`: the input
+/// with elements at an index tensor's positions along a dim replaced or combined.
+pub(crate) struct Scatter;
+
+impl OpRule for Scatter {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let i = a.inputs;
+        let p = &a.params;
+        let has_src = i.len() == 3;
+        if has_src {
+            a.expect_counts(3..=3, 0..=0)?;
+        } else {
+            ensure!(a.op == OpId::Scatter, "scatter_add: expected a src tensor");
+            a.expect_counts(2..=2, 1..=1)?;
+        }
+        let (x, index) = (&i[0], &i[1]);
+        let dim = wrap_dim(scatter_dim(p)?, x.rank())?;
+        index_dtype_check("scatter", index)?;
+        if has_src {
             ensure!(
-                index.rank().max(1) == x.rank().max(1),
-                "Index tensor must have the same number of dimensions as self tensor"
+                i[2].dtype == x.dtype,
+                "scatter(): Expected self.dtype to be equal to src.dtype"
             );
-            if has_src {
-                ensure!(
-                    index.rank().max(1) == i[2].rank().max(1),
-                    "Index tensor must have the same number of dimensions as src tensor"
-                );
-            }
-            for d in 0..index.rank() {
-                let too_big_self =
-                    d != dim && index.shape[d] > x.shape.get(d).copied().unwrap_or(1);
-                let too_big_src =
-                    has_src && index.shape[d] > i[2].shape.get(d).copied().unwrap_or(1);
-                if too_big_self || too_big_src {
-                    let src = if has_src {
-                        format!(
-                            " and to be no larger size than src {}",
-                            fmt_shape(&i[2].shape)
-                        )
-                    } else {
-                        String::new()
-                    };
-                    return Err(OpError::runtime(format!(
+        }
+        if index.numel() == 0 {
+            return Ok(Meta::single(x.clone(), vec![x.dtype; a.scalars.len()]));
+        }
+        // A 0-d tensor counts as 1-d, as PyTorch's ensure_nonempty_dim has it.
+        ensure!(
+            index.rank().max(1) == x.rank().max(1),
+            "Index tensor must have the same number of dimensions as self tensor"
+        );
+        if has_src {
+            ensure!(
+                index.rank().max(1) == i[2].rank().max(1),
+                "Index tensor must have the same number of dimensions as src tensor"
+            );
+        }
+        for d in 0..index.rank() {
+            let too_big_self = d != dim && index.shape[d] > x.shape.get(d).copied().unwrap_or(1);
+            let too_big_src = has_src && index.shape[d] > i[2].shape.get(d).copied().unwrap_or(1);
+            if too_big_self || too_big_src {
+                let src = if has_src {
+                    format!(
+                        " and to be no larger size than src {}",
+                        fmt_shape(&i[2].shape)
+                    )
+                } else {
+                    String::new()
+                };
+                return Err(OpError::runtime(format!(
                         "Expected index {} to be no larger than self {} apart from dimension {dim}{src}",
                         fmt_shape(&index.shape),
                         fmt_shape(&x.shape)
                     )));
-                }
             }
-            Ok(Meta::single(x.clone(), vec![x.dtype; a.scalars.len()]))
         }
-        Embedding => {
-            a.expect_counts(2..=2, 0..=0)?;
-            let (w, idx) = (&i[0], &i[1]);
-            ensure!(w.rank() == 2, "'weight' must be 2-D");
-            ensure!(
+        Ok(Meta::single(x.clone(), vec![x.dtype; a.scalars.len()]))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let out = a.out(0).clone();
+        let p = &a.params;
+        let x = a.inputs[0];
+        let mut index = a.inputs[1];
+        if e.ty(index).numel() == 0 {
+            return Ok(vec![x]);
+        }
+        let dim = wrap_dim(scatter_dim(p)?, e.rank(x))?;
+        // A 0-d index or src stands for a 1-d one (PyTorch's ensure_nonempty_dim).
+        if e.rank(index) == 0 {
+            index = e.reshape(index, &[1]);
+        }
+        let index_shape = e.shape(index).to_vec();
+        let updates = if a.inputs.len() == 3 {
+            let mut src = a.inputs[2];
+            if e.rank(src) == 0 {
+                src = e.reshape(src, &vec![1; index_shape.len()]);
+            }
+            let zeros = vec![0; index_shape.len()];
+            let ones = vec![1; index_shape.len()];
+            if e.shape(src) == index_shape.as_slice() {
+                src
+            } else {
+                e.slice(src, &zeros, &index_shape, &ones)
+            }
+        } else {
+            let v = e.cast(a.scalars[0], out.dtype);
+            e.broadcast_to(v, &index_shape)
+        };
+        let combiner = match a.op {
+            OpId::ScatterAdd => Combiner::Sum,
+            OpId::ScatterReduce => match layout::ScatterCombine::decode(p)?.combiner {
+                1 => Combiner::Prod,
+                2 => Combiner::Max,
+                3 => Combiner::Min,
+                c => {
+                    return Err(OpError::runtime(format!(
+                        "scatter_reduce: unknown combiner {c}"
+                    )))
+                }
+            },
+            _ => Combiner::Replace,
+        };
+        Ok(vec![scatter_along(e, x, index, updates, dim, combiner)])
+    }
+}
+
+/// `embedding`: the weight's rows at each index, in the indices' shape plus the row.
+pub(crate) struct Embedding;
+
+impl OpRule for Embedding {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let i = a.inputs;
+        a.expect_counts(2..=2, 0..=0)?;
+        let (w, idx) = (&i[0], &i[1]);
+        ensure!(w.rank() == 2, "'weight' must be 2-D");
+        ensure!(
                 matches!(idx.dtype, DType::I32 | DType::I64),
                 "Expected tensor for argument #1 'indices' to have one of the following scalar types: Long, Int; but got torch.{}Tensor instead (while checking arguments for embedding)",
                 idx.dtype.scalar_type_name()
             );
-            let mut shape = idx.shape.clone();
-            shape.push(w.shape[1]);
-            single(TensorType {
-                dtype: w.dtype,
-                shape,
-            })
-        }
-        Expand => {
-            a.expect_counts(1..=1, 0..=0)?;
-            let x = &i[0];
-            let sizes = layout::Sizes::decode(p)?.sizes;
-            ensure!(
+        let mut shape = idx.shape.clone();
+        shape.push(w.shape[1]);
+        single(TensorType {
+            dtype: w.dtype,
+            shape,
+        })
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let out = a.out(0).clone();
+        let (w, idx) = (a.inputs[0], a.inputs[1]);
+        let n = e.ty(idx).numel();
+        let flat = e.reshape(idx, &[n]);
+        let rows = index_select(e, w, flat, 0);
+        Ok(vec![e.reshape(rows, &out.shape)])
+    }
+}
+
+/// `expand`: the input broadcast to sizes (`-1` keeps a dim).
+pub(crate) struct Expand;
+
+impl OpRule for Expand {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let i = a.inputs;
+        let p = &a.params;
+        a.expect_counts(1..=1, 0..=0)?;
+        let x = &i[0];
+        let sizes = layout::Sizes::decode(p)?.sizes;
+        ensure!(
                 sizes.len() >= x.rank(),
                 "expand(torch.{}Tensor{{{}}}, size={}): the number of sizes provided ({}) must be greater or equal to the number of dimensions in the tensor ({})",
                 x.dtype.scalar_type_name(),
@@ -299,97 +590,213 @@ pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
                 sizes.len(),
                 x.rank()
             );
-            let shape = expand_target(&x.shape, sizes);
-            check_expand(&x.shape, &shape)?;
-            single(x.with_shape(&shape))
-        }
-        SumToSize => {
-            a.expect_counts(1..=1, 0..=0)?;
-            let x = &i[0];
-            let sizes = layout::Sizes::decode(p)?.sizes;
-            let ok = sizes.len() <= x.rank()
-                && sizes
-                    .iter()
-                    .rev()
-                    .zip(x.shape.iter().rev())
-                    .all(|(&s, &d)| s == d || s == 1);
-            ensure!(
-                ok,
-                "size {{{}}} is not expandable to size {{{}}}.",
-                fmt_shape(sizes),
-                fmt_shape(&x.shape)
-            );
-            single(x.with_shape(sizes))
-        }
-        Reshape => {
-            a.expect_counts(1..=1, 0..=0)?;
-            let shape = infer_size(layout::Sizes::decode(p)?.sizes, i[0].numel())?;
-            single(i[0].with_shape(&shape))
-        }
-        Permute => {
-            a.expect_counts(1..=1, 0..=0)?;
-            let x = &i[0];
-            let dims = layout::Dims::decode(p)?.dims;
-            ensure!(
+        let shape = expand_target(&x.shape, sizes);
+        check_expand(&x.shape, &shape)?;
+        single(x.with_shape(&shape))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let out = a.out(0).clone();
+        Ok(vec![e.broadcast_to(a.inputs[0], &out.shape)])
+    }
+}
+
+/// `sum_to_size`: the input summed down to sizes it expands to.
+pub(crate) struct SumToSize;
+
+impl OpRule for SumToSize {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let i = a.inputs;
+        let p = &a.params;
+        a.expect_counts(1..=1, 0..=0)?;
+        let x = &i[0];
+        let sizes = layout::Sizes::decode(p)?.sizes;
+        let ok = sizes.len() <= x.rank()
+            && sizes
+                .iter()
+                .rev()
+                .zip(x.shape.iter().rev())
+                .all(|(&s, &d)| s == d || s == 1);
+        ensure!(
+            ok,
+            "size {{{}}} is not expandable to size {{{}}}.",
+            fmt_shape(sizes),
+            fmt_shape(&x.shape)
+        );
+        single(x.with_shape(sizes))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let out = a.out(0).clone();
+        Ok(vec![sum_to_size(e, a.inputs[0], &out.shape)])
+    }
+}
+
+/// `reshape`: the input in new sizes of the same element count (one may be `-1`).
+pub(crate) struct Reshape;
+
+impl OpRule for Reshape {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let i = a.inputs;
+        let p = &a.params;
+        a.expect_counts(1..=1, 0..=0)?;
+        let shape = infer_size(layout::Sizes::decode(p)?.sizes, i[0].numel())?;
+        single(i[0].with_shape(&shape))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let out = a.out(0).clone();
+        Ok(vec![e.reshape(a.inputs[0], &out.shape)])
+    }
+}
+
+/// `permute`: the input's dims reordered.
+pub(crate) struct Permute;
+
+impl OpRule for Permute {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let i = a.inputs;
+        let p = &a.params;
+        a.expect_counts(1..=1, 0..=0)?;
+        let x = &i[0];
+        let dims = layout::Dims::decode(p)?.dims;
+        ensure!(
                 dims.len() == x.rank(),
                 "permute(sparse_coo): number of dimensions in the tensor input does not match the length of the desired ordering of dimensions i.e. input.dim() = {} is not equal to len(dims) = {}",
                 x.rank(),
                 dims.len()
             );
-            let perm = permutation(dims, x.rank())?;
-            let shape: Shape = perm.iter().map(|&d| x.shape[d]).collect();
-            single(x.with_shape(&shape))
-        }
-        Transpose => {
-            a.expect_counts(1..=1, 0..=0)?;
-            let x = &i[0];
-            let layout::TransposeDims { dim0, dim1 } = layout::TransposeDims::decode(p)?;
-            let (d0, d1) = (wrap_dim(dim0, x.rank())?, wrap_dim(dim1, x.rank())?);
-            let mut shape = x.shape.clone();
-            if x.rank() > 0 {
-                shape.swap(d0, d1);
-            }
-            single(x.with_shape(&shape))
-        }
-        Slice => {
-            a.expect_counts(1..=1, 0..=0)?;
-            let x = &i[0];
-            ensure!(x.rank() > 0, "slice() cannot be applied to a 0-dim tensor.");
-            let (dim, start, end, step) = slice_bounds(a, x)?;
-            let mut shape = x.shape.clone();
-            shape[dim] = if end > start {
-                (end - start + step - 1) / step
-            } else {
-                0
-            };
-            single(x.with_shape(&shape))
-        }
-        Select => {
-            a.expect_counts(1..=1, 0..=0)?;
-            let x = &i[0];
-            ensure!(
-                x.rank() > 0,
-                "select() cannot be applied to a 0-dim tensor."
-            );
-            let layout::SelectIndex {
-                dim: raw_dim,
-                index,
-            } = layout::SelectIndex::decode(p)?;
-            let dim = wrap_dim(raw_dim, x.rank())?;
-            let size = x.shape[dim];
-            if index < -size || index >= size {
-                return Err(OpError::index(format!(
-                    "select(): index {index} out of range for tensor of size {} at dimension {}",
-                    fmt_shape(&x.shape),
-                    raw_dim
-                )));
-            }
-            let mut shape = x.shape.clone();
-            shape.remove(dim);
-            single(x.with_shape(&shape))
-        }
-        op => Err(OpError::runtime(format!("{}: not a shape op", op.name()))),
+        let perm = permutation(dims, x.rank())?;
+        let shape: Shape = perm.iter().map(|&d| x.shape[d]).collect();
+        single(x.with_shape(&shape))
     }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let out = a.out(0).clone();
+        let p = &a.params;
+        let perm = permutation(layout::Dims::decode(p)?.dims, out.rank())?;
+        Ok(vec![e.transpose(a.inputs[0], &perm)])
+    }
+}
+
+/// `transpose`: two of the input's dims swapped.
+pub(crate) struct Transpose;
+
+impl OpRule for Transpose {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let i = a.inputs;
+        let p = &a.params;
+        a.expect_counts(1..=1, 0..=0)?;
+        let x = &i[0];
+        let layout::TransposeDims { dim0, dim1 } = layout::TransposeDims::decode(p)?;
+        let (d0, d1) = (wrap_dim(dim0, x.rank())?, wrap_dim(dim1, x.rank())?);
+        let mut shape = x.shape.clone();
+        if x.rank() > 0 {
+            shape.swap(d0, d1);
+        }
+        single(x.with_shape(&shape))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let out = a.out(0).clone();
+        let p = &a.params;
+        let r = out.rank();
+        let v = if r == 0 {
+            a.inputs[0]
+        } else {
+            let layout::TransposeDims { dim0, dim1 } = layout::TransposeDims::decode(p)?;
+            let (d0, d1) = (wrap_dim(dim0, r)?, wrap_dim(dim1, r)?);
+            let mut perm: Vec<usize> = (0..r).collect();
+            perm.swap(d0, d1);
+            e.transpose(a.inputs[0], &perm)
+        };
+        Ok(vec![v])
+    }
+}
+
+/// `slice`: a strided range of the input along a dim, its bounds clamped as Python's are.
+pub(crate) struct Slice;
+
+impl OpRule for Slice {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let i = a.inputs;
+        a.expect_counts(1..=1, 0..=0)?;
+        let x = &i[0];
+        ensure!(x.rank() > 0, "slice() cannot be applied to a 0-dim tensor.");
+        let (dim, start, end, step) = slice_bounds(a, x)?;
+        let mut shape = x.shape.clone();
+        shape[dim] = if end > start {
+            (end - start + step - 1) / step
+        } else {
+            0
+        };
+        single(x.with_shape(&shape))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let x = a.inputs[0];
+        let in_ty = e.ty(x).clone();
+        let meta_args = MetaArgs {
+            op: a.op,
+            inputs: std::slice::from_ref(&in_ty),
+            scalars: &[],
+            params: a.params,
+        };
+        let (dim, start, end, step) = slice_bounds(&meta_args, &in_ty)?;
+        let end = end.max(start);
+        Ok(vec![e.slice_dim(x, dim, start, end, step)])
+    }
+}
+
+/// `select`: the input at one index along a dim, that dim removed.
+pub(crate) struct Select;
+
+impl OpRule for Select {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let i = a.inputs;
+        let p = &a.params;
+        a.expect_counts(1..=1, 0..=0)?;
+        let x = &i[0];
+        ensure!(
+            x.rank() > 0,
+            "select() cannot be applied to a 0-dim tensor."
+        );
+        let layout::SelectIndex {
+            dim: raw_dim,
+            index,
+        } = layout::SelectIndex::decode(p)?;
+        let dim = wrap_dim(raw_dim, x.rank())?;
+        let size = x.shape[dim];
+        if index < -size || index >= size {
+            return Err(OpError::index(format!(
+                "select(): index {index} out of range for tensor of size {} at dimension {}",
+                fmt_shape(&x.shape),
+                raw_dim
+            )));
+        }
+        let mut shape = x.shape.clone();
+        shape.remove(dim);
+        single(x.with_shape(&shape))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let out = a.out(0).clone();
+        let p = &a.params;
+        let x = a.inputs[0];
+        let layout::SelectIndex { dim, mut index } = layout::SelectIndex::decode(p)?;
+        let dim = wrap_dim(dim, e.rank(x))?;
+        let size = e.shape(x)[dim];
+        if index < 0 {
+            index += size;
+        }
+        let s = e.slice_dim(x, dim, index, index + 1, 1);
+        Ok(vec![e.reshape(s, &out.shape)])
+    }
+}
+
+/// A single output, no scalars.
+fn single(t: TensorType) -> Result<Meta, OpError> {
+    Ok(Meta::single(t, vec![]))
 }
 
 /// The dim of `scatter`, `scatter_add` (layout `Dim`) or `scatter_reduce` (`ScatterCombine`).
@@ -518,225 +925,6 @@ fn padded_shape(x: &TensorType, pad: &[i64]) -> Result<Shape, OpError> {
 }
 
 // ---- lowering ------------------------------------------------------------------------------
-
-pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
-    use OpId::*;
-    let out = a.out(0).clone();
-    let p = &a.params;
-    let v = match a.op {
-        Cat => {
-            let parts: Vec<Value> = a
-                .inputs
-                .iter()
-                .filter(|&&v| !(e.rank(v) == 1 && e.shape(v)[0] == 0))
-                .copied()
-                .collect::<Vec<_>>()
-                .into_iter()
-                .map(|v| e.cast(v, out.dtype))
-                .collect();
-            if parts.is_empty() {
-                e.constant(out.clone(), crate::ScalarValue::Int(0))
-            } else {
-                let dim = wrap_dim(layout::Dim::decode(p)?.dim, out.rank())?;
-                e.concatenate(&parts, dim)
-            }
-        }
-        Stack => {
-            let dim = wrap_dim(layout::Dim::decode(p)?.dim, out.rank())?;
-            let parts: Vec<Value> = a
-                .inputs
-                .iter()
-                .map(|&v| {
-                    let c = e.cast(v, out.dtype);
-                    let mut s = e.shape(c).to_vec();
-                    s.insert(dim, 1);
-                    e.reshape(c, &s)
-                })
-                .collect();
-            e.concatenate(&parts, dim)
-        }
-        // No dims flips nothing (wrap_dims reads an empty list as every dim, as reductions do).
-        Flip => match layout::Dims::decode(p)?.dims {
-            [] => a.inputs[0],
-            dims => {
-                let dims = wrap_dims(dims, out.rank())?;
-                e.reverse(a.inputs[0], &dims)
-            }
-        },
-        Roll => {
-            let layout::RollShifts { shifts, dims } = layout::RollShifts::decode(p)?;
-            lower_roll(e, a.inputs[0], shifts, dims)
-        }
-        ConstantPadNd => {
-            let x = a.inputs[0];
-            let rank = out.rank();
-            let (mut low, mut high) = (vec![0; rank], vec![0; rank]);
-            for (j, pair) in layout::PadWidths::decode(p)?.pad.chunks(2).enumerate() {
-                low[rank - 1 - j] = pair[0];
-                high[rank - 1 - j] = pair[1];
-            }
-            let value = match a.scalars.first() {
-                Some(&s) => e.cast(s, out.dtype),
-                None => e.scalar_constant(out.dtype, crate::ScalarValue::Int(0)),
-            };
-            e.pad(x, value, &low, &high, &vec![0; rank])
-        }
-        Repeat => {
-            let reps = layout::Repeats::decode(p)?.repeats;
-            let padded = padded_front(e.shape(a.inputs[0]), reps.len());
-            let x = e.reshape(a.inputs[0], &padded);
-            // [s0, s1] -> broadcast to [r0, s0, r1, s1] -> reshape [r0*s0, r1*s1].
-            let mut wide = Vec::new();
-            let mut dims = Vec::new();
-            for (i, (&s, &r)) in padded.iter().zip(reps).enumerate() {
-                wide.push(r);
-                wide.push(s);
-                dims.push(2 * i + 1);
-            }
-            let b = e.broadcast_in_dim(x, &wide, &dims);
-            e.reshape(b, &out.shape)
-        }
-        Tril | Triu => {
-            let x = a.inputs[0];
-            let diagonal = layout::Diagonal::decode(p)?.diagonal;
-            let shape = out.shape.to_vec();
-            let r = shape.len();
-            let ity = TensorType::new(DType::I64, &shape);
-            let rows = e.iota(ity.clone(), r - 2);
-            let cols = e.iota(ity, r - 1);
-            let diff = e.sub(cols, rows);
-            let dconst = e.full_like(diff, diagonal as f64);
-            let keep = if a.op == Tril {
-                e.compare(Cmp::Le, diff, dconst)
-            } else {
-                e.compare(Cmp::Ge, diff, dconst)
-            };
-            let zero = e.full_like(x, 0.0);
-            let zero = if out.dtype == DType::Bool {
-                e.cast(zero, DType::Bool)
-            } else {
-                zero
-            };
-            e.select(keep, x, zero)
-        }
-        Gather => {
-            let dim = wrap_dim(layout::Dim::decode(p)?.dim, e.rank(a.inputs[0]))?;
-            gather_along(e, a.inputs[0], a.inputs[1], dim)
-        }
-        IndexSelect => {
-            let x = a.inputs[0];
-            if e.rank(x) == 0 {
-                let n = e.ty(a.inputs[1]).numel();
-                if n == 0 {
-                    e.constant(out.clone(), crate::ScalarValue::Int(0))
-                } else {
-                    x
-                }
-            } else {
-                let dim = wrap_dim(layout::Dim::decode(p)?.dim, e.rank(x))?;
-                let n = e.ty(a.inputs[1]).numel();
-                let idx = e.reshape(a.inputs[1], &[n]);
-                index_select(e, x, idx, dim)
-            }
-        }
-        Scatter | ScatterAdd | ScatterReduce => {
-            let x = a.inputs[0];
-            let mut index = a.inputs[1];
-            if e.ty(index).numel() == 0 {
-                return Ok(vec![x]);
-            }
-            let dim = wrap_dim(scatter_dim(p)?, e.rank(x))?;
-            // A 0-d index or src stands for a 1-d one (PyTorch's ensure_nonempty_dim).
-            if e.rank(index) == 0 {
-                index = e.reshape(index, &[1]);
-            }
-            let index_shape = e.shape(index).to_vec();
-            let updates = if a.inputs.len() == 3 {
-                let mut src = a.inputs[2];
-                if e.rank(src) == 0 {
-                    src = e.reshape(src, &vec![1; index_shape.len()]);
-                }
-                let zeros = vec![0; index_shape.len()];
-                let ones = vec![1; index_shape.len()];
-                if e.shape(src) == index_shape.as_slice() {
-                    src
-                } else {
-                    e.slice(src, &zeros, &index_shape, &ones)
-                }
-            } else {
-                let v = e.cast(a.scalars[0], out.dtype);
-                e.broadcast_to(v, &index_shape)
-            };
-            let combiner = match a.op {
-                ScatterAdd => Combiner::Sum,
-                ScatterReduce => match layout::ScatterCombine::decode(p)?.combiner {
-                    1 => Combiner::Prod,
-                    2 => Combiner::Max,
-                    3 => Combiner::Min,
-                    c => {
-                        return Err(OpError::runtime(format!(
-                            "scatter_reduce: unknown combiner {c}"
-                        )))
-                    }
-                },
-                _ => Combiner::Replace,
-            };
-            scatter_along(e, x, index, updates, dim, combiner)
-        }
-        Embedding => {
-            let (w, idx) = (a.inputs[0], a.inputs[1]);
-            let n = e.ty(idx).numel();
-            let flat = e.reshape(idx, &[n]);
-            let rows = index_select(e, w, flat, 0);
-            e.reshape(rows, &out.shape)
-        }
-        Expand => e.broadcast_to(a.inputs[0], &out.shape),
-        SumToSize => sum_to_size(e, a.inputs[0], &out.shape),
-        Reshape => e.reshape(a.inputs[0], &out.shape),
-        Permute => {
-            let perm = permutation(layout::Dims::decode(p)?.dims, out.rank())?;
-            e.transpose(a.inputs[0], &perm)
-        }
-        Transpose => {
-            let r = out.rank();
-            if r == 0 {
-                a.inputs[0]
-            } else {
-                let layout::TransposeDims { dim0, dim1 } = layout::TransposeDims::decode(p)?;
-                let (d0, d1) = (wrap_dim(dim0, r)?, wrap_dim(dim1, r)?);
-                let mut perm: Vec<usize> = (0..r).collect();
-                perm.swap(d0, d1);
-                e.transpose(a.inputs[0], &perm)
-            }
-        }
-        Slice => {
-            let x = a.inputs[0];
-            let in_ty = e.ty(x).clone();
-            let meta_args = MetaArgs {
-                op: a.op,
-                inputs: std::slice::from_ref(&in_ty),
-                scalars: &[],
-                params: a.params,
-            };
-            let (dim, start, end, step) = slice_bounds(&meta_args, &in_ty)?;
-            let end = end.max(start);
-            e.slice_dim(x, dim, start, end, step)
-        }
-        Select => {
-            let x = a.inputs[0];
-            let layout::SelectIndex { dim, mut index } = layout::SelectIndex::decode(p)?;
-            let dim = wrap_dim(dim, e.rank(x))?;
-            let size = e.shape(x)[dim];
-            if index < 0 {
-                index += size;
-            }
-            let s = e.slice_dim(x, dim, index, index + 1, 1);
-            e.reshape(s, &out.shape)
-        }
-        op => return Err(OpError::runtime(format!("{}: not a shape op", op.name()))),
-    };
-    Ok(vec![v])
-}
 
 fn lower_roll(e: &mut Emitter, x: Value, shifts: &[i64], dims: &[i64]) -> Value {
     let shape = e.shape(x).to_vec();

@@ -14,9 +14,7 @@ use crate::param_layout as layout;
 use crate::params::wrap_dim;
 use crate::promote::broadcast_shapes;
 use crate::shape::check_expand;
-use crate::{LowerArgs, Meta, MetaArgs, OpId, ScalarValue};
-
-crate::family_rule!(IndexingOps);
+use crate::{LowerArgs, Meta, MetaArgs, OpId, OpRule, ScalarValue};
 
 fn fmt_shape(s: &[i64]) -> String {
     format!("{s:?}")
@@ -135,141 +133,311 @@ fn check_count(op: OpId, count: i64, numel: i64) -> Result<(), OpError> {
     Ok(())
 }
 
-pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
-    use OpId::*;
-    let p = &a.params;
-    let i = a.inputs;
-    let single = |t: TensorType| Ok(Meta::single(t, vec![]));
-    match a.op {
-        Sort => {
-            a.expect_counts(1..=1, 0..=0)?;
-            wrap_dim(layout::SortDim::decode(p)?.dim, i[0].rank())?;
-            Ok(Meta {
-                outputs: smallvec::smallvec![i[0].clone(), i[0].with_dtype(DType::I64)],
-                scalar_dtypes: Default::default(),
-                variant: 0,
-                float_default: None,
-                matmul_precision: None,
-            })
-        }
-        TopK => {
-            a.expect_counts(1..=1, 0..=0)?;
-            let x = &i[0];
-            let layout::TopK { k, dim, .. } = layout::TopK::decode(p)?;
-            let dim = wrap_dim(dim, x.rank())?;
-            let size = if x.rank() == 0 { 1 } else { x.shape[dim] };
-            ensure!((0..=size).contains(&k), "selected index k out of range");
-            let mut shape = x.shape.clone();
-            if x.rank() > 0 {
-                shape[dim] = k;
-            }
-            let values = x.with_shape(&shape);
-            let indices = values.with_dtype(DType::I64);
-            Ok(Meta {
-                outputs: smallvec::smallvec![values, indices],
-                scalar_dtypes: Default::default(),
-                variant: 0,
-                float_default: None,
-                matmul_precision: None,
-            })
-        }
-        Nonzero => {
-            a.expect_counts(1..=1, 0..=0)?;
-            let x = &i[0];
-            let count = layout::Count::decode(p)?.count;
-            check_count(a.op, count, x.numel())?;
-            single(TensorType::new(DType::I64, &[x.rank() as i64, count]))
-        }
-        MaskedSelect => {
-            a.expect_counts(2..=2, 0..=0)?;
-            let (x, mask) = (&i[0], &i[1]);
-            ensure!(
-                mask.dtype == DType::Bool,
-                "masked_select: expected BoolTensor for mask"
-            );
-            let shape = broadcast_shapes(&x.shape, &mask.shape)?;
-            let count = layout::Count::decode(p)?.count;
-            check_count(a.op, count, shape.iter().product())?;
-            single(TensorType::new(x.dtype, &[count]))
-        }
-        RepeatInterleave => {
-            a.expect_counts(1..=1, 0..=0)?;
-            let repeats = &i[0];
-            ensure!(
-                repeats.rank() == 1,
-                "repeat_interleave only accept 1D vector as repeat"
-            );
-            if !matches!(repeats.dtype, DType::I32 | DType::I64) {
-                return Err(OpError::not_implemented(format!(
-                    "\"repeat_interleave_pjrt\" not implemented for '{}'",
-                    repeats.dtype.scalar_type_name()
-                )));
-            }
-            let total = layout::Count::decode(p)?.count;
-            ensure!(
-                total >= 0,
-                "repeat_interleave: output_size must be non-negative, but got {total}"
-            );
-            // No repeats make nothing, whatever size was asked for (as PyTorch's kernels).
-            let total = if repeats.numel() == 0 { 0 } else { total };
-            single(TensorType::new(repeats.dtype, &[total]))
-        }
-        MaskedScatter => {
-            a.expect_counts(3..=3, 0..=0)?;
-            let (x, mask, source) = (&i[0], &i[1], &i[2]);
-            ensure!(
-                mask.dtype == DType::Bool,
-                "masked_scatter_ only supports boolean masks, but got mask with dtype {}",
-                mask.dtype.scalar_type_name()
-            );
-            ensure!(
-                source.dtype == x.dtype,
-                "masked_scatter_: expected self and source to have same dtypes but got {} and {}",
-                x.dtype.scalar_type_name(),
-                source.dtype.scalar_type_name()
-            );
-            check_expand(&mask.shape, &x.shape)?;
-            single(x.clone())
-        }
-        Index => {
-            ensure!(!i.is_empty(), "index: expected self and index tensors");
-            let plan = index_plan(&i[0], &i[1..], layout::IndexedDims::decode(p)?.indexed_dims)?;
-            single(i[0].with_shape(&plan.shape))
-        }
-        IndexPut => {
-            ensure!(
-                i.len() >= 2,
-                "index_put: expected self, values and index tensors"
-            );
-            let (x, values) = (&i[0], &i[1]);
-            // 2 accumulates too: index_add, whose out-of-range errors differ (checks.rs).
-            let l = layout::IndexPutDims::decode(p)?;
-            if !(0..=2).contains(&l.accumulate) {
-                return Err(p.invalid("accumulate must be 0, 1 or 2"));
-            }
-            let plan = index_plan(x, &i[2..], l.indexed_dims)?;
-            // PyTorch checks the shapes first: `a[mask] = torch.tensor([])` is a shape error.
-            ensure!(
-                expandable_to(&values.shape, &plan.shape),
-                "shape mismatch: value tensor of shape {} cannot be broadcast to indexing result \
-                 of shape {}",
-                fmt_shape(&values.shape),
-                fmt_shape(&plan.shape)
-            );
-            ensure!(
-                values.dtype == x.dtype,
-                "Index put requires the source and destination dtypes match, got {} for the \
-                 destination and {} for the source.",
-                x.dtype.scalar_type_name(),
-                values.dtype.scalar_type_name()
-            );
-            single(x.clone())
-        }
-        op => Err(OpError::runtime(format!(
-            "{}: not a sorting or indexing op",
-            op.name()
-        ))),
+// ---- rules: each op's meta beside its lowering --------------------------------------------
+
+/// `sort` along a dim, stably: the values and their int64 positions.
+pub(crate) struct Sort;
+
+impl OpRule for Sort {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let i = a.inputs;
+        a.expect_counts(1..=1, 0..=0)?;
+        wrap_dim(layout::SortDim::decode(&a.params)?.dim, i[0].rank())?;
+        Ok(Meta {
+            outputs: smallvec::smallvec![i[0].clone(), i[0].with_dtype(DType::I64)],
+            scalar_dtypes: Default::default(),
+            variant: 0,
+            float_default: None,
+            matmul_precision: None,
+        })
     }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let l = layout::SortDim::decode(&a.params)?;
+        lower_sorted(e, a, l.dim, l.descending, None)
+    }
+}
+
+/// `topk`: the `k` largest (or smallest) values along a dim and their int64 positions, sorted.
+pub(crate) struct TopK;
+
+impl OpRule for TopK {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        a.expect_counts(1..=1, 0..=0)?;
+        let x = &a.inputs[0];
+        let layout::TopK { k, dim, .. } = layout::TopK::decode(&a.params)?;
+        let dim = wrap_dim(dim, x.rank())?;
+        let size = if x.rank() == 0 { 1 } else { x.shape[dim] };
+        ensure!((0..=size).contains(&k), "selected index k out of range");
+        let mut shape = x.shape.clone();
+        if x.rank() > 0 {
+            shape[dim] = k;
+        }
+        let values = x.with_shape(&shape);
+        let indices = values.with_dtype(DType::I64);
+        Ok(Meta {
+            outputs: smallvec::smallvec![values, indices],
+            scalar_dtypes: Default::default(),
+            variant: 0,
+            float_default: None,
+            matmul_precision: None,
+        })
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let l = layout::TopK::decode(&a.params)?;
+        lower_sorted(e, a, l.dim, l.largest, Some(l.k))
+    }
+}
+
+/// `nonzero`: the coordinates (`[rank, count]`, int64) of the input's nonzero elements, their
+/// count given.
+pub(crate) struct Nonzero;
+
+impl OpRule for Nonzero {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        a.expect_counts(1..=1, 0..=0)?;
+        let x = &a.inputs[0];
+        let count = layout::Count::decode(&a.params)?.count;
+        check_count(a.op, count, x.numel())?;
+        single(TensorType::new(DType::I64, &[x.rank() as i64, count]))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let x = a.inputs[0];
+        let x_ty = e.ty(x).clone();
+        let out = a.out(0).clone();
+        let v = if out.numel() == 0 {
+            zeros(e, &out)
+        } else {
+            let key = if x_ty.dtype == DType::Bool {
+                x
+            } else {
+                e.compare_const(Cmp::Ne, x, 0.0)
+            };
+            let order = positions_first(e, key, None);
+            let pos = e.slice_dim(order, 0, 0, out.shape[1], 1);
+            unravel(e, pos, &x_ty.shape)
+        };
+        Ok(vec![v])
+    }
+}
+
+/// `masked_select`: the elements where a bool mask (broadcast with the input) holds, in
+/// row-major order, their count given.
+pub(crate) struct MaskedSelect;
+
+impl OpRule for MaskedSelect {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        a.expect_counts(2..=2, 0..=0)?;
+        let (x, mask) = (&a.inputs[0], &a.inputs[1]);
+        ensure!(
+            mask.dtype == DType::Bool,
+            "masked_select: expected BoolTensor for mask"
+        );
+        let shape = broadcast_shapes(&x.shape, &mask.shape)?;
+        let count = layout::Count::decode(&a.params)?.count;
+        check_count(a.op, count, shape.iter().product())?;
+        single(TensorType::new(x.dtype, &[count]))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let out = a.out(0).clone();
+        let v = if out.numel() == 0 {
+            zeros(e, &out)
+        } else {
+            let b = e.broadcast_all(&[a.inputs[0], a.inputs[1]]);
+            let picked = positions_first(e, b[1], Some(b[0]));
+            e.slice_dim(picked, 0, 0, out.shape[0], 1)
+        };
+        Ok(vec![v])
+    }
+}
+
+/// `repeat_interleave` of a 1-D repeats tensor: each position repeated its count of times,
+/// the total given.
+pub(crate) struct RepeatInterleave;
+
+impl OpRule for RepeatInterleave {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        a.expect_counts(1..=1, 0..=0)?;
+        let repeats = &a.inputs[0];
+        ensure!(
+            repeats.rank() == 1,
+            "repeat_interleave only accept 1D vector as repeat"
+        );
+        if !matches!(repeats.dtype, DType::I32 | DType::I64) {
+            return Err(OpError::not_implemented(format!(
+                "\"repeat_interleave_pjrt\" not implemented for '{}'",
+                repeats.dtype.scalar_type_name()
+            )));
+        }
+        let total = layout::Count::decode(&a.params)?.count;
+        ensure!(
+            total >= 0,
+            "repeat_interleave: output_size must be non-negative, but got {total}"
+        );
+        // No repeats make nothing, whatever size was asked for (as PyTorch's kernels).
+        let total = if repeats.numel() == 0 { 0 } else { total };
+        single(TensorType::new(repeats.dtype, &[total]))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let out = a.out(0).clone();
+        let v = if out.numel() == 0 {
+            zeros(e, &out)
+        } else {
+            repeated_positions(e, a.inputs[0], out.shape[0], out.dtype)
+        };
+        Ok(vec![v])
+    }
+}
+
+/// `masked_scatter_`: the input with the elements where a bool mask holds taken from a source
+/// tensor, in row-major order.
+pub(crate) struct MaskedScatter;
+
+impl OpRule for MaskedScatter {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        a.expect_counts(3..=3, 0..=0)?;
+        let (x, mask, source) = (&a.inputs[0], &a.inputs[1], &a.inputs[2]);
+        ensure!(
+            mask.dtype == DType::Bool,
+            "masked_scatter_ only supports boolean masks, but got mask with dtype {}",
+            mask.dtype.scalar_type_name()
+        );
+        ensure!(
+            source.dtype == x.dtype,
+            "masked_scatter_: expected self and source to have same dtypes but got {} and {}",
+            x.dtype.scalar_type_name(),
+            source.dtype.scalar_type_name()
+        );
+        check_expand(&mask.shape, &x.shape)?;
+        single(x.clone())
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        Ok(vec![lower_masked_scatter(
+            e,
+            a.inputs[0],
+            a.inputs[1],
+            a.inputs[2],
+        )])
+    }
+}
+
+/// `index`: the input at integer index tensors along some of its dims (PyTorch's advanced
+/// indexing).
+pub(crate) struct Index;
+
+impl OpRule for Index {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let i = a.inputs;
+        ensure!(!i.is_empty(), "index: expected self and index tensors");
+        let dims = layout::IndexedDims::decode(&a.params)?.indexed_dims;
+        let plan = index_plan(&i[0], &i[1..], dims)?;
+        single(i[0].with_shape(&plan.shape))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let x = a.inputs[0];
+        let x_ty = e.ty(x).clone();
+        let types: Vec<TensorType> = a.inputs[1..].iter().map(|&v| e.ty(v).clone()).collect();
+        let dims = layout::IndexedDims::decode(&a.params)?.indexed_dims;
+        let plan = index_plan(&x_ty, &types, dims)?;
+        Ok(vec![lower_index(e, x, &a.inputs[1..], &plan)])
+    }
+}
+
+/// `index_put`: the input with values written (or accumulated) at integer index tensors along
+/// some of its dims.
+pub(crate) struct IndexPut;
+
+impl OpRule for IndexPut {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let p = &a.params;
+        let i = a.inputs;
+        ensure!(
+            i.len() >= 2,
+            "index_put: expected self, values and index tensors"
+        );
+        let (x, values) = (&i[0], &i[1]);
+        // 2 accumulates too: index_add, whose out-of-range errors differ (checks.rs).
+        let l = layout::IndexPutDims::decode(p)?;
+        if !(0..=2).contains(&l.accumulate) {
+            return Err(p.invalid("accumulate must be 0, 1 or 2"));
+        }
+        let plan = index_plan(x, &i[2..], l.indexed_dims)?;
+        // PyTorch checks the shapes first: `a[mask] = torch.tensor([])` is a shape error.
+        ensure!(
+            expandable_to(&values.shape, &plan.shape),
+            "shape mismatch: value tensor of shape {} cannot be broadcast to indexing result \
+             of shape {}",
+            fmt_shape(&values.shape),
+            fmt_shape(&plan.shape)
+        );
+        ensure!(
+            values.dtype == x.dtype,
+            "Index put requires the source and destination dtypes match, got {} for the \
+             destination and {} for the source.",
+            x.dtype.scalar_type_name(),
+            values.dtype.scalar_type_name()
+        );
+        single(x.clone())
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let x = a.inputs[0];
+        let x_ty = e.ty(x).clone();
+        let types: Vec<TensorType> = a.inputs[2..].iter().map(|&v| e.ty(v).clone()).collect();
+        let l = layout::IndexPutDims::decode(&a.params)?;
+        let plan = index_plan(&x_ty, &types, l.indexed_dims)?;
+        Ok(vec![lower_index_put(
+            e,
+            x,
+            a.inputs[1],
+            &a.inputs[2..],
+            &plan,
+            l.accumulate != 0,
+        )])
+    }
+}
+
+/// A single output, no scalars.
+fn single(t: TensorType) -> Result<Meta, OpError> {
+    Ok(Meta::single(t, vec![]))
+}
+
+/// `sort` and `topk`: the input sorted along `dim` (`descending`, or largest first) with its
+/// positions, the first `k` of each kept for `topk`.
+fn lower_sorted(
+    e: &mut Emitter,
+    a: &LowerArgs,
+    dim: i64,
+    descending: bool,
+    k: Option<i64>,
+) -> Result<Vec<Value>, OpError> {
+    let x = a.inputs[0];
+    let x_ty = e.ty(x).clone();
+    let (values, indices) = (a.out(0).clone(), a.out(1).clone());
+    if values.numel() == 0 {
+        return Ok(vec![zeros(e, &values), zeros(e, &indices)]);
+    }
+    if x_ty.rank() == 0 {
+        return Ok(vec![x, zeros(e, &indices)]);
+    }
+    let dim = wrap_dim(dim, x_ty.rank())?;
+    let iota = e.iota(x_ty.with_dtype(DType::I64), dim);
+    let sorted = sort_by_key(e, &[x, iota], dim, |e, a, b| {
+        value_order(e, a, b, descending)
+    });
+    Ok(match k {
+        Some(k) => sorted
+            .iter()
+            .map(|&v| e.slice_dim(v, dim, 0, k, 1))
+            .collect(),
+        None => sorted,
+    })
 }
 
 // ---- lowering ------------------------------------------------------------------------------
@@ -534,95 +702,6 @@ fn unravel(e: &mut Emitter, pos: Value, shape: &[i64]) -> Value {
         stride *= shape[d];
     }
     e.concatenate(&parts, 0)
-}
-
-pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
-    use OpId::*;
-    let p = &a.params;
-    let x = a.inputs[0];
-    let x_ty = e.ty(x).clone();
-    let v = match a.op {
-        Sort | TopK => {
-            let (dim, descending, k) = if a.op == Sort {
-                let l = layout::SortDim::decode(p)?;
-                (l.dim, l.descending, None)
-            } else {
-                let l = layout::TopK::decode(p)?;
-                (l.dim, l.largest, Some(l.k))
-            };
-            let (values, indices) = (a.out(0).clone(), a.out(1).clone());
-            if values.numel() == 0 {
-                return Ok(vec![zeros(e, &values), zeros(e, &indices)]);
-            }
-            if x_ty.rank() == 0 {
-                return Ok(vec![x, zeros(e, &indices)]);
-            }
-            let dim = wrap_dim(dim, x_ty.rank())?;
-            let iota = e.iota(x_ty.with_dtype(DType::I64), dim);
-            let sorted = sort_by_key(e, &[x, iota], dim, |e, a, b| {
-                value_order(e, a, b, descending)
-            });
-            return Ok(match k {
-                Some(k) => sorted
-                    .iter()
-                    .map(|&v| e.slice_dim(v, dim, 0, k, 1))
-                    .collect(),
-                None => sorted,
-            });
-        }
-        Nonzero => {
-            let out = a.out(0).clone();
-            if out.numel() == 0 {
-                zeros(e, &out)
-            } else {
-                let key = if x_ty.dtype == DType::Bool {
-                    x
-                } else {
-                    e.compare_const(Cmp::Ne, x, 0.0)
-                };
-                let order = positions_first(e, key, None);
-                let pos = e.slice_dim(order, 0, 0, out.shape[1], 1);
-                unravel(e, pos, &x_ty.shape)
-            }
-        }
-        MaskedSelect => {
-            let out = a.out(0).clone();
-            if out.numel() == 0 {
-                zeros(e, &out)
-            } else {
-                let b = e.broadcast_all(&[x, a.inputs[1]]);
-                let picked = positions_first(e, b[1], Some(b[0]));
-                e.slice_dim(picked, 0, 0, out.shape[0], 1)
-            }
-        }
-        RepeatInterleave => {
-            let out = a.out(0).clone();
-            if out.numel() == 0 {
-                zeros(e, &out)
-            } else {
-                repeated_positions(e, x, out.shape[0], out.dtype)
-            }
-        }
-        MaskedScatter => lower_masked_scatter(e, x, a.inputs[1], a.inputs[2]),
-        Index => {
-            let types: Vec<TensorType> = a.inputs[1..].iter().map(|&v| e.ty(v).clone()).collect();
-            let plan = index_plan(&x_ty, &types, layout::IndexedDims::decode(p)?.indexed_dims)?;
-            lower_index(e, x, &a.inputs[1..], &plan)
-        }
-        IndexPut => {
-            let types: Vec<TensorType> = a.inputs[2..].iter().map(|&v| e.ty(v).clone()).collect();
-            let l = layout::IndexPutDims::decode(p)?;
-            let plan = index_plan(&x_ty, &types, l.indexed_dims)?;
-            lower_index_put(e, x, a.inputs[1], &a.inputs[2..], &plan, l.accumulate != 0)
-        }
-        op => {
-            return Err(OpError::runtime(format!(
-                "{}: not a sorting or indexing op",
-                op.name()
-            )))
-        }
-    };
-    Ok(vec![v])
 }
 
 #[cfg(test)]

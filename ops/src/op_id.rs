@@ -458,21 +458,21 @@ op_catalogue! {
     // to the host by the caller first, so each op has a static shape.
     /// Outputs `(values, indices)` sorted along `dim`. Always stable: equal values keep their
     /// order, which is PyTorch's for `stable=True` (and what its CPU kernel gives short rows).
-    Sort = "sort", family: Indexing, rule: indexing::IndexingOps, inputs: "self", scalars: "", params: SortDim;
+    Sort = "sort", family: Indexing, rule: indexing::Sort, inputs: "self", scalars: "", params: SortDim;
     /// Outputs `(values, indices)` of the `k` largest (or smallest) along `dim`, in sorted order.
-    TopK = "topk", family: Indexing, rule: indexing::IndexingOps, inputs: "self", scalars: "", params: TopK;
+    TopK = "topk", family: Indexing, rule: indexing::TopK, inputs: "self", scalars: "", params: TopK;
     /// `[rank, count]` int64 coordinates of the nonzero elements in row-major order: the
     /// transpose of PyTorch's result, which is column-major.
-    Nonzero = "nonzero", family: Indexing, rule: indexing::IndexingOps, inputs: "self", scalars: "", params: Count, facts: { complex: true };
+    Nonzero = "nonzero", family: Indexing, rule: indexing::Nonzero, inputs: "self", scalars: "", params: Count, facts: { complex: true };
     /// The `count` elements of `self` where the (broadcast) bool `mask` holds, row-major.
-    MaskedSelect = "masked_select", family: Indexing, rule: indexing::IndexingOps, inputs: "self, mask", scalars: "", params: Count, facts: { complex: true };
+    MaskedSelect = "masked_select", family: Indexing, rule: indexing::MaskedSelect, inputs: "self, mask", scalars: "", params: Count, facts: { complex: true };
     /// The new `self` after `self.masked_scatter_(mask, source)`.
-    MaskedScatter = "masked_scatter_", family: Indexing, rule: indexing::IndexingOps, inputs: "self, mask, source", scalars: "", params: None, facts: { complex: true };
+    MaskedScatter = "masked_scatter_", family: Indexing, rule: indexing::MaskedScatter, inputs: "self, mask, source", scalars: "", params: None, facts: { complex: true };
     /// `self[indices]` with integer index tensors selecting along the given dims (the caller
     /// turns bool masks into nonzero coordinates; unindexed dims are taken whole).
-    Index = "index", family: Indexing, rule: indexing::IndexingOps, inputs: "self, indices...", scalars: "", params: IndexedDims, facts: { complex: true, index_checks: true };
+    Index = "index", family: Indexing, rule: indexing::Index, inputs: "self, indices...", scalars: "", params: IndexedDims, facts: { complex: true, index_checks: true };
     /// The new `self` after `self[indices] = values` (`+=` with `accumulate`).
-    IndexPut = "index_put", family: Indexing, rule: indexing::IndexingOps, inputs: "self, values, indices...", scalars: "",
+    IndexPut = "index_put", family: Indexing, rule: indexing::IndexPut, inputs: "self, values, indices...", scalars: "",
         params: IndexPutDims, facts: { complex: true, index_checks: true };
     // Attention and training: activation gradients, losses and fused optimizer steps.
     /// Softmax whose rows of all `-inf` (fully masked attention rows) give zeros.
@@ -567,7 +567,7 @@ op_catalogue! {
     /// written `repeats[i]` times, `total` elements in all (the caller reads the sum from the
     /// data, or takes the user's `output_size`); positions past the true total hold the last
     /// position. Of `repeats`' dtype.
-    RepeatInterleave = "repeat_interleave", family: Indexing, rule: indexing::IndexingOps, inputs: "repeats", scalars: "", params: Count;
+    RepeatInterleave = "repeat_interleave", family: Indexing, rule: indexing::RepeatInterleave, inputs: "repeats", scalars: "", params: Count;
     /// Whether `repeats` has no negative element and sums to `total` (a user's `output_size`,
     /// which the op trusted). Side-effecting: outputs an `index_check`-shaped verdict (style
     /// `NegativeRepeats` or `RepeatsTotal`), read at the next materialization point.

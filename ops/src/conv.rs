@@ -8,9 +8,7 @@ use crate::emitter::{bracket_list, i64_array, Cmp, Emitter, Value};
 use crate::error::{ensure, OpError};
 use crate::param_layout as layout;
 use crate::params::Params;
-use crate::{LowerArgs, Meta, MetaArgs, MetaOutputs, OpId, ScalarDTypes};
-
-crate::family_rule!(ConvOps);
+use crate::{LowerArgs, Meta, MetaArgs, MetaOutputs, OpId, OpRule, ScalarDTypes};
 
 fn fmt_shape(s: &[i64]) -> String {
     bracket_list(s)
@@ -395,63 +393,28 @@ fn conv_weight_grad(e: &mut Emitter, x: Value, gy: Value, c: &Conv, kernel: &[i6
     convolution(e, x, gy, true, win, 1, c.groups)
 }
 
-fn conv_meta(a: &MetaArgs) -> Result<Meta, OpError> {
-    let i = a.inputs;
-    let p = &a.params;
-    match a.op {
-        OpId::Convolution => {
-            a.expect_counts(2..=3, 0..=0)?;
-            let (c, _) = Conv::parse(p)?;
-            let shape = c.output_shape(&i[0], &i[1], i.get(2))?;
-            Ok(Meta::single(
-                TensorType {
-                    dtype: i[0].dtype,
-                    shape,
-                },
-                vec![],
-            ))
-        }
-        _ => {
-            a.expect_counts(3..=3, 0..=0)?;
-            let (c, mask) = Conv::parse(p)?;
-            let (gy, x, w) = (&i[0], &i[1], &i[2]);
-            let expected = c.output_shape(x, w, None)?;
-            ensure!(
-                gy.shape == expected,
-                "convolution_backward: expected grad_output of shape {}, but got {}",
-                fmt_shape(&expected),
-                fmt_shape(&gy.shape)
-            );
-            ensure!(
-                gy.dtype == x.dtype,
-                "expected scalar type {} but found {}",
-                x.dtype.scalar_type_name(),
-                gy.dtype.scalar_type_name()
-            );
-            if !x.dtype.is_float() {
-                return Err(not_implemented_for("slow_conv2d_cpu_grad_input", x.dtype));
-            }
-            // A gradient the mask leaves out is an empty placeholder, dropped by the kernel.
-            let pick = |bit: usize, ty: TensorType| {
-                if mask[bit] {
-                    ty
-                } else {
-                    TensorType::new(ty.dtype, &[0])
-                }
-            };
-            let mut outputs = MetaOutputs::new();
-            outputs.push(pick(0, x.clone()));
-            outputs.push(pick(1, w.clone()));
-            outputs.push(pick(2, TensorType::new(gy.dtype, &gy.shape[1..2])));
-            Ok(Meta::of_outputs(outputs))
-        }
-    }
-}
+// ---- rules: each op's meta beside its lowering --------------------------------------------
 
-fn conv_lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
-    let p = &a.params;
-    if a.op == OpId::Convolution {
-        let (c, _) = Conv::parse(p)?;
+/// `convolution_overrideable`: an N-d convolution, or a transposed one, with an optional bias.
+pub(crate) struct Convolution;
+
+impl OpRule for Convolution {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let i = a.inputs;
+        a.expect_counts(2..=3, 0..=0)?;
+        let (c, _) = Conv::parse(&a.params)?;
+        let shape = c.output_shape(&i[0], &i[1], i.get(2))?;
+        Ok(Meta::single(
+            TensorType {
+                dtype: i[0].dtype,
+                shape,
+            },
+            vec![],
+        ))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let (c, _) = Conv::parse(&a.params)?;
         let out = a.out(0).clone();
         if out.numel() == 0 {
             return Ok(vec![zeros(e, &out)]);
@@ -472,58 +435,103 @@ fn conv_lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
             }
             None => y,
         };
-        return Ok(vec![e.convert(y, out.dtype)]);
+        Ok(vec![e.convert(y, out.dtype)])
     }
-    let (c, mask) = Conv::parse(p)?;
-    let (gy, x, w) = (a.inputs[0], a.inputs[1], a.inputs[2]);
-    let (xt, wt, gt) = (e.ty(x).clone(), e.ty(w).clone(), e.ty(gy).clone());
-    let cd = acc_dtype(xt.dtype);
-    let empty = gt.numel() == 0 || xt.numel() == 0 || wt.numel() == 0;
-    let gyc = e.convert(gy, cd);
-    let xc = e.convert(x, cd);
-    let wc = e.convert(w, cd);
-    let mut outs = Vec::new();
-    if !mask[0] {
-        outs.push(zeros(e, a.out(0)));
-    } else {
-        let gx = if empty {
-            zeros(e, &xt.with_dtype(cd))
-        } else if c.transposed {
-            let n = c.stride.len();
-            let (xs, ys, ks) = (&xt.shape[2..], &gt.shape[2..], &wt.shape[2..]);
-            let hi: Vec<i64> = (0..n)
-                .map(|i| {
-                    (xs[i] - 1) * c.stride[i] + c.dilation[i] * (ks[i] - 1) + 1
-                        - ys[i]
-                        - c.padding[i]
-                })
-                .collect();
-            conv_forward(e, gyc, wc, &c, &c.padding, &hi)
-        } else {
-            conv_input_grad(e, gyc, wc, &c, &xt.shape[2..])
+}
+
+/// `convolution_backward_overrideable`: the gradients of a convolution's input, weight and
+/// bias that the output mask asks for (the others empty placeholders).
+pub(crate) struct ConvolutionBackward;
+
+impl OpRule for ConvolutionBackward {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let i = a.inputs;
+        a.expect_counts(3..=3, 0..=0)?;
+        let (c, mask) = Conv::parse(&a.params)?;
+        let (gy, x, w) = (&i[0], &i[1], &i[2]);
+        let expected = c.output_shape(x, w, None)?;
+        ensure!(
+            gy.shape == expected,
+            "convolution_backward: expected grad_output of shape {}, but got {}",
+            fmt_shape(&expected),
+            fmt_shape(&gy.shape)
+        );
+        ensure!(
+            gy.dtype == x.dtype,
+            "expected scalar type {} but found {}",
+            x.dtype.scalar_type_name(),
+            gy.dtype.scalar_type_name()
+        );
+        if !x.dtype.is_float() {
+            return Err(not_implemented_for("slow_conv2d_cpu_grad_input", x.dtype));
+        }
+        // A gradient the mask leaves out is an empty placeholder, dropped by the kernel.
+        let pick = |bit: usize, ty: TensorType| {
+            if mask[bit] {
+                ty
+            } else {
+                TensorType::new(ty.dtype, &[0])
+            }
         };
-        outs.push(e.convert(gx, xt.dtype));
+        let mut outputs = MetaOutputs::new();
+        outputs.push(pick(0, x.clone()));
+        outputs.push(pick(1, w.clone()));
+        outputs.push(pick(2, TensorType::new(gy.dtype, &gy.shape[1..2])));
+        Ok(Meta::of_outputs(outputs))
     }
-    if !mask[1] {
-        outs.push(zeros(e, a.out(1)));
-    } else {
-        let gw = if empty {
-            zeros(e, &wt.with_dtype(cd))
-        } else if c.transposed {
-            conv_weight_grad(e, gyc, xc, &c, &wt.shape[2..])
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let (c, mask) = Conv::parse(&a.params)?;
+        let (gy, x, w) = (a.inputs[0], a.inputs[1], a.inputs[2]);
+        let (xt, wt, gt) = (e.ty(x).clone(), e.ty(w).clone(), e.ty(gy).clone());
+        let cd = acc_dtype(xt.dtype);
+        let empty = gt.numel() == 0 || xt.numel() == 0 || wt.numel() == 0;
+        let gyc = e.convert(gy, cd);
+        let xc = e.convert(x, cd);
+        let wc = e.convert(w, cd);
+        let mut outs = Vec::new();
+        if !mask[0] {
+            outs.push(zeros(e, a.out(0)));
         } else {
-            conv_weight_grad(e, xc, gyc, &c, &wt.shape[2..])
-        };
-        outs.push(e.convert(gw, wt.dtype));
+            let gx = if empty {
+                zeros(e, &xt.with_dtype(cd))
+            } else if c.transposed {
+                let n = c.stride.len();
+                let (xs, ys, ks) = (&xt.shape[2..], &gt.shape[2..], &wt.shape[2..]);
+                let hi: Vec<i64> = (0..n)
+                    .map(|i| {
+                        (xs[i] - 1) * c.stride[i] + c.dilation[i] * (ks[i] - 1) + 1
+                            - ys[i]
+                            - c.padding[i]
+                    })
+                    .collect();
+                conv_forward(e, gyc, wc, &c, &c.padding, &hi)
+            } else {
+                conv_input_grad(e, gyc, wc, &c, &xt.shape[2..])
+            };
+            outs.push(e.convert(gx, xt.dtype));
+        }
+        if !mask[1] {
+            outs.push(zeros(e, a.out(1)));
+        } else {
+            let gw = if empty {
+                zeros(e, &wt.with_dtype(cd))
+            } else if c.transposed {
+                conv_weight_grad(e, gyc, xc, &c, &wt.shape[2..])
+            } else {
+                conv_weight_grad(e, xc, gyc, &c, &wt.shape[2..])
+            };
+            outs.push(e.convert(gw, wt.dtype));
+        }
+        if !mask[2] {
+            outs.push(zeros(e, a.out(2)));
+        } else {
+            let dims: Vec<usize> = (0..gt.rank()).filter(|&d| d != 1).collect();
+            let gb = e.reduce_sum(gyc, &dims);
+            outs.push(e.convert(gb, gt.dtype));
+        }
+        Ok(outs)
     }
-    if !mask[2] {
-        outs.push(zeros(e, a.out(2)));
-    } else {
-        let dims: Vec<usize> = (0..gt.rank()).filter(|&d| d != 1).collect();
-        let gb = e.reduce_sum(gyc, &dims);
-        outs.push(e.convert(gb, gt.dtype));
-    }
-    Ok(outs)
 }
 
 // ===== pooling =====================================================================================
@@ -1502,296 +1510,328 @@ fn adaptive_output_shape(x: &TensorType, size: &[i64], name: &str) -> Result<Sha
     Ok(s)
 }
 
-fn pool_meta(a: &MetaArgs) -> Result<Meta, OpError> {
-    use OpId::*;
-    let i = a.inputs;
-    let p = &a.params;
-    let none = ScalarDTypes::new();
-    match a.op {
-        MaxPool2dWithIndices | AvgPool2d | MaxPool3dWithIndices | AvgPool3d => {
-            a.expect_counts(1..=1, 0..=0)?;
-            let pool = Pool::parse(a.op, p)?;
-            let x = &i[0];
-            let shape = pool.output_shape(a.op, x)?;
-            let max = is_max_pool(a.op);
-            if x.dtype == DType::Bool {
-                let name = match (max, pool.n()) {
-                    (true, 2) => "max_pool2d",
-                    (true, _) => "max_pool3d",
-                    (false, 2) => "avg_pool2d",
-                    (false, _) => "avg_pool3d",
-                };
-                return Err(not_implemented_for(name, x.dtype));
-            }
-            let mut outputs = MetaOutputs::new();
-            outputs.push(TensorType {
-                dtype: x.dtype,
-                shape: shape.clone(),
-            });
-            if max {
-                outputs.push(TensorType {
-                    dtype: DType::I64,
-                    shape,
-                });
-            }
-            Ok(Meta {
-                outputs,
-                scalar_dtypes: none,
-                variant: 0,
-                float_default: None,
-                matmul_precision: None,
-            })
+// ---- rules: each op's meta beside its lowering --------------------------------------------
+
+/// `max_pool2d_with_indices` and `max_pool3d_with_indices`: each window's maximum and its flat
+/// position in the input's plane (int64).
+pub(crate) struct MaxPool;
+
+impl OpRule for MaxPool {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let shape = pooled_shape(a)?;
+        let mut outputs = MetaOutputs::new();
+        outputs.push(TensorType {
+            dtype: a.inputs[0].dtype,
+            shape: shape.clone(),
+        });
+        outputs.push(TensorType {
+            dtype: DType::I64,
+            shape,
+        });
+        Ok(Meta::of_outputs(outputs))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let pool = Pool::parse(a.op, &a.params)?;
+        let out = a.out(0).clone();
+        if out.numel() == 0 {
+            return Ok(vec![zeros(e, &out), zeros(e, a.out(1))]);
         }
-        MaxPool2dWithIndicesBackward
-        | AvgPool2dBackward
-        | MaxPool3dWithIndicesBackward
-        | AvgPool3dBackward => {
-            let max = is_max_pool(a.op);
-            if max {
-                a.expect_counts(3..=3, 0..=0)?;
-            } else {
-                a.expect_counts(2..=2, 0..=0)?;
-            }
-            let pool = Pool::parse(a.op, p)?;
-            let n = pool.n();
-            let (g, x) = (&i[0], &i[1]);
-            let shape = pool.output_shape(a.op, x)?;
-            ensure!(
-                g.dtype == x.dtype,
-                "expected dtype {} for `gradOutput` but got dtype {}",
-                x.dtype.typemeta_name(),
-                g.dtype.typemeta_name()
-            );
-            if max {
-                ensure!(
-                    i[2].dtype == DType::I64,
-                    "expected scalar type Long but found {}",
-                    i[2].dtype.scalar_type_name()
-                );
-                if !x.dtype.is_float() {
-                    let name = if n == 2 {
-                        "max_pool2d_backward"
-                    } else {
-                        "max_pool3d_backward"
-                    };
-                    return Err(not_implemented_for(name, x.dtype));
-                }
-                check_grad_shape(g, &shape, n)?;
-                check_grad_shape(&i[2], &shape, n)?;
-            } else {
-                if x.dtype == DType::Bool {
-                    let name = if n == 2 {
-                        "avg_pool2d_backward_out_frame"
-                    } else {
-                        "avg_pool3d_backward_out_frame"
-                    };
-                    return Err(not_implemented_for(name, x.dtype));
-                }
-                check_grad_shape(g, &shape, n)?;
-            }
-            Ok(Meta::single(x.clone(), none))
-        }
-        AdaptiveAvgPool2d | AdaptiveMaxPool2d => {
-            a.expect_counts(1..=1, 0..=0)?;
-            let name = if a.op == AdaptiveAvgPool2d {
-                "adaptive_avg_pool2d"
-            } else {
-                "adaptive_max_pool2d"
-            };
-            let output_size = layout::AdaptiveOutputSize::decode(p)?.output_size;
-            let shape = adaptive_output_shape(&i[0], output_size, name)?;
-            let mut outputs = MetaOutputs::new();
-            outputs.push(TensorType {
-                dtype: i[0].dtype,
-                shape: shape.clone(),
-            });
-            if a.op == AdaptiveMaxPool2d {
-                outputs.push(TensorType {
-                    dtype: DType::I64,
-                    shape,
-                });
-            }
-            Ok(Meta {
-                outputs,
-                scalar_dtypes: none,
-                variant: 0,
-                float_default: None,
-                matmul_precision: None,
-            })
-        }
-        AdaptiveMaxPool2dBackward => {
-            a.expect_counts(3..=3, 0..=0)?;
-            let (g, x, idx) = (&i[0], &i[1], &i[2]);
-            ensure!(
-                g.dtype == x.dtype,
-                "expected grad_output to have the same dtype as self, but got {} and {}",
-                g.dtype.scalar_type_name(),
-                x.dtype.scalar_type_name()
-            );
-            ensure!(
-                idx.dtype == DType::I64,
-                "expected indices to have dtype Long, but got {}",
-                idx.dtype.scalar_type_name()
-            );
-            ensure!(
-                g.rank() == x.rank() && idx.shape == g.shape,
-                "expected sizes of indices {} and grad_output {} to match, with as many dims as self {}",
-                fmt_shape(&idx.shape),
-                fmt_shape(&g.shape),
-                fmt_shape(&x.shape)
-            );
-            let r = x.rank();
-            let size = if r >= 2 {
-                &g.shape[r - 2..]
-            } else {
-                &g.shape[..]
-            };
-            adaptive_output_shape(x, size, "adaptive_max_pool2d_backward")?;
-            ensure!(
-                g.shape[..r - 2] == x.shape[..r - 2],
-                "adaptive_max_pool2d_backward: expected grad_output of shape {} to match the leading dims of self {}",
-                fmt_shape(&g.shape),
-                fmt_shape(&x.shape)
-            );
-            Ok(Meta::single(x.clone(), none))
-        }
-        _ => {
-            a.expect_counts(2..=2, 0..=0)?;
-            let (g, x) = (&i[0], &i[1]);
-            let r = x.rank();
-            ensure!(
-                g.rank() == r,
-                "adaptive_avg_pool2d_backward_out_cpu_template: Expected dimensions {r} for `grad_output` but got dimensions {}",
-                g.rank()
-            );
-            ensure!(
-                g.dtype == x.dtype,
-                "adaptive_avg_pool2d_backward_out_cpu_template: Expected dtype {} for `grad_output` but got dtype {}",
-                x.dtype.typemeta_name(),
-                g.dtype.typemeta_name()
-            );
-            let size = if r >= 2 {
-                &g.shape[r - 2..]
-            } else {
-                &g.shape[..]
-            };
-            adaptive_output_shape(x, size, "adaptive_avg_pool2d").map_err(|err| {
-                if err.kind == crate::ErrorKind::NotImplemented {
-                    not_implemented_for("adaptive_avg_pool2d_backward", x.dtype)
-                } else {
-                    err
-                }
-            })?;
-            ensure!(
-                g.shape[..r - 2] == x.shape[..r - 2],
-                "adaptive_avg_pool2d_backward: expected grad_output of shape {} to match the leading dims of self {}",
-                fmt_shape(&g.shape),
-                fmt_shape(&x.shape)
-            );
-            Ok(Meta::single(x.clone(), none))
-        }
+        let (v, i) = if unrolls(&pool) {
+            max_pool_unrolled(e, a.inputs[0], &pool, &out)
+        } else {
+            max_pool(e, a.inputs[0], &pool, &out)
+        };
+        Ok(vec![v, i])
     }
 }
 
-fn pool_lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
-    use OpId::*;
-    let p = &a.params;
-    match a.op {
-        MaxPool2dWithIndices | MaxPool3dWithIndices => {
-            let pool = Pool::parse(a.op, p)?;
-            let out = a.out(0).clone();
-            if out.numel() == 0 {
-                return Ok(vec![zeros(e, &out), zeros(e, a.out(1))]);
-            }
-            let (v, i) = if unrolls(&pool) {
-                max_pool_unrolled(e, a.inputs[0], &pool, &out)
+/// `max_pool2d_with_indices_backward` and `max_pool3d_with_indices_backward`: each window's
+/// gradient added at the position of its maximum.
+pub(crate) struct MaxPoolBackward;
+
+impl OpRule for MaxPoolBackward {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let i = a.inputs;
+        let (n, shape) = pool_grad_shape(a, 3..=3)?;
+        let (g, x) = (&i[0], &i[1]);
+        ensure!(
+            i[2].dtype == DType::I64,
+            "expected scalar type Long but found {}",
+            i[2].dtype.scalar_type_name()
+        );
+        if !x.dtype.is_float() {
+            let name = if n == 2 {
+                "max_pool2d_backward"
             } else {
-                max_pool(e, a.inputs[0], &pool, &out)
+                "max_pool3d_backward"
             };
-            Ok(vec![v, i])
+            return Err(not_implemented_for(name, x.dtype));
         }
-        MaxPool2dWithIndicesBackward | MaxPool3dWithIndicesBackward => {
-            let x = e.ty(a.inputs[1]).clone();
-            let pool = Pool::parse(a.op, p)?;
-            let empty = e.ty(a.inputs[0]).numel() == 0 || x.numel() == 0;
-            if unrolls(&pool) && !empty {
-                return Ok(vec![max_pool_backward_unrolled(
-                    e,
-                    a.inputs[0],
-                    &x,
-                    a.inputs[2],
-                    &pool,
-                )]);
-            }
-            Ok(vec![max_pool_backward(
+        check_grad_shape(g, &shape, n)?;
+        check_grad_shape(&i[2], &shape, n)?;
+        Ok(Meta::single(x.clone(), ScalarDTypes::new()))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let x = e.ty(a.inputs[1]).clone();
+        let pool = Pool::parse(a.op, &a.params)?;
+        let empty = e.ty(a.inputs[0]).numel() == 0 || x.numel() == 0;
+        if unrolls(&pool) && !empty {
+            return Ok(vec![max_pool_backward_unrolled(
                 e,
                 a.inputs[0],
                 &x,
                 a.inputs[2],
-                pool.n(),
-            )])
+                &pool,
+            )]);
         }
-        AvgPool2d | AvgPool3d => {
-            let pool = Pool::parse(a.op, p)?;
-            let out = a.out(0).clone();
-            if out.numel() == 0 {
-                return Ok(vec![zeros(e, &out)]);
-            }
-            Ok(vec![avg_pool(e, a.inputs[0], &pool, &out)])
-        }
-        AvgPool2dBackward | AvgPool3dBackward => {
-            let pool = Pool::parse(a.op, p)?;
-            let x = e.ty(a.inputs[1]).clone();
-            Ok(vec![avg_pool_backward(e, a.inputs[0], &x, &pool)])
-        }
-        AdaptiveAvgPool2d => {
-            let out = a.out(0).clone();
-            Ok(vec![adaptive_pool(e, a.inputs[0], &out)])
-        }
-        AdaptiveMaxPool2d => {
-            let out = a.out(0).clone();
-            if out.numel() == 0 {
-                return Ok(vec![zeros(e, &out), zeros(e, a.out(1))]);
-            }
-            let (v, i) = adaptive_max_pool(e, a.inputs[0], &out);
-            Ok(vec![v, i])
-        }
-        AdaptiveMaxPool2dBackward => {
-            let x = e.ty(a.inputs[1]).clone();
-            Ok(vec![max_pool_backward(e, a.inputs[0], &x, a.inputs[2], 2)])
-        }
-        _ => {
-            let x = e.ty(a.inputs[1]).clone();
-            Ok(vec![adaptive_pool_backward(e, a.inputs[0], &x)])
-        }
+        Ok(vec![max_pool_backward(
+            e,
+            a.inputs[0],
+            &x,
+            a.inputs[2],
+            pool.n(),
+        )])
     }
 }
 
-pub(crate) fn meta(a: &MetaArgs) -> Result<Meta, OpError> {
-    match a.op {
-        OpId::Convolution | OpId::ConvolutionBackward => conv_meta(a),
-        OpId::MaxPool2dWithIndices
-        | OpId::MaxPool2dWithIndicesBackward
-        | OpId::AvgPool2d
-        | OpId::AvgPool2dBackward
-        | OpId::AdaptiveAvgPool2d
-        | OpId::AdaptiveAvgPool2dBackward
-        | OpId::MaxPool3dWithIndices
-        | OpId::MaxPool3dWithIndicesBackward
-        | OpId::AvgPool3d
-        | OpId::AvgPool3dBackward
-        | OpId::AdaptiveMaxPool2d
-        | OpId::AdaptiveMaxPool2dBackward => pool_meta(a),
-        op => Err(OpError::runtime(format!(
-            "{}: not a convolution or pooling op",
-            op.name()
-        ))),
+/// `avg_pool2d` and `avg_pool3d`: each window's mean (padding counted or not, or a divisor
+/// given).
+pub(crate) struct AvgPool;
+
+impl OpRule for AvgPool {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let shape = pooled_shape(a)?;
+        let mut outputs = MetaOutputs::new();
+        outputs.push(TensorType {
+            dtype: a.inputs[0].dtype,
+            shape,
+        });
+        Ok(Meta::of_outputs(outputs))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let pool = Pool::parse(a.op, &a.params)?;
+        let out = a.out(0).clone();
+        if out.numel() == 0 {
+            return Ok(vec![zeros(e, &out)]);
+        }
+        Ok(vec![avg_pool(e, a.inputs[0], &pool, &out)])
     }
 }
 
-pub(crate) fn lower(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
-    match a.op {
-        OpId::Convolution | OpId::ConvolutionBackward => conv_lower(e, a),
-        _ => pool_lower(e, a),
+/// `avg_pool2d_backward` and `avg_pool3d_backward`: each window's gradient spread evenly over
+/// it.
+pub(crate) struct AvgPoolBackward;
+
+impl OpRule for AvgPoolBackward {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let (n, shape) = pool_grad_shape(a, 2..=2)?;
+        let (g, x) = (&a.inputs[0], &a.inputs[1]);
+        if x.dtype == DType::Bool {
+            let name = if n == 2 {
+                "avg_pool2d_backward_out_frame"
+            } else {
+                "avg_pool3d_backward_out_frame"
+            };
+            return Err(not_implemented_for(name, x.dtype));
+        }
+        check_grad_shape(g, &shape, n)?;
+        Ok(Meta::single(x.clone(), ScalarDTypes::new()))
     }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let pool = Pool::parse(a.op, &a.params)?;
+        let x = e.ty(a.inputs[1]).clone();
+        Ok(vec![avg_pool_backward(e, a.inputs[0], &x, &pool)])
+    }
+}
+
+/// `_adaptive_avg_pool2d`: the mean of each of an output size's adaptive windows.
+pub(crate) struct AdaptiveAvgPool;
+
+impl OpRule for AdaptiveAvgPool {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let shape = adaptive_shape(a, "adaptive_avg_pool2d")?;
+        let mut outputs = MetaOutputs::new();
+        outputs.push(TensorType {
+            dtype: a.inputs[0].dtype,
+            shape,
+        });
+        Ok(Meta::of_outputs(outputs))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let out = a.out(0).clone();
+        Ok(vec![adaptive_pool(e, a.inputs[0], &out)])
+    }
+}
+
+/// `_adaptive_avg_pool2d_backward`: each adaptive window's gradient spread evenly over it.
+pub(crate) struct AdaptiveAvgPoolBackward;
+
+impl OpRule for AdaptiveAvgPoolBackward {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        a.expect_counts(2..=2, 0..=0)?;
+        let (g, x) = (&a.inputs[0], &a.inputs[1]);
+        let r = x.rank();
+        ensure!(
+            g.rank() == r,
+            "adaptive_avg_pool2d_backward_out_cpu_template: Expected dimensions {r} for `grad_output` but got dimensions {}",
+            g.rank()
+        );
+        ensure!(
+            g.dtype == x.dtype,
+            "adaptive_avg_pool2d_backward_out_cpu_template: Expected dtype {} for `grad_output` but got dtype {}",
+            x.dtype.typemeta_name(),
+            g.dtype.typemeta_name()
+        );
+        let size = if r >= 2 {
+            &g.shape[r - 2..]
+        } else {
+            &g.shape[..]
+        };
+        adaptive_output_shape(x, size, "adaptive_avg_pool2d").map_err(|err| {
+            if err.kind == crate::ErrorKind::NotImplemented {
+                not_implemented_for("adaptive_avg_pool2d_backward", x.dtype)
+            } else {
+                err
+            }
+        })?;
+        ensure!(
+            g.shape[..r - 2] == x.shape[..r - 2],
+            "adaptive_avg_pool2d_backward: expected grad_output of shape {} to match the leading dims of self {}",
+            fmt_shape(&g.shape),
+            fmt_shape(&x.shape)
+        );
+        Ok(Meta::single(x.clone(), ScalarDTypes::new()))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let x = e.ty(a.inputs[1]).clone();
+        Ok(vec![adaptive_pool_backward(e, a.inputs[0], &x)])
+    }
+}
+
+/// `adaptive_max_pool2d`: the maximum of each of an output size's adaptive windows and its
+/// flat position in the input's plane (int64).
+pub(crate) struct AdaptiveMaxPool;
+
+impl OpRule for AdaptiveMaxPool {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let shape = adaptive_shape(a, "adaptive_max_pool2d")?;
+        let mut outputs = MetaOutputs::new();
+        outputs.push(TensorType {
+            dtype: a.inputs[0].dtype,
+            shape: shape.clone(),
+        });
+        outputs.push(TensorType {
+            dtype: DType::I64,
+            shape,
+        });
+        Ok(Meta::of_outputs(outputs))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let out = a.out(0).clone();
+        if out.numel() == 0 {
+            return Ok(vec![zeros(e, &out), zeros(e, a.out(1))]);
+        }
+        let (v, i) = adaptive_max_pool(e, a.inputs[0], &out);
+        Ok(vec![v, i])
+    }
+}
+
+/// `adaptive_max_pool2d_backward`: each adaptive window's gradient added at the position of
+/// its maximum.
+pub(crate) struct AdaptiveMaxPoolBackward;
+
+impl OpRule for AdaptiveMaxPoolBackward {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        a.expect_counts(3..=3, 0..=0)?;
+        let (g, x, idx) = (&a.inputs[0], &a.inputs[1], &a.inputs[2]);
+        ensure!(
+            g.dtype == x.dtype,
+            "expected grad_output to have the same dtype as self, but got {} and {}",
+            g.dtype.scalar_type_name(),
+            x.dtype.scalar_type_name()
+        );
+        ensure!(
+            idx.dtype == DType::I64,
+            "expected indices to have dtype Long, but got {}",
+            idx.dtype.scalar_type_name()
+        );
+        ensure!(
+            g.rank() == x.rank() && idx.shape == g.shape,
+            "expected sizes of indices {} and grad_output {} to match, with as many dims as self {}",
+            fmt_shape(&idx.shape),
+            fmt_shape(&g.shape),
+            fmt_shape(&x.shape)
+        );
+        let r = x.rank();
+        let size = if r >= 2 {
+            &g.shape[r - 2..]
+        } else {
+            &g.shape[..]
+        };
+        adaptive_output_shape(x, size, "adaptive_max_pool2d_backward")?;
+        ensure!(
+            g.shape[..r - 2] == x.shape[..r - 2],
+            "adaptive_max_pool2d_backward: expected grad_output of shape {} to match the leading dims of self {}",
+            fmt_shape(&g.shape),
+            fmt_shape(&x.shape)
+        );
+        Ok(Meta::single(x.clone(), ScalarDTypes::new()))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let x = e.ty(a.inputs[1]).clone();
+        Ok(vec![max_pool_backward(e, a.inputs[0], &x, a.inputs[2], 2)])
+    }
+}
+
+/// The output shape of a max or avg pool of the op's one input (not bool).
+fn pooled_shape(a: &MetaArgs) -> Result<Shape, OpError> {
+    a.expect_counts(1..=1, 0..=0)?;
+    let pool = Pool::parse(a.op, &a.params)?;
+    let x = &a.inputs[0];
+    let shape = pool.output_shape(a.op, x)?;
+    if x.dtype == DType::Bool {
+        let name = match (is_max_pool(a.op), pool.n()) {
+            (true, 2) => "max_pool2d",
+            (true, _) => "max_pool3d",
+            (false, 2) => "avg_pool2d",
+            (false, _) => "avg_pool3d",
+        };
+        return Err(not_implemented_for(name, x.dtype));
+    }
+    Ok(shape)
+}
+
+/// The spatial dims and pooled shape of a max or avg pool's gradient op (`inputs` tensors, the
+/// gradient first, then the pool's input, of one dtype).
+fn pool_grad_shape(
+    a: &MetaArgs,
+    inputs: std::ops::RangeInclusive<usize>,
+) -> Result<(usize, Shape), OpError> {
+    a.expect_counts(inputs, 0..=0)?;
+    let pool = Pool::parse(a.op, &a.params)?;
+    let n = pool.n();
+    let (g, x) = (&a.inputs[0], &a.inputs[1]);
+    let shape = pool.output_shape(a.op, x)?;
+    ensure!(
+        g.dtype == x.dtype,
+        "expected dtype {} for `gradOutput` but got dtype {}",
+        x.dtype.typemeta_name(),
+        g.dtype.typemeta_name()
+    );
+    Ok((n, shape))
+}
+
+/// The output shape of an adaptive pool (`name`) of the op's one input to its output size.
+fn adaptive_shape(a: &MetaArgs, name: &str) -> Result<Shape, OpError> {
+    a.expect_counts(1..=1, 0..=0)?;
+    let output_size = layout::AdaptiveOutputSize::decode(&a.params)?.output_size;
+    adaptive_output_shape(&a.inputs[0], output_size, name)
 }

@@ -131,35 +131,11 @@ impl LowerArgs<'_> {
 }
 
 /// An op's meta and lowering, side by side: each catalogue row names the rule that computes its
-/// op (`rule: creation::Arange`), so an op without one does not compile. Families not yet split
-/// into rules name their module's rule, whose meta and lowering match on the op.
+/// op (`rule: creation::Arange`), so an op without one does not compile.
 pub(crate) trait OpRule: Sync {
     fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError>;
     fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError>;
 }
-
-/// The rule of a family module whose `meta` and `lower` still match on the op.
-macro_rules! family_rule {
-    ($name:ident) => {
-        /// This module's ops, computed by its `meta` and `lower`.
-        pub(crate) struct $name;
-
-        impl crate::OpRule for $name {
-            fn meta(&self, a: &crate::MetaArgs) -> Result<crate::Meta, crate::OpError> {
-                meta(a)
-            }
-
-            fn lower(
-                &self,
-                e: &mut crate::Emitter,
-                a: &crate::LowerArgs,
-            ) -> Result<Vec<crate::Value>, crate::OpError> {
-                lower(e, a)
-            }
-        }
-    };
-}
-pub(crate) use family_rule;
 
 /// Output types of `op` (with PyTorch's broadcasting and type promotion) and the lifted dtype of
 /// each value scalar; raises PyTorch's errors, including value-dependent ones.

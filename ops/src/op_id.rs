@@ -397,23 +397,23 @@ op_catalogue! {
     // Lists in these params are counted: `n, v1 .. vn`.
     /// An N-d convolution, or with `transposed` its adjoint (PyTorch's conv_transpose); PyTorch
     /// has expanded every list to one value per spatial dim.
-    Convolution = "convolution_overrideable", family: Conv, rule: conv::ConvOps, inputs: "input, weight, bias?", scalars: "",
+    Convolution = "convolution_overrideable", family: Conv, rule: conv::Convolution, inputs: "input, weight, bias?", scalars: "",
         params: Convolution, facts: { product_operands_from: Some(0) };
     /// Outputs `(grad_input, grad_weight, grad_bias)`; one `output_mask` leaves out is an empty
     /// placeholder.
-    ConvolutionBackward = "convolution_backward_overrideable", family: Conv, rule: conv::ConvOps, inputs: "grad_output, input, weight", scalars: "",
+    ConvolutionBackward = "convolution_backward_overrideable", family: Conv, rule: conv::ConvolutionBackward, inputs: "grad_output, input, weight", scalars: "",
         params: ConvolutionBackward, facts: { product_operands_from: Some(0) };
     /// Outputs `(output, indices)`; an index is the flat position `h * W + w` in its plane.
-    MaxPool2dWithIndices = "max_pool2d_with_indices", family: Conv, rule: conv::ConvOps, inputs: "self", scalars: "",
+    MaxPool2dWithIndices = "max_pool2d_with_indices", family: Conv, rule: conv::MaxPool, inputs: "self", scalars: "",
         params: MaxPool;
-    MaxPool2dWithIndicesBackward = "max_pool2d_with_indices_backward", family: Conv, rule: conv::ConvOps, inputs: "grad_output, self, indices", scalars: "",
+    MaxPool2dWithIndicesBackward = "max_pool2d_with_indices_backward", family: Conv, rule: conv::MaxPoolBackward, inputs: "grad_output, self, indices", scalars: "",
         params: MaxPool;
-    AvgPool2d = "avg_pool2d", family: Conv, rule: conv::ConvOps, inputs: "self", scalars: "",
+    AvgPool2d = "avg_pool2d", family: Conv, rule: conv::AvgPool, inputs: "self", scalars: "",
         params: AvgPool;
-    AvgPool2dBackward = "avg_pool2d_backward", family: Conv, rule: conv::ConvOps, inputs: "grad_output, self", scalars: "",
+    AvgPool2dBackward = "avg_pool2d_backward", family: Conv, rule: conv::AvgPoolBackward, inputs: "grad_output, self", scalars: "",
         params: AvgPool;
-    AdaptiveAvgPool2d = "_adaptive_avg_pool2d", family: Conv, rule: conv::ConvOps, inputs: "self", scalars: "", params: AdaptiveOutputSize;
-    AdaptiveAvgPool2dBackward = "_adaptive_avg_pool2d_backward", family: Conv, rule: conv::ConvOps, inputs: "grad_output, self", scalars: "", params: None;
+    AdaptiveAvgPool2d = "_adaptive_avg_pool2d", family: Conv, rule: conv::AdaptiveAvgPool, inputs: "self", scalars: "", params: AdaptiveOutputSize;
+    AdaptiveAvgPool2dBackward = "_adaptive_avg_pool2d_backward", family: Conv, rule: conv::AdaptiveAvgPoolBackward, inputs: "grad_output, self", scalars: "", params: None;
 
     // ---- normalization -----------------------------------------------------------------
     // Optional inputs are placed by `has_*` presence flags (0 or 1) at the front of the params;
@@ -528,17 +528,17 @@ op_catalogue! {
     // ---- 3-d and adaptive max pooling --------------------------------------------------
     /// Outputs `(output, indices)`; an index is the flat position `(d * H + h) * W + w` in its
     /// volume.
-    MaxPool3dWithIndices = "max_pool3d_with_indices", family: Conv, rule: conv::ConvOps, inputs: "self", scalars: "",
+    MaxPool3dWithIndices = "max_pool3d_with_indices", family: Conv, rule: conv::MaxPool, inputs: "self", scalars: "",
         params: MaxPool;
-    MaxPool3dWithIndicesBackward = "max_pool3d_with_indices_backward", family: Conv, rule: conv::ConvOps, inputs: "grad_output, self, indices", scalars: "",
+    MaxPool3dWithIndicesBackward = "max_pool3d_with_indices_backward", family: Conv, rule: conv::MaxPoolBackward, inputs: "grad_output, self, indices", scalars: "",
         params: MaxPool;
-    AvgPool3d = "avg_pool3d", family: Conv, rule: conv::ConvOps, inputs: "self", scalars: "",
+    AvgPool3d = "avg_pool3d", family: Conv, rule: conv::AvgPool, inputs: "self", scalars: "",
         params: AvgPool;
-    AvgPool3dBackward = "avg_pool3d_backward", family: Conv, rule: conv::ConvOps, inputs: "grad_output, self", scalars: "",
+    AvgPool3dBackward = "avg_pool3d_backward", family: Conv, rule: conv::AvgPoolBackward, inputs: "grad_output, self", scalars: "",
         params: AvgPool;
     /// Outputs `(output, indices)`; an index is the flat position `h * W + w` in its plane.
-    AdaptiveMaxPool2d = "adaptive_max_pool2d", family: Conv, rule: conv::ConvOps, inputs: "self", scalars: "", params: AdaptiveOutputSize;
-    AdaptiveMaxPool2dBackward = "adaptive_max_pool2d_backward", family: Conv, rule: conv::ConvOps, inputs: "grad_output, self, indices", scalars: "", params: None;
+    AdaptiveMaxPool2d = "adaptive_max_pool2d", family: Conv, rule: conv::AdaptiveMaxPool, inputs: "self", scalars: "", params: AdaptiveOutputSize;
+    AdaptiveMaxPool2dBackward = "adaptive_max_pool2d_backward", family: Conv, rule: conv::AdaptiveMaxPoolBackward, inputs: "grad_output, self, indices", scalars: "", params: None;
     /// Whether each element of `elements` equals one of `test_elements` (compared in their
     /// promoted dtype); `invert` negates.
     Isin = "isin", family: Reduce, rule: reduce::Isin, inputs: "elements, test_elements", scalars: "test_elements (when not an input)",

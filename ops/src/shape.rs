@@ -53,7 +53,6 @@ pub(crate) struct Cat;
 impl OpRule for Cat {
     fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
         let i = a.inputs;
-        let p = &a.params;
         if i.is_empty() {
             return Err(OpError::value(
                 "torch.cat(): expected a non-empty list of Tensors",
@@ -75,7 +74,7 @@ impl OpRule for Cat {
         let Some(first) = kept.first() else {
             return single(TensorType::new(dtype, &[0]));
         };
-        let dim = wrap_dim(layout::Dim::decode(p)?.dim, first.rank())?;
+        let dim = wrap_dim(layout::Dim::decode(&a.params)?.dim, first.rank())?;
         let mut shape = first.shape.clone();
         shape[dim] = 0;
         for (n, t) in i.iter().enumerate() {
@@ -103,7 +102,6 @@ impl OpRule for Cat {
 
     fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
         let out = a.out(0).clone();
-        let p = &a.params;
         let parts: Vec<Value> = a
             .inputs
             .iter()
@@ -116,7 +114,7 @@ impl OpRule for Cat {
         let v = if parts.is_empty() {
             e.constant(out.clone(), crate::ScalarValue::Int(0))
         } else {
-            let dim = wrap_dim(layout::Dim::decode(p)?.dim, out.rank())?;
+            let dim = wrap_dim(layout::Dim::decode(&a.params)?.dim, out.rank())?;
             e.concatenate(&parts, dim)
         };
         Ok(vec![v])
@@ -129,7 +127,6 @@ pub(crate) struct Stack;
 impl OpRule for Stack {
     fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
         let i = a.inputs;
-        let p = &a.params;
         ensure!(!i.is_empty(), "stack expects a non-empty TensorList");
         for (n, t) in i.iter().enumerate() {
             ensure!(
@@ -139,7 +136,7 @@ impl OpRule for Stack {
                     fmt_shape(&t.shape)
                 );
         }
-        let dim = wrap_dim(layout::Dim::decode(p)?.dim, i[0].rank() + 1)?;
+        let dim = wrap_dim(layout::Dim::decode(&a.params)?.dim, i[0].rank() + 1)?;
         let mut shape = i[0].shape.clone();
         shape.insert(dim, i.len() as i64);
         let dtype = result_type(&i.iter().map(Operand::Tensor).collect::<Vec<_>>());
@@ -148,8 +145,7 @@ impl OpRule for Stack {
 
     fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
         let out = a.out(0).clone();
-        let p = &a.params;
-        let dim = wrap_dim(layout::Dim::decode(p)?.dim, out.rank())?;
+        let dim = wrap_dim(layout::Dim::decode(&a.params)?.dim, out.rank())?;
         let parts: Vec<Value> = a
             .inputs
             .iter()
@@ -170,17 +166,15 @@ pub(crate) struct Flip;
 impl OpRule for Flip {
     fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
         let i = a.inputs;
-        let p = &a.params;
         a.expect_counts(1..=1, 0..=0)?;
-        wrap_dims(layout::Dims::decode(p)?.dims, i[0].rank())?;
+        wrap_dims(layout::Dims::decode(&a.params)?.dims, i[0].rank())?;
         single(i[0].clone())
     }
 
     fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
         let out = a.out(0).clone();
-        let p = &a.params;
         // No dims flips nothing (wrap_dims reads an empty list as every dim, as reductions do).
-        let v = match layout::Dims::decode(p)?.dims {
+        let v = match layout::Dims::decode(&a.params)?.dims {
             [] => a.inputs[0],
             dims => {
                 let dims = wrap_dims(dims, out.rank())?;
@@ -197,9 +191,8 @@ pub(crate) struct Roll;
 impl OpRule for Roll {
     fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
         let i = a.inputs;
-        let p = &a.params;
         a.expect_counts(1..=1, 0..=0)?;
-        let layout::RollShifts { shifts, dims } = layout::RollShifts::decode(p)?;
+        let layout::RollShifts { shifts, dims } = layout::RollShifts::decode(&a.params)?;
         ensure!(!shifts.is_empty(), "`shifts` required");
         ensure!(
             dims.is_empty() || dims.len() == shifts.len(),
@@ -214,8 +207,7 @@ impl OpRule for Roll {
     }
 
     fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
-        let p = &a.params;
-        let layout::RollShifts { shifts, dims } = layout::RollShifts::decode(p)?;
+        let layout::RollShifts { shifts, dims } = layout::RollShifts::decode(&a.params)?;
         Ok(vec![lower_roll(e, a.inputs[0], shifts, dims)])
     }
 }
@@ -227,9 +219,8 @@ pub(crate) struct ConstantPad;
 impl OpRule for ConstantPad {
     fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
         let i = a.inputs;
-        let p = &a.params;
         a.expect_counts(1..=1, 0..=1)?;
-        let shape = padded_shape(&i[0], layout::PadWidths::decode(p)?.pad)?;
+        let shape = padded_shape(&i[0], layout::PadWidths::decode(&a.params)?.pad)?;
         Ok(Meta::single(
             TensorType {
                 dtype: i[0].dtype,
@@ -241,11 +232,14 @@ impl OpRule for ConstantPad {
 
     fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
         let out = a.out(0).clone();
-        let p = &a.params;
         let x = a.inputs[0];
         let rank = out.rank();
         let (mut low, mut high) = (vec![0; rank], vec![0; rank]);
-        for (j, pair) in layout::PadWidths::decode(p)?.pad.chunks(2).enumerate() {
+        for (j, pair) in layout::PadWidths::decode(&a.params)?
+            .pad
+            .chunks(2)
+            .enumerate()
+        {
             low[rank - 1 - j] = pair[0];
             high[rank - 1 - j] = pair[1];
         }
@@ -264,9 +258,8 @@ pub(crate) struct Repeat;
 impl OpRule for Repeat {
     fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
         let i = a.inputs;
-        let p = &a.params;
         a.expect_counts(1..=1, 0..=0)?;
-        let reps = layout::Repeats::decode(p)?.repeats;
+        let reps = layout::Repeats::decode(&a.params)?.repeats;
         ensure!(
                 reps.len() >= i[0].rank(),
                 "Number of dimensions of repeat dims can not be smaller than number of dimensions of tensor"
@@ -281,8 +274,7 @@ impl OpRule for Repeat {
 
     fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
         let out = a.out(0).clone();
-        let p = &a.params;
-        let reps = layout::Repeats::decode(p)?.repeats;
+        let reps = layout::Repeats::decode(&a.params)?.repeats;
         let padded = padded_front(e.shape(a.inputs[0]), reps.len());
         let x = e.reshape(a.inputs[0], &padded);
         // [s0, s1] -> broadcast to [r0, s0, r1, s1] -> reshape [r0*s0, r1*s1].
@@ -316,9 +308,8 @@ impl OpRule for TrilTriu {
 
     fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
         let out = a.out(0).clone();
-        let p = &a.params;
         let x = a.inputs[0];
-        let diagonal = layout::Diagonal::decode(p)?.diagonal;
+        let diagonal = layout::Diagonal::decode(&a.params)?.diagonal;
         let shape = out.shape.to_vec();
         let r = shape.len();
         let ity = TensorType::new(DType::I64, &shape);
@@ -348,10 +339,9 @@ pub(crate) struct Gather;
 impl OpRule for Gather {
     fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
         let i = a.inputs;
-        let p = &a.params;
         a.expect_counts(2..=2, 0..=0)?;
         let (x, index) = (&i[0], &i[1]);
-        let dim = wrap_dim(layout::Dim::decode(p)?.dim, x.rank())?;
+        let dim = wrap_dim(layout::Dim::decode(&a.params)?.dim, x.rank())?;
         index_dtype_check("gather", index)?;
         // PyTorch checks shapes only for a non-empty index, counting a 0-d tensor as 1-d.
         if index.numel() != 0 {
@@ -375,8 +365,7 @@ impl OpRule for Gather {
     }
 
     fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
-        let p = &a.params;
-        let dim = wrap_dim(layout::Dim::decode(p)?.dim, e.rank(a.inputs[0]))?;
+        let dim = wrap_dim(layout::Dim::decode(&a.params)?.dim, e.rank(a.inputs[0]))?;
         Ok(vec![gather_along(e, a.inputs[0], a.inputs[1], dim)])
     }
 }
@@ -387,10 +376,9 @@ pub(crate) struct IndexSelect;
 impl OpRule for IndexSelect {
     fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
         let i = a.inputs;
-        let p = &a.params;
         a.expect_counts(2..=2, 0..=0)?;
         let (x, index) = (&i[0], &i[1]);
-        let dim = wrap_dim(layout::Dim::decode(p)?.dim, x.rank())?;
+        let dim = wrap_dim(layout::Dim::decode(&a.params)?.dim, x.rank())?;
         ensure!(
             matches!(index.dtype, DType::I32 | DType::I64),
             "index_select(): Expected dtype int32 or int64 for index"
@@ -412,7 +400,6 @@ impl OpRule for IndexSelect {
 
     fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
         let out = a.out(0).clone();
-        let p = &a.params;
         let x = a.inputs[0];
         let v = if e.rank(x) == 0 {
             let n = e.ty(a.inputs[1]).numel();
@@ -422,7 +409,7 @@ impl OpRule for IndexSelect {
                 x
             }
         } else {
-            let dim = wrap_dim(layout::Dim::decode(p)?.dim, e.rank(x))?;
+            let dim = wrap_dim(layout::Dim::decode(&a.params)?.dim, e.rank(x))?;
             let n = e.ty(a.inputs[1]).numel();
             let idx = e.reshape(a.inputs[1], &[n]);
             index_select(e, x, idx, dim)
@@ -438,7 +425,6 @@ pub(crate) struct Scatter;
 impl OpRule for Scatter {
     fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
         let i = a.inputs;
-        let p = &a.params;
         let has_src = i.len() == 3;
         if has_src {
             a.expect_counts(3..=3, 0..=0)?;
@@ -447,7 +433,7 @@ impl OpRule for Scatter {
             a.expect_counts(2..=2, 1..=1)?;
         }
         let (x, index) = (&i[0], &i[1]);
-        let dim = wrap_dim(scatter_dim(p)?, x.rank())?;
+        let dim = wrap_dim(scatter_dim(&a.params)?, x.rank())?;
         index_dtype_check("scatter", index)?;
         if has_src {
             ensure!(
@@ -577,10 +563,9 @@ pub(crate) struct Expand;
 impl OpRule for Expand {
     fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
         let i = a.inputs;
-        let p = &a.params;
         a.expect_counts(1..=1, 0..=0)?;
         let x = &i[0];
-        let sizes = layout::Sizes::decode(p)?.sizes;
+        let sizes = layout::Sizes::decode(&a.params)?.sizes;
         ensure!(
                 sizes.len() >= x.rank(),
                 "expand(torch.{}Tensor{{{}}}, size={}): the number of sizes provided ({}) must be greater or equal to the number of dimensions in the tensor ({})",
@@ -607,10 +592,9 @@ pub(crate) struct SumToSize;
 impl OpRule for SumToSize {
     fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
         let i = a.inputs;
-        let p = &a.params;
         a.expect_counts(1..=1, 0..=0)?;
         let x = &i[0];
-        let sizes = layout::Sizes::decode(p)?.sizes;
+        let sizes = layout::Sizes::decode(&a.params)?.sizes;
         let ok = sizes.len() <= x.rank()
             && sizes
                 .iter()
@@ -638,9 +622,8 @@ pub(crate) struct Reshape;
 impl OpRule for Reshape {
     fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
         let i = a.inputs;
-        let p = &a.params;
         a.expect_counts(1..=1, 0..=0)?;
-        let shape = infer_size(layout::Sizes::decode(p)?.sizes, i[0].numel())?;
+        let shape = infer_size(layout::Sizes::decode(&a.params)?.sizes, i[0].numel())?;
         single(i[0].with_shape(&shape))
     }
 
@@ -656,10 +639,9 @@ pub(crate) struct Permute;
 impl OpRule for Permute {
     fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
         let i = a.inputs;
-        let p = &a.params;
         a.expect_counts(1..=1, 0..=0)?;
         let x = &i[0];
-        let dims = layout::Dims::decode(p)?.dims;
+        let dims = layout::Dims::decode(&a.params)?.dims;
         ensure!(
                 dims.len() == x.rank(),
                 "permute(sparse_coo): number of dimensions in the tensor input does not match the length of the desired ordering of dimensions i.e. input.dim() = {} is not equal to len(dims) = {}",
@@ -673,8 +655,7 @@ impl OpRule for Permute {
 
     fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
         let out = a.out(0).clone();
-        let p = &a.params;
-        let perm = permutation(layout::Dims::decode(p)?.dims, out.rank())?;
+        let perm = permutation(layout::Dims::decode(&a.params)?.dims, out.rank())?;
         Ok(vec![e.transpose(a.inputs[0], &perm)])
     }
 }
@@ -685,10 +666,9 @@ pub(crate) struct Transpose;
 impl OpRule for Transpose {
     fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
         let i = a.inputs;
-        let p = &a.params;
         a.expect_counts(1..=1, 0..=0)?;
         let x = &i[0];
-        let layout::TransposeDims { dim0, dim1 } = layout::TransposeDims::decode(p)?;
+        let layout::TransposeDims { dim0, dim1 } = layout::TransposeDims::decode(&a.params)?;
         let (d0, d1) = (wrap_dim(dim0, x.rank())?, wrap_dim(dim1, x.rank())?);
         let mut shape = x.shape.clone();
         if x.rank() > 0 {
@@ -699,12 +679,11 @@ impl OpRule for Transpose {
 
     fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
         let out = a.out(0).clone();
-        let p = &a.params;
         let r = out.rank();
         let v = if r == 0 {
             a.inputs[0]
         } else {
-            let layout::TransposeDims { dim0, dim1 } = layout::TransposeDims::decode(p)?;
+            let layout::TransposeDims { dim0, dim1 } = layout::TransposeDims::decode(&a.params)?;
             let (d0, d1) = (wrap_dim(dim0, r)?, wrap_dim(dim1, r)?);
             let mut perm: Vec<usize> = (0..r).collect();
             perm.swap(d0, d1);
@@ -754,7 +733,6 @@ pub(crate) struct Select;
 impl OpRule for Select {
     fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
         let i = a.inputs;
-        let p = &a.params;
         a.expect_counts(1..=1, 0..=0)?;
         let x = &i[0];
         ensure!(
@@ -764,7 +742,7 @@ impl OpRule for Select {
         let layout::SelectIndex {
             dim: raw_dim,
             index,
-        } = layout::SelectIndex::decode(p)?;
+        } = layout::SelectIndex::decode(&a.params)?;
         let dim = wrap_dim(raw_dim, x.rank())?;
         let size = x.shape[dim];
         if index < -size || index >= size {
@@ -781,9 +759,8 @@ impl OpRule for Select {
 
     fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
         let out = a.out(0).clone();
-        let p = &a.params;
         let x = a.inputs[0];
-        let layout::SelectIndex { dim, mut index } = layout::SelectIndex::decode(p)?;
+        let layout::SelectIndex { dim, mut index } = layout::SelectIndex::decode(&a.params)?;
         let dim = wrap_dim(dim, e.rank(x))?;
         let size = e.shape(x)[dim];
         if index < 0 {

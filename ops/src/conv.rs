@@ -678,6 +678,14 @@ impl Pool {
         );
         ensure!(s != 0, "stride should not be zero");
         ensure!(p >= 0, "pad must be non-negative, but got pad: {p}");
+        // In i128: the window's sizes come from user input and may be near i64's bounds.
+        let (size, k, s, p, dil) = (
+            i128::from(size),
+            i128::from(k),
+            i128::from(s),
+            i128::from(p),
+            i128::from(dil),
+        );
         ensure!(
             p <= ((k - 1) * dil + 1) / 2,
             "pad should be at most half of effective kernel size, but got pad={p}, kernel_size={k} and dilation={dil}"
@@ -687,7 +695,11 @@ impl Pool {
         if self.ceil_mode && (out - 1) * s >= size + p {
             out -= 1;
         }
-        Ok(out)
+        i64::try_from(out).map_err(|_| {
+            OpError::runtime(format!(
+                "the pooling output size {out} at spatial dimension {d} does not fit in int64; expected a kernel_size, stride, padding and dilation that give a smaller output"
+            ))
+        })
     }
 
     /// The output shape for input `x`, with PyTorch's checks.

@@ -578,7 +578,16 @@ impl Emitter {
 
     pub fn slice(&mut self, v: Value, start: &[i64], limit: &[i64], strides: &[i64]) -> Value {
         let shape: Shape = (0..start.len())
-            .map(|i| ((limit[i] - start[i]).max(0) + strides[i] - 1) / strides[i])
+            .map(|i| {
+                // The ceiling of the extent over the stride, without overflow for a stride near
+                // i64::MAX.
+                let extent = (limit[i] - start[i]).max(0);
+                if extent == 0 {
+                    0
+                } else {
+                    (extent - 1) / strides[i] + 1
+                }
+            })
             .collect();
         let ty = self.ty(v).with_shape(&shape);
         let attrs = format!(

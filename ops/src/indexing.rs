@@ -58,7 +58,7 @@ fn index_plan(x: &TensorType, indices: &[TensorType], dims: &[i64]) -> Result<In
         if d < 0 || d as usize >= rank {
             return Err(OpError::index(format!(
                 "too many indices for tensor of dimension {rank} (got {})",
-                d + 1
+                i128::from(d) + 1
             )));
         }
         let d = d as usize;

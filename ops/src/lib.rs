@@ -157,6 +157,7 @@ pub fn meta(
     let meta = op.rule().meta(&args);
     unsigned::take_refused_promotion()?;
     let mut meta = meta?;
+    check_output_sizes(op, &meta.outputs)?;
     refuse_complex(op, &meta.outputs)?;
     unsigned::refuse(op, &meta.outputs, true)?;
     let default = DType::default_float();
@@ -169,6 +170,33 @@ pub fn meta(
         meta.matmul_precision = Some(precision);
     }
     Ok(meta)
+}
+
+/// PyTorch's checks on a tensor it creates: every size non-negative, the element count within
+/// int64. Sizes from user input (repeat counts, expand sizes, pads) reach the outputs, and
+/// lowering and execution read the outputs' element counts.
+fn check_output_sizes(op: OpId, outputs: &[TensorType]) -> Result<(), OpError> {
+    for t in outputs {
+        if let Some(&d) = t.shape.iter().find(|&&d| d < 0) {
+            return Err(OpError::runtime(format!(
+                "Trying to create tensor with negative dimension {d}: {:?}",
+                &t.shape[..]
+            )));
+        }
+        if t.shape
+            .iter()
+            .try_fold(1i64, |n, &d| n.checked_mul(d))
+            .is_none()
+        {
+            return Err(OpError::runtime(format!(
+                "{}: the result's sizes {:?} hold more than {} elements (numel: integer multiplication overflow); expected sizes whose product fits in int64",
+                op.name(),
+                &t.shape[..],
+                i64::MAX
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// PyTorch's message for an op its kernel does not implement for a dtype, when `op` reads or

@@ -504,7 +504,6 @@ fn check_norm_empty(
 /// `isin`: the elements and test elements promote like a binary op's operands (a Python number
 /// as test element is a wrapped scalar); bool inputs are refused, as on the CPU.
 fn isin_operands<'a>(a: &'a MetaArgs) -> Result<(Operand<'a>, Operand<'a>), OpError> {
-    let elements = Operand::Tensor(&a.inputs[0]);
     let test = if a.inputs.len() == 2 {
         a.expect_counts(2..=2, 0..=0)?;
         Operand::Tensor(&a.inputs[1])
@@ -512,6 +511,7 @@ fn isin_operands<'a>(a: &'a MetaArgs) -> Result<(Operand<'a>, Operand<'a>), OpEr
         a.expect_counts(1..=1, 1..=1)?;
         Operand::Scalar(&a.scalars[0])
     };
+    let elements = Operand::Tensor(&a.inputs[0]);
     for dtype in [
         a.inputs[0].dtype,
         a.inputs

@@ -95,7 +95,12 @@ impl OpRule for Cat {
                         t.shape[d]
                     );
             }
-            shape[dim] += t.shape[dim];
+            shape[dim] = shape[dim].checked_add(t.shape[dim]).ok_or_else(|| {
+                OpError::runtime(format!(
+                    "cat(): the sizes of the tensors in dimension {dim} add up to more than {}; expected a total size that fits in int64",
+                    i64::MAX
+                ))
+            })?;
         }
         single(TensorType { dtype, shape })
     }
@@ -265,7 +270,21 @@ impl OpRule for Repeat {
                 "Number of dimensions of repeat dims can not be smaller than number of dimensions of tensor"
             );
         let padded = padded_front(&i[0].shape, reps.len());
-        let shape: Shape = padded.iter().zip(reps).map(|(s, r)| s * r).collect();
+        let shape = padded
+            .iter()
+            .zip(reps)
+            .enumerate()
+            .map(|(d, (&s, &r))| {
+                s.checked_mul(r).ok_or_else(|| {
+                    OpError::runtime(format!(
+                        "repeat: size {s} repeated {r} times overflows int64 at dimension {d} (sizes {}, repeats {}); expected each size times its repeat count to be at most {}",
+                        fmt_shape(&padded),
+                        fmt_shape(reps),
+                        i64::MAX
+                    ))
+                })
+            })
+            .collect::<Result<Shape, OpError>>()?;
         single(TensorType {
             dtype: i[0].dtype,
             shape,
@@ -365,8 +384,16 @@ impl OpRule for Gather {
     }
 
     fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
-        let dim = wrap_dim(layout::Dim::decode(&a.params)?.dim, e.rank(a.inputs[0]))?;
-        Ok(vec![gather_along(e, a.inputs[0], a.inputs[1], dim)])
+        let (x, index) = (a.inputs[0], a.inputs[1]);
+        let dim = wrap_dim(layout::Dim::decode(&a.params)?.dim, e.rank(x))?;
+        if e.rank(index) == 0 && e.rank(x) > 0 {
+            // A 0-d index into a 1-d input counts as 1-d (meta checked the ranks): one element,
+            // returned 0-d as PyTorch does.
+            let index = e.reshape(index, &[1]);
+            let v = gather_along(e, x, index, dim);
+            return Ok(vec![e.reshape(v, &[])]);
+        }
+        Ok(vec![gather_along(e, x, index, dim)])
     }
 }
 
@@ -577,6 +604,13 @@ impl OpRule for Expand {
             );
         let shape = expand_target(&x.shape, sizes);
         check_expand(&x.shape, &shape)?;
+        // PyTorch walks the sizes from the last: the new leading dims come after the existing.
+        let offset = sizes.len() - x.rank();
+        if let Some(d) = sizes[..offset].iter().rposition(|&s| s == -1) {
+            return Err(OpError::runtime(format!(
+                "The expanded size of the tensor (-1) isn't allowed in a leading, non-existing dimension {d}"
+            )));
+        }
         single(x.with_shape(&shape))
     }
 
@@ -704,8 +738,9 @@ impl OpRule for Slice {
         ensure!(x.rank() > 0, "slice() cannot be applied to a 0-dim tensor.");
         let (dim, start, end, step) = slice_bounds(a, x)?;
         let mut shape = x.shape.clone();
+        // The ceiling of (end - start) / step, written not to overflow for a step near i64::MAX.
         shape[dim] = if end > start {
-            (end - start + step - 1) / step
+            (end - start - 1) / step + 1
         } else {
             0
         };
@@ -723,6 +758,14 @@ impl OpRule for Slice {
         };
         let (dim, start, end, step) = slice_bounds(&meta_args, &in_ty)?;
         let end = end.max(start);
+        // XLA sizes a slice as (end - start + step - 1) / step in int64, which overflows for a
+        // step near i64::MAX: such a step takes only the first element, as the extent does.
+        let extent = end - start;
+        let step = if extent > 0 && step - 1 > i64::MAX - extent {
+            extent
+        } else {
+            step
+        };
         Ok(vec![e.slice_dim(x, dim, start, end, step)])
     }
 }
@@ -815,7 +858,13 @@ fn infer_size(sizes: &[i64], numel: i64) -> Result<Shape, OpError> {
             infer = Some(i);
         } else {
             ensure!(s >= 0, "invalid shape dimension {s}");
-            known *= s;
+            known = known.checked_mul(s).ok_or_else(|| {
+                OpError::runtime(format!(
+                    "shape '{}' has more than {} elements (numel: integer multiplication overflow); expected sizes whose product fits in int64",
+                    fmt_shape(sizes),
+                    i64::MAX
+                ))
+            })?;
         }
     }
     let mut shape = Shape::from_slice(sizes);
@@ -893,7 +942,13 @@ fn padded_shape(x: &TensorType, pad: &[i64]) -> Result<Shape, OpError> {
     let mut shape = x.shape.clone();
     for (j, pair) in pad.chunks(2).enumerate() {
         let d = x.rank() - 1 - j;
-        let new = shape[d] + pair[0] + pair[1];
+        let wide = i128::from(shape[d]) + i128::from(pair[0]) + i128::from(pair[1]);
+        let new = i64::try_from(wide).map_err(|_| {
+            OpError::runtime(format!(
+                "The input size {}, plus padding {} and {} resulted in an output size of {wide}, which overflows int64. Check dimension {d} of your input.",
+                shape[d], pair[0], pair[1]
+            ))
+        })?;
         // PyTorch crops with narrow() before padding, which reports the negative length.
         ensure!(new >= 0, "narrow(): length must be non-negative.");
         shape[d] = new;

@@ -578,6 +578,9 @@ fn shape_and_indexing_ops() {
         Case::new(Permute, vec![x.clone()], vec![], vec![1, 0]),
         Case::new(Slice, vec![x.clone()], vec![], vec![1, 0, 100, 2]),
         Case::new(Select, vec![x.clone()], vec![], vec![1, -1]),
+        // x[:, 0:2**63-1:2] and x[:, 0:2:2**63-1]: Python's clamping.
+        Case::new(Slice, vec![x.clone()], vec![], vec![1, 0, i64::MAX, 2]),
+        Case::new(Slice, vec![x.clone()], vec![], vec![1, 0, 2, i64::MAX]),
     ];
     let mv = &m.data;
     let tril: Vec<f64> = (0..12)
@@ -615,6 +618,8 @@ fn shape_and_indexing_ops() {
         vec![1.0, 4.0, 2.0, 5.0, 3.0, 6.0],
         vec![1.0, 3.0, 4.0, 6.0],
         vec![3.0, 6.0],
+        vec![1.0, 3.0, 4.0, 6.0],
+        vec![1.0, 4.0],
     ];
     let mut failures = Vec::new();
     for ((case, out), want) in cases.iter().zip(run_batch(&cases)).zip(wants) {
@@ -780,8 +785,8 @@ fn backward_ops() {
     report(failures);
 }
 
-/// gather/scatter on the shapes PyTorch admits at the edges: a 0-d self (counted as 1-d), an
-/// empty index of any dtype and rank.
+/// gather/scatter on the shapes PyTorch admits at the edges: a 0-d self or index (counted as
+/// 1-d), an empty index of any dtype and rank.
 #[test]
 fn gather_and_scatter_edge_shapes() {
     use OpId::*;
@@ -826,6 +831,19 @@ fn gather_and_scatter_edge_shapes() {
             vec![],
             vec![0],
         ),
+        // torch.gather(torch.arange(1., 6.), 0, torch.tensor(2)) is tensor(3.).
+        Case::new(
+            Gather,
+            vec![x.clone(), Host::new(DType::I64, &[], &[2.0])],
+            vec![],
+            vec![0],
+        ),
+        Case::new(
+            Gather,
+            vec![x.clone(), Host::new(DType::I32, &[], &[4.0])],
+            vec![],
+            vec![-1],
+        ),
     ];
     let wants: Vec<(Vec<i64>, Vec<f64>)> = vec![
         (vec![2], vec![2.5, 2.5]),
@@ -834,6 +852,8 @@ fn gather_and_scatter_edge_shapes() {
         (vec![], vec![2.5]),
         (vec![], vec![6.5]),
         (vec![5], vec![1.0, 2.0, 3.0, 11.0, 5.0]),
+        (vec![], vec![3.0]),
+        (vec![], vec![5.0]),
     ];
     let mut failures = Vec::new();
     for (i, (out, (shape, want))) in run_batch(&cases).into_iter().zip(wants).enumerate() {

@@ -5,6 +5,8 @@
 mod common;
 
 use common::abi::*;
+use common::{layout, typed};
+use ops::params::{Reduction, RoundingMode};
 use std::ffi::CString;
 use torch_glue::abi::*;
 
@@ -32,10 +34,9 @@ fn assert_usable(live_before: f64) {
         live_before,
         "a failed call must not create storages"
     );
-    let add = op_id("add");
     let a = upload_f32(&[1.0, 2.0, 3.0], &[3]);
     let b = upload_f32(&[10.0, 20.0, 30.0], &[3]);
-    let c = op1(add, &[&a, &b], &[scalar_float(2.0)], &[]);
+    let c = op1(typed::Add, &[&a, &b], &[scalar_float(2.0)]);
     assert_eq!(read_f32(&c).unwrap(), vec![21.0, 42.0, 63.0]);
     for t in [&a, &b, &c] {
         release(t).unwrap();
@@ -50,7 +51,7 @@ fn in_every_mode(check: impl Fn()) {
     for mode in MODES {
         with_mode(mode, || {
             let x = upload_f32(&[1.0, -2.0], &[2]);
-            let pending = op1(op_id("neg"), &[&x], &[], &[]);
+            let pending = op1(typed::Neg, &[&x], &[]);
             let live = metric("live_storages");
             check();
             assert_usable(live);
@@ -67,13 +68,14 @@ fn unknown_op_id_and_name() {
         let a = upload_f32(&[1.0], &[1]);
         let live = metric("live_storages");
         let known = ops::OpId::ALL.len().to_string();
+        // Op codes no op has: only the raw call can send them.
         expect_err(
-            op(9999, &[&a, &a], &[], &[]),
+            op_raw(9999, &[&a, &a], &[], &[], &[], 4),
             TPJRT_NOT_IMPLEMENTED,
             &["9999", &known],
         );
         expect_err(
-            op(-1, &[&a], &[], &[]),
+            op_raw(-1, &[&a], &[], &[], &[], 4),
             TPJRT_NOT_IMPLEMENTED,
             &["-1", "tpjrt_op_id"],
         );
@@ -97,9 +99,8 @@ fn wrong_arity() {
     in_every_mode(|| {
         let a = upload_f32(&[1.0, 2.0], &[2]);
         let live = metric("live_storages");
-        let add = op_id("add");
         expect_err(
-            op(add, &[&a, &a, &a], &[], &[]),
+            op(typed::Add, &[&a, &a, &a], &[]),
             TPJRT_RUNTIME_ERROR,
             &[
                 "add",
@@ -108,12 +109,12 @@ fn wrong_arity() {
             ],
         );
         expect_err(
-            op(add, &[&a], &[], &[]),
+            op(typed::Add, &[&a], &[]),
             TPJRT_RUNTIME_ERROR,
             &["expected", "got 1 tensor input(s) and 0 scalar(s)"],
         );
         expect_err(
-            op(op_id("neg"), &[&a], &[scalar_float(1.0)], &[]),
+            op(typed::Neg, &[&a], &[scalar_float(1.0)]),
             TPJRT_RUNTIME_ERROR,
             &["neg", "got 1 tensor input(s) and 1 scalar(s)"],
         );
@@ -129,19 +130,19 @@ fn shape_mismatch() {
         let b = upload_f32(&[1.0, 2.0, 3.0, 4.0], &[4]);
         let m = upload_f32(&[0.0; 6], &[2, 3]);
         expect_err(
-            op(op_id("add"), &[&a, &b], &[], &[]),
+            op(typed::Add, &[&a, &b], &[]),
             TPJRT_RUNTIME_ERROR,
             &["size of tensor a (3) must match the size of tensor b (4)"],
         );
         expect_err(
-            op(op_id("mm"), &[&m, &m], &[], &[]),
+            op(typed::Mm, &[&m, &m], &[]),
             TPJRT_RUNTIME_ERROR,
             &["cannot be multiplied (2x3 and 2x3)"],
         );
         // An out= tensor of the wrong shape.
         let out = AbiTensor::contiguous(storage_new(8), F32, &[2]);
         expect_err(
-            op_room(op_id("add"), &[&a, &a], &[], &[], &[&out], 1),
+            op_room(typed::Add, &[&a, &a], &[], &[&out], 1),
             TPJRT_RUNTIME_ERROR,
             &["output 0 has shape [2]", "result has shape [3]"],
         );
@@ -158,7 +159,7 @@ fn dtype_mismatch() {
         let d = AbiTensor::contiguous(storage_new(32), F64, &[2, 2]);
         write(&d, &[0u8; 32]).unwrap();
         expect_err(
-            op(op_id("mm"), &[&a, &d], &[], &[]),
+            op(typed::Mm, &[&a, &d], &[]),
             TPJRT_RUNTIME_ERROR,
             &["same dtype", "float != double"],
         );
@@ -168,7 +169,7 @@ fn dtype_mismatch() {
             dtype: 3,
             ..a.clone()
         };
-        match op(op_id("neg"), &[&as_int], &[], &[]) {
+        match op(typed::Neg, &[&as_int], &[]) {
             Ok(outs) => {
                 let t = AbiTensor::from_output(&outs[0]);
                 assert_eq!(t.dtype, 3);
@@ -200,12 +201,12 @@ fn dtype_mismatch() {
             ..a.clone()
         };
         expect_err(
-            op(op_id("neg"), &[&complex], &[], &[]),
+            op(typed::Neg, &[&complex], &[]),
             TPJRT_TYPE_ERROR,
             &["dtype code 8", "supported: float64, float32"],
         );
         expect_err(
-            op(op_id("bitwise_and"), &[&a, &a], &[], &[]),
+            op(typed::BitwiseAnd, &[&a, &a], &[]),
             TPJRT_NOT_IMPLEMENTED,
             &["bitwise_and", "Float"],
         );
@@ -223,7 +224,7 @@ fn released_storage() {
         let id = a.storage.to_string();
         let fragments = ["pjrt storage", id.as_str(), "does not exist", "released"];
         expect_err(
-            op(op_id("add"), &[&b, &a], &[], &[]),
+            op(typed::Add, &[&b, &a], &[]),
             TPJRT_RUNTIME_ERROR,
             &fragments,
         );
@@ -250,7 +251,7 @@ fn non_contiguous_and_partial_views() {
             strides: vec![1, 3],
             ..base.clone()
         };
-        match op(op_id("neg"), &[&transposed], &[], &[]) {
+        match op(typed::Neg, &[&transposed], &[]) {
             // Strided views supported: the values are those of the transpose.
             Ok(outs) => {
                 let t = AbiTensor::from_output(&outs[0]);
@@ -293,7 +294,7 @@ fn non_contiguous_and_partial_views() {
             strides: vec![2],
             ..base.clone()
         };
-        let Err(err) = op(op_id("neg"), &[&past_end], &[], &[]) else {
+        let Err(err) = op(typed::Neg, &[&past_end], &[]) else {
             panic!("a window past the end of its storage must be refused");
         };
         assert_ne!(err.code, TPJRT_OK);
@@ -355,27 +356,36 @@ fn bad_scalars_params_and_pointers() {
             ..scalar_float(1.0)
         };
         expect_err(
-            op(op_id("add"), &[&a], &[bad_kind], &[]),
+            op(typed::Add, &[&a], &[bad_kind]),
             TPJRT_RUNTIME_ERROR,
             &["scalar kind 7", "expected 0 (bool), 1 (int) or 2 (float)"],
         );
         expect_err(
-            op(op_id("div"), &[&i], &[scalar_int(0)], &[2]),
+            op(
+                typed::Div.encode(layout::DivRounding {
+                    rounding_mode: RoundingMode::Floor,
+                }),
+                &[&i],
+                &[scalar_int(0)],
+            ),
             TPJRT_RUNTIME_ERROR,
             &["ZeroDivisionError"],
         );
         expect_err(
-            op(
-                op_id("add"),
-                &[&i],
-                &[scalar_int(1), scalar_float(0.5)],
-                &[],
-            ),
+            op(typed::Add, &[&i], &[scalar_int(1), scalar_float(0.5)]),
             TPJRT_RUNTIME_ERROR,
             &["alpha must not be a floating point number"],
         );
         expect_err(
-            op(op_id("sum"), &[&a], &[], &[0, -1, 5]),
+            op(
+                typed::Sum.encode(layout::ReduceDtypeDims {
+                    keepdim: false,
+                    dtype: None,
+                    dims: &[5],
+                }),
+                &[&a],
+                &[],
+            ),
             TPJRT_INDEX_ERROR,
             &["Dimension out of range", "got 5"],
         );
@@ -439,17 +449,19 @@ fn too_little_room_for_outputs() {
         let logp = upload_f32(&[-1.0, -2.0, -0.5, -3.0], &[2, 2]);
         let target = upload_i64(&[0, 1], &[2]);
         let live = metric("live_storages");
-        let nll = op_id("nll_loss_forward");
+        let nll = typed::NllLoss.encode(layout::NllLossReduction {
+            reduction: Reduction::Mean,
+            ignore_index: -100,
+        });
         let raw_inputs = [logp.raw(), target.raw()];
-        let params = [1i64, -100];
         let call = TpjrtOpCall {
-            op: nll,
+            op: code_of(nll.op),
             inputs: raw_inputs.as_ptr(),
             num_inputs: 2,
             scalars: std::ptr::null(),
             num_scalars: 0,
-            params: params.as_ptr(),
-            num_params: 2,
+            params: nll.params.as_ptr(),
+            num_params: nll.params.len() as u64,
             outs: std::ptr::null(),
             num_outs: 0,
             default_float: -1,
@@ -478,7 +490,7 @@ fn too_little_room_for_outputs() {
             "outputs the caller was never given must not stay allocated"
         );
         // With room: mean loss and total weight.
-        let outs = op(nll, &[&logp, &target], &[], &params).unwrap();
+        let outs = op(nll.clone(), &[&logp, &target], &[]).unwrap();
         assert_eq!(outs.len(), 2);
         let loss = AbiTensor::from_output(&outs[0]);
         let weight = AbiTensor::from_output(&outs[1]);

@@ -4,6 +4,7 @@
 mod common;
 
 use common::abi::*;
+use common::{layout, typed};
 use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
@@ -14,7 +15,6 @@ const STEPS: usize = 40;
 
 /// One thread's work: a running value updated and read back every step, plus a reduction.
 fn worker(index: usize) -> Result<(), String> {
-    let (add, mul, sum) = (op_id("add"), op_id("mul"), op_id("sum"));
     let base: Vec<f32> = (0..8).map(|i| (index * 100 + i) as f32).collect();
     let x = upload_f32(&base, &[2, 4]);
     let mut acc = upload_f32(&[0.0; 8], &[2, 4]);
@@ -22,8 +22,8 @@ fn worker(index: usize) -> Result<(), String> {
     for step in 0..STEPS {
         let k = (step % 3) as f64;
         // acc = acc + (x * k); k is a lifted scalar, so every step reuses one executable.
-        let scaled = op1(mul, &[&x], &[scalar_float(k)], &[]);
-        let next = op1(add, &[&acc, &scaled], &[], &[]);
+        let scaled = op1(typed::Mul, &[&x], &[scalar_float(k)]);
+        let next = op1(typed::Add, &[&acc, &scaled], &[]);
         for t in [&scaled, &acc] {
             release(t).map_err(|e| e.message)?;
         }
@@ -40,7 +40,12 @@ fn worker(index: usize) -> Result<(), String> {
             }
         }
     }
-    let total = op1(sum, &[&acc], &[], &[0, -1]);
+    let sum = typed::Sum.encode(layout::ReduceDtypeDims {
+        keepdim: false,
+        dtype: None,
+        dims: &[],
+    });
+    let total = op1(sum, &[&acc], &[]);
     let got = read_f32(&total).map_err(|e| e.message)?[0];
     let expected: f32 = want.iter().sum();
     if got != expected {
@@ -48,7 +53,7 @@ fn worker(index: usize) -> Result<(), String> {
     }
     // A bad call on this thread: its message is this thread's, not another's.
     let other = upload_f32(&[1.0; 3], &[3]);
-    match op(add, &[&acc, &other], &[], &[]) {
+    match op(typed::Add, &[&acc, &other], &[]) {
         Ok(_) => return Err(format!("thread {index}: a shape mismatch succeeded")),
         Err(e)
             if e.message

@@ -8,6 +8,7 @@ mod common;
 use common::reference::Ref;
 use common::*;
 use defer::{Mode, TensorRef};
+use ops::params::Reduction;
 use ops::{DType, OpId, ScalarArg};
 use std::ops::Neg;
 use torch_glue::Engine;
@@ -42,27 +43,27 @@ fn m(e: &Engine) -> M {
 
 /// A 16-op elementwise chain from `x`, releasing intermediates as Python would.
 fn chain16(e: &Engine, x: &TensorRef, scale: f64) -> TensorRef {
-    let mut t = op(e, OpId::Mul, &[x], &[f(scale)], &[]);
-    let steps: [(OpId, Option<f64>); 15] = [
-        (OpId::Add, Some(1.0)),
-        (OpId::Tanh, None),
-        (OpId::Mul, Some(3.0)),
-        (OpId::Sigmoid, None),
-        (OpId::Sub, Some(0.25)),
-        (OpId::Abs, None),
-        (OpId::Add, Some(0.5)),
-        (OpId::Sqrt, None),
-        (OpId::Mul, Some(-2.0)),
-        (OpId::Exp, None),
-        (OpId::Add, Some(1.0)),
-        (OpId::Log, None),
-        (OpId::Neg, None),
-        (OpId::Mul, Some(0.75)),
-        (OpId::Relu, None),
+    let mut t = op(e, typed::Mul, &[x], &[f(scale)]);
+    let steps: [(NoParams, Option<f64>); 15] = [
+        (typed::Add, Some(1.0)),
+        (typed::Tanh, None),
+        (typed::Mul, Some(3.0)),
+        (typed::Sigmoid, None),
+        (typed::Sub, Some(0.25)),
+        (typed::Abs, None),
+        (typed::Add, Some(0.5)),
+        (typed::Sqrt, None),
+        (typed::Mul, Some(-2.0)),
+        (typed::Exp, None),
+        (typed::Add, Some(1.0)),
+        (typed::Log, None),
+        (typed::Neg, None),
+        (typed::Mul, Some(0.75)),
+        (typed::Relu, None),
     ];
-    for (opid, scalar) in steps {
+    for (step, scalar) in steps {
         let scalars: Vec<ScalarArg> = scalar.map(f).into_iter().collect();
-        let next = op(e, opid, &[&t], &scalars, &[]);
+        let next = op(e, step, &[&t], &scalars);
         release(e, std::mem::replace(&mut t, next));
     }
     t
@@ -80,9 +81,9 @@ fn ops_are_deferred_and_counted_until_read() {
     let e = engine(Mode::DeferAndFuse);
     let x = upload_f32(&e, &[1.0, 2.0, 3.0], &[3]);
     e.reset_metrics();
-    let a = op(&e, OpId::Mul, &[&x, &x], &[], &[]);
-    let b = op(&e, OpId::Add, &[&a, &x], &[f(2.0)], &[]);
-    let c = op(&e, OpId::Neg, &[&b], &[], &[]);
+    let a = op(&e, typed::Mul, &[&x, &x], &[]);
+    let b = op(&e, typed::Add, &[&a, &x], &[f(2.0)]);
+    let c = op(&e, typed::Neg, &[&b], &[]);
     let before = m(&e);
     assert_eq!(before.deferred, 3.0);
     assert_eq!(before.pending, 3.0);
@@ -158,15 +159,17 @@ fn changed_scalars_never_recompile_in_any_mode() {
         let e = engine(mode);
         let x = upload_f32(&e, &[1.0, -2.0, 4.0], &[3]);
         let run = |scale: f64, alpha: f64, fill: f64| {
-            let a = op(&e, OpId::Mul, &[&x], &[f(scale)], &[]);
+            let a = op(&e, typed::Mul, &[&x], &[f(scale)]);
             let full = op(
                 &e,
-                OpId::Full,
+                typed::Full.encode(layout::Creation {
+                    dtype: DType::F32,
+                    sizes: &[3],
+                }),
                 &[],
                 &[f(fill)],
-                &[DType::F32.code() as i64, 3],
             );
-            let b = op(&e, OpId::Add, &[&a, &full], &[f(alpha)], &[]);
+            let b = op(&e, typed::Add, &[&a, &full], &[f(alpha)]);
             let v = read_f32(&e, &b);
             for t in [a, full, b] {
                 release(&e, t);
@@ -184,7 +187,7 @@ fn changed_scalars_never_recompile_in_any_mode() {
         );
 
         // An int scalar where a float was: another key, one compilation.
-        let a = op(&e, OpId::Mul, &[&x], &[ScalarArg::int(2)], &[]);
+        let a = op(&e, typed::Mul, &[&x], &[ScalarArg::int(2)]);
         assert_eq!(read_f32(&e, &a), vec![2.0, -4.0, 8.0]);
         assert_eq!(
             m(&e).compilations,
@@ -202,7 +205,7 @@ fn special_pow_exponents_pick_a_module_and_others_share_one() {
         let e = engine(mode);
         let x = upload_f32(&e, &[0.25, 1.5, 4.0], &[3]);
         let pow = |exponent: f64| {
-            let y = op(&e, OpId::Pow, &[&x], &[f(exponent)], &[]);
+            let y = op(&e, typed::Pow, &[&x], &[f(exponent)]);
             let v = read_f32(&e, &y);
             release(&e, y);
             v
@@ -294,11 +297,11 @@ fn dead_ops_are_dropped_and_a_read_runs_everything_pending() {
     let x = upload_f32(&e, &[1.0, 2.0], &[2]);
     let y = upload_f32(&e, &[3.0, 4.0], &[2]);
     e.reset_metrics();
-    let old = op(&e, OpId::Mul, &[&y, &y], &[], &[]); // unrelated, captured first
-    let dead = op(&e, OpId::Exp, &[&x], &[], &[]);
+    let old = op(&e, typed::Mul, &[&y, &y], &[]); // unrelated, captured first
+    let dead = op(&e, typed::Exp, &[&x], &[]);
     release(&e, dead);
-    let wanted = op(&e, OpId::Add, &[&x, &x], &[], &[]);
-    let younger = op(&e, OpId::Sub, &[&y, &x], &[], &[]);
+    let wanted = op(&e, typed::Add, &[&x, &x], &[]);
+    let younger = op(&e, typed::Sub, &[&y, &x], &[]);
     assert_eq!(read_f32(&e, &wanted), vec![2.0, 4.0]);
     assert_eq!(metric(&e, "dropped_ops"), 1.0);
     // A read runs every pending op, older and younger (RFC 0012): the step a loss is read from
@@ -323,7 +326,7 @@ fn writes_and_in_place_ops_keep_capture_semantics() {
     for mode in [Mode::Strict, Mode::DeferAndFuse] {
         let e = engine(mode);
         let x = upload_f32(&e, &[1.0, 2.0], &[2]);
-        let before = op(&e, OpId::Mul, &[&x], &[f(10.0)], &[]);
+        let before = op(&e, typed::Mul, &[&x], &[f(10.0)]);
         // x.add_(1) three times, in place (outs = x).
         for _ in 0..3 {
             let captured = e
@@ -337,7 +340,7 @@ fn writes_and_in_place_ops_keep_capture_semantics() {
                 .expect("in-place add");
             assert_eq!(captured.outputs[0].0, x.storage, "written into x's storage");
         }
-        let after = op(&e, OpId::Mul, &[&x], &[f(10.0)], &[]);
+        let after = op(&e, typed::Mul, &[&x], &[f(10.0)]);
         // A host write replaces x; ops captured before it keep the old value.
         let bytes: Vec<u8> = [100f32, 200.0]
             .iter()
@@ -384,10 +387,19 @@ fn accumulating_a_metric_on_the_device_keeps_the_pending_graph_bounded() {
     let mut pending_seen = Vec::new();
     for step in 0..200 {
         let w = 1.0 + (step % 7) as f64 * 0.125;
-        let y = op(&e, OpId::Mul, &[&x], &[f(w)], &[]);
-        let sq = op(&e, OpId::Mul, &[&y, &y], &[], &[]);
-        let loss = op(&e, OpId::Mean, &[&sq], &[], &[0, -1]);
-        let next = op(&e, OpId::Add, &[&acc, &loss], &[], &[]);
+        let y = op(&e, typed::Mul, &[&x], &[f(w)]);
+        let sq = op(&e, typed::Mul, &[&y, &y], &[]);
+        let loss = op(
+            &e,
+            typed::Mean.encode(layout::ReduceDtypeDims {
+                keepdim: false,
+                dtype: None,
+                dims: &[],
+            }),
+            &[&sq],
+            &[],
+        );
+        let next = op(&e, typed::Add, &[&acc, &loss], &[]);
         release(&e, std::mem::replace(&mut acc, next));
         let l = read(&e, &loss)[0]; // loss.item()
         let want_l: f64 = [0.5f64, -1.0, 2.0, 0.25]
@@ -433,8 +445,8 @@ fn a_thousand_step_loop_compiles_a_fixed_number_of_regions() {
     let mut want = 1.0f64;
     for step in 0..1000 {
         let s = 1.0 + (step % 5) as f64 * 1e-3;
-        let a = op(&e, OpId::Mul, &[&x], &[f(s)], &[]);
-        let b = op(&e, OpId::Sub, &[&a], &[f(1e-3)], &[]);
+        let a = op(&e, typed::Mul, &[&x], &[f(s)]);
+        let b = op(&e, typed::Sub, &[&a], &[f(1e-3)]);
         release(&e, a);
         release(&e, std::mem::replace(&mut x, b));
         want = (want as f32 * s as f32 - 1e-3) as f64;
@@ -460,14 +472,8 @@ fn a_thousand_step_loop_compiles_a_fixed_number_of_regions() {
     let mut x = upload_f32(&e, &[1.0; 16], &[16]);
     e.reset_metrics();
     for step in 0..1000 {
-        let a = op(
-            &e,
-            OpId::Mul,
-            &[&x],
-            &[f(1.0 + (step % 3) as f64 * 1e-3)],
-            &[],
-        );
-        let b = op(&e, OpId::Sub, &[&a], &[f(1e-3)], &[]);
+        let a = op(&e, typed::Mul, &[&x], &[f(1.0 + (step % 3) as f64 * 1e-3)]);
+        let b = op(&e, typed::Sub, &[&a], &[f(1e-3)]);
         release(&e, a);
         release(&e, std::mem::replace(&mut x, b));
         assert!(m(&e).pending < 64.0, "the cap bounds the pending graph");
@@ -517,43 +523,78 @@ impl Mlp {
 
     /// One step; returns `loss.item()`.
     fn step(&mut self, e: &Engine, lr: f64) -> f64 {
-        let t = |a: &TensorRef| op(e, OpId::Transpose, &[a], &[], &[0, 1]);
+        let t = |a: &TensorRef| {
+            op(
+                e,
+                typed::Transpose.encode(layout::TransposeDims { dim0: 0, dim1: 1 }),
+                &[a],
+                &[],
+            )
+        };
         // forward
-        let h = op(e, OpId::Mm, &[&self.x, &self.w1], &[], &[]);
-        let a = op(e, OpId::Relu, &[&h], &[], &[]);
-        let logits = op(e, OpId::Mm, &[&a, &self.w2], &[], &[]);
-        let logp = op(e, OpId::LogSoftmax, &[&logits], &[], &[1, 0]);
-        let outs = op_all(e, OpId::NllLoss, &[&logp, &self.target], &[], &[1, -100]);
+        let h = op(e, typed::Mm, &[&self.x, &self.w1], &[]);
+        let a = op(e, typed::Relu, &[&h], &[]);
+        let logits = op(e, typed::Mm, &[&a, &self.w2], &[]);
+        let logp = op(
+            e,
+            typed::LogSoftmax.encode(layout::SoftmaxDim {
+                dim: 1,
+                half_to_float: false,
+            }),
+            &[&logits],
+            &[],
+        );
+        let outs = op_all(
+            e,
+            typed::NllLoss.encode(layout::NllLossReduction {
+                reduction: Reduction::Mean,
+                ignore_index: -100,
+            }),
+            &[&logp, &self.target],
+            &[],
+        );
         let (loss, total_weight) = (outs[0].clone(), outs[1].clone());
-        let running = op(e, OpId::Add, &[&self.running, &loss], &[], &[]);
+        let running = op(e, typed::Add, &[&self.running, &loss], &[]);
         release(e, std::mem::replace(&mut self.running, running));
         let value = read(e, &loss)[0];
         // backward
-        let one = op(e, OpId::Ones, &[], &[], &[DType::F32.code() as i64]);
+        let one = op(
+            e,
+            typed::Ones.encode(layout::Creation {
+                dtype: DType::F32,
+                sizes: &[],
+            }),
+            &[],
+            &[],
+        );
         let g_logp = op(
             e,
-            OpId::NllLossBackward,
+            typed::NllLossBackward.encode(layout::NllLossReduction {
+                reduction: Reduction::Mean,
+                ignore_index: -100,
+            }),
             &[&one, &logp, &self.target, &total_weight],
             &[],
-            &[1, -100],
         );
         let g_logits = op(
             e,
-            OpId::LogSoftmaxBackward,
+            typed::LogSoftmaxBackward.encode(layout::SoftmaxBackwardDim {
+                dim: 1,
+                input_dtype: DType::F32,
+            }),
             &[&g_logp, &logp],
             &[],
-            &[1, DType::F32.code() as i64],
         );
         let a_t = t(&a);
-        let g_w2 = op(e, OpId::Mm, &[&a_t, &g_logits], &[], &[]);
+        let g_w2 = op(e, typed::Mm, &[&a_t, &g_logits], &[]);
         let w2_t = t(&self.w2);
-        let g_a = op(e, OpId::Mm, &[&g_logits, &w2_t], &[], &[]);
-        let g_h = op(e, OpId::ThresholdBackward, &[&g_a, &h], &[f(0.0)], &[]);
+        let g_a = op(e, typed::Mm, &[&g_logits, &w2_t], &[]);
+        let g_h = op(e, typed::ThresholdBackward, &[&g_a, &h], &[f(0.0)]);
         let x_t = t(&self.x);
-        let g_w1 = op(e, OpId::Mm, &[&x_t, &g_h], &[], &[]);
+        let g_w1 = op(e, typed::Mm, &[&x_t, &g_h], &[]);
         // update: w -= lr * g (lr is a lifted scalar)
-        let w1 = op(e, OpId::Sub, &[&self.w1, &g_w1], &[f(lr)], &[]);
-        let w2 = op(e, OpId::Sub, &[&self.w2, &g_w2], &[f(lr)], &[]);
+        let w1 = op(e, typed::Sub, &[&self.w1, &g_w1], &[f(lr)]);
+        let w2 = op(e, typed::Sub, &[&self.w2, &g_w2], &[f(lr)]);
         release(e, std::mem::replace(&mut self.w1, w1));
         release(e, std::mem::replace(&mut self.w2, w2));
         for t in [
@@ -693,8 +734,8 @@ fn a_sync_with_only_dead_ops_compiles_and_runs_nothing() {
     let e = engine(Mode::DeferAndFuse);
     let x = upload_f32(&e, &[1.0, 2.0], &[2]);
     e.reset_metrics();
-    let a = op(&e, OpId::Exp, &[&x], &[], &[]);
-    let b = op(&e, OpId::Neg, &[&a], &[], &[]);
+    let a = op(&e, typed::Exp, &[&x], &[]);
+    let b = op(&e, typed::Neg, &[&a], &[]);
     release(&e, a);
     release(&e, b);
     e.sync().unwrap();
@@ -713,11 +754,11 @@ fn leaving_defer_and_fuse_runs_the_pending_ops_first() {
     let e = engine(Mode::DeferAndFuse);
     let x = upload_f32(&e, &[1.0, 2.0], &[2]);
     e.reset_metrics();
-    let a = op(&e, OpId::Mul, &[&x], &[f(3.0)], &[]);
-    let b = op(&e, OpId::Add, &[&a], &[f(1.0)], &[]);
+    let a = op(&e, typed::Mul, &[&x], &[f(3.0)]);
+    let b = op(&e, typed::Add, &[&a], &[f(1.0)]);
     assert_eq!(m(&e).pending, 2.0);
     for mode in [Mode::Strict, Mode::Debug] {
-        let c = with_mode(&e, mode, || op(&e, OpId::Neg, &[&b], &[], &[]));
+        let c = with_mode(&e, mode, || op(&e, typed::Neg, &[&b], &[]));
         assert_eq!(
             m(&e).pending,
             0.0,
@@ -743,8 +784,8 @@ fn unsynced_affine_loop(e: &Engine, steps: usize) -> (Vec<f64>, Vec<f64>) {
     let mut pending = Vec::new();
     for step in 0..steps {
         let a = 0.9 + (step % 3) as f64 * 0.01;
-        let t = op(e, OpId::Mul, &[&s], &[f(a)], &[]);
-        let next = op(e, OpId::Add, &[&t], &[f(0.01)], &[]);
+        let t = op(e, typed::Mul, &[&s], &[f(a)]);
+        let next = op(e, typed::Add, &[&t], &[f(0.01)]);
         release(e, t);
         release(e, std::mem::replace(&mut s, next));
         pending.push(m(e).pending);
@@ -811,7 +852,7 @@ fn loops_of_small_ops_are_not_cut() {
     let mut x = upload_f32(&e, &[1.0; 16], &[16]);
     e.reset_metrics();
     for _ in 0..600 {
-        let next = op(&e, OpId::Add, &[&x], &[f(1.0)], &[]);
+        let next = op(&e, typed::Add, &[&x], &[f(1.0)]);
         release(&e, std::mem::replace(&mut x, next));
     }
     assert_eq!(read(&e, &x), vec![601.0; 16]);
@@ -832,26 +873,33 @@ fn mlp_gradients(e: &Engine) -> (Vec<f64>, Vec<f64>) {
     let x = upload_f32(e, &fill(B * I, 3), &[B as i64, I as i64]);
     let w1t = upload_f32(e, &fill(I * H, 5), &[I as i64, H as i64]);
     let w2 = upload_f32(e, &fill(10 * H, 7), &[10, H as i64]);
-    let t = |a: &TensorRef| op(e, OpId::Transpose, &[a], &[], &[0, 1]);
-    let h = op(e, OpId::Mm, &[&x, &w1t], &[], &[]);
-    let r = op(e, OpId::Relu, &[&h], &[], &[]);
+    let t = |a: &TensorRef| {
+        op(
+            e,
+            typed::Transpose.encode(layout::TransposeDims { dim0: 0, dim1: 1 }),
+            &[a],
+            &[],
+        )
+    };
+    let h = op(e, typed::Mm, &[&x, &w1t], &[]);
+    let r = op(e, typed::Relu, &[&h], &[]);
     release(e, h);
     let w2t = t(&w2);
-    let y = op(e, OpId::Mm, &[&r, &w2t], &[], &[]);
+    let y = op(e, typed::Mm, &[&r, &w2t], &[]);
     release(e, w2t);
-    let dy = op(e, OpId::Mul, &[&y], &[f(2.0)], &[]);
+    let dy = op(e, typed::Mul, &[&y], &[f(2.0)]);
     release(e, y);
     let dyt = t(&dy);
-    let gw2 = op(e, OpId::Mm, &[&dyt, &r], &[], &[]);
+    let gw2 = op(e, typed::Mm, &[&dyt, &r], &[]);
     release(e, dyt);
-    let dr = op(e, OpId::Mm, &[&dy, &w2], &[], &[]);
+    let dr = op(e, typed::Mm, &[&dy, &w2], &[]);
     release(e, dy);
-    let dh = op(e, OpId::Mul, &[&dr, &r], &[], &[]);
+    let dh = op(e, typed::Mul, &[&dr, &r], &[]);
     release(e, dr);
     release(e, r);
     let dht = t(&dh);
     release(e, dh);
-    let gw1 = op(e, OpId::Mm, &[&dht, &x], &[], &[]);
+    let gw1 = op(e, typed::Mm, &[&dht, &x], &[]);
     release(e, dht);
     e.sync().expect("sync");
     let out = (read(e, &gw1), read(e, &gw2));
@@ -914,9 +962,9 @@ fn a_compiled_graph_is_one_region_past_the_cap_between_launched_boundaries() {
     for call in 0..3 {
         e.graph_begin().expect("graph_begin");
         assert_eq!(e.modes().current(), Mode::DeferAndFuse);
-        let mut y = op(&e, OpId::Mul, &[&x], &[f(1.0)], &[]);
+        let mut y = op(&e, typed::Mul, &[&x], &[f(1.0)]);
         for _ in 0..299 {
-            let next = op(&e, OpId::Add, &[&y], &[f(1.0)], &[]);
+            let next = op(&e, typed::Add, &[&y], &[f(1.0)]);
             release(&e, std::mem::replace(&mut y, next));
         }
         assert_eq!(
@@ -936,11 +984,11 @@ fn a_compiled_graph_is_one_region_past_the_cap_between_launched_boundaries() {
     // DeferAndFuse around it: pending work is launched at graph_begin, on its own.
     let e = engine_with(Mode::DeferAndFuse, None);
     let x = upload_f32(&e, &[2.0; 4], &[4]);
-    let before = op(&e, OpId::Mul, &[&x], &[f(3.0)], &[]);
+    let before = op(&e, typed::Mul, &[&x], &[f(3.0)]);
     e.reset_metrics();
     e.graph_begin().expect("graph_begin");
     assert_eq!(m(&e).regions, 1.0, "the outside op ran before the graph");
-    let inside = op(&e, OpId::Add, &[&before], &[f(1.0)], &[]);
+    let inside = op(&e, typed::Add, &[&before], &[f(1.0)]);
     e.graph_end().expect("graph_end");
     assert_eq!(read_f32(&e, &inside), vec![7.0; 4]);
     assert_eq!(m(&e).regions, 2.0);
@@ -959,8 +1007,8 @@ fn a_recorded_graph_replays_on_new_storages_without_capturing() {
     // The graph: z = x * w + 1 (a fresh output), and acc += x in place (an input it writes).
     let x = upload_f32(&e, &[1.0, 2.0, 3.0, 4.0], &[4]);
     e.graph_begin().expect("graph_begin");
-    let y = op(&e, OpId::Mul, &[&x, &w], &[], &[]);
-    let z = op(&e, OpId::Add, &[&y], &[f(1.0)], &[]);
+    let y = op(&e, typed::Mul, &[&x, &w], &[]);
+    let z = op(&e, typed::Add, &[&y], &[f(1.0)]);
     release(&e, y);
     e.op(
         OpId::Add,
@@ -1044,7 +1092,7 @@ fn a_graph_that_reads_a_value_outside_its_inputs_is_not_recorded() {
     let hidden = upload_f32(&e, &[5.0; 4], &[4]);
     let x = upload_f32(&e, &[1.0; 4], &[4]);
     e.graph_begin().expect("graph_begin");
-    let z = op(&e, OpId::Mul, &[&x, &hidden], &[], &[]);
+    let z = op(&e, typed::Mul, &[&x, &hidden], &[]);
     // `hidden` is not named as an input: a replay could not find its value.
     let handle = e
         .graph_end_record(&[x.storage], &[z.storage])
@@ -1059,7 +1107,7 @@ fn a_graph_that_read_an_unwritten_input_is_not_recorded() {
     let x = upload_f32(&e, &[1.0; 4], &[4]);
     let unwritten = TensorRef::contiguous(e.new_storage(16), DType::F32, &[4]);
     e.graph_begin().expect("graph_begin");
-    let z = op(&e, OpId::Add, &[&x, &unwritten], &[f(1.0)], &[]);
+    let z = op(&e, typed::Add, &[&x, &unwritten], &[f(1.0)]);
     // The unwritten input read as zeros inside the region: a replay could not follow it.
     let handle = e
         .graph_end_record(&[x.storage, unwritten.storage], &[z.storage])
@@ -1075,17 +1123,19 @@ fn a_recorded_graph_computes_the_pending_ops_that_make_its_inputs() {
     let seed = |value: f64| {
         op(
             &e,
-            OpId::Full,
+            typed::Full.encode(layout::Creation {
+                dtype: DType::F32,
+                sizes: &[4],
+            }),
             &[],
             &[f(value)],
-            &[DType::F32.code() as i64, 4],
         )
     };
     // A fill pending when the graph opens, held by one of its inputs: its prologue.
     let s = seed(2.0);
     e.graph_begin_record(&[x.storage, s.storage])
         .expect("graph_begin_record");
-    let z = op(&e, OpId::Mul, &[&x, &s], &[], &[]);
+    let z = op(&e, typed::Mul, &[&x, &s], &[]);
     let handle = e
         .graph_end_record(&[x.storage, s.storage], &[z.storage])
         .expect("record");

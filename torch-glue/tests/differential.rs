@@ -8,7 +8,8 @@ mod common;
 use common::reference::{broadcast_shape, Ref};
 use common::*;
 use defer::{Mode, TensorRef};
-use ops::{DType, OpId, ScalarArg};
+use ops::param_layout::of;
+use ops::{DType, OpId, ScalarArg, TypedOp};
 use proptest::prelude::*;
 use proptest::sample::Index;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
@@ -240,6 +241,11 @@ fn reference(p: &Program) -> Vec<Tracked> {
     values
 }
 
+/// A unary or binary op of a step (none takes params).
+fn no_params(o: OpId) -> NoParams {
+    NoParams::of(o).expect("an op without params")
+}
+
 /// Runs a program on the engine in its current mode; returns the last value and the kept one.
 fn run(e: &Engine, p: &Program) -> (Vec<f64>, usize, Vec<f64>) {
     let shape = SHAPES[p.shape];
@@ -252,35 +258,50 @@ fn run(e: &Engine, p: &Program) -> (Vec<f64>, usize, Vec<f64>) {
     for s in &p.steps {
         let t = |i: &Index| pick(&values, i).1.clone();
         let next = match s {
-            Step::Unary(o, i) => op(e, *o, &[&t(i)], &[], &[]),
-            Step::Binary(o, i, j) => op(e, *o, &[&t(i), &t(j)], &[], &[]),
-            Step::MulScalar(i, s) => {
-                op(e, OpId::Mul, &[&t(i)], &[ScalarArg::float(*s as f64)], &[])
-            }
+            Step::Unary(o, i) => op(e, no_params(*o), &[&t(i)], &[]),
+            Step::Binary(o, i, j) => op(e, no_params(*o), &[&t(i), &t(j)], &[]),
+            Step::MulScalar(i, s) => op(e, typed::Mul, &[&t(i)], &[ScalarArg::float(*s as f64)]),
             Step::AddScalar(i, s) => {
                 let s = s.map_or_else(|f| ScalarArg::float(f as f64), |i| ScalarArg::int(i as i64));
-                op(e, OpId::Add, &[&t(i)], &[s], &[])
+                op(e, typed::Add, &[&t(i)], &[s])
             }
             Step::AddAlpha(i, j, a) => op(
                 e,
-                OpId::Add,
+                typed::Add,
                 &[&t(i), &t(j)],
                 &[ScalarArg::float(*a as f64)],
-                &[],
             ),
             Step::Reduce(o, i, d) => {
                 let x = t(i);
                 let dim = d.index(x.sizes.len()) as i64;
-                let params: Vec<i64> = match o {
-                    OpId::Amax => vec![1, dim],
-                    _ => vec![1, -1, dim],
+                let dims = [dim];
+                let call = match o {
+                    OpId::Amax => typed::Amax.encode(layout::ReduceDims {
+                        keepdim: true,
+                        dims: &dims,
+                    }),
+                    _ => TypedOp::<of::ReduceDtypeDims>::of(*o)
+                        .expect("sum or mean")
+                        .encode(layout::ReduceDtypeDims {
+                            keepdim: true,
+                            dtype: None,
+                            dims: &dims,
+                        }),
                 };
-                op(e, *o, &[&x], &[], &params)
+                op(e, call, &[&x], &[])
             }
             Step::Softmax(i, d) => {
                 let x = t(i);
                 let dim = d.index(x.sizes.len()) as i64;
-                op(e, OpId::Softmax, &[&x], &[], &[dim, 0])
+                op(
+                    e,
+                    typed::Softmax.encode(layout::SoftmaxDim {
+                        dim,
+                        half_to_float: false,
+                    }),
+                    &[&x],
+                    &[],
+                )
             }
         };
         values.push(next);

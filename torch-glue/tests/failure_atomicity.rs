@@ -37,8 +37,8 @@ const LIMIT: Duration = Duration::from_secs(60);
 /// `(x + 1) * 2` on `[0, 1, 2, 3]`, left pending in DeferAndFuse (run at once in Strict).
 fn pending_chain(e: &Engine) -> (TensorRef, TensorRef) {
     let x = upload_f32(e, &[0.0, 1.0, 2.0, 3.0], &[4]);
-    let y = op(e, OpId::Add, &[&x], &[ScalarArg::float(1.0)], &[]);
-    let z = op(e, OpId::Mul, &[&y], &[ScalarArg::float(2.0)], &[]);
+    let y = op(e, typed::Add, &[&x], &[ScalarArg::float(1.0)]);
+    let z = op(e, typed::Mul, &[&y], &[ScalarArg::float(2.0)]);
     (y, z)
 }
 
@@ -77,7 +77,7 @@ fn still_works_or_says_stopped(e: &Arc<Engine>, expect_stopped: bool, what: &str
     } else {
         assert!(e.stopped().is_none(), "{what}: {:?}", e.stopped());
         let a = upload_f32(e, &[1.0, 2.0], &[2]);
-        let b = op(e, OpId::Mul, &[&a], &[ScalarArg::float(3.0)], &[]);
+        let b = op(e, typed::Mul, &[&a], &[ScalarArg::float(3.0)]);
         assert_eq!(
             read_within(e, &b, LIMIT).expect(what),
             vec![3.0, 6.0],
@@ -151,7 +151,7 @@ fn a_failed_launch_leaves_no_read_waiting_in_strict() {
             let x = upload_f32(&e, &[0.0, 1.0, 2.0, 3.0], &[4]);
             if path == "direct" {
                 // A warm op on device values skips the pending graph (`run_if_compiled`).
-                let warm = op(&e, OpId::Neg, &[&x], &[], &[]);
+                let warm = op(&e, typed::Neg, &[&x], &[]);
                 assert_eq!(
                     read_within(&e, &warm, LIMIT).unwrap(),
                     vec![0., -1., -2., -3.]

@@ -7,7 +7,7 @@ mod engine_support;
 
 use defer::{Mode, TensorRef};
 use engine_support::*;
-use ops::{DType, ErrorKind, OpId};
+use ops::{param_layout as layout, typed, DType, ErrorKind, OpId};
 
 fn upload_i64(e: &torch_glue::Engine, values: &[i64], sizes: &[i64]) -> TensorRef {
     let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
@@ -43,8 +43,9 @@ fn uploaded_indices_raise_at_the_op_in_every_mode() {
         // The first bad index in row-major order, through a transposed view.
         let index = upload_i64(&e, &[0, 2, -1, 6], &[2, 2]);
         let transposed = view(&index, &[2, 2], &[1, 2], 0);
+        let gather = typed::Gather.encode(layout::Dim { dim: 1 });
         let err = e
-            .op(OpId::Gather, &[weight, transposed], &[], &[1], &[])
+            .op(gather.op, &[weight, transposed], &[], &gather.params, &[])
             .expect_err("raised at the op");
         assert_eq!(err.kind, ErrorKind::Runtime, "{mode:?}");
         assert_eq!(
@@ -84,8 +85,15 @@ fn out_of_range_computed_indices_raise_pytorchs_errors_in_every_mode() {
         // Reported once: the next reads and syncs succeed, and in-range indices pass.
         e.sync().expect("the check was consumed");
         let good = upload_i64(&e, &[4, 0], &[2]);
+        let index_select = typed::IndexSelect.encode(layout::Dim { dim: 0 });
         let gathered = e
-            .op(OpId::IndexSelect, &[weight.clone(), good], &[], &[0], &[])
+            .op(
+                index_select.op,
+                &[weight.clone(), good],
+                &[],
+                &index_select.params,
+                &[],
+            )
             .expect("index_select");
         assert_eq!(
             download_f32(&e, &output(&gathered)),
@@ -96,7 +104,8 @@ fn out_of_range_computed_indices_raise_pytorchs_errors_in_every_mode() {
         assert_eq!(metric(&e, "device_index_checks"), 1.0, "{mode:?}");
         // gather's error is a RuntimeError naming the first bad index in row-major order.
         let index = computed_i64(&e, &[0, 2, -1, 6], &[2, 2]);
-        let result = e.op(OpId::Gather, &[weight, index], &[], &[1], &[]);
+        let gather = typed::Gather.encode(layout::Dim { dim: 1 });
+        let result = e.op(gather.op, &[weight, index], &[], &gather.params, &[]);
         let err = match result {
             Err(err) => err,
             Ok(_) => e.sync().expect_err("sync reports the check"),

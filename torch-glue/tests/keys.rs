@@ -2,8 +2,11 @@
 //! instead of device buffers, no PJRT): the shapeless part covers structure and scalar kinds,
 //! the dims part sizes; scalar values are lifted and never reach the key or the module text.
 
+mod common;
+
+use common::{layout, typed, Call, NoParams};
 use defer::{Flush, FlushRequest, Graph, TensorRef};
-use ops::{f64_param, DType, OpId, ScalarArg, ScalarValue};
+use ops::{DType, ScalarArg, ScalarValue};
 
 /// A capture graph with methods shaped like the engine's calls.
 struct G {
@@ -28,17 +31,12 @@ impl G {
         t
     }
 
-    fn op(
-        &mut self,
-        op: OpId,
-        inputs: &[&TensorRef],
-        scalars: &[ScalarArg],
-        params: &[i64],
-    ) -> TensorRef {
+    fn op(&mut self, call: impl Call, inputs: &[&TensorRef], scalars: &[ScalarArg]) -> TensorRef {
+        let call = call.encoded();
         let inputs: Vec<TensorRef> = inputs.iter().map(|t| (*t).clone()).collect();
         let captured = self
             .graph
-            .capture(op, &inputs, scalars, params, &[])
+            .capture(call.op, &inputs, scalars, &call.params, &[])
             .expect("capture");
         let (storage, ty) = captured.outputs[0].clone();
         TensorRef::contiguous(storage, ty.dtype, &ty.shape)
@@ -70,10 +68,10 @@ fn key(f: &Flush<u32>) -> (u64, u64) {
 /// `((x * a + b) * x).tanh()` over `shape` with the given scalars; returns its flush.
 fn program(g: &mut G, shape: &[i64], a: ScalarArg, b: ScalarArg) -> Flush<u32> {
     let x = g.input(DType::F32, shape);
-    let t1 = g.op(OpId::Mul, &[&x], &[a], &[]);
-    let t2 = g.op(OpId::Add, &[&t1], &[b], &[]);
-    let t3 = g.op(OpId::Mul, &[&t2, &x], &[], &[]);
-    let y = g.op(OpId::Tanh, &[&t3], &[], &[]);
+    let t1 = g.op(typed::Mul, &[&x], &[a]);
+    let t2 = g.op(typed::Add, &[&t1], &[b]);
+    let t3 = g.op(typed::Mul, &[&t2, &x], &[]);
+    let y = g.op(typed::Tanh, &[&t3], &[]);
     for t in [t1, t2, t3] {
         g.release(t);
     }
@@ -131,12 +129,14 @@ fn changed_scalar_values_keep_the_key_and_the_module_text() {
         let mut g = G::new();
         let x = g.input(DType::F32, &[8]);
         let filled = g.op(
-            OpId::Full,
+            typed::Full.encode(layout::Creation {
+                dtype: DType::F32,
+                sizes: &[8],
+            }),
             &[],
             &[ScalarArg::float(v * 3.0)],
-            &[DType::F32.code() as i64, 8],
         );
-        let y = g.op(OpId::Add, &[&x, &filled], &[ScalarArg::float(v)], &[]);
+        let y = g.op(typed::Add, &[&x, &filled], &[ScalarArg::float(v)]);
         g.release(filled);
         key(&g.flush_for(&y))
     };
@@ -192,7 +192,7 @@ fn other_dims_keep_the_shapeless_part() {
         let mut g = G::new();
         let x = g.input(DType::F32, a);
         let y = g.input(DType::F32, b);
-        let z = g.op(OpId::Add, &[&x, &y], &[], &[]);
+        let z = g.op(typed::Add, &[&x, &y], &[]);
         g.flush_for(&z)
     };
     let p = bcast(&[3, 1], &[4]);
@@ -203,44 +203,45 @@ fn other_dims_keep_the_shapeless_part() {
 
 #[test]
 fn structure_dtypes_params_and_order_change_the_shapeless_part() {
-    let unary_pair = |first: OpId, second: OpId, dtype: DType| {
+    let unary_pair = |first: NoParams, second: NoParams, dtype: DType| {
         let mut g = G::new();
         let x = g.input(dtype, &[4]);
-        let a = g.op(first, &[&x], &[], &[]);
-        let b = g.op(second, &[&a], &[], &[]);
+        let a = g.op(first, &[&x], &[]);
+        let b = g.op(second, &[&a], &[]);
         g.release(a);
         g.flush_for(&b).shapeless
     };
-    let base = unary_pair(OpId::Exp, OpId::Log, DType::F32);
-    assert_eq!(base, unary_pair(OpId::Exp, OpId::Log, DType::F32));
-    assert_ne!(base, unary_pair(OpId::Log, OpId::Exp, DType::F32), "order");
-    assert_ne!(base, unary_pair(OpId::Exp, OpId::Sin, DType::F32), "op");
-    assert_ne!(base, unary_pair(OpId::Exp, OpId::Log, DType::F64), "dtype");
+    let base = unary_pair(typed::Exp, typed::Log, DType::F32);
+    assert_eq!(base, unary_pair(typed::Exp, typed::Log, DType::F32));
+    assert_ne!(
+        base,
+        unary_pair(typed::Log, typed::Exp, DType::F32),
+        "order"
+    );
+    assert_ne!(base, unary_pair(typed::Exp, typed::Sin, DType::F32), "op");
+    assert_ne!(
+        base,
+        unary_pair(typed::Exp, typed::Log, DType::F64),
+        "dtype"
+    );
 
-    let reduce = |params: &[i64]| {
+    let reduce = |keepdim: bool, correction: f64, dim: i64| {
+        let var = typed::Var.encode(layout::ReduceCorrectionDims {
+            keepdim,
+            correction,
+            dims: &[dim],
+        });
         let mut g = G::new();
         let x = g.input(DType::F32, &[3, 4]);
-        let s = g.op(OpId::Var, &[&x], &[], params);
+        let s = g.op(var, &[&x], &[]);
         g.flush_for(&s).shapeless
     };
-    assert_ne!(
-        reduce(&[0, f64_param(1.0), 0]),
-        reduce(&[0, f64_param(1.0), 1]),
-        "dims"
-    );
-    assert_ne!(
-        reduce(&[0, f64_param(1.0), 0]),
-        reduce(&[1, f64_param(1.0), 0]),
-        "keepdim"
-    );
-    assert_ne!(
-        reduce(&[0, f64_param(0.0), 0]),
-        reduce(&[0, f64_param(-0.0), 0]),
-        "+0 vs -0"
-    );
+    assert_ne!(reduce(false, 1.0, 0), reduce(false, 1.0, 1), "dims");
+    assert_ne!(reduce(false, 1.0, 0), reduce(true, 1.0, 0), "keepdim");
+    assert_ne!(reduce(false, 0.0, 0), reduce(false, -0.0, 0), "+0 vs -0");
     assert_eq!(
-        reduce(&[0, f64_param(f64::NAN), 0]),
-        reduce(&[0, f64_param(f64::NAN), 0]),
+        reduce(false, f64::NAN, 0),
+        reduce(false, f64::NAN, 0),
         "NaN params equal themselves"
     );
 }
@@ -255,7 +256,7 @@ fn aliasing_and_live_outputs_change_the_shapeless_part() {
         } else {
             g.input(DType::F32, &[4])
         };
-        let z = g.op(OpId::Add, &[&x, &y], &[], &[]);
+        let z = g.op(typed::Add, &[&x, &y], &[]);
         let f = g.flush_for(&z);
         (f.shapeless, f.args.len())
     };
@@ -268,8 +269,8 @@ fn aliasing_and_live_outputs_change_the_shapeless_part() {
     let chain = |keep: bool| {
         let mut g = G::new();
         let x = g.input(DType::F32, &[4]);
-        let a = g.op(OpId::Exp, &[&x], &[], &[]);
-        let b = g.op(OpId::Neg, &[&a], &[], &[]);
+        let a = g.op(typed::Exp, &[&x], &[]);
+        let b = g.op(typed::Neg, &[&a], &[]);
         if !keep {
             g.release(a);
         }
@@ -286,11 +287,11 @@ fn aliasing_and_live_outputs_change_the_shapeless_part() {
 fn dead_ops_are_dropped_and_younger_ops_stay_pending() {
     let mut g = G::new();
     let x = g.input(DType::F32, &[4]);
-    let old = g.op(OpId::Sin, &[&x], &[], &[]);
-    let dead = g.op(OpId::Cos, &[&x], &[], &[]);
+    let old = g.op(typed::Sin, &[&x], &[]);
+    let dead = g.op(typed::Cos, &[&x], &[]);
     g.release(dead);
-    let wanted = g.op(OpId::Exp, &[&x], &[], &[]);
-    let younger = g.op(OpId::Neg, &[&x], &[], &[]);
+    let wanted = g.op(typed::Exp, &[&x], &[]);
+    let younger = g.op(typed::Neg, &[&x], &[]);
     let f = g.flush_for(&wanted);
     // Ordered materialization: `old` is older than `wanted` and runs with it; `dead` is dropped.
     assert_eq!(f.source().len(), 2, "{}", f.label);
@@ -311,17 +312,17 @@ fn a_partial_flush_leaves_the_rest_keyed_as_if_fresh() {
     let alone = {
         let mut g = G::new();
         let y = g.input(DType::F32, &[3, 3]);
-        let a = g.op(OpId::Mul, &[&y, &y], &[], &[]);
-        let _b = g.op(OpId::Add, &[&a], &[f(1.0)], &[]);
+        let a = g.op(typed::Mul, &[&y, &y], &[]);
+        let _b = g.op(typed::Add, &[&a], &[f(1.0)]);
         g.release(a);
         key(&g.flush_all())
     };
     let mut g = G::new();
     let x = g.input(DType::F32, &[5]);
-    let first = g.op(OpId::Exp, &[&x], &[], &[]);
+    let first = g.op(typed::Exp, &[&x], &[]);
     let y = g.input(DType::F32, &[3, 3]);
-    let a = g.op(OpId::Mul, &[&y, &y], &[], &[]);
-    let b = g.op(OpId::Add, &[&a], &[f(1.0)], &[]);
+    let a = g.op(typed::Mul, &[&y, &y], &[]);
+    let b = g.op(typed::Add, &[&a], &[f(1.0)]);
     g.release(a);
     let head = g.flush_for(&first);
     assert_eq!(head.source().len(), 1);
@@ -339,10 +340,10 @@ fn lookup_key_does_not_depend_on_values_of_externals() {
     // Two programs reading different device values of the same type share a key.
     let mut g = G::new();
     let x = g.input(DType::F32, &[2, 2]);
-    let y = g.op(OpId::Exp, &[&x], &[], &[]);
+    let y = g.op(typed::Exp, &[&x], &[]);
     let first = g.flush_for(&y);
     let x2 = g.input(DType::F32, &[2, 2]);
-    let y2 = g.op(OpId::Exp, &[&x2], &[], &[]);
+    let y2 = g.op(typed::Exp, &[&x2], &[]);
     let second = g.flush_for(&y2);
     assert_eq!(key(&first), key(&second));
     assert_ne!(first.args, second.args, "the device values differ");
@@ -355,12 +356,14 @@ fn size_params_belong_to_the_dims_part() {
         let mut g = G::new();
         let x = g.input(DType::F32, &[n]);
         let filled = g.op(
-            OpId::Full,
+            typed::Full.encode(layout::Creation {
+                dtype: DType::F32,
+                sizes: &[n],
+            }),
             &[],
             &[ScalarArg::float(1.5)],
-            &[DType::F32.code() as i64, n],
         );
-        let y = g.op(OpId::Mul, &[&filled, &x], &[], &[]);
+        let y = g.op(typed::Mul, &[&filled, &x], &[]);
         g.release(filled);
         g.flush_for(&y)
     };
@@ -376,8 +379,8 @@ fn size_params_belong_to_the_dims_part() {
 fn a_flush_of_only_dead_ops_runs_nothing() {
     let mut g = G::new();
     let x = g.input(DType::F32, &[4]);
-    let a = g.op(OpId::Exp, &[&x], &[], &[]);
-    let b = g.op(OpId::Neg, &[&a], &[], &[]);
+    let a = g.op(typed::Exp, &[&x], &[]);
+    let b = g.op(typed::Neg, &[&a], &[]);
     g.release(a);
     g.release(b);
     let flush = g.graph.flush(FlushRequest::All, |_| 0).expect("flush");

@@ -12,12 +12,29 @@ use torch_glue::Engine;
 
 /// A small program of 6 ops; returns its result.
 fn program(e: &Engine, x: &TensorRef, y: &TensorRef) -> TensorRef {
-    let a = op(e, OpId::Mul, &[x, y], &[], &[]);
-    let b = op(e, OpId::Add, &[&a, x], &[ScalarArg::float(0.5)], &[]);
-    let c = op(e, OpId::Tanh, &[&b], &[], &[]);
-    let d = op(e, OpId::Mm, &[&c, y], &[], &[]);
-    let s = op(e, OpId::Softmax, &[&d], &[], &[1]);
-    op(e, OpId::Sum, &[&s], &[], &[0, -1, 0])
+    let a = op(e, typed::Mul, &[x, y], &[]);
+    let b = op(e, typed::Add, &[&a, x], &[ScalarArg::float(0.5)]);
+    let c = op(e, typed::Tanh, &[&b], &[]);
+    let d = op(e, typed::Mm, &[&c, y], &[]);
+    let s = op(
+        e,
+        typed::Softmax.encode(layout::SoftmaxDim {
+            dim: 1,
+            half_to_float: false,
+        }),
+        &[&d],
+        &[],
+    );
+    op(
+        e,
+        typed::Sum.encode(layout::ReduceDtypeDims {
+            keepdim: false,
+            dtype: None,
+            dims: &[0],
+        }),
+        &[&s],
+        &[],
+    )
 }
 
 #[test]
@@ -50,7 +67,7 @@ fn strict_and_debug_agree_and_share_executables() {
 
     // Another signature of the same op (new dims) compiles once more, and is named a recompile.
     let z = upload(&e, DType::F32, &rng.values(8, -1.0, 1.0), &[8]);
-    let w = op(&e, OpId::Tanh, &[&z], &[], &[]);
+    let w = op(&e, typed::Tanh, &[&z], &[]);
     let _ = read(&e, &w);
     assert_eq!(metric(&e, "compilations"), 1.0);
     assert_eq!(metric(&e, "recompiles"), 1.0);
@@ -77,9 +94,9 @@ fn strict_and_debug_agree_and_share_executables() {
 
 /// `n` chained `[n, n]` matrix products; returns the last.
 fn mm_chain(e: &Engine, a: &TensorRef, steps: usize) -> TensorRef {
-    let mut m = op(e, OpId::Mm, &[a, a], &[], &[]);
+    let mut m = op(e, typed::Mm, &[a, a], &[]);
     for _ in 1..steps {
-        let next = op(e, OpId::Mm, &[&m, a], &[], &[]);
+        let next = op(e, typed::Mm, &[&m, a], &[]);
         release(e, std::mem::replace(&mut m, next));
     }
     m
@@ -90,7 +107,16 @@ fn time_chain(e: &Engine, a: &TensorRef, steps: usize) -> (Duration, Duration, f
     let t0 = Instant::now();
     let m = mm_chain(e, a, steps);
     let calls = t0.elapsed();
-    let total = op(e, OpId::Sum, &[&m], &[], &[0, -1]);
+    let total = op(
+        e,
+        typed::Sum.encode(layout::ReduceDtypeDims {
+            keepdim: false,
+            dtype: None,
+            dims: &[],
+        }),
+        &[&m],
+        &[],
+    );
     let value = read(e, &total)[0];
     (calls, t0.elapsed(), value)
 }
@@ -176,7 +202,7 @@ fn strict_does_not_wait_for_compilation() {
     let e = engine(Mode::Strict);
     let x = upload_f32(&e, &[1.0, 2.0, 3.0, 4.0], &[2, 2]);
     let t0 = Instant::now();
-    let y = op(&e, OpId::Log1p, &[&x], &[], &[]);
+    let y = op(&e, typed::Log1p, &[&x], &[]);
     let call = t0.elapsed();
     let got = read(&e, &y);
     let compile = Duration::from_secs_f64(metric(&e, "compile_seconds"));
@@ -192,13 +218,11 @@ fn strict_does_not_wait_for_compilation() {
 
 /// `full` of 2^38 float32 elements (1 TiB): meta accepts it, the device cannot allocate it.
 fn huge_full(e: &Engine) -> Result<defer::Captured, defer::EngineError> {
-    e.op(
-        OpId::Full,
-        &[],
-        &[ScalarArg::float(1.0)],
-        &[DType::F32.code() as i64, 1 << 38],
-        &[],
-    )
+    let full = typed::Full.encode(layout::Creation {
+        dtype: DType::F32,
+        sizes: &[1 << 38],
+    });
+    try_op(e, full, &[], &[ScalarArg::float(1.0)], &[])
 }
 
 /// The engine still runs ops and reads values correctly in every mode.
@@ -206,8 +230,8 @@ fn assert_usable(e: &Engine) {
     for mode in [Mode::Strict, Mode::Debug, Mode::DeferAndFuse] {
         with_mode(e, mode, || {
             let a = upload_f32(e, &[1.0, 2.0, 3.0], &[3]);
-            let b = op(e, OpId::Mul, &[&a, &a], &[], &[]);
-            let c = op(e, OpId::Add, &[&b, &a], &[ScalarArg::float(2.0)], &[]);
+            let b = op(e, typed::Mul, &[&a, &a], &[]);
+            let c = op(e, typed::Add, &[&b, &a], &[ScalarArg::float(2.0)]);
             assert_eq!(
                 read_f32(e, &c),
                 vec![3.0, 8.0, 15.0],
@@ -246,7 +270,16 @@ fn strict_reports_execution_errors_when_the_value_is_read() {
     assert_eq!(ty.shape.as_slice(), &[1i64 << 38]);
     let t = TensorRef::contiguous(storage, ty.dtype, &ty.shape);
     // A dependent op is also enqueued; the failure travels to it.
-    let s = op(&e, OpId::Sum, &[&t], &[], &[0, -1]);
+    let s = op(
+        &e,
+        typed::Sum.encode(layout::ReduceDtypeDims {
+            keepdim: false,
+            dtype: None,
+            dims: &[],
+        }),
+        &[&t],
+        &[],
+    );
     let mut byte = [0u8; 4];
     let err = e
         .read_host(&s, &mut byte)
@@ -277,7 +310,7 @@ fn defer_and_fuse_execution_error_leaves_later_work_usable() {
     let (storage, ty) = captured.outputs[0].clone();
     let t = TensorRef::contiguous(storage, ty.dtype, &ty.shape);
     let x = upload_f32(&e, &[1.0, 2.0], &[2]);
-    let y = op(&e, OpId::Exp, &[&x], &[], &[]);
+    let y = op(&e, typed::Exp, &[&x], &[]);
     // Ordered materialization runs the older `full` in y's region: the region fails as a whole.
     let mut bytes = [0u8; 8];
     let err = e
@@ -285,7 +318,7 @@ fn defer_and_fuse_execution_error_leaves_later_work_usable() {
         .expect_err("the region holding `full` fails");
     assert!(err.message.contains("full"), "{}", err.message);
     release(&e, t);
-    let z = op(&e, OpId::Add, &[&x, &x], &[], &[]);
+    let z = op(&e, typed::Add, &[&x, &x], &[]);
     assert_eq!(read_f32(&e, &z), vec![2.0, 4.0], "later regions run");
     assert_usable(&e);
 }
@@ -296,7 +329,7 @@ fn capture_errors_leave_every_mode_usable() {
         let e = engine(mode);
         let a = upload_f32(&e, &[1.0, 2.0, 3.0], &[3]);
         let b = upload_f32(&e, &[1.0, 2.0, 3.0, 4.0], &[4]);
-        let pending = op(&e, OpId::Neg, &[&a], &[], &[]);
+        let pending = op(&e, typed::Neg, &[&a], &[]);
         let live = metric(&e, "live_storages");
         let err = e
             .op(OpId::Add, &[a.clone(), b.clone()], &[], &[], &[])
@@ -318,7 +351,7 @@ fn capture_errors_leave_every_mode_usable() {
             live,
             "{mode:?}: failed captures create nothing"
         );
-        let c = op(&e, OpId::Mul, &[&pending, &a], &[], &[]);
+        let c = op(&e, typed::Mul, &[&pending, &a], &[]);
         assert_eq!(read_f32(&e, &c), vec![-1.0, -4.0, -9.0], "{mode:?}");
         if mode == Mode::DeferAndFuse {
             assert_eq!(metric(&e, "region_ops"), 2.0, "only the valid ops ran");

@@ -8,7 +8,8 @@ mod common;
 use common::reference::Ref;
 use common::*;
 use defer::{Mode, TensorRef};
-use ops::{f64_param, DType, OpId, ScalarArg, ScalarValue};
+use ops::params::{Reduction, RoundingMode};
+use ops::{DType, EncodedOp, ScalarArg, ScalarValue};
 use torch_glue::Engine;
 
 const MODES: [Mode; 3] = [Mode::Strict, Mode::Debug, Mode::DeferAndFuse];
@@ -77,16 +78,15 @@ fn random(rng: &mut Rng, dtype: DType, shape: &[i64], lo: f64, hi: f64) -> Input
 /// A case that uploads `inputs` and runs one op on them.
 fn case(
     name: &str,
-    op: OpId,
+    call: impl Call,
     inputs: &[&Input],
     scalars: &[ScalarArg],
-    params: &[i64],
     tol: Tol,
     expect: Vec<Expect>,
 ) -> Case {
     let inputs: Vec<Input> = inputs.iter().map(|i| (*i).clone()).collect();
     let scalars = scalars.to_vec();
-    let params = params.to_vec();
+    let call = call.encoded();
     Case {
         name: name.to_string(),
         tol,
@@ -94,7 +94,7 @@ fn case(
         build: Box::new(move |e| {
             let tensors: Vec<TensorRef> = inputs.iter().map(|i| i.upload(e)).collect();
             let refs: Vec<&TensorRef> = tensors.iter().collect();
-            op_all(e, op, &refs, &scalars, &params)
+            op_all(e, call.clone(), &refs, &scalars)
         }),
     }
 }
@@ -192,44 +192,61 @@ fn unary_ops() {
     let x = random(&mut rng, DType::F32, &[2, 3, 4], -2.0, 2.0);
     let pos = random(&mut rng, DType::F32, &[2, 3, 4], 0.05, 4.0);
     let f32_ = DType::F32;
-    let unary = |name: &str, op: OpId, input: &Input, f: fn(f64) -> f64, ulps: f64| {
+    let unary = |name: &str, call: EncodedOp, input: &Input, f: fn(f64) -> f64, ulps: f64| {
         let want = input.value.map(f);
         case(
             name,
-            op,
+            call,
             &[input],
-            &[],
             &[],
             Tol::ulps(f32_, ulps),
             vec![Expect::new(f32_, want)],
         )
     };
     run_cases(vec![
-        unary("neg", OpId::Neg, &x, |v| -v, 0.0),
-        unary("abs", OpId::Abs, &x, f64::abs, 0.0),
-        unary("relu", OpId::Relu, &x, |v| v.max(0.0), 0.0),
-        unary("floor", OpId::Floor, &x, f64::floor, 0.0),
-        unary("ceil", OpId::Ceil, &x, f64::ceil, 0.0),
-        unary("sqrt", OpId::Sqrt, &pos, f64::sqrt, 1.0),
-        unary("reciprocal", OpId::Reciprocal, &pos, |v| 1.0 / v, 1.0),
-        unary("rsqrt", OpId::Rsqrt, &pos, |v| 1.0 / v.sqrt(), 2.0),
-        unary("exp", OpId::Exp, &x, f64::exp, 4.0),
-        unary("log", OpId::Log, &pos, f64::ln, 4.0),
-        unary("sin", OpId::Sin, &x, f64::sin, 4.0),
-        unary("tanh", OpId::Tanh, &x, f64::tanh, 4.0),
+        unary("neg", typed::Neg.encode(()), &x, |v| -v, 0.0),
+        unary("abs", typed::Abs.encode(()), &x, f64::abs, 0.0),
+        unary("relu", typed::Relu.encode(()), &x, |v| v.max(0.0), 0.0),
+        unary("floor", typed::Floor.encode(()), &x, f64::floor, 0.0),
+        unary("ceil", typed::Ceil.encode(()), &x, f64::ceil, 0.0),
+        unary("sqrt", typed::Sqrt.encode(()), &pos, f64::sqrt, 1.0),
+        unary(
+            "reciprocal",
+            typed::Reciprocal.encode(()),
+            &pos,
+            |v| 1.0 / v,
+            1.0,
+        ),
+        unary(
+            "rsqrt",
+            typed::Rsqrt.encode(()),
+            &pos,
+            |v| 1.0 / v.sqrt(),
+            2.0,
+        ),
+        unary("exp", typed::Exp.encode(()), &x, f64::exp, 4.0),
+        unary("log", typed::Log.encode(()), &pos, f64::ln, 4.0),
+        unary("sin", typed::Sin.encode(()), &x, f64::sin, 4.0),
+        unary("tanh", typed::Tanh.encode(()), &x, f64::tanh, 4.0),
         unary(
             "sigmoid",
-            OpId::Sigmoid,
+            typed::Sigmoid.encode(()),
             &x,
             |v| 1.0 / (1.0 + (-v).exp()),
             4.0,
         ),
-        unary("silu", OpId::Silu, &x, |v| v / (1.0 + (-v).exp()), 4.0),
+        unary(
+            "silu",
+            typed::Silu.encode(()),
+            &x,
+            |v| v / (1.0 + (-v).exp()),
+            4.0,
+        ),
         // XLA's GPU erf is a different approximation than its CPU one: 8 ulps, not 4.
-        unary("erf", OpId::Erf, &x, erf, 8.0),
+        unary("erf", typed::Erf.encode(()), &x, erf, 8.0),
         unary(
             "gelu",
-            OpId::Gelu,
+            typed::Gelu.encode(layout::GeluApproximate { approximate: 0 }),
             &x,
             |v| 0.5 * v * (1.0 + erf(v / std::f64::consts::SQRT_2)),
             8.0,
@@ -258,19 +275,17 @@ fn binary_ops_broadcast_and_scalars() {
     run_cases(vec![
         case(
             "add broadcast [3,1,4] + [2,4]",
-            OpId::Add,
+            typed::Add,
             &[&a, &b],
-            &[],
             &[],
             one,
             vec![Expect::new(f32_, rf(&a).zip(&rf(&b), |x, y| x + y))],
         ),
         case(
             "add with alpha 2.5",
-            OpId::Add,
+            typed::Add,
             &[&a, &b],
             &[alpha(2.5)],
-            &[],
             // PyTorch computes x + alpha * y in f32; the product may be fused (FMA) or not.
             Tol::ulps(f32_, 2.0),
             vec![Expect::scaled(
@@ -281,10 +296,9 @@ fn binary_ops_broadcast_and_scalars() {
         ),
         case(
             "sub with alpha 0.5",
-            OpId::Sub,
+            typed::Sub,
             &[&a, &row],
             &[alpha(0.5)],
-            &[],
             Tol::ulps(f32_, 2.0),
             vec![Expect::scaled(
                 f32_,
@@ -294,64 +308,61 @@ fn binary_ops_broadcast_and_scalars() {
         ),
         case(
             "add python float",
-            OpId::Add,
+            typed::Add,
             &[&a],
             &[py_f(1.25)],
-            &[],
             one,
             vec![Expect::new(f32_, rf(&a).map(|x| x + 1.25))],
         ),
         case(
             "int64 + python int, alpha 3",
-            OpId::Add,
+            typed::Add,
             &[&ia],
             &[py_i(5), py_i(3)],
-            &[],
             exact,
             vec![Expect::new(i64_, rf(&ia).map(|x| x + 15.0))],
         ),
         case(
             "int64 * python float is float32",
-            OpId::Mul,
+            typed::Mul,
             &[&ia],
             &[py_f(0.5)],
-            &[],
             one,
             vec![Expect::new(f32_, rf(&ia).map(|x| x * 0.5))],
         ),
         case(
             "int64 * cpu 0-d float64 tensor is float64",
-            OpId::Mul,
+            typed::Mul,
             &[&ia],
             &[cpu0(0.1, f64_)],
-            &[],
             Tol::ulps(f64_, 1.0),
             vec![Expect::new(f64_, rf(&ia).map(|x| x * 0.1))],
         ),
         case(
             "float32 * cpu 0-d float64 tensor stays float32",
-            OpId::Mul,
+            typed::Mul,
             &[&a],
             &[cpu0(0.1, f64_)],
-            &[],
             one,
             vec![Expect::new(f32_, rf(&a).map(|x| x * f32_scale(0.1)))],
         ),
         case(
             "int64 / int64 broadcast is float32",
-            OpId::Div,
+            typed::Div.encode(layout::DivRounding {
+                rounding_mode: RoundingMode::True,
+            }),
             &[&ia, &ib],
-            &[],
             &[],
             one,
             vec![Expect::new(f32_, rf(&ia).zip(&rf(&ib), |x, y| x / y))],
         ),
         case(
             "int64 floor division",
-            OpId::Div,
+            typed::Div.encode(layout::DivRounding {
+                rounding_mode: RoundingMode::Floor,
+            }),
             &[&ia, &ib],
             &[],
-            &[2],
             exact,
             vec![Expect::new(
                 i64_,
@@ -360,10 +371,11 @@ fn binary_ops_broadcast_and_scalars() {
         ),
         case(
             "float32 floor division",
-            OpId::Div,
+            typed::Div.encode(layout::DivRounding {
+                rounding_mode: RoundingMode::Floor,
+            }),
             &[&a, &row],
             &[],
-            &[2],
             exact,
             vec![Expect::new(
                 f32_,
@@ -372,45 +384,40 @@ fn binary_ops_broadcast_and_scalars() {
         ),
         case(
             "maximum broadcast",
-            OpId::Maximum,
+            typed::Maximum,
             &[&a, &b],
-            &[],
             &[],
             exact,
             vec![Expect::new(f32_, rf(&a).zip(&rf(&b), f64::max))],
         ),
         case(
             "pow 2",
-            OpId::Pow,
+            typed::Pow,
             &[&a],
             &[py_f(2.0)],
-            &[],
             one,
             vec![Expect::new(f32_, rf(&a).map(|x| x * x))],
         ),
         case(
             "pow 0.5",
-            OpId::Pow,
+            typed::Pow,
             &[&row],
             &[py_f(0.5)],
-            &[],
             one,
             vec![Expect::new(f32_, rf(&row).map(f64::sqrt))],
         ),
         case(
             "pow 3 (int exponent on a float tensor)",
-            OpId::Pow,
+            typed::Pow,
             &[&a],
             &[py_i(3)],
-            &[],
             Tol::ulps(f32_, 2.0),
             vec![Expect::new(f32_, rf(&a).map(|x| x * x * x))],
         ),
         case(
             "lt broadcast is bool",
-            OpId::Lt,
+            typed::Lt,
             &[&a, &b],
-            &[],
             &[],
             exact,
             vec![Expect::new(
@@ -420,10 +427,9 @@ fn binary_ops_broadcast_and_scalars() {
         ),
         case(
             "ge python float",
-            OpId::Ge,
+            typed::Ge,
             &[&a],
             &[py_f(0.0)],
-            &[],
             exact,
             vec![Expect::new(
                 bool_,
@@ -449,28 +455,28 @@ fn where_and_mixed_dtypes() {
     run_cases(vec![
         case(
             "where broadcast",
-            OpId::Where,
+            typed::Where.encode(layout::WhereOperands {
+                self_kind: None,
+                other_kind: None,
+            }),
             &[&cond, &a, &b],
-            &[],
             &[],
             Tol::exact(),
             vec![Expect::new(f32_, select(&rf(&cond), &rf(&a), &rf(&b)))],
         ),
         case(
             "float32 + int64 promotes to float32",
-            OpId::Add,
+            typed::Add,
             &[&a, &ia],
-            &[],
             &[],
             Tol::ulps(f32_, 1.0),
             vec![Expect::new(f32_, rf(&a).zip(&rf(&ia), |x, y| x + y))],
         ),
         case(
             "int64 - python float is float32",
-            OpId::Sub,
+            typed::Sub,
             &[&ia],
             &[ScalarArg::float(0.75)],
-            &[],
             Tol::ulps(f32_, 1.0),
             vec![Expect::new(f32_, rf(&ia).map(|x| x - 0.75))],
         ),
@@ -501,10 +507,9 @@ fn casts() {
     let cast = |name: &str, input: &Input, to: DType, f: &dyn Fn(f64) -> f64| {
         case(
             name,
-            OpId::Convert,
+            typed::Convert.encode(layout::ConvertTo { dtype: to }),
             &[input],
             &[],
-            &[to.code() as i64],
             Tol::exact(),
             vec![Expect::new(to, input.value.map(f))],
         )
@@ -526,9 +531,8 @@ fn casts() {
         cast("bool -> float32", &bools, f32_, &|v| v),
         case(
             "bfloat16 + bfloat16 computes in float32, rounds once",
-            OpId::Add,
+            typed::Add,
             &[&xb, &yb],
-            &[],
             &[],
             Tol::exact(),
             vec![Expect::new(
@@ -546,7 +550,6 @@ fn reductions() {
     let x = random(&mut rng, f32_, &[3, 4, 5], -2.0, 2.0);
     let xi = random(&mut rng, i64_, &[4, 6], -100.0, 100.0);
     let r = x.value.clone();
-    let none = -1;
     let sum_tol = Tol::ulps(f32_, 4.0);
     let argmax = |g: &[f64]| {
         let mut best = 0;
@@ -568,10 +571,13 @@ fn reductions() {
     run_cases(vec![
         case(
             "sum dim 1",
-            OpId::Sum,
+            typed::Sum.encode(layout::ReduceDtypeDims {
+                keepdim: false,
+                dtype: None,
+                dims: &[1],
+            }),
             &[&x],
             &[],
-            &[0, none, 1],
             sum_tol,
             vec![Expect::scaled(
                 f32_,
@@ -581,10 +587,13 @@ fn reductions() {
         ),
         case(
             "sum all",
-            OpId::Sum,
+            typed::Sum.encode(layout::ReduceDtypeDims {
+                keepdim: false,
+                dtype: None,
+                dims: &[],
+            }),
             &[&x],
             &[],
-            &[0, none],
             sum_tol,
             vec![Expect::scaled(
                 f32_,
@@ -594,10 +603,13 @@ fn reductions() {
         ),
         case(
             "sum dims -1,0 keepdim",
-            OpId::Sum,
+            typed::Sum.encode(layout::ReduceDtypeDims {
+                keepdim: true,
+                dtype: None,
+                dims: &[-1, 0],
+            }),
             &[&x],
             &[],
-            &[1, none, -1, 0],
             sum_tol,
             vec![Expect::scaled(
                 f32_,
@@ -607,19 +619,25 @@ fn reductions() {
         ),
         case(
             "sum int64 is exact int64",
-            OpId::Sum,
+            typed::Sum.encode(layout::ReduceDtypeDims {
+                keepdim: false,
+                dtype: None,
+                dims: &[0],
+            }),
             &[&xi],
             &[],
-            &[0, none, 0],
             Tol::exact(),
             vec![Expect::new(i64_, xi.value.sum(&[0], false))],
         ),
         case(
             "sum float32 with dtype float64",
-            OpId::Sum,
+            typed::Sum.encode(layout::ReduceDtypeDims {
+                keepdim: false,
+                dtype: Some(DType::F64),
+                dims: &[2],
+            }),
             &[&x],
             &[],
-            &[0, DType::F64.code() as i64, 2],
             Tol::ulps(DType::F64, 8.0),
             vec![Expect::scaled(
                 DType::F64,
@@ -629,10 +647,13 @@ fn reductions() {
         ),
         case(
             "mean dims 0,2 keepdim",
-            OpId::Mean,
+            typed::Mean.encode(layout::ReduceDtypeDims {
+                keepdim: true,
+                dtype: None,
+                dims: &[0, 2],
+            }),
             &[&x],
             &[],
-            &[1, none, 0, 2],
             sum_tol,
             vec![Expect::scaled(
                 f32_,
@@ -642,28 +663,35 @@ fn reductions() {
         ),
         case(
             "amax dim 2",
-            OpId::Amax,
+            typed::Amax.encode(layout::ReduceDims {
+                keepdim: false,
+                dims: &[2],
+            }),
             &[&x],
             &[],
-            &[0, 2],
             Tol::exact(),
             vec![Expect::new(f32_, r.amax(&[2], false))],
         ),
         case(
             "argmax dim 1 keepdim",
-            OpId::Argmax,
+            typed::Argmax.encode(layout::ArgReduce {
+                keepdim: true,
+                dim: Some(1),
+            }),
             &[&x],
             &[],
-            &[1, 1],
             Tol::exact(),
             vec![Expect::new(i64_, r.reduce(&[1], true, argmax))],
         ),
         case(
             "var dim 1 correction 1",
-            OpId::Var,
+            typed::Var.encode(layout::ReduceCorrectionDims {
+                keepdim: false,
+                correction: 1.0,
+                dims: &[1],
+            }),
             &[&x],
             &[],
-            &[0, f64_param(1.0), 1],
             Tol::ulps(f32_, 16.0),
             vec![Expect::scaled(
                 f32_,
@@ -673,10 +701,12 @@ fn reductions() {
         ),
         case(
             "logsumexp dim 2",
-            OpId::Logsumexp,
+            typed::Logsumexp.encode(layout::ReduceDims {
+                keepdim: false,
+                dims: &[2],
+            }),
             &[&x],
             &[],
-            &[0, 2],
             Tol::ulps(f32_, 8.0),
             vec![Expect::scaled(
                 f32_,
@@ -724,36 +754,32 @@ fn matrix_products() {
     run_cases(vec![
         case(
             "mm [5,7] @ [7,3]",
-            OpId::Mm,
+            typed::Mm,
             &[&a, &b],
-            &[],
             &[],
             tol,
             vec![Expect::scaled(f32_, ra.matmul(&rb), &ra.matmul_abs(&rb))],
         ),
         case(
             "matmul [5,7] @ [7,3]",
-            OpId::Matmul,
+            typed::Matmul,
             &[&a, &b],
-            &[],
             &[],
             tol,
             vec![Expect::scaled(f32_, ra.matmul(&rb), &ra.matmul_abs(&rb))],
         ),
         case(
             "addmm beta 0.5 alpha 2 with a broadcast bias",
-            OpId::Addmm,
+            typed::Addmm,
             &[&bias, &a, &b],
             &[ScalarArg::float(0.5), ScalarArg::float(2.0)],
-            &[],
             tol,
             vec![Expect::scaled(f32_, addmm, &addmm_scale)],
         ),
         case(
             "bmm [2,3,4] @ [2,4,5]",
-            OpId::Bmm,
+            typed::Bmm,
             &[&ba, &bb],
-            &[],
             &[],
             tol,
             vec![Expect::scaled(f32_, stack(&bmm), &stack(&bmm_abs))],
@@ -792,10 +818,9 @@ fn cat_softmax_nll_loss() {
     run_cases(vec![
         case(
             "cat dim 0 of three",
-            OpId::Cat,
+            typed::Cat.encode(layout::Dim { dim: 0 }),
             &[&p0, &p1, &p2],
             &[],
-            &[0],
             Tol::exact(),
             vec![Expect::new(
                 f32_,
@@ -804,82 +829,94 @@ fn cat_softmax_nll_loss() {
         ),
         case(
             "cat dim -1",
-            OpId::Cat,
+            typed::Cat.encode(layout::Dim { dim: -1 }),
             &[&p0, &q],
             &[],
-            &[-1],
             Tol::exact(),
             vec![Expect::new(f32_, Ref::cat(&[&p0.value, &q.value], 1))],
         ),
         case(
             "cat float32 with int64 promotes",
-            OpId::Cat,
+            typed::Cat.encode(layout::Dim { dim: 1 }),
             &[&q, &qi],
             &[],
-            &[1],
             Tol::exact(),
             vec![Expect::new(f32_, Ref::cat(&[&q.value, &qi.value], 1))],
         ),
         case(
             "softmax dim 1",
-            OpId::Softmax,
+            typed::Softmax.encode(layout::SoftmaxDim {
+                dim: 1,
+                half_to_float: false,
+            }),
             &[&logits],
             &[],
-            &[1, 0],
             soft_tol,
             vec![Expect::new(f32_, r.softmax(1))],
         ),
         case(
             "softmax dim 0",
-            OpId::Softmax,
+            typed::Softmax.encode(layout::SoftmaxDim {
+                dim: 0,
+                half_to_float: false,
+            }),
             &[&logits],
             &[],
-            &[0, 0],
             soft_tol,
             vec![Expect::new(f32_, r.softmax(0))],
         ),
         case(
             "log_softmax dim -1",
-            OpId::LogSoftmax,
+            typed::LogSoftmax.encode(layout::SoftmaxDim {
+                dim: -1,
+                half_to_float: false,
+            }),
             &[&logits],
             &[],
-            &[-1, 0],
             soft_tol,
             vec![Expect::scaled(f32_, r.log_softmax(1), &ls_scale)],
         ),
         case(
             "nll_loss mean",
-            OpId::NllLoss,
+            typed::NllLoss.encode(layout::NllLossReduction {
+                reduction: Reduction::Mean,
+                ignore_index: -100,
+            }),
             &[&logp, &targets],
             &[],
-            &[1, -100],
             Tol::ulps(f32_, 4.0),
             nll(1, -100),
         ),
         case(
             "nll_loss sum",
-            OpId::NllLoss,
+            typed::NllLoss.encode(layout::NllLossReduction {
+                reduction: Reduction::Sum,
+                ignore_index: -100,
+            }),
             &[&logp, &targets],
             &[],
-            &[2, -100],
             Tol::ulps(f32_, 4.0),
             nll(2, -100),
         ),
         case(
             "nll_loss none",
-            OpId::NllLoss,
+            typed::NllLoss.encode(layout::NllLossReduction {
+                reduction: Reduction::None,
+                ignore_index: -100,
+            }),
             &[&logp, &targets],
             &[],
-            &[0, -100],
             Tol::exact(),
             nll(0, -100),
         ),
         case(
             "nll_loss mean with ignore_index 2",
-            OpId::NllLoss,
+            typed::NllLoss.encode(layout::NllLossReduction {
+                reduction: Reduction::Mean,
+                ignore_index: 2,
+            }),
             &[&logp, &targets],
             &[],
-            &[1, 2],
             Tol::ulps(f32_, 4.0),
             nll(1, 2),
         ),
@@ -900,22 +937,39 @@ fn mixed_ops_fuse_into_one_region_and_agree() {
     let ry = Ref::new(&[6], ys.clone());
     e.reset_metrics();
     let terms = [
-        OpId::Exp,
-        OpId::Log,
-        OpId::Sqrt,
-        OpId::Tanh,
-        OpId::Sigmoid,
-        OpId::Neg,
+        typed::Exp,
+        typed::Log,
+        typed::Sqrt,
+        typed::Tanh,
+        typed::Sigmoid,
+        typed::Neg,
     ];
-    let mut acc = op(&e, OpId::Mul, &[&x, &y], &[], &[]);
+    let mut acc = op(&e, typed::Mul, &[&x, &y], &[]);
     for t in terms {
-        let v = op(&e, t, &[&x], &[], &[]);
-        let next = op(&e, OpId::Add, &[&acc, &v], &[ScalarArg::float(0.5)], &[]);
+        let v = op(&e, t, &[&x], &[]);
+        let next = op(&e, typed::Add, &[&acc, &v], &[ScalarArg::float(0.5)]);
         release(&e, v);
         release(&e, std::mem::replace(&mut acc, next));
     }
-    let sm = op(&e, OpId::Softmax, &[&acc], &[], &[1]);
-    let total = op(&e, OpId::Sum, &[&sm], &[], &[0, -1, 1]);
+    let sm = op(
+        &e,
+        typed::Softmax.encode(layout::SoftmaxDim {
+            dim: 1,
+            half_to_float: false,
+        }),
+        &[&acc],
+        &[],
+    );
+    let total = op(
+        &e,
+        typed::Sum.encode(layout::ReduceDtypeDims {
+            keepdim: false,
+            dtype: None,
+            dims: &[1],
+        }),
+        &[&sm],
+        &[],
+    );
     assert_eq!(metric(&e, "regions"), 0.0, "nothing runs before the read");
     let got = read(&e, &total);
     assert_eq!(

@@ -2,8 +2,12 @@
 //! planned by a flush and emitted by `fuse::build_module`. A changed snapshot is a changed
 //! program: review it with `cargo insta review`.
 
+mod common;
+
+use common::{layout, typed, Call};
 use defer::{FlushRequest, Graph, TensorRef};
-use ops::{DType, OpId, ScalarArg, ScalarValue};
+use ops::params::Reduction;
+use ops::{DType, ScalarArg, ScalarValue};
 
 struct G {
     graph: Graph<u32>,
@@ -25,15 +29,15 @@ impl G {
 
     fn op(
         &mut self,
-        op: OpId,
+        call: impl Call,
         inputs: &[&TensorRef],
         scalars: &[ScalarArg],
-        params: &[i64],
     ) -> Vec<TensorRef> {
+        let call = call.encoded();
         let inputs: Vec<TensorRef> = inputs.iter().map(|t| (*t).clone()).collect();
         let captured = self
             .graph
-            .capture(op, &inputs, scalars, params, &[])
+            .capture(call.op, &inputs, scalars, &call.params, &[])
             .expect("capture");
         captured
             .outputs
@@ -42,14 +46,8 @@ impl G {
             .collect()
     }
 
-    fn op1(
-        &mut self,
-        op: OpId,
-        inputs: &[&TensorRef],
-        scalars: &[ScalarArg],
-        params: &[i64],
-    ) -> TensorRef {
-        self.op(op, inputs, scalars, params).swap_remove(0)
+    fn op1(&mut self, call: impl Call, inputs: &[&TensorRef], scalars: &[ScalarArg]) -> TensorRef {
+        self.op(call, inputs, scalars).swap_remove(0)
     }
 
     fn release(&mut self, t: TensorRef) {
@@ -85,10 +83,10 @@ fn elementwise_chain_with_lifted_scalars() {
     let mut g = G::new();
     let x = g.input(DType::F32, &[2, 3]);
     let y = g.input(DType::F32, &[3]);
-    let a = g.op1(OpId::Mul, &[&x], &[f(0.5)], &[]);
-    let b = g.op1(OpId::Add, &[&a, &y], &[f(2.0)], &[]);
-    let c = g.op1(OpId::Tanh, &[&b], &[], &[]);
-    let d = g.op1(OpId::Sub, &[&c], &[f(1.0), f(3.0)], &[]);
+    let a = g.op1(typed::Mul, &[&x], &[f(0.5)]);
+    let b = g.op1(typed::Add, &[&a, &y], &[f(2.0)]);
+    let c = g.op1(typed::Tanh, &[&b], &[]);
+    let d = g.op1(typed::Sub, &[&c], &[f(1.0), f(3.0)]);
     for t in [a, b, c] {
         g.release(t);
     }
@@ -99,20 +97,14 @@ fn elementwise_chain_with_lifted_scalars() {
 fn scalars_of_several_dtypes_travel_in_one_pack_each() {
     let mut g = G::new();
     let i = g.input(DType::I64, &[4]);
-    let a = g.op1(
-        OpId::Add,
-        &[&i],
-        &[ScalarArg::int(3), ScalarArg::int(2)],
-        &[],
-    );
-    let b = g.op1(OpId::Mul, &[&a], &[f(0.25)], &[]);
+    let a = g.op1(typed::Add, &[&i], &[ScalarArg::int(3), ScalarArg::int(2)]);
+    let b = g.op1(typed::Mul, &[&a], &[f(0.25)]);
     let c = g.op1(
-        OpId::Mul,
+        typed::Mul,
         &[&b],
         &[ScalarArg::tensor(ScalarValue::Float(1.5), DType::F64)],
-        &[],
     );
-    let d = g.op1(OpId::Gt, &[&c], &[ScalarArg::int(1)], &[]);
+    let d = g.op1(typed::Gt, &[&c], &[ScalarArg::int(1)]);
     for t in [a, b, c] {
         g.release(t);
     }
@@ -123,11 +115,34 @@ fn scalars_of_several_dtypes_travel_in_one_pack_each() {
 fn softmax_and_reduction_with_a_live_intermediate() {
     let mut g = G::new();
     let x = g.input(DType::F32, &[4, 5]);
-    let s = g.op1(OpId::Softmax, &[&x], &[], &[1, 0]);
-    let m = g.op1(OpId::Mean, &[&s], &[], &[0, -1, 0]);
-    let dead = g.op1(OpId::Exp, &[&x], &[], &[]);
+    let s = g.op1(
+        typed::Softmax.encode(layout::SoftmaxDim {
+            dim: 1,
+            half_to_float: false,
+        }),
+        &[&x],
+        &[],
+    );
+    let m = g.op1(
+        typed::Mean.encode(layout::ReduceDtypeDims {
+            keepdim: false,
+            dtype: None,
+            dims: &[0],
+        }),
+        &[&s],
+        &[],
+    );
+    let dead = g.op1(typed::Exp, &[&x], &[]);
     g.release(dead);
-    let total = g.op1(OpId::Sum, &[&m], &[], &[0, -1]);
+    let total = g.op1(
+        typed::Sum.encode(layout::ReduceDtypeDims {
+            keepdim: false,
+            dtype: None,
+            dims: &[],
+        }),
+        &[&m],
+        &[],
+    );
     // `s` is still held: the region outputs it as well as `total`; `dead` is dropped.
     insta::assert_snapshot!("softmax_reduction_live_intermediate", g.module_for(&total));
     drop(s);
@@ -140,9 +155,9 @@ fn linear_layer_forward() {
     let w = g.input(DType::F32, &[4, 16]);
     let bias = g.input(DType::F32, &[16]);
     let w2 = g.input(DType::F32, &[16, 3]);
-    let h = g.op1(OpId::Addmm, &[&bias, &x, &w], &[], &[]);
-    let a = g.op1(OpId::Relu, &[&h], &[], &[]);
-    let logits = g.op1(OpId::Mm, &[&a, &w2], &[], &[]);
+    let h = g.op1(typed::Addmm, &[&bias, &x, &w], &[]);
+    let a = g.op1(typed::Relu, &[&h], &[]);
+    let logits = g.op1(typed::Mm, &[&a, &w2], &[]);
     g.release(h);
     g.release(a);
     insta::assert_snapshot!("linear_layer_forward", g.module_for(&logits));
@@ -153,8 +168,22 @@ fn nll_loss_of_log_softmax() {
     let mut g = G::new();
     let logits = g.input(DType::F32, &[6, 5]);
     let target = g.input(DType::I64, &[6]);
-    let logp = g.op1(OpId::LogSoftmax, &[&logits], &[], &[1, 0]);
-    let outs = g.op(OpId::NllLoss, &[&logp, &target], &[], &[1, -100]);
+    let logp = g.op1(
+        typed::LogSoftmax.encode(layout::SoftmaxDim {
+            dim: 1,
+            half_to_float: false,
+        }),
+        &[&logits],
+        &[],
+    );
+    let outs = g.op(
+        typed::NllLoss.encode(layout::NllLossReduction {
+            reduction: Reduction::Mean,
+            ignore_index: -100,
+        }),
+        &[&logp, &target],
+        &[],
+    );
     g.release(logp);
     g.release(outs[1].clone());
     insta::assert_snapshot!("nll_loss_of_log_softmax", g.module_for(&outs[0]));
@@ -167,10 +196,18 @@ fn reshaped_reads_unwritten_storages_and_cat() {
     // The same storage read as [2, 3]: the region reshapes it.
     let as_matrix = TensorRef::contiguous(flat.storage, DType::F32, &[2, 3]);
     let zeros = TensorRef::contiguous(g.graph.new_storage(12), DType::F32, &[1, 3]);
-    let a = g.op1(OpId::Neg, &[&as_matrix], &[], &[]);
+    let a = g.op1(typed::Neg, &[&as_matrix], &[]);
     // An unwritten storage reads as zeros.
-    let c = g.op1(OpId::Cat, &[&a, &zeros, &as_matrix], &[], &[0]);
-    let d = g.op1(OpId::Convert, &[&c], &[], &[DType::BF16.code() as i64]);
+    let c = g.op1(
+        typed::Cat.encode(layout::Dim { dim: 0 }),
+        &[&a, &zeros, &as_matrix],
+        &[],
+    );
+    let d = g.op1(
+        typed::Convert.encode(layout::ConvertTo { dtype: DType::BF16 }),
+        &[&c],
+        &[],
+    );
     g.release(a);
     g.release(c);
     insta::assert_snapshot!("reshaped_reads_zeros_and_cat", g.module_for(&d));
@@ -181,12 +218,14 @@ fn a_random_draw_hashes_a_counter_with_its_lifted_key() {
     let mut g = G::new();
     let x = g.input(DType::F32, &[2, 3]);
     let drawn = g.op1(
-        OpId::Uniform,
+        typed::Uniform.encode(layout::Creation {
+            dtype: DType::F32,
+            sizes: &[2, 3],
+        }),
         &[],
         &[f(-1.0), f(1.0), ScalarArg::int(12345)],
-        &[DType::F32.code() as i64, 2, 3],
     );
-    let d = g.op1(OpId::Mul, &[&x, &drawn], &[], &[]);
+    let d = g.op1(typed::Mul, &[&x, &drawn], &[]);
     insta::assert_snapshot!("random_draw_counter_hash", g.module_for(&d));
 }
 
@@ -196,10 +235,18 @@ fn a_sequence_starts_padded_and_grows_in_its_bucket() {
     let empty = g.input(DType::F32, &[0]);
     let x = g.input(DType::F32, &[1, 2, 3, 4]);
     // `cat([torch.tensor([]), x], -2)`: the first entry, padded to a bucket of 16 at once.
-    let first = g.op1(OpId::Cat, &[&empty, &x], &[], &[-2]);
+    let first = g.op1(
+        typed::Cat.encode(layout::Dim { dim: -2 }),
+        &[&empty, &x],
+        &[],
+    );
     let new = g.input(DType::F32, &[1, 2, 1, 4]);
     // Its append reads the bucket and writes the next position, the true length a runtime scalar.
-    let grown = g.op1(OpId::Cat, &[&first, &new], &[], &[2]);
+    let grown = g.op1(
+        typed::Cat.encode(layout::Dim { dim: 2 }),
+        &[&first, &new],
+        &[],
+    );
     g.release(first);
     insta::assert_snapshot!("sequence_first_entry_and_append", g.module_for(&grown));
 }

@@ -10,8 +10,8 @@ fn add_in_every_mode() {
         let e = engine(mode);
         let a = upload_f32(&e, &[1., 2., 3.], &[3]);
         let b = upload_f32(&e, &[10., 20., 30.], &[3]);
-        let c = op(&e, OpId::Add, &[&a, &b], &[], &[]);
-        let d = op(&e, OpId::Mul, &[&c, &a], &[], &[]);
+        let c = op(&e, typed::Add, &[&a, &b], &[]);
+        let d = op(&e, typed::Mul, &[&c, &a], &[]);
         assert_eq!(read_f32(&e, &d), vec![11., 44., 99.], "{mode:?}");
         println!("{mode:?}: {}", e.metrics().report());
     }
@@ -23,7 +23,16 @@ fn assert_async_is_kept_and_checked_at_materialization() {
     for mode in [Mode::Strict, Mode::Debug, Mode::DeferAndFuse] {
         let e = engine(mode);
         let x = upload_f32(&e, &[1., 2., 3.], &[3]);
-        let total = op(&e, OpId::Sum, &[&x], &[], &[0, -1]);
+        let total = op(
+            &e,
+            typed::Sum.encode(layout::ReduceDtypeDims {
+                keepdim: false,
+                dtype: None,
+                dims: &[],
+            }),
+            &[&x],
+            &[],
+        );
         // Passes: the sum is nonzero. Nothing reads the verdict, yet it runs.
         e.op(
             OpId::AssertAsync,
@@ -33,12 +42,21 @@ fn assert_async_is_kept_and_checked_at_materialization() {
             &[],
         )
         .unwrap();
-        let y = op(&e, OpId::Mul, &[&x], &[ScalarArg::float(2.0)], &[]);
+        let y = op(&e, typed::Mul, &[&x], &[ScalarArg::float(2.0)]);
         assert_eq!(read_f32(&e, &y), vec![2., 4., 6.], "{mode:?}");
         // Fails: x - x sums to zero. The error surfaces at the op in Debug, else at the next
         // materialization, naming the op; the engine stays usable afterwards.
-        let zero = op(&e, OpId::Sub, &[&x, &x], &[], &[]);
-        let zero_sum = op(&e, OpId::Sum, &[&zero], &[], &[0, -1]);
+        let zero = op(&e, typed::Sub, &[&x, &x], &[]);
+        let zero_sum = op(
+            &e,
+            typed::Sum.encode(layout::ReduceDtypeDims {
+                keepdim: false,
+                dtype: None,
+                dims: &[],
+            }),
+            &[&zero],
+            &[],
+        );
         let at_op = e.op(
             OpId::AssertAsync,
             std::slice::from_ref(&zero_sum),
@@ -117,12 +135,12 @@ fn engine_with_compile_options(text: &str) -> torch_glue::Engine {
 fn compile_options_reach_xla_and_name_a_bad_option() {
     let e = engine_with_compile_options("xla_cpu_enable_fast_math=false");
     let a = upload_f32(&e, &[1., 2., 3.], &[3]);
-    let c = op(&e, OpId::Add, &[&a, &a], &[], &[]);
+    let c = op(&e, typed::Add, &[&a, &a], &[]);
     assert_eq!(read_f32(&e, &c), vec![2., 4., 6.]);
 
     let e = engine_with_compile_options("xla_no_such_option=true");
     let a = upload_f32(&e, &[1., 2., 3.], &[3]);
-    let c = op(&e, OpId::Add, &[&a, &a], &[], &[]);
+    let c = op(&e, typed::Add, &[&a, &a], &[]);
     let mut bytes = [0u8; 12];
     let err = e
         .read_host(&c, &mut bytes)

@@ -15,11 +15,11 @@ fn warm_ops_take_the_direct_path_and_share_the_flushed_programs() {
     let x = upload(&e, DType::F32, &[1.0, 2.0, 3.0, 4.0], &[4]);
     e.reset_metrics();
     // Cold: captured and flushed; the read waits for the compile.
-    let mut cur = op(&e, OpId::Add, &[&x], &[ScalarArg::float(0.5)], &[]);
+    let mut cur = op(&e, typed::Add, &[&x], &[ScalarArg::float(0.5)]);
     assert_eq!(read(&e, &cur), vec![1.5, 2.5, 3.5, 4.5]);
     assert_eq!(metric(&e, "direct_ops"), 0.0);
     for _ in 0..4 {
-        cur = op(&e, OpId::Add, &[&cur], &[ScalarArg::float(0.5)], &[]);
+        cur = op(&e, typed::Add, &[&cur], &[ScalarArg::float(0.5)]);
     }
     assert_eq!(read(&e, &cur), vec![3.5, 4.5, 5.5, 6.5]);
     assert_eq!(metric(&e, "compilations"), 1.0, "one program for the chain");
@@ -32,7 +32,7 @@ fn warm_ops_take_the_direct_path_and_share_the_flushed_programs() {
     assert_eq!(metric(&e, "pending_ops"), 0.0);
 
     // A changed scalar is new data for the same program.
-    let y = op(&e, OpId::Add, &[&x], &[ScalarArg::float(-1.0)], &[]);
+    let y = op(&e, typed::Add, &[&x], &[ScalarArg::float(-1.0)]);
     assert_eq!(read(&e, &y), vec![0.0, 1.0, 2.0, 3.0]);
     assert_eq!(metric(&e, "compilations"), 1.0);
     assert_eq!(metric(&e, "direct_ops"), 5.0);
@@ -47,21 +47,21 @@ fn repeated_and_reshaped_inputs_are_numbered_as_capture_numbers_them() {
     // reshaped. Each form runs cold (captured) then warm (direct).
     let flat = TensorRef::contiguous(x.storage, DType::F32, &[4]);
     for round in 0..2 {
-        let twice = op(&e, OpId::Mul, &[&x, &x], &[], &[]);
+        let twice = op(&e, typed::Mul, &[&x, &x], &[]);
         assert_eq!(read(&e, &twice), vec![1.0, 4.0, 9.0, 16.0], "round {round}");
-        let mixed = op(&e, OpId::Sub, &[&y, &x], &[ScalarArg::float(2.0)], &[]);
+        let mixed = op(&e, typed::Sub, &[&y, &x], &[ScalarArg::float(2.0)]);
         assert_eq!(
             read(&e, &mixed),
             vec![8.0, 16.0, 24.0, 32.0],
             "round {round}"
         );
-        let swapped = op(&e, OpId::Sub, &[&x, &y], &[ScalarArg::float(2.0)], &[]);
+        let swapped = op(&e, typed::Sub, &[&x, &y], &[ScalarArg::float(2.0)]);
         assert_eq!(
             read(&e, &swapped),
             vec![-19.0, -38.0, -57.0, -76.0],
             "round {round}"
         );
-        let reshaped = op(&e, OpId::Neg, &[&flat], &[], &[]);
+        let reshaped = op(&e, typed::Neg, &[&flat], &[]);
         assert_eq!(read(&e, &reshaped), vec![-1.0, -2.0, -3.0, -4.0]);
     }
     // `y - 2x` and `x - 2y` are one program with its arguments swapped: the second runs
@@ -77,9 +77,9 @@ fn pending_inputs_views_and_out_ops_take_the_general_path() {
     for _ in 0..2 {
         // Pending input: captured in DeferAndFuse, read in Strict.
         let pending = with_mode(&e, Mode::DeferAndFuse, || {
-            op(&e, OpId::Mul, &[&x], &[ScalarArg::float(3.0)], &[])
+            op(&e, typed::Mul, &[&x], &[ScalarArg::float(3.0)])
         });
-        let after = op(&e, OpId::Add, &[&pending], &[ScalarArg::float(1.0)], &[]);
+        let after = op(&e, typed::Add, &[&pending], &[ScalarArg::float(1.0)]);
         assert_eq!(read(&e, &after), vec![4.0, 7.0, 10.0, 13.0]);
         // A strided view of the storage.
         let every_other = TensorRef {
@@ -89,7 +89,7 @@ fn pending_inputs_views_and_out_ops_take_the_general_path() {
             strides: [2].as_slice().into(),
             offset: 1,
         };
-        let neg = op(&e, OpId::Neg, &[&every_other], &[], &[]);
+        let neg = op(&e, typed::Neg, &[&every_other], &[]);
         assert_eq!(read(&e, &neg), vec![-2.0, -4.0]);
     }
     // The Strict `add` reading a pending value ran in the same region as its producer's
@@ -103,7 +103,7 @@ fn errors_are_capture_errors_and_leave_the_engine_usable() {
     let b = upload(&e, DType::Bool, &[1.0, 0.0], &[2]);
     let x = upload(&e, DType::F32, &[1.0, 2.0], &[2]);
     // Warm the program the failing call would otherwise find.
-    let warm = op(&e, OpId::Neg, &[&x], &[], &[]);
+    let warm = op(&e, typed::Neg, &[&x], &[]);
     let _ = read(&e, &warm);
     let err = e
         .op(OpId::Neg, std::slice::from_ref(&b), &[], &[], &[])
@@ -115,7 +115,7 @@ fn errors_are_capture_errors_and_leave_the_engine_usable() {
         .op(OpId::Neg, std::slice::from_ref(&released), &[], &[], &[])
         .expect_err("a released storage");
     assert_eq!(err.kind, ErrorKind::Runtime, "{}", err.message);
-    let y = op(&e, OpId::Neg, &[&x], &[], &[]);
+    let y = op(&e, typed::Neg, &[&x], &[]);
     assert_eq!(read(&e, &y), vec![-1.0, -2.0]);
     assert_eq!(metric(&e, "direct_ops"), 1.0);
 }

@@ -27,14 +27,14 @@ fn reads_through_transposes_slices_and_diagonals() {
         let x = upload_f32(&e, &iota(16), &[4, 4]);
         // x.t()
         let t = view(&x, &[4, 4], &[1, 4], 0);
-        let y = op(&e, OpId::Add, &[&t], &[ScalarArg::float(0.5)], &[]);
+        let y = op(&e, typed::Add, &[&t], &[ScalarArg::float(0.5)]);
         let want: Vec<f32> = (0..16)
             .map(|i| ((i % 4) * 4 + i / 4) as f32 + 0.5)
             .collect();
         assert_eq!(read_f32(&e, &y), want, "{mode:?} transpose");
         // x[1:, ::2]
         let s = view(&x, &[3, 2], &[4, 2], 4);
-        let y = op(&e, OpId::Neg, &[&s], &[], &[]);
+        let y = op(&e, typed::Neg, &[&s], &[]);
         assert_eq!(
             read_f32(&e, &y),
             vec![-4., -6., -8., -10., -12., -14.],
@@ -145,7 +145,7 @@ fn dtype_reinterpretation_reads_bits() {
         dtype: DType::I32,
         ..x.clone()
     };
-    let y = op(&e, OpId::Clone, &[&as_i32], &[], &[]);
+    let y = op(&e, typed::Clone, &[&as_i32], &[]);
     let mut bytes = vec![0u8; 8];
     e.read_host(&y, &mut bytes).unwrap();
     let got: Vec<i32> = bytes

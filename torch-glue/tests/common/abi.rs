@@ -1,5 +1,6 @@
 //! Calls into the engine through its C ABI (`torch_glue::abi::tpjrt_*`), as the C++ plugin does.
 
+use super::Call;
 use std::ffi::{CStr, CString};
 use std::sync::{Mutex, MutexGuard};
 use torch_glue::abi::*;
@@ -162,8 +163,10 @@ pub fn release(t: &AbiTensor) -> Result<(), AbiError> {
     check(tpjrt_storage_release(t.storage))
 }
 
-/// Calls `tpjrt_op` with room for `room` outputs; returns the outputs written.
-pub fn op_room(
+/// Calls `tpjrt_op` with an op code and params as given, unchecked, with room for `room`
+/// outputs; returns the outputs written. For tests of the ABI's errors: every other call names
+/// its op and params through [`op`] and [`op1`].
+pub fn op_raw(
     op: i32,
     inputs: &[&AbiTensor],
     scalars: &[TpjrtScalar],
@@ -203,24 +206,36 @@ pub fn op_room(
     Ok(outputs)
 }
 
-pub fn op(
-    op: i32,
+/// The ABI's code for `op`, looked up by its name (`tpjrt_op_id`).
+pub fn code_of(op: ops::OpId) -> i32 {
+    op_id(op.name())
+}
+
+/// Calls `tpjrt_op` with room for `room` outputs; returns the outputs written.
+pub fn op_room(
+    call: impl Call,
     inputs: &[&AbiTensor],
     scalars: &[TpjrtScalar],
-    params: &[i64],
+    outs: &[&AbiTensor],
+    room: usize,
 ) -> Result<Vec<TpjrtOutput>, AbiError> {
-    op_room(op, inputs, scalars, params, &[], 4)
+    let call = call.encoded();
+    op_raw(code_of(call.op), inputs, scalars, &call.params, outs, room)
+}
+
+pub fn op(
+    call: impl Call,
+    inputs: &[&AbiTensor],
+    scalars: &[TpjrtScalar],
+) -> Result<Vec<TpjrtOutput>, AbiError> {
+    op_room(call, inputs, scalars, &[], 4)
 }
 
 /// The first output of a successful op, as a tensor.
-pub fn op1(
-    op_code: i32,
-    inputs: &[&AbiTensor],
-    scalars: &[TpjrtScalar],
-    params: &[i64],
-) -> AbiTensor {
-    let outs = op(op_code, inputs, scalars, params)
-        .unwrap_or_else(|e| panic!("op {op_code} failed: {e:?}"));
+pub fn op1(call: impl Call, inputs: &[&AbiTensor], scalars: &[TpjrtScalar]) -> AbiTensor {
+    let call = call.encoded();
+    let name = call.op.name();
+    let outs = op(call, inputs, scalars).unwrap_or_else(|e| panic!("{name} failed: {e:?}"));
     AbiTensor::from_output(&outs[0])
 }
 

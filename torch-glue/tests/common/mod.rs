@@ -4,9 +4,36 @@
 pub mod abi;
 pub mod reference;
 
-use defer::{Mode, StorageId, TensorRef};
-use ops::{DType, OpId, ScalarArg};
+use defer::{Captured, EngineError, Mode, StorageId, TensorRef};
+use ops::param_layout::of;
+use ops::{DType, EncodedOp, ScalarArg, TypedOp};
 use torch_glue::{Engine, EngineConfig};
+
+// Not every test names a layout.
+#[allow(unused_imports)]
+pub use ops::{param_layout as layout, typed};
+
+/// An op with its params, named through the op's layout: `typed::Sum.encode(layout::
+/// ReduceDtypeDims { .. })`, or an op without params as it is (`typed::Neg`). A struct of
+/// another layout, a field left out or a field misnamed does not compile.
+pub trait Call {
+    fn encoded(self) -> EncodedOp;
+}
+
+impl Call for EncodedOp {
+    fn encoded(self) -> EncodedOp {
+        self
+    }
+}
+
+/// An op without params (`typed::Neg`), for tables of such ops.
+pub type NoParams = TypedOp<of::None>;
+
+impl Call for NoParams {
+    fn encoded(self) -> EncodedOp {
+        self.encode(())
+    }
+}
 
 /// An engine whose default mode is `mode`, with no disk cache tiers.
 pub fn engine(mode: Mode) -> Engine {
@@ -145,18 +172,30 @@ pub fn read_i64(e: &Engine, t: &TensorRef) -> Vec<i64> {
     read(e, t).into_iter().map(|v| v as i64).collect()
 }
 
+/// Runs an op through [`Engine::op`] (into `outs` when given).
+pub fn try_op(
+    e: &Engine,
+    call: impl Call,
+    inputs: &[TensorRef],
+    scalars: &[ScalarArg],
+    outs: &[TensorRef],
+) -> Result<Captured, EngineError> {
+    let call = call.encoded();
+    e.op(call.op, inputs, scalars, &call.params, outs)
+}
+
 /// Runs an op with new outputs and returns every output as a tensor.
 pub fn op_all(
     e: &Engine,
-    op: OpId,
+    call: impl Call,
     inputs: &[&TensorRef],
     scalars: &[ScalarArg],
-    params: &[i64],
 ) -> Vec<TensorRef> {
+    let call = call.encoded();
     let inputs: Vec<TensorRef> = inputs.iter().map(|t| (*t).clone()).collect();
     let captured = e
-        .op(op, &inputs, scalars, params, &[])
-        .unwrap_or_else(|err| panic!("{}: {}", op.name(), err.message));
+        .op(call.op, &inputs, scalars, &call.params, &[])
+        .unwrap_or_else(|err| panic!("{}: {}", call.op.name(), err.message));
     captured
         .outputs
         .iter()
@@ -165,14 +204,8 @@ pub fn op_all(
 }
 
 /// Runs an op with new outputs and returns its first output as a tensor.
-pub fn op(
-    e: &Engine,
-    op: OpId,
-    inputs: &[&TensorRef],
-    scalars: &[ScalarArg],
-    params: &[i64],
-) -> TensorRef {
-    op_all(e, op, inputs, scalars, params).swap_remove(0)
+pub fn op(e: &Engine, call: impl Call, inputs: &[&TensorRef], scalars: &[ScalarArg]) -> TensorRef {
+    op_all(e, call, inputs, scalars).swap_remove(0)
 }
 
 /// Drops a tensor's storage, as PyTorch does when its last reference goes away.

@@ -4,7 +4,7 @@
 
 use super::{download_f32, output, upload_f32, view};
 use defer::TensorRef;
-use ops::{DType, OpId, ScalarArg};
+use ops::{param_layout as layout, typed, DType, EncodedOp, OpId, ScalarArg};
 use torch_glue::Engine;
 
 pub const BATCH: i64 = 8;
@@ -59,38 +59,55 @@ impl Model {
     /// planned.
     pub fn step(&self, e: &Engine, n: usize, sync: bool) -> f32 {
         let [batch, inputs, outputs] = self.sizes;
-        let op = |op: OpId, inputs: &[&TensorRef], scalars: &[ScalarArg], params: &[i64]| {
+        let op = |call: EncodedOp, inputs: &[&TensorRef], scalars: &[ScalarArg]| {
             let inputs: Vec<TensorRef> = inputs.iter().map(|t| (*t).clone()).collect();
             output(
-                &e.op(op, &inputs, scalars, params, &[])
-                    .unwrap_or_else(|err| panic!("{}: {}", op.name(), err.message)),
+                &e.op(call.op, &inputs, scalars, &call.params, &[])
+                    .unwrap_or_else(|err| panic!("{}: {}", call.op.name(), err.message)),
             )
         };
-        let h = op(OpId::Mm, &[&self.x, &self.w], &[], &[]);
-        let z = op(OpId::Add, &[&h, &self.b], &[], &[]);
-        let r = op(OpId::Relu, &[&z], &[], &[]);
-        let loss = op(OpId::Sum, &[&r], &[], &[0, -1]);
+        let h = op(typed::Mm.encode(()), &[&self.x, &self.w], &[]);
+        let z = op(typed::Add.encode(()), &[&h, &self.b], &[]);
+        let r = op(typed::Relu.encode(()), &[&z], &[]);
+        let loss = op(
+            typed::Sum.encode(layout::ReduceDtypeDims {
+                keepdim: false,
+                dtype: None,
+                dims: &[],
+            }),
+            &[&r],
+            &[],
+        );
         if sync {
             e.sync().expect("sync");
         }
         let loss_value = download_f32(e, &loss)[0];
         // d loss / d z = 1 where z > 0: relu's backward of a ones gradient.
         let ones = op(
-            OpId::Ones,
+            typed::Ones.encode(layout::Creation {
+                dtype: DType::F32,
+                sizes: &[batch, outputs],
+            }),
             &[],
             &[],
-            &[DType::F32.code() as i64, batch, outputs],
         );
         let g = op(
-            OpId::ThresholdBackward,
+            typed::ThresholdBackward.encode(()),
             &[&ones, &z],
             &[ScalarArg::float(0.0)],
-            &[],
         );
         // x.t() @ g, reading x through a transposed view.
         let x_t = view(&self.x, &[inputs, batch], &[1, inputs], 0);
-        let grad_w = op(OpId::Mm, &[&x_t, &g], &[], &[]);
-        let grad_b = op(OpId::Sum, &[&g], &[], &[0, -1, 0]);
+        let grad_w = op(typed::Mm.encode(()), &[&x_t, &g], &[]);
+        let grad_b = op(
+            typed::Sum.encode(layout::ReduceDtypeDims {
+                keepdim: false,
+                dtype: None,
+                dims: &[0],
+            }),
+            &[&g],
+            &[],
+        );
         let lr = Model::learning_rate(n);
         for (param, grad) in [(&self.w, &grad_w), (&self.b, &grad_b)] {
             // param.add_(grad, alpha=-lr)

@@ -1,7 +1,9 @@
-"""Long-tail ops that pjrt runs through PyTorch's own decompositions (`torch_pjrt._decompositions`,
-RFC 0045): each against the CPU kernel, forward and backward, in every eager mode and under
-`torch.inference_mode`, with nothing sent to the CPU; and each decomposition against the CPU
-kernel on the CPU, so a torch whose decomposition drifts from its kernel fails here first."""
+"""Long-tail ops that pjrt runs as compositions of native ops (`torch_pjrt._decompositions`,
+RFC 0045), through PyTorch's own decompositions or formulas of our own: each against the CPU
+kernel, forward and backward, in every eager mode and under `torch.inference_mode`, with
+nothing sent to the CPU (the `mode` fixture asserts that no op fell back); and each registered
+kernel against the CPU kernel on the CPU, so a torch whose decomposition drifts from its kernel
+fails here first."""
 
 import pytest
 import torch
@@ -15,6 +17,54 @@ X = torch.randn(6, 5, generator=seeded(0))
 TARGET = torch.randint(0, 5, (6,), generator=seeded(1))
 WEIGHT = torch.rand(5, generator=seeded(2)) + 0.5
 
+# 3-d pooling inputs: windows that divide the input, windows that do not (and overlap), more
+# outputs than inputs, an unbatched input; and one with many equal values (ties for max).
+VOLUME = torch.randn(2, 3, 7, 9, 5, generator=seeded(3))
+VOLUME_UNBATCHED = torch.randn(3, 5, 6, 4, generator=seeded(4))
+VOLUME_TIES = torch.randint(0, 3, (2, 2, 6, 5, 7), generator=seeded(5)).float()
+# NaN and infinities stay in their own windows (a NaN is the maximum; the last NaN's index).
+VOLUME_NONFINITE = torch.randn(2, 2, 5, 6, 7, generator=seeded(10))
+VOLUME_NONFINITE[0, 0, 1, 2, 3] = VOLUME_NONFINITE[0, 0, 3, 4, 5] = float("nan")
+VOLUME_NONFINITE[0, 1, 2, 2, 2] = float("inf")
+VOLUME_NONFINITE[1, 1] = -float("inf")
+POOL3D = {
+    "even": (VOLUME, (7, 3, 5)),
+    "uneven": (VOLUME, (3, 4, 2)),
+    "upsampled": (VOLUME[:, :, :3, :2, :4], (5, 4, 7)),
+    "unbatched": (VOLUME_UNBATCHED, (2, 4, 3)),
+    "ties": (VOLUME_TIES, (4, 3, 3)),
+    "nonfinite": (VOLUME_NONFINITE, (2, 3, 4)),
+}
+
+# Multi-label targets: a row's targets are its entries before its first -1 (those after it
+# are not targets), a row of -1 only, repeated targets.
+ML_X = torch.randn(5, 6, generator=seeded(6))
+ML_TARGET = torch.tensor(
+    [[3, 0, -1, 1, 5, 2], [-1, 1, 1, 1, 1, 1], [4, 4, 2, 1, 0, 5], [1, 2, 3, -1, -1, 0], [5, -1, 0, 0, 0, 0]]
+)
+
+# CTC: 12 steps, 4 samples of 6 classes, lengths that vary; sample 2 repeats one label 3 times
+# in 3 steps (it needs 5): an impossible alignment, whose loss is infinite.
+CTC_LP = torch.randn(12, 4, 6, generator=seeded(7)).log_softmax(2)
+CTC_IN = (12, 9, 3, 7)
+CTC_TL = (4, 0, 3, 2)
+CTC_TARGET = torch.randint(1, 6, (4, 5), generator=seeded(8))
+CTC_TARGET[2, :3] = 2
+CTC_TARGET_1D = torch.cat([CTC_TARGET[n, :length] for n, length in enumerate(CTC_TL)])
+# Possible for every sample: sample 2 given 9 steps.
+CTC_IN_OK = (12, 9, 9, 7)
+
+
+def _ctc(targets, input_lengths, target_lengths, tensors=False, **kw):
+    def fn(lp):
+        il, tl = input_lengths, target_lengths
+        if tensors:
+            il, tl = torch.tensor(il, device=lp.device), torch.tensor(tl, device=lp.device)
+        return F.ctc_loss(lp, targets.to(lp.device), il, tl, **kw)
+
+    return fn
+
+
 CASES = {
     "multi_margin_loss": (lambda x, t: F.multi_margin_loss(x, t), (X, TARGET)),
     "multi_margin_loss_p2_weight_sum": (
@@ -25,6 +75,49 @@ CASES = {
         lambda x, t: F.multi_margin_loss(x, t, reduction="none"),
         (X[0], TARGET[:1].reshape(())),
     ),
+    **{
+        f"adaptive_avg_pool3d_{name}": (lambda x, size=size: F.adaptive_avg_pool3d(x, size), (x,))
+        for name, (x, size) in POOL3D.items()
+    },
+    **{
+        f"adaptive_max_pool3d_{name}": (lambda x, size=size: F.adaptive_max_pool3d(x, size), (x,))
+        for name, (x, size) in POOL3D.items()
+    },
+    "multilabel_margin_loss": (lambda x, t: F.multilabel_margin_loss(x, t), (ML_X, ML_TARGET)),
+    "multilabel_margin_loss_sum": (
+        lambda x, t: F.multilabel_margin_loss(x, t, reduction="sum"),
+        (ML_X, ML_TARGET),
+    ),
+    "multilabel_margin_loss_none": (
+        lambda x, t: F.multilabel_margin_loss(x, t, reduction="none"),
+        (ML_X, ML_TARGET),
+    ),
+    "multilabel_margin_loss_none_1d": (
+        lambda x, t: F.multilabel_margin_loss(x, t, reduction="none"),
+        (ML_X[3], ML_TARGET[3]),
+    ),
+    "ctc_loss": (_ctc(CTC_TARGET, CTC_IN_OK, CTC_TL), (CTC_LP,)),
+    "ctc_loss_sum_1d_targets_tensor_lengths": (
+        _ctc(CTC_TARGET_1D, CTC_IN_OK, CTC_TL, tensors=True, reduction="sum"),
+        (CTC_LP,),
+    ),
+    "ctc_loss_none_blank_5": (
+        _ctc(CTC_TARGET - 1, CTC_IN_OK, CTC_TL, blank=5, reduction="none"),
+        (CTC_LP,),
+    ),
+    "ctc_loss_zero_infinity_mean": (_ctc(CTC_TARGET, CTC_IN, CTC_TL, zero_infinity=True), (CTC_LP,)),
+    "ctc_loss_zero_infinity_none_1d_targets": (
+        _ctc(CTC_TARGET_1D, CTC_IN, CTC_TL, zero_infinity=True, reduction="none"),
+        (CTC_LP,),
+    ),
+    # Without zero_infinity the impossible sample's loss is inf and its gradient NaN, as on the CPU.
+    "ctc_loss_impossible_none": (_ctc(CTC_TARGET, CTC_IN, CTC_TL, reduction="none"), (CTC_LP,)),
+    # A log-probability input that is not a log_softmax output: the kernels' gradient convention
+    # (the logits' gradient under a log_softmax) shows.
+    "ctc_loss_unnormalized": (
+        _ctc(CTC_TARGET, CTC_IN_OK, CTC_TL, reduction="sum"),
+        (torch.randn(12, 4, 6, generator=seeded(9)),),
+    ),
 }
 
 
@@ -34,12 +127,21 @@ def test_every_decomposed_op_is_registered():
     for name in _decompositions.DECOMPOSED:
         assert getattr(torch.ops.aten, name).default in decomposition_table, name
         assert _decompositions.kernel(name) is not None, name
+    for name in _decompositions.OWN:
+        op = _decompositions._overload(name)
+        for key in ("AutogradPrivateUse1", "PrivateUse1"):
+            assert torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), key), (name, key)
+        assert _decompositions.kernel(name) is _decompositions.OWN[name]
+    for name, functional in _decompositions.OUT_OVERLOADS.items():
+        assert functional in _decompositions.OWN, name
+        op = _decompositions._overload(name)
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "PrivateUse1"), name
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_decomposed_ops_match_the_cpu(mode, name):
     fn, inputs = CASES[name]
-    check(fn, inputs)
+    check(fn, inputs, equal_nan=True)
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -48,7 +150,7 @@ def test_decomposed_ops_run_under_inference_mode(name):
     expected = fn(*inputs)
     with in_mode_without_fallbacks("strict"), torch.inference_mode():
         got = fn(*[t.to("pjrt") for t in inputs])
-        torch.testing.assert_close(got.cpu(), expected, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got.cpu(), expected, rtol=1e-5, atol=1e-5, equal_nan=True)
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -56,7 +158,117 @@ def test_decompositions_agree_with_the_cpu_kernels(name):
     fn, inputs = CASES[name]
     # The same call with every decomposed op replaced by the kernel pjrt registers, on the CPU.
     with torch.library._scoped_library("aten", "IMPL") as lib:
-        for op in _decompositions.DECOMPOSED:
+        for op in (*_decompositions.DECOMPOSED, *_decompositions.OWN):
             lib.impl(op, _decompositions.kernel(op), "CPU")
         decomposed = fn(*inputs)
-    torch.testing.assert_close(decomposed, fn(*inputs), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(decomposed, fn(*inputs), rtol=1e-6, atol=1e-6, equal_nan=True)
+
+
+@pytest.mark.parametrize("name", list(POOL3D))
+def test_adaptive_max_pool3d_indices_match_the_cpu(mode, name):
+    # The index of each window's first maximum, flat over (D, H, W), as the CPU picks it.
+    x, size = POOL3D[name]
+    _, expected = F.adaptive_max_pool3d(x, size, return_indices=True)
+    _, got = F.adaptive_max_pool3d(x.to("pjrt"), size, return_indices=True)
+    assert got.dtype == expected.dtype
+    assert torch.equal(got.cpu(), expected)
+
+
+@pytest.mark.parametrize("zero_infinity", [False, True])
+def test_ctc_loss_op_matches_the_cpu(mode, zero_infinity):
+    # `_ctc_loss` itself, both overloads: the loss, log_alpha over each sample's steps and
+    # states, and the gradient of the loss (whose backward applies zero_infinity itself).
+    for lengths in (list, torch.tensor):
+        for targets in (CTC_TARGET, CTC_TARGET_1D):
+            args = (targets, lengths(CTC_IN), lengths(CTC_TL), 0, zero_infinity)
+            lp = CTC_LP.clone().requires_grad_()
+            nll, log_alpha = torch.ops.aten._ctc_loss(lp, *args)
+            (grad,) = torch.autograd.grad(nll, lp, torch.ones(4))
+            lp_pjrt = CTC_LP.to("pjrt").requires_grad_()
+            pjrt_args = tuple(a.to("pjrt") if isinstance(a, torch.Tensor) else a for a in args)
+            nll_pjrt, log_alpha_pjrt = torch.ops.aten._ctc_loss(lp_pjrt, *pjrt_args)
+            (grad_pjrt,) = torch.autograd.grad(nll_pjrt, lp_pjrt, torch.ones(4, device="pjrt"))
+            torch.testing.assert_close(nll_pjrt.cpu(), nll)
+            torch.testing.assert_close(grad_pjrt.cpu(), grad, equal_nan=True)
+            for n, (steps, length) in enumerate(zip(CTC_IN, CTC_TL)):
+                torch.testing.assert_close(
+                    log_alpha_pjrt[n, :steps, : 2 * length + 1].cpu(), log_alpha[n, :steps, : 2 * length + 1]
+                )
+
+
+def test_multilabel_margin_loss_is_target_matches_the_cpu(mode):
+    _, expected = torch.ops.aten.multilabel_margin_loss_forward(ML_X, ML_TARGET, 1)
+    _, got = torch.ops.aten.multilabel_margin_loss_forward(ML_X.to("pjrt"), ML_TARGET.to("pjrt"), 1)
+    assert torch.equal(got.cpu(), expected)
+
+
+MASKS = {
+    "left_aligned": [[1, 1, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]],
+    "token_after_padding": [[1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 0, 0]],
+    "padding_first": [[0, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 0]],
+}
+
+
+@pytest.mark.parametrize("name", list(MASKS))
+def test_nested_tensor_mask_check_matches_the_cpu(mode, name):
+    mask = torch.tensor(MASKS[name], dtype=torch.bool)
+    src = torch.randn(3, 4, 2)
+    expected = torch._nested_tensor_from_mask_left_aligned(src, mask)
+    got = torch._nested_tensor_from_mask_left_aligned(src.to("pjrt"), mask.to("pjrt"))
+    assert got is expected
+
+
+def test_transformer_encoder_checks_its_padding_mask_on_the_device(mode):
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0, batch_first=True)
+    # In eval mode the encoder checks that the padding mask is left-aligned before its fast path
+    # (which grad-enabled parameters then rule out).
+    encoder = torch.nn.TransformerEncoder(layer, 2).eval()
+    src = torch.randn(3, 4, 8)
+    padding = torch.tensor([[0, 0, 1, 1], [0, 0, 0, 0], [0, 0, 0, 1]], dtype=torch.bool)
+    expected = encoder(src, src_key_padding_mask=padding)
+    got = encoder.to("pjrt")(src.to("pjrt"), src_key_padding_mask=padding.to("pjrt"))
+    torch.testing.assert_close(got.detach().cpu(), expected.detach(), rtol=1e-4, atol=1e-5)
+
+
+OUT_CALLS = {
+    "adaptive_max_pool3d.out": (
+        lambda x, **out: torch.ops.aten.adaptive_max_pool3d.out(x, [3, 4, 2], **out),
+        (VOLUME,),
+        ("out", "indices"),
+    ),
+    "_adaptive_avg_pool3d.out": (
+        lambda x, **out: torch.ops.aten._adaptive_avg_pool3d.out(x, [3, 4, 2], **out),
+        (VOLUME,),
+        ("out",),
+    ),
+    "adaptive_avg_pool3d.out": (
+        lambda x, **out: torch.ops.aten.adaptive_avg_pool3d.out(x, [3, 4, 2], **out),
+        (VOLUME,),
+        ("out",),
+    ),
+    "multilabel_margin_loss_forward.output": (
+        lambda x, t, **out: torch.ops.aten.multilabel_margin_loss_forward.output(x, t, 0, **out),
+        (ML_X, ML_TARGET),
+        ("output", "is_target"),
+    ),
+    "_ctc_loss.out": (
+        lambda lp, t, **out: torch.ops.aten._ctc_loss.out(lp, t, CTC_IN_OK, CTC_TL, **out),
+        (CTC_LP, CTC_TARGET),
+        ("out0",),  # out1 is log_alpha, which the CPU leaves unwritten past each sample's states
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(OUT_CALLS))
+def test_out_overloads_match_the_cpu(mode, name):
+    fn, inputs, compared = OUT_CALLS[name]
+    outs = [a.name for a in _decompositions._overload(name)._schema.arguments if a.is_out]
+    expected = {n: torch.empty(0) for n in outs}
+    got = {n: torch.empty(0, device="pjrt") for n in outs}
+    if "indices" in outs:
+        expected["indices"], got["indices"] = expected["indices"].long(), got["indices"].long()
+    fn(*inputs, **expected)
+    fn(*[t.to("pjrt") for t in inputs], **got)
+    for n in compared:
+        torch.testing.assert_close(got[n].cpu(), expected[n], rtol=1e-5, atol=1e-5)

@@ -31,16 +31,10 @@ CPU_UNSUPPORTED = {
     "nn.FractionalMaxPool3d": "the float32 samples pass float64 `_random_samples`: the CPU refuses them too",
 }
 
-# Ops that these modules' samples still run on the CPU (in every mode).
-EXPECTED_FALLBACKS = {
-    "nn.AdaptiveAvgPool3d": {"aten::_adaptive_avg_pool3d", "aten::_adaptive_avg_pool3d_backward"},
-    "nn.AdaptiveMaxPool3d": {"aten::adaptive_max_pool3d.out", "aten::adaptive_max_pool3d_backward.grad_input"},
-    "nn.CTCLoss": {"aten::_ctc_loss", "aten::_ctc_loss_backward"},
-    "nn.MultiLabelMarginLoss": {"aten::multilabel_margin_loss_forward", "aten::multilabel_margin_loss_backward"},
-    # The encoder's eval-mode fast path checks its padding mask by making a nested tensor.
-    "nn.TransformerEncoder": {"aten::_nested_tensor_from_mask_left_aligned"},
-    "nn.Transformer": {"aten::_nested_tensor_from_mask_left_aligned"},
-}
+# Ops that these modules' samples still run on the CPU (in every mode): none since the 3-d adaptive
+# pools, MultiLabelMarginLoss, CTCLoss and the encoder's padding-mask check run on the device
+# (torch_pjrt/_decompositions.py, RFC 0045).
+EXPECTED_FALLBACKS: dict[str, set[str]] = {}
 
 
 def _to(tree, device):

@@ -1380,13 +1380,10 @@ fn adaptive_mask(e: &mut Emitter, size: i64, out: i64) -> Value {
     e.and(after, before)
 }
 
-/// The 0/1 matrix `[out, size]` of adaptive pooling's windows along one dim and each window's
-/// length.
-fn adaptive_windows(e: &mut Emitter, size: i64, out: i64, dtype: DType) -> (Value, Vec<i64>) {
+/// Each adaptive window's length along one dim.
+fn adaptive_lengths(size: i64, out: i64) -> Vec<i64> {
     let (starts, ends) = adaptive_bounds(size, out);
-    let lens = starts.iter().zip(&ends).map(|(s, t)| t - s).collect();
-    let inside = adaptive_mask(e, size, out);
-    (e.convert(inside, dtype), lens)
+    starts.iter().zip(&ends).map(|(s, t)| t - s).collect()
 }
 
 /// The window sizes `[oh, ow]` of adaptive pooling broadcast to `shape` (its last two dims).
@@ -1402,8 +1399,65 @@ fn adaptive_counts(e: &mut Emitter, hl: &[i64], wl: &[i64], shape: &[i64], dtype
     e.broadcast_in_dim(m, shape, &[r - 2, r - 1])
 }
 
-/// Adaptive average pooling as two contractions with the window matrices (summing each window
-/// exactly), then a division by the window sizes.
+/// `shape` with `extra` inserted before `dim`, and where the other dims of `shape` land in it.
+fn widened(shape: &[i64], dim: usize, extra: i64) -> (Vec<i64>, Vec<usize>) {
+    let mut wide = shape.to_vec();
+    wide.insert(dim, extra);
+    let keep = (0..shape.len())
+        .map(|d| if d < dim { d } else { d + 1 })
+        .collect();
+    (wide, keep)
+}
+
+/// Sums `x` over adaptive windows along `dim`: `[.., S, ..]` to `[.., O, ..]`. Windows that
+/// tile the dim are a reshape and a sum; others sum under each window's mask. Never a product
+/// with a 0/1 window matrix: `0 * inf` would carry a non-finite input into every window of its
+/// row, where the CPU's sum leaves the other windows finite.
+fn adaptive_window_sum(e: &mut Emitter, x: Value, dim: usize, out: i64) -> Value {
+    let ty = e.ty(x).clone();
+    let size = ty.shape[dim];
+    if size % out == 0 {
+        let mut split = ty.shape.to_vec();
+        split[dim] = out;
+        split.insert(dim + 1, size / out);
+        let tiled = e.reshape(x, &split);
+        return e.reduce_sum(tiled, &[dim + 1]);
+    }
+    let (wide, keep) = widened(&ty.shape, dim, out);
+    let xb = e.broadcast_in_dim(x, &wide, &keep);
+    let mask = adaptive_mask(e, size, out);
+    let mask = e.broadcast_in_dim(mask, &wide, &[dim, dim + 1]);
+    let zero = e.scalar_constant(ty.dtype, ScalarValue::Float(0.0));
+    let zero = e.broadcast_to(zero, &wide);
+    let inside = e.select(mask, xb, zero);
+    e.reduce_sum(inside, &[dim + 1])
+}
+
+/// The adjoint of [`adaptive_window_sum`]: `[.., O, ..]` to `[.., S, ..]`, each position the sum
+/// of the values of the windows holding it.
+fn adaptive_window_spread(e: &mut Emitter, g: Value, dim: usize, size: i64) -> Value {
+    let ty = e.ty(g).clone();
+    let out = ty.shape[dim];
+    if size % out == 0 {
+        let (wide, keep) = widened(&ty.shape, dim + 1, size / out);
+        let spread = e.broadcast_in_dim(g, &wide, &keep);
+        let mut full = ty.shape.to_vec();
+        full[dim] = size;
+        return e.reshape(spread, &full);
+    }
+    // [.., O, ..] -> [.., O, S, ..], summed over O.
+    let (wide, keep) = widened(&ty.shape, dim + 1, size);
+    let gb = e.broadcast_in_dim(g, &wide, &keep);
+    let mask = adaptive_mask(e, size, out);
+    let mask = e.broadcast_in_dim(mask, &wide, &[dim, dim + 1]);
+    let zero = e.scalar_constant(ty.dtype, ScalarValue::Float(0.0));
+    let zero = e.broadcast_to(zero, &wide);
+    let inside = e.select(mask, gb, zero);
+    e.reduce_sum(inside, &[dim])
+}
+
+/// Adaptive average pooling: each window's exact sum (rows, then columns), divided by the
+/// window's size.
 fn adaptive_pool(e: &mut Emitter, x: Value, out: &TensorType) -> Value {
     if out.numel() == 0 {
         return zeros(e, out);
@@ -1411,12 +1465,12 @@ fn adaptive_pool(e: &mut Emitter, x: Value, out: &TensorType) -> Value {
     let xt = e.ty(x).clone();
     let r = xt.rank();
     let cd = acc_dtype(xt.dtype);
-    let (mh, hl) = adaptive_windows(e, xt.shape[r - 2], out.shape[r - 2], cd);
-    let (mw, wl) = adaptive_windows(e, xt.shape[r - 1], out.shape[r - 1], cd);
+    let (oh, ow) = (out.shape[r - 2], out.shape[r - 1]);
+    let hl = adaptive_lengths(xt.shape[r - 2], oh);
+    let wl = adaptive_lengths(xt.shape[r - 1], ow);
     let xc = e.convert(x, cd);
-    // [.., H, W] x [OH, H] -> [.., W, OH]; x [OW, W] -> [.., OH, OW].
-    let t = e.dot_general(xc, mh, &[], &[], &[r - 2], &[1], cd);
-    let s = e.dot_general(t, mw, &[], &[], &[r - 2], &[1], cd);
+    let t = adaptive_window_sum(e, xc, r - 2, oh);
+    let s = adaptive_window_sum(e, t, r - 1, ow);
     let counts = adaptive_counts(e, &hl, &wl, &out.shape, cd);
     let y = e.div(s, counts);
     e.convert(y, out.dtype)
@@ -1429,14 +1483,13 @@ fn adaptive_pool_backward(e: &mut Emitter, grad: Value, x: &TensorType) -> Value
     }
     let r = x.rank();
     let cd = acc_dtype(x.dtype);
-    let (mh, hl) = adaptive_windows(e, x.shape[r - 2], gt.shape[r - 2], cd);
-    let (mw, wl) = adaptive_windows(e, x.shape[r - 1], gt.shape[r - 1], cd);
+    let hl = adaptive_lengths(x.shape[r - 2], gt.shape[r - 2]);
+    let wl = adaptive_lengths(x.shape[r - 1], gt.shape[r - 1]);
     let g = e.convert(grad, cd);
     let counts = adaptive_counts(e, &hl, &wl, &gt.shape, cd);
     let g = e.div(g, counts);
-    // [.., OH, OW] x [OH, H] -> [.., OW, H]; x [OW, W] -> [.., H, W].
-    let t = e.dot_general(g, mh, &[], &[], &[r - 2], &[0], cd);
-    let s = e.dot_general(t, mw, &[], &[], &[r - 2], &[0], cd);
+    let t = adaptive_window_spread(e, g, r - 2, x.shape[r - 2]);
+    let s = adaptive_window_spread(e, t, r - 1, x.shape[r - 1]);
     e.convert(s, x.dtype)
 }
 

@@ -316,3 +316,24 @@ snapshot!(
     [ScalarArg::int(5)],
     []
 );
+snapshot!(
+    adaptive_avg_pool2d_tiling_windows,
+    OpId::AdaptiveAvgPool2d,
+    [t(DType::F32, &[1, 2, 4, 6])],
+    [],
+    [2, 3]
+);
+snapshot!(
+    adaptive_avg_pool2d_overlapping_windows,
+    OpId::AdaptiveAvgPool2d,
+    [t(DType::F32, &[1, 5, 3])],
+    [],
+    [3, 2]
+);
+snapshot!(
+    adaptive_avg_pool2d_backward_overlapping_windows,
+    OpId::AdaptiveAvgPool2dBackward,
+    [t(DType::F32, &[1, 3, 2]), t(DType::F32, &[1, 5, 3])],
+    [],
+    []
+);

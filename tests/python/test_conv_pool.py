@@ -252,3 +252,29 @@ def test_small_cnn_trains_like_cpu(pjrt, mode):
     for p, q in zip(model.parameters(), ref.parameters()):
         assert_close(p.detach(), q.detach(), rtol=1e-4, atol=1e-5)
     assert torch_pjrt.metrics()["fallback_ops"] == {}
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+@pytest.mark.parametrize("size", [(3, 3), (4, 2), (1, 1), (11, 5)], ids=str)
+def test_adaptive_avg_pool_keeps_a_non_finite_input_in_its_own_windows(pjrt, mode, size):
+    # The CPU sums each window: an inf or NaN reaches only the windows holding it, forward and
+    # backward; every other window stays finite.
+    x = torch.randn(X2)
+    x[0, 0, 1, 2] = float("inf")
+    x[0, 1, 7, 0] = float("nan")
+    x[1, 2, 4, 8] = float("-inf")
+    g = torch.randn(2, 4, *size)
+    g[1, 3, 0, 0] = float("nan")
+    with torch_pjrt.eager_mode(mode):
+        xd = x.to(pjrt).requires_grad_()
+        out = F.adaptive_avg_pool2d(xd, size)
+        out.backward(g.to(pjrt))
+        got, got_grad = out.detach().cpu(), xd.grad.cpu()
+    xc = x.clone().requires_grad_()
+    ref = F.adaptive_avg_pool2d(xc, size)
+    ref.backward(g)
+    assert torch.equal(got.isfinite(), ref.detach().isfinite())
+    assert torch.equal(got_grad.isfinite(), xc.grad.isfinite())
+    torch.testing.assert_close(got, ref.detach(), rtol=1e-5, atol=1e-6, equal_nan=True)
+    torch.testing.assert_close(got_grad, xc.grad, rtol=1e-5, atol=1e-6, equal_nan=True)
+    assert torch_pjrt.metrics()["fallback_ops"] == {}

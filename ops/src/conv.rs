@@ -77,6 +77,17 @@ impl Conv {
             self.padding.iter().all(|&v| v >= 0),
             "negative padding is not supported"
         );
+        if let Some((d, p)) = self
+            .padding
+            .iter()
+            .enumerate()
+            .find(|&(_, &p)| p > i64::MAX / 2)
+        {
+            return Err(OpError::runtime(format!(
+                "Given padding={p} at dimension {d} , expected padding to be at most {}",
+                i64::MAX / 2
+            )));
+        }
         ensure!(
             self.output_padding.iter().all(|&v| v >= 0),
             "negative output_padding is not supported"
@@ -154,12 +165,15 @@ impl Conv {
                     fmt_shape(&b.shape)
                 );
             }
-            let padded: Vec<i64> = (0..n).map(|i| spatial[i] + 2 * self.padding[i]).collect();
-            let dilated: Vec<i64> = (0..n)
-                .map(|i| self.dilation[i] * (kernel[i] - 1) + 1)
+            // In i128: padding and dilation come from user input and may be near i64's bounds.
+            let padded: Vec<i128> = (0..n)
+                .map(|i| i128::from(spatial[i]) + 2 * i128::from(self.padding[i]))
+                .collect();
+            let dilated: Vec<i128> = (0..n)
+                .map(|i| i128::from(self.dilation[i]) * (i128::from(kernel[i]) - 1) + 1)
                 .collect();
             if (0..n).any(|i| padded[i] < dilated[i]) {
-                let join = |v: &[i64]| {
+                let join = |v: &[i128]| {
                     v.iter()
                         .map(|d| d.to_string())
                         .collect::<Vec<_>>()
@@ -173,7 +187,9 @@ impl Conv {
             }
             out.push(out_channels);
             for i in 0..n {
-                out.push((padded[i] - dilated[i]) / self.stride[i] + 1);
+                // At most the padded size, which fits in i64 with padding at most i64::MAX / 2.
+                let o = (padded[i] - dilated[i]) / i128::from(self.stride[i]) + 1;
+                out.push(output_size(o, i)?);
             }
         } else {
             out_channels = w.shape[1] * g;
@@ -217,12 +233,12 @@ impl Conv {
             }
             out.push(out_channels);
             for i in 0..n {
-                out.push(
-                    (spatial[i] - 1) * self.stride[i] - 2 * self.padding[i]
-                        + self.dilation[i] * (kernel[i] - 1)
-                        + op[i]
-                        + 1,
-                );
+                let o = (i128::from(spatial[i]) - 1) * i128::from(self.stride[i])
+                    - 2 * i128::from(self.padding[i])
+                    + i128::from(self.dilation[i]) * (i128::from(kernel[i]) - 1)
+                    + i128::from(op[i])
+                    + 1;
+                out.push(output_size(o, i)?);
             }
             if out[2..].iter().any(|&o| o <= 0) {
                 return Err(OpError::runtime(format!(
@@ -234,6 +250,15 @@ impl Conv {
         }
         Ok(out)
     }
+}
+
+/// A convolution's output size at spatial dim `d`, computed in i128, as an int64.
+fn output_size(o: i128, d: usize) -> Result<i64, OpError> {
+    i64::try_from(o).map_err(|_| {
+        OpError::runtime(format!(
+            "the convolution's output size {o} at spatial dimension {d} does not fit in int64; expected a stride, padding, dilation and output_padding that give a smaller output"
+        ))
+    })
 }
 
 fn fmt_list(v: &[i64]) -> String {
@@ -650,6 +675,25 @@ impl Pool {
         } else {
             vec![1; n]
         };
+        // PyTorch's kernels take these as C ints (`safe_downcast<int, int64_t>`).
+        for (what, values) in [
+            ("kernel_size", &kernel),
+            ("stride", &stride),
+            ("padding", &padding),
+            ("dilation", &dilation),
+        ] {
+            if let Some((d, v)) = values
+                .iter()
+                .enumerate()
+                .find(|&(_, &v)| i32::try_from(v).is_err())
+            {
+                return Err(OpError::runtime(format!(
+                    "value cannot be converted to type int without overflow: {name}'s {what} {v} at dimension {d}; expected values from {} to {}",
+                    i32::MIN,
+                    i32::MAX
+                )));
+            }
+        }
         if let Some(d) = divisor {
             ensure!(d != 0, "divisor must be not zero");
         }
@@ -1038,7 +1082,10 @@ fn pick_max(e: &mut Emitter, args: &[Value], float: bool) -> Vec<Value> {
 const UNROLLED_WINDOW: i64 = 16;
 
 fn unrolls(pool: &Pool) -> bool {
-    pool.kernel.iter().product::<i64>() <= UNROLLED_WINDOW
+    pool.kernel
+        .iter()
+        .try_fold(1i64, |n, &k| n.checked_mul(k))
+        .is_some_and(|n| n <= UNROLLED_WINDOW)
 }
 
 /// The element offsets of a window (one per spatial dim), in PyTorch's scan order: row-major.
@@ -1361,9 +1408,36 @@ fn avg_pool_backward(e: &mut Emitter, grad: Value, x: &TensorType, pool: &Pool) 
 /// Adaptive pooling's window bounds along one dim: window `o` spans
 /// `[floor(o * size / out), ceil((o + 1) * size / out))`.
 fn adaptive_bounds(size: i64, out: i64) -> (Vec<i64>, Vec<i64>) {
-    let starts = (0..out).map(|o| o * size / out).collect();
-    let ends = (0..out).map(|o| ((o + 1) * size + out - 1) / out).collect();
+    // In i128: `(o + 1) * size` may pass i64's bounds; each bound is at most `size`.
+    let (n, size) = (i128::from(out), i128::from(size));
+    let bound = |v: i128| v as i64;
+    let starts = (0..n).map(|o| bound(o * size / n)).collect();
+    let ends = (0..n)
+        .map(|o| bound(((o + 1) * size + n - 1) / n))
+        .collect();
     (starts, ends)
+}
+
+/// The most entries of a table of adaptive windows the lowering writes into a module: each
+/// output size along a pooled dim takes two int64 tables of that length, and a serialized XLA
+/// module holds at most 2 GiB.
+const MAX_ADAPTIVE_TABLE: i64 = 1 << 27;
+
+/// Adaptive pooling's lowering to an output of shape `out` (pooled over its last two dims)
+/// writes tables of window bounds as long as its output sizes: refuse sizes whose tables pass
+/// [`MAX_ADAPTIVE_TABLE`] before building them, as PyTorch fails to allocate such an output.
+fn check_adaptive_tables(name: &str, out: &TensorType) -> Result<(), OpError> {
+    let r = out.rank();
+    for d in r.saturating_sub(2)..r {
+        let o = out.shape[d];
+        ensure!(
+            o <= MAX_ADAPTIVE_TABLE,
+            "{name}: output size {o} at dimension {d} needs tables of {o} window bounds, more than the {MAX_ADAPTIVE_TABLE} a module holds (the result {} alone takes {} bytes); expected an output size of at most {MAX_ADAPTIVE_TABLE}",
+            fmt_shape(&out.shape),
+            i128::from(out.numel()) * out.dtype.size_bytes() as i128
+        );
+    }
+    Ok(())
 }
 
 /// The bool matrix `[out, size]` of adaptive pooling's windows along one dim.
@@ -1729,6 +1803,9 @@ impl OpRule for AdaptiveAvgPool {
 
     fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
         let out = a.out(0).clone();
+        if out.numel() != 0 {
+            check_adaptive_tables("adaptive_avg_pool2d", &out)?;
+        }
         Ok(vec![adaptive_pool(e, a.inputs[0], &out)])
     }
 }
@@ -1775,6 +1852,10 @@ impl OpRule for AdaptiveAvgPoolBackward {
 
     fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
         let x = e.ty(a.inputs[1]).clone();
+        let g = e.ty(a.inputs[0]).clone();
+        if x.numel() != 0 && g.numel() != 0 {
+            check_adaptive_tables("adaptive_avg_pool2d_backward", &g)?;
+        }
         Ok(vec![adaptive_pool_backward(e, a.inputs[0], &x)])
     }
 }
@@ -1803,6 +1884,7 @@ impl OpRule for AdaptiveMaxPool {
         if out.numel() == 0 {
             return Ok(vec![zeros(e, &out), zeros(e, a.out(1))]);
         }
+        check_adaptive_tables("adaptive_max_pool2d", &out)?;
         let (v, i) = adaptive_max_pool(e, a.inputs[0], &out);
         Ok(vec![v, i])
     }

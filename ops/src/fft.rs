@@ -45,10 +45,16 @@ fn normalization(p: &crate::Params, code: i64) -> Result<Normalization, OpError>
 }
 
 /// The transformed dims, wrapped, in the caller's order (the last one is the halved dim of a
-/// real transform); a dim named twice is PyTorch's error.
+/// real transform); a dim named twice is PyTorch's error, and so is any dim of a 0-d tensor
+/// (a signal needs a dim, where `wrap_dim` would take dim 0 or -1 of a scalar).
 fn fft_dims(dims: &[i64], rank: usize) -> Result<Vec<usize>, OpError> {
     let mut out: Vec<usize> = Vec::with_capacity(dims.len());
     for &d in dims {
+        if rank == 0 {
+            return Err(OpError::index(format!(
+                "Dimension specified as {d} but tensor has no dimensions; expected a tensor with at least one dimension to transform"
+            )));
+        }
         let w = wrap_dim(d, rank)?;
         ensure!(!out.contains(&w), "FFT dims must be unique");
         out.push(w);

@@ -172,9 +172,9 @@ pub fn meta(
     Ok(meta)
 }
 
-/// PyTorch's checks on a tensor it creates: every size non-negative, the element count within
-/// int64. Sizes from user input (repeat counts, expand sizes, pads) reach the outputs, and
-/// lowering and execution read the outputs' element counts.
+/// PyTorch's checks on a tensor it creates: every size non-negative, the element count and the
+/// byte count within int64. Sizes from user input (repeat counts, expand sizes, pads) reach the
+/// outputs, and lowering and execution read the outputs' element and byte counts.
 fn check_output_sizes(op: OpId, outputs: &[TensorType]) -> Result<(), OpError> {
     for t in outputs {
         if let Some(&d) = t.shape.iter().find(|&&d| d < 0) {
@@ -183,15 +183,21 @@ fn check_output_sizes(op: OpId, outputs: &[TensorType]) -> Result<(), OpError> {
                 &t.shape[..]
             )));
         }
-        if t.shape
-            .iter()
-            .try_fold(1i64, |n, &d| n.checked_mul(d))
-            .is_none()
-        {
+        let Some(numel) = t.shape.iter().try_fold(1i64, |n, &d| n.checked_mul(d)) else {
             return Err(OpError::runtime(format!(
                 "{}: the result's sizes {:?} hold more than {} elements (numel: integer multiplication overflow); expected sizes whose product fits in int64",
                 op.name(),
                 &t.shape[..],
+                i64::MAX
+            )));
+        };
+        let itemsize = t.dtype.size_bytes() as i64;
+        if numel.checked_mul(itemsize).is_none() {
+            return Err(OpError::runtime(format!(
+                "Storage size calculation overflowed with sizes={:?}; expected sizes whose {} elements of {itemsize} bytes ({}) take at most {} bytes",
+                &t.shape[..],
+                numel,
+                t.dtype.scalar_type_name(),
                 i64::MAX
             )));
         }

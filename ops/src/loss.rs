@@ -69,6 +69,7 @@ fn like_self(op: OpId, x: &TensorType, others: &[&TensorType]) -> Result<TensorT
     Ok(x.clone())
 }
 
+/// `nll_loss2d`'s checks of its input, target and weight shapes and its target's dtype.
 fn nll2d_checks(
     x: &TensorType,
     target: &TensorType,
@@ -91,6 +92,11 @@ fn nll2d_checks(
         );
     }
     ensure!(
+        matches!(target.dtype, DType::I64 | DType::U8),
+        "expected target dtype to be Long or Byte, but got {}",
+        target.dtype.scalar_type_name()
+    );
+    ensure!(
         x.shape[0] == target.shape[0]
             && x.shape[2] == target.shape[1]
             && x.shape[3] == target.shape[2],
@@ -98,38 +104,53 @@ fn nll2d_checks(
         x.shape.as_slice(),
         target.shape.as_slice()
     );
-    ensure!(
-        matches!(target.dtype, DType::I64 | DType::U8),
-        "expected scalar type Long but found {}",
-        target.dtype.scalar_type_name()
-    );
-    ensure!(
-        x.dtype.is_float(),
-        "\"nll_loss2d_forward_out_frame\" not implemented for '{}'",
-        x.dtype.scalar_type_name()
-    );
     Ok(())
+}
+
+/// The checks of `nll_loss2d_backward` (`[grad, self, target, total_weight, weight?]`) in
+/// PyTorch's order.
+fn nll2d_backward_checks(i: &[TensorType], reduction: Reduction) -> Result<(), OpError> {
+    let (g, x, target, total, weight) = (&i[0], &i[1], &i[2], &i[3], i.get(4));
+    nll2d_checks(x, target, weight)?;
+    ensure!(
+        total.numel() == 1,
+        "expected total_weight to be a single element tensor, got: {:?} ({} elements)",
+        total.shape.as_slice(),
+        total.numel()
+    );
+    let kernel = "nll_loss2d_backward_out_frame";
+    if !x.dtype.is_float() {
+        return Err(not_implemented_for(kernel, x.dtype));
+    }
+    if reduction == Reduction::None {
+        ensure!(
+            g.rank() == 3,
+            "grad_output must have same dimension as target (3) but got dimension: {:?}",
+            g.shape.as_slice()
+        );
+        ensure!(
+            g.shape == target.shape,
+            "size mismatch (got grad_output: {:?} target: {:?}",
+            g.shape.as_slice(),
+            target.shape.as_slice()
+        );
+        return backward_dtypes(kernel, g, x, target, total, weight, true);
+    }
+    // The kernel reads total_weight before it checks grad_output's shape.
+    backward_dtypes(kernel, total, x, target, total, weight, false)?;
+    ensure!(
+        g.rank() <= 1 && g.numel() == 1,
+        "Expected a single element grad_output tensor, but got: {:?}",
+        g.shape.as_slice()
+    );
+    backward_dtypes(kernel, g, x, target, total, weight, false)
 }
 
 fn nll_checks(
     x: &TensorType,
     target: &TensorType,
     weight: Option<&TensorType>,
-    backward: bool,
 ) -> Result<(), OpError> {
-    if backward {
-        ensure!(
-            matches!(target.dtype, DType::I64 | DType::U8),
-            "expected scalar type Long but found {}",
-            target.dtype.scalar_type_name()
-        );
-        if let Some(w) = weight {
-            ensure!(
-                w.numel() == x.shape[x.rank().max(1) - 1],
-                "weight tensor should be defined either for all or no classes"
-            );
-        }
-    }
     ensure!(
         x.rank() >= 1 && x.rank() <= 2,
         "input tensor should be 1D or 2D"
@@ -161,6 +182,106 @@ fn nll_checks(
             w.numel() == classes,
             "weight tensor should be defined either for all {classes} classes or no classes but got weight tensor of shape: {:?}",
             w.shape.as_slice()
+        );
+    }
+    Ok(())
+}
+
+/// The checks of `nll_loss_backward` (`[grad, self, target, total_weight, weight?]`), in
+/// PyTorch's order: the shapes (as the forward's, then `total_weight` a single element and
+/// `grad` shaped like the forward's output), then the dtypes its CPU kernel reads.
+fn nll_backward_checks(i: &[TensorType], reduction: Reduction) -> Result<(), OpError> {
+    let (g, x, target, total, weight) = (&i[0], &i[1], &i[2], &i[3], i.get(4));
+    ensure!(
+        x.rank() >= 1 && x.rank() <= 2,
+        "input tensor should be 1D or 2D"
+    );
+    ensure!(
+        target.rank() <= 1,
+        "0D or 1D target tensor expected, multi-target not supported"
+    );
+    let no_batch_dim = x.rank() == 1 && target.rank() == 0;
+    if !no_batch_dim && target.rank() == 0 {
+        return Err(OpError::index(
+            "Dimension specified as 0 but tensor has no dimensions",
+        ));
+    }
+    ensure!(
+        no_batch_dim || (x.rank() == 2 && x.shape[0] == target.shape[0]),
+        "size mismatch (got input: {:?}, target: {:?})",
+        x.shape.as_slice(),
+        target.shape.as_slice()
+    );
+    ensure!(
+        total.numel() == 1,
+        "expected total_weight to be a  single element tensor, got: {:?} ({} elements)",
+        total.shape.as_slice(),
+        total.numel()
+    );
+    if let Some(w) = weight {
+        ensure!(
+            w.numel() == x.shape[x.rank() - 1],
+            "weight tensor should be defined either for all or no classes"
+        );
+    }
+    let per_sample = reduction == Reduction::None && x.rank() == 2;
+    if per_sample {
+        ensure!(
+            g.rank() == 1 && g.shape[0] == x.shape[0],
+            "Expected a tensor of dimension 1 and tensor.size[0] == {} but got: dimension {} and tensor.size[0] = {}",
+            x.shape[0],
+            g.rank(),
+            g.shape.first().copied().unwrap_or(1)
+        );
+    } else {
+        ensure!(
+            g.rank() <= 1 && g.numel() == 1,
+            "Expected a single element grad_output tensor, but got: {:?}",
+            g.shape.as_slice()
+        );
+    }
+    backward_dtypes(
+        "nll_loss_backward_out_frame",
+        g,
+        x,
+        target,
+        total,
+        weight,
+        per_sample,
+    )
+}
+
+/// The dtypes the nll losses' CPU backward kernels read, in their order: `self` a float (the
+/// dispatch), `target` int64 or uint8, then `weight`, `total_weight` (unless each sample has its
+/// own gradient) and `grad` of `self`'s dtype.
+fn backward_dtypes(
+    kernel: &str,
+    g: &TensorType,
+    x: &TensorType,
+    target: &TensorType,
+    total: &TensorType,
+    weight: Option<&TensorType>,
+    per_sample: bool,
+) -> Result<(), OpError> {
+    if !x.dtype.is_float() {
+        return Err(not_implemented_for(kernel, x.dtype));
+    }
+    ensure!(
+        matches!(target.dtype, DType::I64 | DType::U8),
+        "expected scalar type Long but found {}",
+        target.dtype.scalar_type_name()
+    );
+    let mut read: Vec<&TensorType> = weight.into_iter().collect();
+    if !per_sample {
+        read.push(total);
+    }
+    read.push(g);
+    for t in read {
+        ensure!(
+            t.dtype == x.dtype,
+            "expected scalar type {} but found {}",
+            x.dtype.scalar_type_name(),
+            t.dtype.scalar_type_name()
         );
     }
     Ok(())
@@ -401,7 +522,7 @@ impl OpRule for NllLoss {
         let p = &a.params;
         a.expect_counts(2..=3, 0..=0)?;
         let (x, target, weight) = (&i[0], &i[1], i.get(2));
-        nll_checks(x, target, weight, false)?;
+        nll_checks(x, target, weight)?;
         let (reduction, _) = reduction_of(p)?;
         let out_shape: &[i64] = if reduction == Reduction::None && x.rank() == 2 {
             &x.shape[..1]
@@ -452,10 +573,9 @@ impl OpRule for NllLossBackward {
         let i = a.inputs;
         let p = &a.params;
         a.expect_counts(4..=5, 0..=0)?;
-        let (x, target, weight) = (&i[1], &i[2], i.get(4));
-        nll_checks(x, target, weight, true)?;
-        reduction_of(p)?;
-        Ok(Meta::single(x.clone(), vec![]))
+        let (reduction, _) = reduction_of(p)?;
+        nll_backward_checks(i, reduction)?;
+        Ok(Meta::single(i[1].clone(), vec![]))
     }
 
     fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
@@ -489,6 +609,9 @@ impl OpRule for NllLoss2d {
         a.expect_counts(2..=3, 0..=0)?;
         let x = &i[0];
         nll2d_checks(x, &i[1], i.get(2))?;
+        if !x.dtype.is_float() {
+            return Err(not_implemented_for("nll_loss2d_forward_out_frame", x.dtype));
+        }
         let out = if reduction == Reduction::None {
             TensorType::new(x.dtype, &i[1].shape)
         } else {
@@ -528,11 +651,10 @@ pub(crate) struct NllLoss2dBackward;
 impl OpRule for NllLoss2dBackward {
     fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
         let i = a.inputs;
-        reduction_of(&a.params)?;
+        let (reduction, _) = reduction_of(&a.params)?;
         a.expect_counts(4..=5, 0..=0)?;
-        let x = &i[1];
-        nll2d_checks(x, &i[2], i.get(4))?;
-        Ok(Meta::single(x.clone(), vec![]))
+        nll2d_backward_checks(i, reduction)?;
+        Ok(Meta::single(i[1].clone(), vec![]))
     }
 
     fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
@@ -616,14 +738,21 @@ fn spread_gradient(
     per_sample: Option<&[usize]>,
 ) -> Value {
     let cd = e.dtype(g);
+    // A single gradient and total weight may come as `[1]` or `[1, 1]`.
+    let single = |e: &mut Emitter, v: Value| e.reshape(v, &[]);
     match (reduction, per_sample) {
         (Reduction::None, Some(dims)) => e.broadcast_in_dim(g, shape, dims),
         (Reduction::Mean, _) => {
+            let g = single(e, g);
+            let total = single(e, total);
             let t = e.convert(total, cd);
             let q = e.div(g, t);
             e.broadcast_to(q, shape)
         }
-        _ => e.broadcast_to(g, shape),
+        _ => {
+            let g = single(e, g);
+            e.broadcast_to(g, shape)
+        }
     }
 }
 
@@ -658,6 +787,8 @@ fn nll_mask(
     let w = match weight {
         Some(w) => {
             let w = e.convert(w, dtype);
+            // PyTorch takes a weight of any shape with one element per class.
+            let w = e.reshape(w, &[shape[r - 1]]);
             e.broadcast_in_dim(w, &shape, &[r - 1])
         }
         None => e.full_like(x, 1.0),

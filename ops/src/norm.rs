@@ -125,7 +125,10 @@ fn group_dims([n, c, hxw, group]: [i64; 4], x: &TensorType) -> Result<[i64; 4], 
         x.shape.as_slice()
     );
     ensure!(
-        n >= 0 && c >= 0 && hxw >= 0 && x.numel() == n * c * hxw,
+        n >= 0
+            && c >= 0
+            && hxw >= 0
+            && n.checked_mul(c).and_then(|nc| nc.checked_mul(hxw)) == Some(x.numel()),
         "Expected X.numel() == N * C * HxW to be true, but got false.  (Could this error message be improved?  If so, please report an enhancement request to PyTorch.)"
     );
     Ok([n, c, hxw, group])
@@ -415,11 +418,17 @@ impl OpRule for NativeGroupNormBackward {
         let [n, c, _, group] = group_dims([l.n, l.c, l.hxw, l.group], x)?;
         same_shape(a.op, g, x)?;
         group_param("weight", w, c, x)?;
+        // With no channels (C = 0) any positive group count divides C, and N * group may
+        // overflow.
+        let Some(stats) = n.checked_mul(group) else {
+            return Err(OpError::runtime(format!(
+                "native_group_norm_backward: mean and rstd should contain N * group = {n} * {group} elements, more than int64 holds; expected a group count that divides the {c} channels"
+            )));
+        };
         for (name, t) in [("mean", mean), ("rstd", rstd)] {
             ensure!(
-                t.numel() == n * group,
-                "native_group_norm_backward: {name} should contain {} elements not {}",
-                n * group,
+                t.numel() == stats,
+                "native_group_norm_backward: {name} should contain {stats} elements not {}",
                 t.numel()
             );
         }

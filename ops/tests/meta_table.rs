@@ -168,14 +168,16 @@ fn sizes_near_int64_bounds() {
     assert!(e.contains("numel: integer multiplication overflow"), "{e}");
     let e = error(OpId::ConstantPadNd, &[f32(&[2])], &[M, 0]);
     assert!(e.contains("overflows int64. Check dimension 0"), "{e}");
-    // A dilated pooling window past int64 (PyTorch: "value cannot be converted to type int
-    // without overflow").
+    // A pooling dilation past int32: PyTorch's kernels take it as a C int.
     let e = error(
         OpId::MaxPool2dWithIndices,
         &[f32(&[1, 3, 4])],
         &[0, 1, 3, 1, 1, 1, 0, 1, 1 << 62],
     );
-    assert!(e.ends_with("Output size is too small"), "{e}");
+    assert_eq!(
+        e,
+        "value cannot be converted to type int without overflow: max_pool2d's dilation 4611686018427387904 at dimension 0; expected values from -2147483648 to 2147483647"
+    );
     // An indexed dim past the rank.
     let index = TensorType::new(DType::I64, &[2]);
     let e = error(OpId::Index, &[f32(&[2, 3]), index], &[M]);
@@ -208,4 +210,236 @@ fn gather_with_a_0d_index() {
         assert_eq!(m.outputs[0], TensorType::new(DType::F32, &[]));
         ops::lower_single(OpId::Gather, &[x.clone(), index.clone()], &[], &[dim]).unwrap();
     }
+}
+
+/// Sizes and counts near int64's bounds in the loss, norm, spectral and pooling ops: PyTorch's
+/// error or result, never a panic or an abort.
+#[test]
+fn extreme_sizes_in_losses_norms_ffts_and_pools() {
+    const M: i64 = i64::MAX;
+    let t = |dtype: DType, shape: &[i64]| TensorType::new(dtype, shape);
+    let f32 = |shape: &[i64]| t(DType::F32, shape);
+    let error = |op: OpId, inputs: &[TensorType], params: &[i64]| {
+        meta(op, inputs, &[], params).unwrap_err()
+    };
+    // adaptive_max_pool2d to an output size of 3e12: meta gives PyTorch's (meta-device) shape;
+    // lowering refuses before building window tables of that length.
+    let x = f32(&[1, 1, 1]);
+    for op in [OpId::AdaptiveMaxPool2d, OpId::AdaptiveAvgPool2d] {
+        let m = meta(op, std::slice::from_ref(&x), &[], &[3_000_000_000_000, 1]).unwrap();
+        assert_eq!(m.outputs[0], f32(&[1, 3_000_000_000_000, 1]));
+        let e = ops::lower_single(op, std::slice::from_ref(&x), &[], &[3_000_000_000_000, 1])
+            .unwrap_err()
+            .message;
+        assert!(
+            e.contains(": output size 3000000000000 at dimension 1 needs tables of 3000000000000 window bounds")
+                && e.contains("the result [1, 3000000000000, 1] alone takes 12000000000000 bytes")
+                && e.ends_with("expected an output size of at most 134217728"),
+            "{e}"
+        );
+    }
+    let e = error(OpId::AdaptiveMaxPool2d, &[x], &[1 << 62, 1]).message;
+    assert_eq!(
+        e,
+        "Storage size calculation overflowed with sizes=[1, 4611686018427387904, 1]; expected sizes whose 4611686018427387904 elements of 4 bytes (Float) take at most 9223372036854775807 bytes"
+    );
+
+    // nll_loss_backward: [grad, self, target, total_weight, weight?], params [reduction, ignore].
+    let nll = |g: &[i64], x: TensorType, target: &[i64], total: &[i64], w: Option<TensorType>| {
+        let mut i = vec![t(x.dtype, g), x, t(DType::I64, target), f32(total)];
+        i.extend(w);
+        i
+    };
+    let e = error(
+        OpId::NllLossBackward,
+        &nll(&[], f32(&[]), &[], &[], Some(f32(&[3]))),
+        &[1, -100],
+    );
+    assert_eq!(e.message, "input tensor should be 1D or 2D");
+    let e = error(
+        OpId::NllLossBackward,
+        &nll(&[], f32(&[2, 3]), &[2], &[2], None),
+        &[1, -100],
+    );
+    assert_eq!(
+        e.message,
+        "expected total_weight to be a  single element tensor, got: [2] (2 elements)"
+    );
+    let e = error(
+        OpId::NllLossBackward,
+        &nll(&[2], f32(&[2, 3]), &[2], &[], None),
+        &[1, -100],
+    );
+    assert_eq!(
+        e.message,
+        "Expected a single element grad_output tensor, but got: [2]"
+    );
+    let e = error(
+        OpId::NllLossBackward,
+        &nll(&[3], f32(&[2, 3]), &[2], &[], None),
+        &[0, -100],
+    );
+    assert_eq!(
+        e.message,
+        "Expected a tensor of dimension 1 and tensor.size[0] == 2 but got: dimension 1 and tensor.size[0] = 3"
+    );
+    let e = error(
+        OpId::NllLossBackward,
+        &nll(&[], f32(&[1, 3]), &[], &[], None),
+        &[1, -100],
+    );
+    assert_eq!(e.kind.python_name(), "IndexError");
+    assert_eq!(
+        e.message,
+        "Dimension specified as 0 but tensor has no dimensions"
+    );
+    let mut i = nll(&[], f32(&[2, 3]), &[2], &[], None);
+    i[0] = t(DType::F64, &[]);
+    let e = error(OpId::NllLossBackward, &i, &[1, -100]);
+    assert_eq!(e.message, "expected scalar type Float but found Double");
+    let e = error(
+        OpId::NllLossBackward,
+        &nll(&[], t(DType::I64, &[2, 3]), &[2], &[], None),
+        &[1, -100],
+    );
+    assert_eq!(
+        e.message,
+        "\"nll_loss_backward_out_frame\" not implemented for 'Long'"
+    );
+    // PyTorch takes a one-element grad and total weight of any rank, and a weight of any shape
+    // with one element per class.
+    let i = nll(&[1], f32(&[2, 3]), &[2], &[1, 1], Some(f32(&[3, 1])));
+    let m = meta(OpId::NllLossBackward, &i, &[], &[1, -100]).unwrap();
+    assert_eq!(m.outputs[0], f32(&[2, 3]));
+    ops::lower_single(OpId::NllLossBackward, &i, &[], &[1, -100]).unwrap();
+    // nll_loss2d_backward: the same checks with its own messages.
+    let i = vec![
+        f32(&[]),
+        f32(&[2, 3, 4, 5]),
+        t(DType::I64, &[2, 4, 5]),
+        f32(&[2]),
+    ];
+    let e = error(OpId::NllLoss2dBackward, &i, &[1, -100]);
+    assert_eq!(
+        e.message,
+        "expected total_weight to be a single element tensor, got: [2] (2 elements)"
+    );
+    let i = vec![
+        f32(&[2, 4, 1]),
+        f32(&[2, 3, 4, 5]),
+        t(DType::I64, &[2, 4, 5]),
+        f32(&[]),
+    ];
+    let e = error(OpId::NllLoss2dBackward, &i, &[0, -100]);
+    assert_eq!(
+        e.message,
+        "size mismatch (got grad_output: [2, 4, 1] target: [2, 4, 5]"
+    );
+
+    // native_group_norm(_backward): N * C * HxW and N * group past int64.
+    let e = error(
+        OpId::NativeGroupNormBackward,
+        &[f32(&[2, 4]), f32(&[2, 4]), f32(&[2]), f32(&[2])],
+        &[0, 5, 3_000_000_000_000, 1 << 62, 5, 7],
+    );
+    assert!(
+        e.message
+            .starts_with("Expected X.numel() == N * C * HxW to be true, but got false."),
+        "{}",
+        e.message
+    );
+    let x = f32(&[2, 0, 4]);
+    let e = error(
+        OpId::NativeGroupNormBackward,
+        &[x.clone(), x.clone(), f32(&[2]), f32(&[2])],
+        &[0, 2, 0, 4, M, 7],
+    );
+    assert_eq!(
+        e.message,
+        "native_group_norm_backward: mean and rstd should contain N * group = 2 * 9223372036854775807 elements, more than int64 holds; expected a group count that divides the 0 channels"
+    );
+
+    // The FFT primitives on a 0-d tensor (PyTorch's torch.fft raises an IndexError).
+    let z = f32(&[]);
+    let c = t(DType::C64, &[]);
+    for (op, x, params) in [
+        (OpId::FftR2c, &z, vec![0, 1, 0]),
+        (OpId::FftR2c, &z, vec![0, 0, -1]),
+        (OpId::FftC2c, &c, vec![0, 1, 0]),
+        (OpId::FftC2r, &c, vec![0, 1, 0]),
+    ] {
+        let e = error(op, std::slice::from_ref(x), &params);
+        assert_eq!(e.kind.python_name(), "IndexError");
+        assert_eq!(
+            e.message,
+            format!(
+                "Dimension specified as {} but tensor has no dimensions; expected a tensor with at least one dimension to transform",
+                params[2]
+            )
+        );
+    }
+
+    // convolution: padding past int64's half, a dilated kernel past int64, a transposed output
+    // past int64.
+    let (x, w) = (f32(&[1, 2, 5]), f32(&[1, 2, 2]));
+    let conv = |transposed: i64, stride: i64, padding: i64, dilation: i64| {
+        vec![transposed, 1, 1, stride, 1, padding, 1, dilation, 1, 0]
+    };
+    let e = error(
+        OpId::Convolution,
+        &[x.clone(), w.clone()],
+        &conv(0, 1, 1 << 62, 1),
+    );
+    assert_eq!(
+        e.message,
+        "Given padding=4611686018427387904 at dimension 0 , expected padding to be at most 4611686018427387903"
+    );
+    let e = error(
+        OpId::Convolution,
+        &[x.clone(), w.clone()],
+        &conv(0, 1, 1, M),
+    );
+    assert!(
+        e.message.starts_with(
+            "Calculated padded input size per channel: (7). Kernel size: (9223372036854775808)."
+        ),
+        "{}",
+        e.message
+    );
+    let w = f32(&[2, 1, 2]);
+    let e = error(OpId::Convolution, &[f32(&[1, 2, 5]), w], &conv(1, M, 0, M));
+    assert!(
+        e.message.starts_with("the convolution's output size ")
+            && e.message
+                .contains("at spatial dimension 0 does not fit in int64"),
+        "{}",
+        e.message
+    );
+
+    // Pooling windows past int32 (PyTorch's kernels take C ints); a 3-d window whose element
+    // count passes int64 lowers, as PyTorch computes it.
+    let e = error(
+        OpId::AvgPool2d,
+        &[f32(&[1, 1, 6, 6])],
+        &[1, 1, 2, 1 << 31, 2, 0, 1, 0],
+    );
+    assert!(
+        e.message.starts_with(
+            "value cannot be converted to type int without overflow: avg_pool2d's kernel_size 2147483648 at dimension 0"
+        ),
+        "{}",
+        e.message
+    );
+    let k = 1 << 30;
+    let x = f32(&[1, 1, 4, 4, 4]);
+    let p = [0, 3, k, k, k, 0, 3, k / 2, k / 2, k / 2, 1, 1];
+    let m = meta(
+        OpId::MaxPool3dWithIndices,
+        std::slice::from_ref(&x),
+        &[],
+        &p,
+    )
+    .unwrap();
+    assert_eq!(m.outputs[0], f32(&[1, 1, 1, 1, 1]));
+    ops::lower_single(OpId::MaxPool3dWithIndices, &[x], &[], &p).unwrap();
 }

@@ -181,10 +181,7 @@ CASES = {
 }
 
 # Disagreements with the CPU kernel found by these checks: case -> reason, per side.
-KERNEL_DISAGREES = {
-    "threshold": "the pjrt kernel replaces NaN by `value`; the CPU keeps NaN (NaN <= threshold is false)",
-    "logit_backward": "without eps the pjrt kernel gives a finite gradient outside [0, 1]; the CPU gives NaN",
-}
+KERNEL_DISAGREES: dict = {}
 DECOMPOSITION_DISAGREES = {
     "logit_backward_eps": "the decomposition gives 0 for a NaN input; the CPU gives NaN (on the CPU too)",
     **{

@@ -169,7 +169,8 @@ std::tuple<at::Tensor, at::Tensor> pjrt_prelu_kernel_backward(
 }
 
 at::Tensor pjrt_threshold(const at::Tensor& self, const at::Scalar& threshold, const at::Scalar& value) {
-  return at::where(self > threshold, self, at::scalar_tensor(value, self.options())).to(self.scalar_type());
+  // As the CPU kernel: `x <= threshold ? value : x`, so a NaN (never <= anything) stays NaN.
+  return at::where(self <= threshold, at::scalar_tensor(value, self.options()), self).to(self.scalar_type());
 }
 
 // `hardshrink` and `softshrink` zero what lies within [-lambd, lambd]; so do their gradients.

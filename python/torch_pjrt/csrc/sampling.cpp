@@ -252,7 +252,8 @@ at::Tensor pjrt_logit_backward(
   if (eps.has_value() && *eps >= 0) {
     return at::where((self < *eps) | (self > 1 - *eps), at::zeros_like(slope), slope);
   }
-  return slope;
+  // Without eps the CPU kernel gives NaN outside logit's domain [0, 1].
+  return at::where((self < 0) | (self > 1), at::full_like(slope, std::numeric_limits<double>::quiet_NaN()), slope);
 }
 
 at::Tensor pjrt_sinc(const at::Tensor& self) {

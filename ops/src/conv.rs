@@ -8,7 +8,7 @@ use crate::emitter::{bracket_list, i64_array, Cmp, Emitter, Value};
 use crate::error::{ensure, OpError};
 use crate::param_layout as layout;
 use crate::params::Params;
-use crate::{LowerArgs, Meta, MetaArgs, MetaOutputs, OpId, OpRule, ScalarDTypes};
+use crate::{single, LowerArgs, Meta, MetaArgs, MetaOutputs, OpId, OpRule, ScalarDTypes};
 
 fn fmt_shape(s: &[i64]) -> String {
     bracket_list(s)
@@ -1483,6 +1483,30 @@ fn widened(shape: &[i64], dim: usize, extra: i64) -> (Vec<i64>, Vec<usize>) {
     (wide, keep)
 }
 
+/// [`adaptive_mask`] broadcast to `wide`, whose dims `dim` and `dim + 1` are the windows' `out`
+/// and the pooled dim's `size`.
+fn wide_window_mask(e: &mut Emitter, wide: &[i64], dim: usize, size: i64, out: i64) -> Value {
+    let mask = adaptive_mask(e, size, out);
+    e.broadcast_in_dim(mask, wide, &[dim, dim + 1])
+}
+
+/// `v` (shaped `wide`, as for [`wide_window_mask`]) with zeros where a position lies outside
+/// its window.
+fn zero_outside_windows(
+    e: &mut Emitter,
+    v: Value,
+    wide: &[i64],
+    dim: usize,
+    size: i64,
+    out: i64,
+) -> Value {
+    let mask = wide_window_mask(e, wide, dim, size, out);
+    let dtype = e.ty(v).dtype;
+    let zero = e.scalar_constant(dtype, ScalarValue::Float(0.0));
+    let zero = e.broadcast_to(zero, wide);
+    e.select(mask, v, zero)
+}
+
 /// Sums `x` over adaptive windows along `dim`: `[.., S, ..]` to `[.., O, ..]`. Windows that
 /// tile the dim are a reshape and a sum; others sum under each window's mask. Never a product
 /// with a 0/1 window matrix: `0 * inf` would carry a non-finite input into every window of its
@@ -1499,11 +1523,7 @@ fn adaptive_window_sum(e: &mut Emitter, x: Value, dim: usize, out: i64) -> Value
     }
     let (wide, keep) = widened(&ty.shape, dim, out);
     let xb = e.broadcast_in_dim(x, &wide, &keep);
-    let mask = adaptive_mask(e, size, out);
-    let mask = e.broadcast_in_dim(mask, &wide, &[dim, dim + 1]);
-    let zero = e.scalar_constant(ty.dtype, ScalarValue::Float(0.0));
-    let zero = e.broadcast_to(zero, &wide);
-    let inside = e.select(mask, xb, zero);
+    let inside = zero_outside_windows(e, xb, &wide, dim, size, out);
     e.reduce_sum(inside, &[dim + 1])
 }
 
@@ -1522,11 +1542,7 @@ fn adaptive_window_spread(e: &mut Emitter, g: Value, dim: usize, size: i64) -> V
     // [.., O, ..] -> [.., O, S, ..], summed over O.
     let (wide, keep) = widened(&ty.shape, dim + 1, size);
     let gb = e.broadcast_in_dim(g, &wide, &keep);
-    let mask = adaptive_mask(e, size, out);
-    let mask = e.broadcast_in_dim(mask, &wide, &[dim, dim + 1]);
-    let zero = e.scalar_constant(ty.dtype, ScalarValue::Float(0.0));
-    let zero = e.broadcast_to(zero, &wide);
-    let inside = e.select(mask, gb, zero);
+    let inside = zero_outside_windows(e, gb, &wide, dim, size, out);
     e.reduce_sum(inside, &[dim])
 }
 
@@ -1581,15 +1597,10 @@ fn adaptive_max_step(
     let ty = e.ty(values).clone();
     let size = ty.shape[dim];
     // [.., S, ..] -> [.., O, S, ..]
-    let mut wide = ty.shape.clone();
-    wide.insert(dim, out);
-    let keep: Vec<usize> = (0..ty.rank())
-        .map(|d| if d < dim { d } else { d + 1 })
-        .collect();
+    let (wide, keep) = widened(&ty.shape, dim, out);
     let vb = e.broadcast_in_dim(values, &wide, &keep);
     let ib = e.broadcast_in_dim(indices, &wide, &keep);
-    let mask = adaptive_mask(e, size, out);
-    let mask = e.broadcast_in_dim(mask, &wide, &[dim, dim + 1]);
+    let mask = wide_window_mask(e, &wide, dim, size, out);
     let low_value = e.scalar_constant(ty.dtype, lowest(ty.dtype));
     let pad_index = e.scalar_constant(DType::I64, ScalarValue::Int(i64::MAX));
     let low = e.broadcast_to(low_value, &wide);
@@ -1651,23 +1662,27 @@ fn adaptive_output_shape(x: &TensorType, size: &[i64], name: &str) -> Result<Sha
 
 // ---- rules: each op's meta beside its lowering --------------------------------------------
 
+/// A max pool's outputs: the maxima in the input's dtype, and their int64 positions.
+fn values_and_indices(dtype: DType, shape: Shape) -> Meta {
+    let mut outputs = MetaOutputs::new();
+    outputs.push(TensorType {
+        dtype,
+        shape: shape.clone(),
+    });
+    outputs.push(TensorType {
+        dtype: DType::I64,
+        shape,
+    });
+    Meta::of_outputs(outputs)
+}
+
 /// `max_pool2d_with_indices` and `max_pool3d_with_indices`: each window's maximum and its flat
 /// position in the input's plane (int64).
 pub(crate) struct MaxPool;
 
 impl OpRule for MaxPool {
     fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
-        let shape = pooled_shape(a)?;
-        let mut outputs = MetaOutputs::new();
-        outputs.push(TensorType {
-            dtype: a.inputs[0].dtype,
-            shape: shape.clone(),
-        });
-        outputs.push(TensorType {
-            dtype: DType::I64,
-            shape,
-        });
-        Ok(Meta::of_outputs(outputs))
+        Ok(values_and_indices(a.inputs[0].dtype, pooled_shape(a)?))
     }
 
     fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
@@ -1741,13 +1756,10 @@ pub(crate) struct AvgPool;
 
 impl OpRule for AvgPool {
     fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
-        let shape = pooled_shape(a)?;
-        let mut outputs = MetaOutputs::new();
-        outputs.push(TensorType {
+        single(TensorType {
             dtype: a.inputs[0].dtype,
-            shape,
-        });
-        Ok(Meta::of_outputs(outputs))
+            shape: pooled_shape(a)?,
+        })
     }
 
     fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
@@ -1792,13 +1804,10 @@ pub(crate) struct AdaptiveAvgPool;
 
 impl OpRule for AdaptiveAvgPool {
     fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
-        let shape = adaptive_shape(a, "adaptive_avg_pool2d")?;
-        let mut outputs = MetaOutputs::new();
-        outputs.push(TensorType {
+        single(TensorType {
             dtype: a.inputs[0].dtype,
-            shape,
-        });
-        Ok(Meta::of_outputs(outputs))
+            shape: adaptive_shape(a, "adaptive_avg_pool2d")?,
+        })
     }
 
     fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
@@ -1867,16 +1876,7 @@ pub(crate) struct AdaptiveMaxPool;
 impl OpRule for AdaptiveMaxPool {
     fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
         let shape = adaptive_shape(a, "adaptive_max_pool2d")?;
-        let mut outputs = MetaOutputs::new();
-        outputs.push(TensorType {
-            dtype: a.inputs[0].dtype,
-            shape: shape.clone(),
-        });
-        outputs.push(TensorType {
-            dtype: DType::I64,
-            shape,
-        });
-        Ok(Meta::of_outputs(outputs))
+        Ok(values_and_indices(a.inputs[0].dtype, shape))
     }
 
     fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {

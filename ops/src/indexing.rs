@@ -14,7 +14,7 @@ use crate::param_layout as layout;
 use crate::params::wrap_dim;
 use crate::promote::broadcast_shapes;
 use crate::shape::check_expand;
-use crate::{LowerArgs, Meta, MetaArgs, OpId, OpRule, ScalarValue};
+use crate::{single, LowerArgs, Meta, MetaArgs, OpId, OpRule, ScalarValue};
 
 fn fmt_shape(s: &[i64]) -> String {
     format!("{s:?}")
@@ -401,11 +401,6 @@ impl OpRule for IndexPut {
             l.accumulate != 0,
         )])
     }
-}
-
-/// A single output, no scalars.
-fn single(t: TensorType) -> Result<Meta, OpError> {
-    Ok(Meta::single(t, vec![]))
 }
 
 /// `sort` and `topk`: the input sorted along `dim` (`descending`, or largest first) with its

@@ -86,6 +86,11 @@ impl Meta {
     }
 }
 
+/// A rule's meta of a single output and no scalars.
+pub(crate) fn single(t: TensorType) -> Result<Meta, OpError> {
+    Ok(Meta::single(t, vec![]))
+}
+
 /// The arguments of one op, as meta sees them.
 pub(crate) struct MetaArgs<'a> {
     pub op: OpId,

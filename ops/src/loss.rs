@@ -146,11 +146,8 @@ fn nll2d_backward_checks(i: &[TensorType], reduction: Reduction) -> Result<(), O
     backward_dtypes(kernel, g, x, target, total, weight, false)
 }
 
-fn nll_checks(
-    x: &TensorType,
-    target: &TensorType,
-    weight: Option<&TensorType>,
-) -> Result<(), OpError> {
+/// The nll losses' first checks, forward and backward: `self` 1-d or 2-d, `target` 0-d or 1-d.
+fn nll_ranks(x: &TensorType, target: &TensorType) -> Result<(), OpError> {
     ensure!(
         x.rank() >= 1 && x.rank() <= 2,
         "input tensor should be 1D or 2D"
@@ -159,6 +156,15 @@ fn nll_checks(
         target.rank() <= 1,
         "0D or 1D target tensor expected, multi-target not supported"
     );
+    Ok(())
+}
+
+fn nll_checks(
+    x: &TensorType,
+    target: &TensorType,
+    weight: Option<&TensorType>,
+) -> Result<(), OpError> {
+    nll_ranks(x, target)?;
     let batch = if x.rank() == 2 { x.shape[0] } else { 1 };
     let target_n = if target.rank() == 1 {
         target.shape[0]
@@ -192,14 +198,7 @@ fn nll_checks(
 /// `grad` shaped like the forward's output), then the dtypes its CPU kernel reads.
 fn nll_backward_checks(i: &[TensorType], reduction: Reduction) -> Result<(), OpError> {
     let (g, x, target, total, weight) = (&i[0], &i[1], &i[2], &i[3], i.get(4));
-    ensure!(
-        x.rank() >= 1 && x.rank() <= 2,
-        "input tensor should be 1D or 2D"
-    );
-    ensure!(
-        target.rank() <= 1,
-        "0D or 1D target tensor expected, multi-target not supported"
-    );
+    nll_ranks(x, target)?;
     let no_batch_dim = x.rank() == 1 && target.rank() == 0;
     if !no_batch_dim && target.rank() == 0 {
         return Err(OpError::index(

@@ -48,11 +48,16 @@ impl OpRule for SumProd {
     }
 
     fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
-        let l = layout::ReduceDtypeDims::decode(&a.params)?;
-        lower_reduction(e, a, l.dims, |e, x, dims, out| {
-            accumulate(e, x, dims, out, a.op)
-        })
+        lower_accumulated(e, a)
     }
+}
+
+/// `sum`, `prod` and `mean` over their dim list: each accumulated in its result's dtype.
+fn lower_accumulated(e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+    let l = layout::ReduceDtypeDims::decode(&a.params)?;
+    lower_reduction(e, a, l.dims, |e, x, dims, out| {
+        accumulate(e, x, dims, out, a.op)
+    })
 }
 
 /// `mean` over a dim list, in a float or complex dtype (its dtype errors before its dims').
@@ -80,10 +85,7 @@ impl OpRule for Mean {
     }
 
     fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
-        let l = layout::ReduceDtypeDims::decode(&a.params)?;
-        lower_reduction(e, a, l.dims, |e, x, dims, out| {
-            accumulate(e, x, dims, out, a.op)
-        })
+        lower_accumulated(e, a)
     }
 }
 

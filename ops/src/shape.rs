@@ -7,7 +7,7 @@ use crate::error::{ensure, OpError};
 use crate::param_layout as layout;
 use crate::params::{wrap_dim, wrap_dims, Params};
 use crate::promote::{result_type, Operand};
-use crate::{LowerArgs, Meta, MetaArgs, OpId, OpRule};
+use crate::{single, LowerArgs, Meta, MetaArgs, OpId, OpRule};
 
 fn fmt_shape(s: &[i64]) -> String {
     format!("{s:?}")
@@ -677,11 +677,11 @@ impl OpRule for Permute {
         let x = &i[0];
         let dims = layout::Dims::decode(&a.params)?.dims;
         ensure!(
-                dims.len() == x.rank(),
-                "permute(sparse_coo): number of dimensions in the tensor input does not match the length of the desired ordering of dimensions i.e. input.dim() = {} is not equal to len(dims) = {}",
-                x.rank(),
-                dims.len()
-            );
+            dims.len() == x.rank(),
+            "permute(sparse_coo): number of dimensions in the tensor input does not match the length of the desired ordering of dimensions i.e. input.dim() = {} is not equal to len(dims) = {}",
+            x.rank(),
+            dims.len()
+        );
         let perm = permutation(dims, x.rank())?;
         let shape: Shape = perm.iter().map(|&d| x.shape[d]).collect();
         single(x.with_shape(&shape))
@@ -812,11 +812,6 @@ impl OpRule for Select {
         let s = e.slice_dim(x, dim, index, index + 1, 1);
         Ok(vec![e.reshape(s, &out.shape)])
     }
-}
-
-/// A single output, no scalars.
-fn single(t: TensorType) -> Result<Meta, OpError> {
-    Ok(Meta::single(t, vec![]))
 }
 
 /// The dim of `scatter`, `scatter_add` (layout `Dim`) or `scatter_reduce` (`ScatterCombine`).

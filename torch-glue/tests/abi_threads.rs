@@ -4,7 +4,7 @@
 mod common;
 
 use common::abi::*;
-use common::{layout, typed};
+use common::typed;
 use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
@@ -40,12 +40,7 @@ fn worker(index: usize) -> Result<(), String> {
             }
         }
     }
-    let sum = typed::Sum.encode(layout::ReduceDtypeDims {
-        keepdim: false,
-        dtype: None,
-        dims: &[],
-    });
-    let total = op1(sum, &[&acc], &[]);
+    let total = op1(common::sum_all(), &[&acc], &[]);
     let got = read_f32(&total).map_err(|e| e.message)?[0];
     let expected: f32 = want.iter().sum();
     if got != expected {

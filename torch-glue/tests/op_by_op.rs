@@ -107,16 +107,7 @@ fn time_chain(e: &Engine, a: &TensorRef, steps: usize) -> (Duration, Duration, f
     let t0 = Instant::now();
     let m = mm_chain(e, a, steps);
     let calls = t0.elapsed();
-    let total = op(
-        e,
-        typed::Sum.encode(layout::ReduceDtypeDims {
-            keepdim: false,
-            dtype: None,
-            dims: &[],
-        }),
-        &[&m],
-        &[],
-    );
+    let total = op(e, sum_all(), &[&m], &[]);
     let value = read(e, &total)[0];
     (calls, t0.elapsed(), value)
 }
@@ -270,16 +261,7 @@ fn strict_reports_execution_errors_when_the_value_is_read() {
     assert_eq!(ty.shape.as_slice(), &[1i64 << 38]);
     let t = TensorRef::contiguous(storage, ty.dtype, &ty.shape);
     // A dependent op is also enqueued; the failure travels to it.
-    let s = op(
-        &e,
-        typed::Sum.encode(layout::ReduceDtypeDims {
-            keepdim: false,
-            dtype: None,
-            dims: &[],
-        }),
-        &[&t],
-        &[],
-    );
+    let s = op(&e, sum_all(), &[&t], &[]);
     let mut byte = [0u8; 4];
     let err = e
         .read_host(&s, &mut byte)

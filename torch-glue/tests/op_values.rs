@@ -587,11 +587,7 @@ fn reductions() {
         ),
         case(
             "sum all",
-            typed::Sum.encode(layout::ReduceDtypeDims {
-                keepdim: false,
-                dtype: None,
-                dims: &[],
-            }),
+            sum_all(),
             &[&x],
             &[],
             sum_tol,

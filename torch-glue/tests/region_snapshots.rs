@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{layout, typed, Call};
+use common::{layout, sum_all, typed, Call};
 use defer::{FlushRequest, Graph, TensorRef};
 use ops::params::Reduction;
 use ops::{DType, ScalarArg, ScalarValue};
@@ -134,15 +134,7 @@ fn softmax_and_reduction_with_a_live_intermediate() {
     );
     let dead = g.op1(typed::Exp, &[&x], &[]);
     g.release(dead);
-    let total = g.op1(
-        typed::Sum.encode(layout::ReduceDtypeDims {
-            keepdim: false,
-            dtype: None,
-            dims: &[],
-        }),
-        &[&m],
-        &[],
-    );
+    let total = g.op1(sum_all(), &[&m], &[]);
     // `s` is still held: the region outputs it as well as `total`; `dead` is dropped.
     insta::assert_snapshot!("softmax_reduction_live_intermediate", g.module_for(&total));
     drop(s);

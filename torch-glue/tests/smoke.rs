@@ -23,16 +23,7 @@ fn assert_async_is_kept_and_checked_at_materialization() {
     for mode in [Mode::Strict, Mode::Debug, Mode::DeferAndFuse] {
         let e = engine(mode);
         let x = upload_f32(&e, &[1., 2., 3.], &[3]);
-        let total = op(
-            &e,
-            typed::Sum.encode(layout::ReduceDtypeDims {
-                keepdim: false,
-                dtype: None,
-                dims: &[],
-            }),
-            &[&x],
-            &[],
-        );
+        let total = op(&e, sum_all(), &[&x], &[]);
         // Passes: the sum is nonzero. Nothing reads the verdict, yet it runs.
         e.op(
             OpId::AssertAsync,
@@ -47,16 +38,7 @@ fn assert_async_is_kept_and_checked_at_materialization() {
         // Fails: x - x sums to zero. The error surfaces at the op in Debug, else at the next
         // materialization, naming the op; the engine stays usable afterwards.
         let zero = op(&e, typed::Sub, &[&x, &x], &[]);
-        let zero_sum = op(
-            &e,
-            typed::Sum.encode(layout::ReduceDtypeDims {
-                keepdim: false,
-                dtype: None,
-                dims: &[],
-            }),
-            &[&zero],
-            &[],
-        );
+        let zero_sum = op(&e, sum_all(), &[&zero], &[]);
         let at_op = e.op(
             OpId::AssertAsync,
             std::slice::from_ref(&zero_sum),

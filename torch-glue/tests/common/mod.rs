@@ -35,6 +35,15 @@ impl Call for NoParams {
     }
 }
 
+/// `sum` of every element to a 0-d result, in the input's dtype (int64 for integers).
+pub fn sum_all() -> EncodedOp {
+    typed::Sum.encode(layout::ReduceDtypeDims {
+        keepdim: false,
+        dtype: None,
+        dims: &[],
+    })
+}
+
 /// An engine whose default mode is `mode`, with no disk cache tiers.
 pub fn engine(mode: Mode) -> Engine {
     engine_with(mode, None)

@@ -494,3 +494,33 @@ fn marks_complete_after_the_work_launched_before_them_in_order() {
     assert!(done >= first.done_at().unwrap());
     assert_eq!(second.done_at(), Some(done));
 }
+
+/// Queues `count` closures one at a time, each after the previous one has run and a pause, and
+/// returns how many times the worker had to be woken for them.
+fn wakes_for_spaced_work(queue: &ExecQueue, count: usize, pause: Duration) -> u64 {
+    let before = queue.stats();
+    for _ in 0..count {
+        let (ran, done) = std::sync::mpsc::channel();
+        queue.enqueue_fn("spaced", vec![], move || {
+            let _ = ran.send(());
+            Ok(vec![])
+        });
+        done.recv().unwrap();
+        std::thread::sleep(pause);
+    }
+    queue.stats().since(&before).worker_wakes
+}
+
+#[test]
+fn a_watching_worker_takes_spaced_work_without_being_woken() {
+    // Op-by-op execution queues one program at a time with host work in between: a worker
+    // that keeps watching for a while sees each one without a wake-up call.
+    let watching = ExecQueue::with_worker_spin(Duration::from_secs(5)).unwrap();
+    let wakes = wakes_for_spaced_work(&watching, 20, Duration::from_micros(200));
+    assert!(wakes <= 1, "{wakes} wakes for 20 pieces of work");
+
+    // A worker that sleeps at once must be woken for nearly every one.
+    let sleeping = ExecQueue::with_worker_spin(Duration::ZERO).unwrap();
+    let wakes = wakes_for_spaced_work(&sleeping, 20, Duration::from_millis(5));
+    assert!(wakes >= 10, "only {wakes} wakes for 20 pieces of work");
+}

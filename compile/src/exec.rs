@@ -290,6 +290,8 @@ pub struct ExecStats {
     pub caller_launches: u64,
     /// Times the worker had to be woken from sleep to take work.
     pub worker_wakes: u64,
+    /// Uploads served by a buffer uploaded before with the same value.
+    pub upload_reuses: u64,
 }
 
 /// A point in an [`ExecQueue`]'s order ([`ExecQueue::mark`]): done once the executions
@@ -329,6 +331,76 @@ impl QueueMark {
     }
 }
 
+/// Buffers of recent uploads (a region's lifted scalars), by value: the same few scalars (an
+/// epsilon, a scale, a fill value) go with every launch of a program, and on the CPU plugin each
+/// upload costs an allocation, a copy and an event on the launch path. Buffers passed as
+/// arguments are only read (uploads are never donated), so one serves every launch.
+#[derive(Default)]
+struct UploadCache {
+    entries: Vec<CachedUpload>,
+    /// Counts lookups: an entry's `used` is the count at its last hit, the least recent goes
+    /// first.
+    clock: u64,
+    hits: u64,
+}
+
+struct CachedUpload {
+    client: pjrt::Client,
+    device: Option<i32>,
+    element_type: pjrt::ElementType,
+    dims: SmallVec<[i64; 1]>,
+    bytes: SmallVec<[u8; 16]>,
+    buffer: Arc<Buffer>,
+    used: u64,
+}
+
+/// Enough for every scalar a small model's programs lift, with room for values that change.
+const UPLOAD_CACHE_ENTRIES: usize = 128;
+
+impl UploadCache {
+    fn get(&mut self, upload: &HostArgument, device: Option<&pjrt::Device>) -> Option<Arc<Buffer>> {
+        self.clock += 1;
+        let device = device.map(|d| d.id);
+        let entry = self.entries.iter_mut().find(|e| {
+            e.bytes == upload.bytes
+                && e.element_type == upload.element_type
+                && e.dims == upload.dims
+                && e.device == device
+                && e.client.same_as(&upload.client)
+        })?;
+        entry.used = self.clock;
+        self.hits += 1;
+        Some(entry.buffer.clone())
+    }
+
+    fn insert(
+        &mut self,
+        upload: &HostArgument,
+        device: Option<&pjrt::Device>,
+        buffer: Arc<Buffer>,
+    ) {
+        if upload.bytes.len() > 64 {
+            return;
+        }
+        // Held by the queue, not by a tensor: not part of the user's device memory.
+        buffer.untrack();
+        if self.entries.len() >= UPLOAD_CACHE_ENTRIES {
+            if let Some(oldest) = (0..self.entries.len()).min_by_key(|&i| self.entries[i].used) {
+                self.entries.swap_remove(oldest);
+            }
+        }
+        self.entries.push(CachedUpload {
+            client: upload.client.clone(),
+            device: device.map(|d| d.id),
+            element_type: upload.element_type,
+            dims: upload.dims.clone(),
+            bytes: upload.bytes.clone(),
+            buffer,
+            used: self.clock,
+        });
+    }
+}
+
 #[derive(Default)]
 struct QueueShared {
     enqueued: AtomicU64,
@@ -340,6 +412,7 @@ struct QueueShared {
     compile_wait_nanos: AtomicU64,
     queue_nanos: AtomicU64,
     caller_launches: AtomicU64,
+    uploads: parking_lot::Mutex<UploadCache>,
     /// Shared with the completion callbacks, which may outlive a borrow of the queue.
     device_busy: Arc<parking_lot::Mutex<DeviceBusy>>,
     worker: OnceLock<ThreadId>,
@@ -585,6 +658,7 @@ impl ExecStats {
             queue_nanos: self.queue_nanos.saturating_sub(earlier.queue_nanos),
             caller_launches: self.caller_launches.saturating_sub(earlier.caller_launches),
             worker_wakes: self.worker_wakes.saturating_sub(earlier.worker_wakes),
+            upload_reuses: self.upload_reuses.saturating_sub(earlier.upload_reuses),
         }
     }
 }
@@ -764,6 +838,7 @@ impl ExecQueue {
             queue_nanos: load(&s.queue_nanos),
             caller_launches: load(&s.caller_launches),
             worker_wakes: load(&self.inbox.wakes),
+            upload_reuses: s.uploads.lock().hits,
         }
     }
 }
@@ -904,6 +979,10 @@ fn execute(shared: &QueueShared, job: &ExecJob) -> Result<Vec<Arc<Buffer>>, Exec
         arguments.push(buffer);
     }
     for upload in &job.uploads {
+        if let Some(buffer) = shared.uploads.lock().get(upload, job.device.as_ref()) {
+            arguments.push(buffer);
+            continue;
+        }
         // A failed upload reads as a failed argument, as if it had been a queued transfer.
         let uploaded = match &job.device {
             Some(device) => upload.client.buffer_from_host_on(
@@ -926,7 +1005,12 @@ fn execute(shared: &QueueShared, job: &ExecJob) -> Result<Vec<Arc<Buffer>>, Exec
                 message: format!("uploading {}: {e}", upload.what),
             }),
         })?;
-        arguments.push(Arc::new(buffer));
+        let buffer = Arc::new(buffer);
+        shared
+            .uploads
+            .lock()
+            .insert(upload, job.device.as_ref(), buffer.clone());
+        arguments.push(buffer);
     }
     let borrowed: Vec<&Buffer> = arguments.iter().map(|b| b.as_ref()).collect();
     // A donatable argument that something besides this job still holds (a read in flight on
@@ -934,7 +1018,10 @@ fn execute(shared: &QueueShared, job: &ExecJob) -> Result<Vec<Arc<Buffer>>, Exec
     let options = ExecuteOptions {
         non_donatable: (0..arguments.len())
             .filter(|&i| {
-                !job.donatable.contains(&i) || job.arguments.get(i).is_some_and(|v| !v.is_unique())
+                // Uploads are never donated: the upload cache may hand the buffer out again.
+                i >= job.arguments.len()
+                    || !job.donatable.contains(&i)
+                    || !job.arguments[i].is_unique()
             })
             .map(|i| i as i64)
             .collect(),

@@ -524,3 +524,45 @@ fn a_watching_worker_takes_spaced_work_without_being_woken() {
     let wakes = wakes_for_spaced_work(&sleeping, 20, Duration::from_millis(5));
     assert!(wakes >= 10, "only {wakes} wakes for 20 pieces of work");
 }
+
+fn upload_of(values: &[f32]) -> compile::HostArgument {
+    compile::HostArgument {
+        client: client(),
+        bytes: values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        element_type: pjrt::ElementType::F32,
+        dims: smallvec::smallvec![values.len() as i64],
+        what: "test scalars",
+    }
+}
+
+#[test]
+fn an_upload_of_a_value_uploaded_before_reuses_its_buffer() {
+    let queue = ExecQueue::new().unwrap();
+    let times_two = ready_executable(2.0);
+    let a = value(&[1., 2., 3., 4.]);
+    let before = queue.stats();
+    let mut results = Vec::new();
+    // The same lifted values twice, then others, then the first again.
+    for b in [[1.0f32; 4], [1.0; 4], [0.5; 4], [1.0; 4]] {
+        let out = DeviceValue::pending();
+        queue.enqueue(
+            ExecJob::new(
+                "with scalars",
+                times_two.clone(),
+                vec![a.clone()],
+                vec![out.clone()],
+            )
+            .upload(upload_of(&b)),
+        );
+        results.push(out);
+    }
+    let values: Vec<Vec<f32>> = results
+        .iter()
+        .map(|out| f32_values(&out.wait().unwrap()))
+        .collect();
+    assert_eq!(values[0], [4., 6., 8., 10.]);
+    assert_eq!(values[1], [4., 6., 8., 10.]);
+    assert_eq!(values[2], [3., 5., 7., 9.]);
+    assert_eq!(values[3], [4., 6., 8., 10.]);
+    assert_eq!(queue.stats().since(&before).upload_reuses, 2);
+}

@@ -68,6 +68,14 @@ impl Buffer {
         }
     }
 
+    /// Takes the buffer out of the memory ledger: for a buffer the runtime keeps for its own
+    /// reuse (a cached upload of a few scalars), which no tensor holds and which the user's
+    /// live and peak bytes should not show.
+    pub fn untrack(&self) {
+        let bytes = self.bytes.swap(0, Ordering::Relaxed);
+        self.client.memory.release(bytes);
+    }
+
     pub(crate) fn raw(&self) -> *mut sys::PJRT_Buffer {
         self.raw
     }

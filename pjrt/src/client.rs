@@ -83,6 +83,11 @@ impl std::fmt::Debug for Client {
 }
 
 impl Client {
+    /// Whether `other` is this same client (a clone of it), not another one.
+    pub fn same_as(&self, other: &Client) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     /// Bytes of this client's live buffers and their peak (with executables' temporaries).
     pub fn memory_usage(&self) -> MemoryUsage {
         self.inner.memory.usage()

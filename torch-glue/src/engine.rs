@@ -1872,6 +1872,7 @@ impl Engine {
         v.insert("exec_queue_seconds", seconds(exec.queue_nanos));
         v.insert("reader_launches", exec.caller_launches as f64);
         v.insert("exec_worker_wakes", exec.worker_wakes as f64);
+        v.insert("upload_reuses", exec.upload_reuses as f64);
         v.insert("device_seconds", seconds(exec.device_nanos));
         v.insert("executions", Counters::get(&c.executions) as f64);
         // Since the process started (reset_metrics leaves it): 0 unless a profiler asked.

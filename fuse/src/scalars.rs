@@ -44,8 +44,9 @@ fn encode(dtype: DType, value: ScalarValue, out: &mut PackBytes) {
         DType::BF16 => out.extend_from_slice(&f32_to_bf16_bits(f as f32).to_le_bytes()),
         DType::F32 => out.extend_from_slice(&(f as f32).to_le_bytes()),
         DType::F64 => out.extend_from_slice(&f.to_le_bytes()),
-        // A real scalar in a complex computation: its imaginary part is 0.
-        DType::C64 => {
+        // A real scalar in a complex computation: its imaginary part is 0. complex32 is
+        // complex64 on the device.
+        DType::C32 | DType::C64 => {
             out.extend_from_slice(&(f as f32).to_le_bytes());
             out.extend_from_slice(&0f32.to_le_bytes());
         }

@@ -18,6 +18,9 @@ pub enum DType {
     F16 = 5,
     F32 = 6,
     F64 = 7,
+    /// complex32 (`torch.chalf`): two f16 parts to PyTorch (4 bytes), kept on the device as
+    /// complex64 whose parts each op rounds to f16 (see `crate::chalf`).
+    C32 = 8,
     C64 = 9,
     C128 = 10,
     Bool = 11,
@@ -30,7 +33,7 @@ pub enum DType {
 }
 
 impl DType {
-    pub const ALL: [DType; 15] = [
+    pub const ALL: [DType; 16] = [
         DType::U8,
         DType::I8,
         DType::I16,
@@ -39,6 +42,7 @@ impl DType {
         DType::F16,
         DType::F32,
         DType::F64,
+        DType::C32,
         DType::C64,
         DType::C128,
         DType::Bool,
@@ -67,7 +71,7 @@ impl DType {
         match self {
             DType::U8 | DType::I8 | DType::Bool => 1,
             DType::I16 | DType::U16 | DType::F16 | DType::BF16 => 2,
-            DType::I32 | DType::U32 | DType::F32 => 4,
+            DType::I32 | DType::U32 | DType::F32 | DType::C32 => 4,
             DType::I64 | DType::U64 | DType::F64 | DType::C64 => 8,
             DType::C128 => 16,
         }
@@ -77,14 +81,15 @@ impl DType {
         matches!(self, DType::F16 | DType::BF16 | DType::F32 | DType::F64)
     }
 
-    /// complex64 and complex128 (neither floating point nor integral, as in PyTorch).
+    /// complex32, complex64 and complex128 (neither floating point nor integral, as in PyTorch).
     pub fn is_complex(self) -> bool {
-        matches!(self, DType::C64 | DType::C128)
+        matches!(self, DType::C32 | DType::C64 | DType::C128)
     }
 
     /// The dtype of a complex dtype's real and imaginary parts; any other dtype itself.
     pub fn real_part(self) -> DType {
         match self {
+            DType::C32 => DType::F16,
             DType::C64 => DType::F32,
             DType::C128 => DType::F64,
             d => d,
@@ -92,10 +97,12 @@ impl DType {
     }
 
     /// The complex dtype whose parts have this float dtype (`c10::toComplexType`): float64 gives
-    /// complex128, the narrower floats complex64; a complex dtype is itself.
+    /// complex128, the narrower floats complex64; a complex dtype is itself. (PyTorch's float16
+    /// gives complex32, but only its type promotion uses that, in `crate::promote`.)
     pub fn to_complex(self) -> DType {
         match self {
             DType::F64 | DType::C128 => DType::C128,
+            DType::C32 => DType::C32,
             _ => DType::C64,
         }
     }
@@ -127,6 +134,9 @@ impl DType {
     pub fn compute_dtype(self) -> DType {
         if self.is_reduced_float() {
             DType::F32
+        } else if self == DType::C32 {
+            // As PyTorch's CUDA kernels: complex<float> arithmetic, each part rounded to f16.
+            DType::C64
         } else {
             self
         }
@@ -143,7 +153,8 @@ impl DType {
             DType::F16 => "f16",
             DType::F32 => "f32",
             DType::F64 => "f64",
-            DType::C64 => "complex<f32>",
+            // complex32's device values are complex64 (StableHLO has no complex<f16>).
+            DType::C32 | DType::C64 => "complex<f32>",
             DType::C128 => "complex<f64>",
             DType::Bool => "i1",
             DType::BF16 => "bf16",
@@ -164,6 +175,7 @@ impl DType {
             DType::F16 => "float16",
             DType::F32 => "float32",
             DType::F64 => "float64",
+            DType::C32 => "complex32",
             DType::C64 => "complex64",
             DType::C128 => "complex128",
             DType::Bool => "bool",
@@ -189,6 +201,7 @@ impl DType {
             DType::F16 => "Half",
             DType::F32 => "Float",
             DType::F64 => "Double",
+            DType::C32 => "ComplexHalf",
             DType::C64 => "ComplexFloat",
             DType::C128 => "ComplexDouble",
             DType::Bool => "Bool",
@@ -210,6 +223,7 @@ impl DType {
             DType::F16 => "c10::Half",
             DType::F32 => "float",
             DType::F64 => "double",
+            DType::C32 => "c10::complex<c10::Half>",
             DType::C64 => "c10::complex<float>",
             DType::C128 => "c10::complex<double>",
             DType::Bool => "bool",
@@ -231,6 +245,7 @@ impl DType {
             DType::F16 => "c10::Half",
             DType::F32 => "float",
             DType::F64 => "double",
+            DType::C32 => "c10::complex<c10::Half>",
             DType::C64 => "c10::complex<float>",
             DType::C128 => "c10::complex<double>",
             DType::Bool => "bool",
@@ -253,6 +268,7 @@ impl DType {
             DType::F32 => f32::MAX as f64,
             DType::F64 | DType::C128 => f64::MAX,
             DType::C64 => f32::MAX as f64,
+            DType::C32 => 65504.0,
             DType::Bool => 1.0,
             DType::BF16 => 3.3895313892515355e38,
             DType::U16 => 65535.0,

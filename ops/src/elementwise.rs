@@ -866,6 +866,11 @@ fn lower_unary(e: &mut Emitter, a: &LowerArgs) -> Result<Value, OpError> {
             return Ok(e.compare_const(Cmp::Eq, abs, f64::INFINITY));
         }
         Neg => return Ok(e.neg(x)),
+        // complex32's device parts are f32: its magnitude is rounded to f16 after.
+        Abs if in_dtype == DType::C32 => {
+            let m = e.op("stablehlo.abs", &[x], "", out.with_dtype(DType::F32));
+            return Ok(e.convert(m, DType::F16));
+        }
         Abs if in_dtype.is_complex() => return Ok(e.op("stablehlo.abs", &[x], "", out)),
         Abs if !in_dtype.is_float() => return Ok(e.abs(x)),
         Sign if !in_dtype.is_float() => return Ok(e.unary("stablehlo.sign", x)),

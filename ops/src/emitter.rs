@@ -182,9 +182,10 @@ pub fn literal(dtype: DType, value: ScalarValue) -> String {
                 _ => i.to_string(),
             }
         }
-        // A real value as a complex element: `(real, imaginary)`.
-        DType::C64 | DType::C128 => {
-            let part = dtype.real_part();
+        // A real value as a complex element: `(real, imaginary)`; complex32's parts are f32
+        // on the device.
+        DType::C32 | DType::C64 | DType::C128 => {
+            let part = dtype.compute_dtype().real_part();
             format!(
                 "({}, {})",
                 literal(part, value),
@@ -774,6 +775,21 @@ impl Emitter {
         if self.dtype(v) == dtype {
             return v;
         }
+        // complex32 is complex64 on the device: read as complex64 it needs no op but a type
+        // change; made from anything else, its parts are rounded to f16.
+        if self.dtype(v) == DType::C32 {
+            let ty = self.ty(v).with_dtype(DType::C64);
+            let wide = self.op("stablehlo.convert", &[v], "", ty);
+            return self.convert(wide, dtype);
+        }
+        if dtype == DType::C32 {
+            let wide = self.convert(v, DType::C64);
+            let re = self.real(wide);
+            let im = self.imag(wide);
+            let re = self.convert(re, DType::F16);
+            let im = self.convert(im, DType::F16);
+            return self.complex(re, im);
+        }
         let v = if self.dtype(v).is_complex() && !dtype.is_complex() {
             self.real(v)
         } else {
@@ -814,12 +830,25 @@ impl Emitter {
         if !ty.dtype.is_complex() {
             return v;
         }
+        if ty.dtype == DType::C32 {
+            // The device's parts are f32 holding f16 values: exact in f16.
+            let ty = ty.with_dtype(DType::F32);
+            let part = self.op(name, &[v], "", ty);
+            return self.convert(part, DType::F16);
+        }
         let ty = ty.with_dtype(ty.dtype.real_part());
         self.op(name, &[v], "", ty)
     }
 
-    /// The complex value with parts `re` and `im` (of one float type and shape).
+    /// The complex value with parts `re` and `im` (of one float type and shape); f16 parts make
+    /// a complex32 value (complex64 on the device).
     pub fn complex(&mut self, re: Value, im: Value) -> Value {
+        if self.dtype(re) == DType::F16 {
+            let ty = self.ty(re).with_dtype(DType::C32);
+            let re = self.convert(re, DType::F32);
+            let im = self.convert(im, DType::F32);
+            return self.op("stablehlo.complex", &[re, im], "", ty);
+        }
         let ty = self.ty(re);
         let ty = ty.with_dtype(ty.dtype.to_complex());
         self.op("stablehlo.complex", &[re, im], "", ty)

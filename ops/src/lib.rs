@@ -7,6 +7,7 @@
 
 mod activation;
 mod backward;
+pub mod chalf;
 pub mod checks;
 mod conv;
 mod creation;
@@ -158,6 +159,7 @@ pub fn meta(
     };
     refuse_complex(op, inputs)?;
     unsigned::refuse(op, inputs, false)?;
+    chalf::refuse(op, inputs, false)?;
     unsigned::clear_refused_promotion();
     let meta = op.rule().meta(&args);
     unsigned::take_refused_promotion()?;
@@ -165,6 +167,7 @@ pub fn meta(
     check_output_sizes(op, &meta.outputs)?;
     refuse_complex(op, &meta.outputs)?;
     unsigned::refuse(op, &meta.outputs, true)?;
+    chalf::refuse(op, &meta.outputs, true)?;
     let default = DType::default_float();
     meta.float_default = (default != DType::F32).then_some(default);
     let precision = Precision::current();

@@ -23,12 +23,16 @@ pub fn promote_types(a: DType, b: DType) -> DType {
             }
         }
         (Bool, x) | (x, Bool) => x,
-        // A complex dtype wide enough for both: complex64 with float64 is complex128.
+        // A complex dtype wide enough for both: complex64 with float64 is complex128, complex32
+        // with float32 or bfloat16 is complex64, with float16 or an integer complex32.
         (x, y) if x.is_complex() || y.is_complex() => {
+            let wider = |d: DType| matches!(d, C64 | F32 | BF16);
             if x == C128 || y == C128 || x == F64 || y == F64 {
                 C128
-            } else {
+            } else if wider(x) || wider(y) {
                 C64
+            } else {
+                C32
             }
         }
         (F16, BF16) | (BF16, F16) => F32,
@@ -98,7 +102,12 @@ fn combine_categories(higher: Option<DType>, lower: Option<DType>) -> Option<DTy
     }
     if let Some(l) = lower.filter(|l| l.is_complex()) {
         // A float keeps its width in the complex result; an integer takes the complex dtype.
-        return Some(if h.is_float() { h.to_complex() } else { l });
+        // (`c10::toComplexType`: float16 gives complex32.)
+        return Some(match h {
+            DType::F16 => DType::C32,
+            h if h.is_float() => h.to_complex(),
+            _ => l,
+        });
     }
     if h.is_float() {
         return Some(h);
@@ -287,6 +296,11 @@ mod tests {
         assert_eq!(promote_types(DType::F16, DType::C64), DType::C64);
         assert_eq!(promote_types(DType::I64, DType::C64), DType::C64);
         assert_eq!(promote_types(DType::C64, DType::C128), DType::C128);
+        assert_eq!(promote_types(DType::F16, DType::C32), DType::C32);
+        assert_eq!(promote_types(DType::I64, DType::C32), DType::C32);
+        assert_eq!(promote_types(DType::BF16, DType::C32), DType::C64);
+        assert_eq!(promote_types(DType::F32, DType::C32), DType::C64);
+        assert_eq!(promote_types(DType::C32, DType::F64), DType::C128);
         let f64_tensor = TensorType::new(DType::F64, &[3]);
         let i32_tensor = TensorType::new(DType::I32, &[3]);
         let c64_zero_d = TensorType::scalar(DType::C64);

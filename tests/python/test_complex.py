@@ -431,3 +431,129 @@ def test_products_write_through_a_conjugate_output_as_the_cpu_does(mode, dtype):
             call(got, lambda t: t.to("pjrt"))
             assert got.is_conj(), name
             same(got.resolve_conj(), expected.resolve_conj())
+
+
+# ---- complex32 ------------------------------------------------------------------------------
+# PyTorch's CUDA kernels compute complex32 in complex64 and round each part to float16; the
+# expected values are the CPU's where it computes complex32, else its complex64 result rounded.
+
+CHALF_WARNING = "ComplexHalf support is experimental"
+
+
+def chalf_sample(*shape, seed=0):
+    return sample(torch.complex64, *shape, seed=seed).to(torch.chalf)
+
+
+def equal32(a, b):
+    """`torch.equal` for complex32 tensors (the CPU's has no complex32 kernel)."""
+    return torch.equal(torch.view_as_real(a.cpu()), torch.view_as_real(b))
+
+
+def rounded(f, *xs):
+    """`f` on the complex64 values of complex32 `xs`, its complex result rounded to complex32."""
+    r = f(*(x.to(torch.complex64) for x in xs))
+    return r.to(torch.chalf) if r.is_complex() else r
+
+
+@pytest.mark.filterwarnings(f"ignore:{CHALF_WARNING}")
+def test_complex32_creation_round_trips_and_casts(strict_or_fused_mode):
+    c = torch.chalf
+    same(torch.zeros(2, 3, dtype=c, device="pjrt"), torch.zeros(2, 3, dtype=c), rtol=0, atol=0)
+    same(torch.ones(2, dtype=c, device="pjrt"), torch.ones(2, dtype=c), rtol=0, atol=0)
+    same(torch.full((3,), 2.5, dtype=c, device="pjrt"), torch.full((3,), 2.5, dtype=c))
+    assert torch.empty(4, dtype=c, device="pjrt").dtype == c
+    x = chalf_sample(3, 4)
+    p = x.to("pjrt")
+    assert p.element_size() == 4 and p.untyped_storage().nbytes() == 48
+    assert equal32(p, x)
+    assert equal32(p.clone(), x)
+    # Casts both ways round each part as the CPU's casts do.
+    wide = sample(torch.complex64, 3, 4, seed=5)
+    same(wide.to("pjrt").to(c), wide.to(c), rtol=0, atol=0)
+    same(p.to(torch.complex64), x.to(torch.complex64), rtol=0, atol=0)
+    same(p.to(torch.complex128), x.to(torch.complex128), rtol=0, atol=0)
+    real = torch.tensor([1.5, -2.0, 1e-3], dtype=torch.float32)
+    same(real.to("pjrt").to(c), real.to(c), rtol=0, atol=0)
+    # copy_ between dtypes, into a view, and across the host boundary.
+    dst = torch.zeros(3, 4, dtype=c, device="pjrt")
+    dst.copy_(wide.to("pjrt"))
+    same(dst, wide.to(c), rtol=0, atol=0)
+    dst[1].copy_(p[0])
+    expected = wide.to(c).clone()
+    expected[1] = x[0]
+    same(dst, expected, rtol=0, atol=0)
+    host = torch.zeros(3, 4, dtype=c)
+    host.copy_(p)
+    assert equal32(host, x)
+
+
+@pytest.mark.filterwarnings(f"ignore:{CHALF_WARNING}")
+def test_complex32_views_and_joins(strict_or_fused_mode):
+    x = chalf_sample(3, 4)
+    p = x.to("pjrt")
+    same(p.view(4, 3), x.view(4, 3), rtol=0, atol=0)
+    same(p.reshape(2, 6), x.reshape(2, 6), rtol=0, atol=0)
+    same(p[1:, ::2], x[1:, ::2], rtol=0, atol=0)
+    same(p.t().contiguous(), x.t().contiguous(), rtol=0, atol=0)
+    same(torch.cat([p, p[:1]]), torch.cat([x, x[:1]]), rtol=0, atol=0)
+    same(torch.stack([p, p]), torch.stack([x, x]), rtol=0, atol=0)
+    assert p[1, 2].item() == x[1, 2].item()
+    # The float16 views of the parts share the storage, both ways.
+    parts = torch.view_as_real(p)
+    assert parts.dtype == torch.float16
+    assert torch.equal(parts.cpu(), torch.view_as_real(x))
+    assert torch.equal(p.real.cpu(), x.real) and torch.equal(p.imag.cpu(), x.imag)
+    parts.mul_(2)
+    assert torch.equal(torch.view_as_real(p.cpu()), torch.view_as_real(x) * 2)
+    h = torch.randn(3, 2, generator=seeded(6)).half()
+    c = torch.view_as_complex(h.to("pjrt"))
+    assert c.dtype == torch.chalf and equal32(c, torch.view_as_complex(h))
+    same(c * 1, rounded(lambda a: a * 1, torch.view_as_complex(h)), rtol=0, atol=0)
+
+
+@pytest.mark.filterwarnings(f"ignore:{CHALF_WARNING}")
+def test_complex32_arithmetic_rounds_as_cuda_does(strict_or_fused_mode):
+    x, y = chalf_sample(4, 5, seed=1), chalf_sample(4, 5, seed=2)
+    p, q = x.to("pjrt"), y.to("pjrt")
+    exact = dict(rtol=0, atol=0)
+    # A product or quotient may differ in complex64's last bit, so in the rounding to float16.
+    ulp = dict(rtol=1e-3, atol=1e-3)
+    same(p + q, rounded(torch.add, x, y), **exact)
+    same(p - q, rounded(torch.sub, x, y), **exact)
+    same(p * q, rounded(torch.mul, x, y), **ulp)
+    same(p / q, rounded(torch.div, x, y), **ulp)
+    same(torch.add(p, q, alpha=2), rounded(lambda a, b: torch.add(a, b, alpha=2), x, y), **exact)
+    same(p * 2.5, rounded(lambda a: a * 2.5, x), **exact)
+    same(-p, -x, **exact)
+    same(p.conj().resolve_conj(), x.conj().resolve_conj(), **exact)
+    same(torch.conj_physical(p), rounded(torch.conj_physical, x), **exact)
+    same(p.abs(), rounded(torch.abs, x).to(torch.float16), **ulp)
+    assert torch.equal((p == q).cpu(), x == y)
+    assert torch.equal((p == p).cpu(), x == x)
+    assert torch.equal((p != q).cpu(), x != y)
+    torch.testing.assert_close(p.cpu(), x)
+
+
+@pytest.mark.filterwarnings(f"ignore:{CHALF_WARNING}")
+def test_complex32_type_promotion_matches_the_cpu(strict_or_fused_mode):
+    h = torch.tensor([1.5, -2.25, 3.0], dtype=torch.float16)
+    x = chalf_sample(3, seed=3)
+    ph, px = h.to("pjrt"), x.to("pjrt")
+    same(ph + px, rounded(torch.add, h, x), rtol=0, atol=0)
+    assert (ph + 1j).dtype == (h + 1j).dtype == torch.chalf
+    zero_d = torch.tensor(1.5, dtype=torch.float16)
+    same(zero_d.to("pjrt") + (0.1 + 0.3j), zero_d + (0.1 + 0.3j), rtol=0, atol=0)
+    same(ph + 1j, rounded(lambda a: a + 1j, h), rtol=0, atol=0)
+    c64 = sample(torch.complex64, 3, seed=4)
+    same(px * c64.to("pjrt"), x * c64)
+    f32 = torch.tensor([0.5, 2.0, -1.0])
+    same(px + f32.to("pjrt"), x + f32, rtol=0, atol=0)
+    assert torch.result_type(px, ph) == torch.chalf
+    assert torch.promote_types(torch.float16, torch.complex64) == torch.complex64
+
+
+@pytest.mark.filterwarnings(f"ignore:{CHALF_WARNING}")
+def test_complex32_ops_cuda_does_not_compute_raise_pytorchs_error():
+    p = chalf_sample(3).to("pjrt")
+    with pytest.raises(NotImplementedError, match="ComplexHalf"):
+        torch.exp(p)

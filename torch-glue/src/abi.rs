@@ -231,7 +231,7 @@ fn dtype(code: i32) -> Result<DType, EngineError> {
             format!(
                 "dtype code {code} is not supported on pjrt; supported: float64, float32, \
                  float16, bfloat16, int64, int32, int16, int8, uint64, uint32, uint16, uint8, \
-                 bool, complex64, complex128"
+                 bool, complex32, complex64, complex128"
             ),
         )
     })

@@ -1,6 +1,7 @@
 //! The engine: one per process. Composes capture (`defer`), fusion (`fuse`), compilation and the
 //! ordered execution queue (`compile`) and transfers (`pjrt`), under the process-wide eager mode.
 
+use crate::chalf;
 use crate::graph_lock::GraphLock;
 use crate::metrics::{Counters, MetricsSnapshot};
 use crate::recompile::{Budget, RecompileTracker, Verdict};
@@ -330,7 +331,8 @@ pub fn element_type(dtype: DType) -> pjrt::ElementType {
         DType::BF16 => E::BF16,
         DType::F32 => E::F32,
         DType::F64 => E::F64,
-        DType::C64 => E::C64,
+        // complex32 is complex64 on the device (converted at the host boundary).
+        DType::C32 | DType::C64 => E::C64,
         DType::C128 => E::C128,
     }
 }
@@ -662,6 +664,13 @@ impl Engine {
         sizes: &[i64],
         device: u32,
     ) -> Result<pjrt::Buffer, pjrt::Error> {
+        let widened;
+        let bytes = if dtype == DType::C32 {
+            widened = chalf::widen(bytes);
+            widened.as_slice()
+        } else {
+            bytes
+        };
         match self.devices.get(device as usize) {
             Some(target) => {
                 self.client
@@ -964,8 +973,7 @@ impl Engine {
         let buffer = self.wait_device(&regrow.value)?;
         let held_shape = &regrow.held.shape;
         let mut held = vec![0u8; regrow.held.nbytes() as usize];
-        buffer
-            .to_host_into(&mut held)
+        chalf::buffer_to_host(&buffer, regrow.held.dtype, &mut held)
             .map_err(|e| runtime_error("copying a padded pjrt value to the host", e))?;
         let sizes = regrow.grown_sizes();
         let itemsize = regrow.held.dtype.size_bytes();
@@ -1594,7 +1602,7 @@ impl Engine {
         let _hold = self.queue.hold_worker();
         match self.materialized_source(|graph| graph.read_source(t))? {
             ReadSource::Zeros => dst.fill(0),
-            ReadSource::Device(value, _) => self.copy_to_host(&value, dst)?,
+            ReadSource::Device(value, ty) => self.copy_to_host(&value, ty.dtype, dst)?,
         }
         Counters::bump(&self.counters.device_to_host, 1);
         Counters::bump(&self.counters.device_to_host_bytes, dst.len() as u64);
@@ -1627,12 +1635,16 @@ impl Engine {
         Ok(source)
     }
 
-    /// Waits for `value` and copies all of it into `dst`.
-    fn copy_to_host(&self, value: &DeviceValue, dst: &mut [u8]) -> Result<(), EngineError> {
+    /// Waits for `value` (of `dtype`) and copies all of it into `dst`.
+    fn copy_to_host(
+        &self,
+        value: &DeviceValue,
+        dtype: DType,
+        dst: &mut [u8],
+    ) -> Result<(), EngineError> {
         let buffer = self.wait_device(value)?;
         let start = std::time::Instant::now();
-        buffer
-            .to_host_into(dst)
+        chalf::buffer_to_host(&buffer, dtype, dst)
             .map_err(|e| runtime_error("copying a pjrt tensor to the host", e))?;
         Counters::add_time(&self.counters.transfer_nanos, start);
         if compile::trace::on() {
@@ -1656,7 +1668,7 @@ impl Engine {
             ReadSource::Zeros => dst.fill(0),
             ReadSource::Device(value, ty) => {
                 let mut whole = vec![0u8; ty.numel() as usize * ty.dtype.size_bytes()];
-                self.copy_to_host(&value, &mut whole)?;
+                self.copy_to_host(&value, ty.dtype, &mut whole)?;
                 if ty.dtype != t.dtype || !gather.copy(&whole, element, dst) {
                     return Err(EngineError::runtime(format!(
                         "internal error: a view of {:?} at offset {} does not fit its storage's \

@@ -10,6 +10,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 pub mod abi;
 pub mod adaptive;
+mod chalf;
 pub mod engine;
 pub mod global;
 mod graph_lock;

@@ -195,15 +195,15 @@ fn dtype_mismatch() {
                 );
             }
         }
-        // complex32 (ScalarType 8) is not a pjrt dtype.
-        let complex = AbiTensor {
-            dtype: 8,
+        // qint8 (ScalarType 12) is not a pjrt dtype.
+        let quantized = AbiTensor {
+            dtype: 12,
             ..a.clone()
         };
         expect_err(
-            op(typed::Neg, &[&complex], &[]),
+            op(typed::Neg, &[&quantized], &[]),
             TPJRT_TYPE_ERROR,
-            &["dtype code 8", "supported: float64, float32"],
+            &["dtype code 12", "supported: float64, float32"],
         );
         expect_err(
             op(typed::BitwiseAnd, &[&a, &a], &[]),

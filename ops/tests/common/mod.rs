@@ -30,7 +30,8 @@ pub fn element_type(d: DType) -> pjrt::ElementType {
         DType::BF16 => E::BF16,
         DType::F32 => E::F32,
         DType::F64 => E::F64,
-        DType::C64 => E::C64,
+        // complex32's device values are complex64.
+        DType::C32 | DType::C64 => E::C64,
         DType::C128 => E::C128,
     }
 }
@@ -60,8 +61,8 @@ pub fn encode(dtype: DType, values: &[f64]) -> Vec<u8> {
             }
             DType::F32 => out.extend_from_slice(&(x as f32).to_le_bytes()),
             DType::F64 => out.extend_from_slice(&x.to_le_bytes()),
-            // A real value as a complex element: imaginary part 0.
-            DType::C64 => {
+            // A real value as a complex element: imaginary part 0 (complex32 as on the device).
+            DType::C32 | DType::C64 => {
                 out.extend_from_slice(&(x as f32).to_le_bytes());
                 out.extend_from_slice(&0f32.to_le_bytes());
             }
@@ -104,7 +105,9 @@ pub fn decode(dtype: DType, bytes: &[u8]) -> Vec<f64> {
             DType::BF16 => f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16) as f64,
             DType::F32 => f32::from_le_bytes(c.try_into().unwrap()) as f64,
             DType::F64 => f64::from_le_bytes(c.try_into().unwrap()),
-            DType::C64 | DType::C128 => panic!("complex values are read with decode_complex"),
+            DType::C32 | DType::C64 | DType::C128 => {
+                panic!("complex values are read with decode_complex")
+            }
         })
         .collect()
 }

@@ -862,6 +862,10 @@ void OpCall::upload_wrapped_numbers() {
       target = *top_type;
     } else if (category == 2) {
       target = c10::typeMetaToScalarType(c10::get_default_dtype());
+    } else if (category == 3 && top_type == at::kHalf) {
+      // Over float16 a complex number gives complex32 (`toComplexType`), also when every
+      // tensor is 0-d and the number would otherwise promote with them as complex64.
+      target = at::kComplexHalf;
     } else if (category == 3) {
       target = c10::toComplexType(c10::typeMetaToScalarType(c10::get_default_dtype()));
     }
@@ -1106,6 +1110,7 @@ void check_dtype_supported(at::ScalarType t) {
     case at::kUInt32:
     case at::kUInt64:
     case at::kBool:
+    case at::kComplexHalf:
     case at::kComplexFloat:
     case at::kComplexDouble:
       return;
@@ -1115,7 +1120,7 @@ void check_dtype_supported(at::ScalarType t) {
           "dtype ",
           t,
           " is not supported on pjrt; supported: float64, float32, float16, bfloat16, int64, "
-          "int32, int16, int8, uint64, uint32, uint16, uint8, bool, complex64, complex128");
+          "int32, int16, int8, uint64, uint32, uint16, uint8, bool, complex32, complex64, complex128");
   }
 }
 

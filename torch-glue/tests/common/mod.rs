@@ -89,7 +89,7 @@ pub fn encode(dtype: DType, values: &[f64]) -> Vec<u8> {
             DType::F32 => out.extend_from_slice(&(x as f32).to_le_bytes()),
             DType::F64 => out.extend_from_slice(&x.to_le_bytes()),
             DType::BF16 => out.extend_from_slice(&bf16_bits(x as f32).to_le_bytes()),
-            DType::F16 => panic!("float16 host values are not used by these tests"),
+            DType::F16 | DType::C32 => panic!("float16 host values are not used by these tests"),
             // A real value as a complex element: imaginary part 0.
             DType::C64 => {
                 out.extend_from_slice(&(x as f32).to_le_bytes());
@@ -130,7 +130,9 @@ pub fn decode(dtype: DType, bytes: &[u8]) -> Vec<f64> {
             DType::F64 => f64::from_le_bytes(c.try_into().unwrap()),
             DType::BF16 => f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16) as f64,
             DType::F16 => panic!("float16 host values are not used by these tests"),
-            DType::C64 | DType::C128 => panic!("complex values are read with decode_complex"),
+            DType::C32 | DType::C64 | DType::C128 => {
+                panic!("complex values are read with decode_complex")
+            }
         })
         .collect()
 }

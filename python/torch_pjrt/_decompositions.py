@@ -51,9 +51,12 @@ DECOMPOSED = ("multi_margin_loss",)
 # outside [0, 1], `softshrink` at NaN, `_prelu_kernel_backward`'s own gradient at NaN). In-place
 # overloads are listed with their functional ones; the `out=` overloads are in `DECOMPOSED_OUT`.
 #
-# Measured as moves but kept in C++: `index_fill` and `count_nonzero` (over every dim), whose C++
-# kernels send a uint16/32/64 input to the CPU so that it raises PyTorch's error; their
-# decompositions compute a result or raise another op's error (tests/python/test_unsigned.py).
+# Measured as moves but kept in C++, where the decomposition misses the kernel's checks:
+# `index_fill` and `count_nonzero` (over every dim), whose C++ kernels send a uint16/32/64 input
+# to the CPU so that it raises PyTorch's error (tests/python/test_unsigned.py); `heaviside`,
+# whose decomposition computes a result for inputs of different dtypes, and `aminmax`, whose
+# decomposition raises amin's IndexError for an empty input, where the CPU raises their own
+# RuntimeError (tests/python/test_sampling_and_search.py).
 DECOMPOSED_KERNELS = (
     "threshold",
     "threshold_",
@@ -71,11 +74,8 @@ DECOMPOSED_KERNELS = (
     "frac",
     "frac_",
     "logaddexp2",
-    "heaviside",
-    "heaviside_",
     "sinc",
     "sinc_",
-    "aminmax",
     "trace",
     "channel_shuffle",
     "_weight_norm_interface",
@@ -96,9 +96,7 @@ DECOMPOSED_OUT = (
     "norm.dtype_out",
     "frac.out",
     "logaddexp2.out",
-    "heaviside.out",
     "sinc.out",
-    "aminmax.out",
     "upsample_nearest1d.out",
     "replication_pad1d.out",
 )

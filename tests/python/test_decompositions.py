@@ -111,14 +111,8 @@ MOVED_CASES = {
     "frac": (lambda x: torch.frac(x), (EDGE * 1.3,)),
     "frac_": (_in_place(torch.frac_), (EDGE * 1.3,)),
     "logaddexp2": (lambda a, b: torch.logaddexp2(a, b), (PAIR_A, PAIR_B)),
-    "heaviside": (lambda a, b: torch.heaviside(a, b), (PAIR_A, PAIR_B), ()),
-    "heaviside_": (lambda a, b: a.clone().heaviside_(b), (PAIR_A, PAIR_B), ()),
     "sinc": (lambda x: torch.sinc(x), (EDGE,)),
     "sinc_": (_in_place(torch.sinc_), (EDGE,)),
-    "aminmax": (lambda x: _flat(*torch.aminmax(x)), (X_EDGE[1:],)),
-    # Values only: over a NaN row the gradient differs from the CPU's (NaN), with the C++ kernel
-    # as with the decomposition (autograd's formula is the same for both).
-    "aminmax_dim_nan": (lambda x: _flat(*torch.aminmax(x, dim=1, keepdim=True)), (X_EDGE,), ()),
     "trace": (lambda x: torch.trace(x), (X_EDGE[1:],)),
     "trace_nonfinite": (lambda x: torch.trace(x), (X_EDGE.T,)),
     "channel_shuffle": (
@@ -383,9 +377,7 @@ OUT_CALLS = {
     ),
     "frac.out": (lambda x, **out: torch.ops.aten.frac.out(x, **out), (EDGE * 1.3,), ("out",)),
     "logaddexp2.out": (lambda a, b, **out: torch.ops.aten.logaddexp2.out(a, b, **out), (PAIR_A, PAIR_B), ("out",)),
-    "heaviside.out": (lambda a, b, **out: torch.ops.aten.heaviside.out(a, b, **out), (PAIR_A, PAIR_B), ("out",)),
     "sinc.out": (lambda x, **out: torch.ops.aten.sinc.out(x, **out), (EDGE,), ("out",)),
-    "aminmax.out": (lambda x, **out: torch.ops.aten.aminmax.out(x, dim=0, **out), (X_EDGE,), ("min", "max")),
     "upsample_nearest1d.out": (
         lambda x, **out: torch.ops.aten.upsample_nearest1d.out(x, [11], **out),
         (SIGNAL_NONFINITE,),

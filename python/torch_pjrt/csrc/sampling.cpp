@@ -1,8 +1,8 @@
 // ATen ops that pjrt runs as a few of its own ops instead of falling back to the CPU: the
 // distributions drawn from uniform and normal numbers (`exponential_`, `geometric_`,
 // `log_normal_`, `cauchy_`) and `multinomial`; `searchsorted` and `bucketize`; small
-// elementwise and reduction ops (`signbit`, `copysign`, `logit_backward`, `count_nonzero`,
-// `linalg_cross`); and `cdist`'s direct form with its gradient.
+// elementwise and reduction ops (`signbit`, `copysign`, `logit_backward`, `heaviside`,
+// `count_nonzero`, `aminmax`, `linalg_cross`); and `cdist`'s direct form with its gradient.
 //
 // As in composite.cpp, each kernel composes device ops with PyTorch's CPU formulas, and the
 // random ones draw from the device generator (random.cpp) through `uniform_` and `normal_`, so
@@ -248,6 +248,14 @@ at::Tensor pjrt_logit_backward(
   return at::where((self < 0) | (self > 1), at::full_like(slope, std::numeric_limits<double>::quiet_NaN()), slope);
 }
 
+at::Tensor pjrt_heaviside(const at::Tensor& self, const at::Tensor& values) {
+  TORCH_CHECK(
+      self.scalar_type() == values.scalar_type(),
+      "heaviside is not yet implemented for tensors with different dtypes");
+  at::Tensor step = (self > 0).to(self.scalar_type());
+  return at::where(self == 0, values, step);
+}
+
 // ----- reductions and products ------------------------------------------------------------------
 
 // PyTorch's CPU counts along given dims as `(self != 0).sum(dims)`, which takes uint16/32/64,
@@ -258,6 +266,24 @@ at::Tensor pjrt_count_nonzero(const at::Tensor& self, at::IntArrayRef dims) {
     return run_on_cpu<at::_ops::count_nonzero_dim_IntList>(self, dims);
   }
   return (self != 0).sum(dims, /*keepdim=*/false, at::kLong);
+}
+
+std::tuple<at::Tensor, at::Tensor> pjrt_aminmax(
+    const at::Tensor& self, std::optional<int64_t> dim, bool keepdim) {
+  TORCH_CHECK(
+      self.numel() > 0 || dim.has_value(),
+      "aminmax(): cannot compute aminmax over an empty dimension as the operation has no "
+      "identity.");
+  if (dim.has_value()) {
+    return {at::amin(self, *dim, keepdim), at::amax(self, *dim, keepdim)};
+  }
+  at::Tensor lo = at::amin(self);
+  at::Tensor hi = at::amax(self);
+  if (keepdim) {
+    std::vector<int64_t> ones(self.dim(), 1);
+    return {lo.reshape(ones), hi.reshape(ones)};
+  }
+  return {lo, hi};
 }
 
 at::Tensor pjrt_linalg_cross(const at::Tensor& self, const at::Tensor& other, int64_t dim) {
@@ -365,8 +391,11 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("copysign.Scalar", TORCH_FN(pjrt_copysign_scalar));
   m.impl("copysign_.Scalar", TORCH_FN(Variants<&pjrt_copysign_scalar>::in_place_floating));
   PJRT_WITH_OUT("logit_backward", "logit_backward.grad_input", pjrt_logit_backward)
+  PJRT_WITH_OUT("heaviside", "heaviside.out", pjrt_heaviside)
+  m.impl("heaviside_", TORCH_FN(Variants<&pjrt_heaviside>::in_place));
 
   m.impl("count_nonzero.dim_IntList", TORCH_FN(pjrt_count_nonzero));
+  PJRT_WITH_OUT("aminmax", "aminmax.out", pjrt_aminmax)
   PJRT_WITH_OUT("linalg_cross", "linalg_cross.out", pjrt_linalg_cross)
   m.impl("_cdist_forward", TORCH_FN(pjrt_cdist_forward));
   m.impl("_cdist_backward", TORCH_FN(pjrt_cdist_backward));

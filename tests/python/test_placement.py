@@ -274,7 +274,7 @@ def test_every_case_has_a_decomposition():
 
 def _pjrt_kernel_source(op):
     """Where `op`'s PrivateUse1 kernel was registered, from the dispatcher's table."""
-    lines = torch._C._dispatch_dump(op._schema.name + (f".{op._overloadname}" if op._overloadname != "default" else ""))
+    lines = torch._C._dispatch_dump(f"aten::{_overload_name(op)}")
     (line,) = [line for line in lines.splitlines() if line.startswith("PrivateUse1:")]
     return line
 

@@ -16,6 +16,10 @@ Each op is registered twice:
 - at `AutogradPrivateUse1`, so autograd differentiates the composed ops: the op's own backward
   (often a second op with no pjrt kernel and no decomposition) is never called;
 - at `PrivateUse1`, for calls that skip autograd (`torch.inference_mode`).
+
+A third group (`DECOMPOSED_KERNELS`, `DECOMPOSED_OUT`) is PyTorch's decomposition in place of a
+C++ composite kernel, chosen by RFC 0045's placement rule: registered at `PrivateUse1` only, as
+the C++ kernel was, so their gradients stay PyTorch's derivative formulas.
 """
 
 from __future__ import annotations
@@ -37,6 +41,65 @@ aten = torch.ops.aten
 # disagrees with the CPU kernel), and `adaptive_max_pool3d` (its decomposition returns
 # NotImplemented for windows that do not divide the input evenly).
 DECOMPOSED = ("multi_margin_loss",)
+
+# ATen overloads whose pjrt kernel is PyTorch's decomposition, in place of a C++ composite: RFC
+# 0045's placement measurements showed each decomposition agreeing with the CPU at a host cost
+# close to the C++ kernel's (rare ops at most 3x in Strict, common ones at most 2x in either
+# mode). Registered at `PrivateUse1` only, where the C++ kernel was: autograd keeps PyTorch's
+# derivative formula (its backward ops have pjrt kernels), since differentiating the
+# decomposition instead disagrees with the CPU's gradient at edge values (`sinc` at 0, `logit`
+# outside [0, 1], `softshrink` at NaN, `_prelu_kernel_backward`'s own gradient at NaN). In-place
+# overloads are listed with their functional ones; the `out=` overloads are in `DECOMPOSED_OUT`.
+#
+# Measured as moves but kept in C++, where the decomposition misses the kernel's checks:
+# `index_fill` and `count_nonzero` (over every dim), whose C++ kernels send a uint16/32/64 input
+# to the CPU so that it raises PyTorch's error (tests/python/test_unsigned.py); `heaviside`,
+# whose decomposition computes a result for inputs of different dtypes, and `aminmax`, whose
+# decomposition raises amin's IndexError for an empty input, where the CPU raises their own
+# RuntimeError (tests/python/test_sampling_and_search.py).
+DECOMPOSED_KERNELS = (
+    "threshold",
+    "threshold_",
+    "hardshrink",
+    "softshrink",
+    "_prelu_kernel",
+    "_prelu_kernel_backward",
+    "logit",
+    "logit_",
+    "norm.ScalarOpt_dim",
+    "norm.ScalarOpt_dim_dtype",
+    "norm.Scalar",
+    "norm.ScalarOpt_dtype",
+    "std_mean.correction",
+    "frac",
+    "frac_",
+    "logaddexp2",
+    "sinc",
+    "sinc_",
+    "trace",
+    "channel_shuffle",
+    "_weight_norm_interface",
+    "unfold_backward",
+    "upsample_nearest1d",
+    "_upsample_nearest_exact1d",
+    "replication_pad1d",
+)
+
+# `out=` overloads of DECOMPOSED_KERNELS, through their own decompositions (PyTorch's
+# `out_wrapper`: the functional result resized into `out`), at PrivateUse1 as well.
+DECOMPOSED_OUT = (
+    "threshold.out",
+    "hardshrink.out",
+    "softshrink.out",
+    "logit.out",
+    "norm.out",
+    "norm.dtype_out",
+    "frac.out",
+    "logaddexp2.out",
+    "sinc.out",
+    "upsample_nearest1d.out",
+    "replication_pad1d.out",
+)
 
 
 def _multi_margin_loss(decomposition):
@@ -357,13 +420,14 @@ def _writing_out(name: str):
 
 
 def kernel(name: str):
-    """The kernel registered for op `name` of DECOMPOSED or OWN: PyTorch's decomposition, fixed
-    up where needed (None when this torch has no decomposition for it), or this module's own."""
+    """The kernel registered for op `name` of DECOMPOSED, DECOMPOSED_KERNELS, DECOMPOSED_OUT or
+    OWN: PyTorch's decomposition, fixed up where needed (None when this torch has no
+    decomposition for it), or this module's own."""
     if name in OWN:
         return OWN[name]
     from torch._decomp import decomposition_table
 
-    decomposition = decomposition_table.get(getattr(torch.ops.aten, name).default)
+    decomposition = decomposition_table.get(_overload(name))
     if decomposition is None:
         return None
     fixup = _FIXUPS.get(name)
@@ -401,4 +465,6 @@ def register() -> None:
             lib.impl(name, fn, key)
     for name in OUT_OVERLOADS:
         lib.impl(name, _writing_out(name), "PrivateUse1")
+    for name in (*DECOMPOSED_KERNELS, *DECOMPOSED_OUT):
+        lib.impl(name, _on_first_call(name), "PrivateUse1")
     _lib = lib

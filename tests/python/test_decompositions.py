@@ -55,6 +55,96 @@ CTC_TARGET_1D = torch.cat([CTC_TARGET[n, :length] for n, length in enumerate(CTC
 CTC_IN_OK = (12, 9, 9, 7)
 
 
+# The ops moved from C++ composites (RFC 0045, "Placement measured"), with the edge values the
+# placement checks use: both infinities, NaN, signed zeros, the ends of each op's pieces.
+inf, nan = float("inf"), float("nan")
+EDGE = torch.tensor(
+    [-inf, -20.0, -3.5, -3.0, -2.5, -1.0, -0.5, -0.0, 0.0, 0.25, 0.5, 1.0, 2.9, 3.0, 3.5, 20.0, 25.0, inf, nan]
+)
+X_EDGE = torch.randn(4, 5, generator=seeded(11))
+X_EDGE[0, :4] = torch.tensor([0.0, -inf, inf, nan])
+X_EDGE[2, 1] = -0.0
+# logit's domain: its ends 0 and 1, values outside it, NaN
+PROB = torch.tensor([0.0, 1e-7, 0.1, 0.5, 0.9, 1.0 - 1e-7, 1.0, -0.5, 1.5, nan])
+PAIR_A = torch.tensor([0.0, -0.0, 1.0, -1.0, 2.0, inf, -inf, nan, 3.0, 0.0, -inf, inf])
+PAIR_B = torch.tensor([0.0, 2.0, -0.0, 0.0, nan, inf, -inf, 1.0, inf, -inf, 5.0, -inf])
+SIGNAL = torch.randn(2, 3, 7, generator=seeded(12))
+SIGNAL_NONFINITE = SIGNAL.clone()
+SIGNAL_NONFINITE[0, 1, :3] = torch.tensor([nan, inf, -0.0])
+PRELU_WEIGHT = torch.tensor([0.25, -0.5])
+
+
+def _flat(*tensors):
+    """Several results as one tensor (the checks compare one output)."""
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
+def _in_place(op, *args):
+    # On a copy: the input is a leaf that requires grad.
+    return lambda x, *more: op(x.clone(), *more, *args)
+
+
+MOVED_CASES = {
+    "threshold": (lambda x: F.threshold(x, 0.5, -2.0), (EDGE,)),
+    "threshold_": (_in_place(torch.threshold_, 0.5, -2.0), (EDGE,)),
+    "hardshrink": (lambda x: F.hardshrink(x, 0.5), (EDGE,)),
+    "softshrink": (lambda x: F.softshrink(x, 0.5), (EDGE,)),
+    "prelu": (lambda x, w: F.prelu(x, w), (X_EDGE.reshape(2, 2, 5), PRELU_WEIGHT)),
+    "prelu_weight_grad": (lambda w, x: F.prelu(x, w), (PRELU_WEIGHT, X_EDGE.reshape(2, 2, 5))),
+    "_prelu_kernel_backward": (
+        lambda g, x, w: _flat(*torch.ops.aten._prelu_kernel_backward(g, x, w)),
+        (torch.randn(2, 2, 5, generator=seeded(13)), X_EDGE.reshape(2, 2, 5), PRELU_WEIGHT.reshape(2, 1)),
+    ),
+    "logit": (lambda x: torch.logit(x), (PROB,)),
+    "logit_eps": (lambda x: torch.logit(x, 1e-3), (PROB,)),
+    "logit_": (_in_place(torch.logit_, 1e-3), (PROB,)),
+    "norm_2": (lambda x: torch.norm(x, 2.0, [1]), (X_EDGE[1:],)),
+    "norm_inf_keepdim": (lambda x: torch.norm(x, inf, [1], keepdim=True), (X_EDGE,)),
+    "norm_1_nonfinite": (lambda x: torch.norm(x, 1.0, [0]), (X_EDGE,)),
+    # Values only: on pjrt this gradient is None where the CPU's is defined (NaN for a NaN row),
+    # with the C++ kernel as with the decomposition (autograd's formula is the same for both).
+    "norm_0": (lambda x: torch.norm(x, 0.0, [1]), (X_EDGE,), ()),
+    "norm_all": (lambda x: torch.norm(x, 3.0), (X_EDGE[1:],)),
+    "norm_dtype": (lambda x: torch.norm(x, 2.0, [0], dtype=torch.float64), (X_EDGE[1:],)),
+    "std_mean": (lambda x: _flat(*torch.std_mean(x, [0, 1], correction=0, keepdim=True)), (X_EDGE[1:],)),
+    "std_mean_nonfinite": (lambda x: _flat(*torch.std_mean(x, [1], correction=1)), (X_EDGE,)),
+    "frac": (lambda x: torch.frac(x), (EDGE * 1.3,)),
+    "frac_": (_in_place(torch.frac_), (EDGE * 1.3,)),
+    "logaddexp2": (lambda a, b: torch.logaddexp2(a, b), (PAIR_A, PAIR_B)),
+    "sinc": (lambda x: torch.sinc(x), (EDGE,)),
+    "sinc_": (_in_place(torch.sinc_), (EDGE,)),
+    "trace": (lambda x: torch.trace(x), (X_EDGE[1:],)),
+    "trace_nonfinite": (lambda x: torch.trace(x), (X_EDGE.T,)),
+    "channel_shuffle": (
+        lambda x: torch.channel_shuffle(x, 3),
+        (torch.randn(2, 6, 2, 2, generator=seeded(14)),),
+    ),
+    "weight_norm": (lambda v, g: torch._weight_norm(v, g, 0), (X_EDGE[1:], torch.randn(3, 1, generator=seeded(15)))),
+    "weight_norm_g_grad": (
+        lambda g, v: torch._weight_norm(v, g, 1),
+        (torch.randn(1, 5, generator=seeded(16)), X_EDGE[1:]),
+    ),
+    "unfold_backward": (
+        lambda g: torch.ops.aten.unfold_backward(g, [10], 0, 3, 2),
+        (torch.randn(4, 3, generator=seeded(17)),),
+    ),
+    "unfold_backward_2d": (
+        lambda g: torch.ops.aten.unfold_backward(g, [3, 5], 1, 2, 3),
+        (torch.randn(3, 2, 2, generator=seeded(18)),),
+    ),
+    "unfold_grad": (lambda x: x.unfold(1, 2, 3), (X_EDGE,)),
+    "upsample_nearest1d": (lambda x: F.interpolate(x, size=11, mode="nearest"), (SIGNAL_NONFINITE,)),
+    "upsample_nearest1d_scale": (
+        lambda x: F.interpolate(x, scale_factor=1.7, mode="nearest", recompute_scale_factor=False),
+        (SIGNAL,),
+    ),
+    "upsample_nearest_exact1d": (lambda x: F.interpolate(x, size=11, mode="nearest-exact"), (SIGNAL_NONFINITE,)),
+    "upsample_nearest_exact1d_down": (lambda x: F.interpolate(x, size=4, mode="nearest-exact"), (SIGNAL,)),
+    "replication_pad1d": (lambda x: F.pad(x, [3, 2], mode="replicate"), (SIGNAL_NONFINITE,)),
+    "replication_pad1d_unbatched": (lambda x: F.pad(x, [0, 4], mode="replicate"), (SIGNAL[0],)),
+}
+
+
 def _ctc(targets, input_lengths, target_lengths, tensors=False, **kw):
     def fn(lp):
         il, tl = input_lengths, target_lengths
@@ -118,15 +208,21 @@ CASES = {
         _ctc(CTC_TARGET, CTC_IN_OK, CTC_TL, reduction="sum"),
         (torch.randn(12, 4, 6, generator=seeded(9)),),
     ),
+    **MOVED_CASES,
 }
 
 
 def test_every_decomposed_op_is_registered():
     from torch._decomp import decomposition_table
 
-    for name in _decompositions.DECOMPOSED:
-        assert getattr(torch.ops.aten, name).default in decomposition_table, name
+    moved = (*_decompositions.DECOMPOSED_KERNELS, *_decompositions.DECOMPOSED_OUT)
+    for name in (*_decompositions.DECOMPOSED, *moved):
+        op = _decompositions._overload(name)
+        assert op in decomposition_table, name
         assert _decompositions.kernel(name) is not None, name
+        keys = ("PrivateUse1",) if name in moved else ("AutogradPrivateUse1", "PrivateUse1")
+        for key in keys:
+            assert torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), key), (name, key)
     for name in _decompositions.OWN:
         op = _decompositions._overload(name)
         for key in ("AutogradPrivateUse1", "PrivateUse1"):
@@ -140,13 +236,20 @@ def test_every_decomposed_op_is_registered():
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_decomposed_ops_match_the_cpu(mode, name):
-    fn, inputs = CASES[name]
-    check(fn, inputs, equal_nan=True)
+    fn, inputs, *grads_of = CASES[name]
+    if grads_of == [()]:
+        # Not differentiable (integer or boolean results, or a step): the values only.
+        expected = fn(*inputs)
+        got = fn(*[t.to("pjrt") for t in inputs])
+        assert got.dtype == expected.dtype
+        torch.testing.assert_close(got.cpu(), expected, rtol=1e-5, atol=1e-5, equal_nan=True)
+    else:
+        check(fn, inputs, equal_nan=True)
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_decomposed_ops_run_under_inference_mode(name):
-    fn, inputs = CASES[name]
+    fn, inputs, *_ = CASES[name]
     expected = fn(*inputs)
     with in_mode_without_fallbacks("strict"), torch.inference_mode():
         got = fn(*[t.to("pjrt") for t in inputs])
@@ -155,10 +258,15 @@ def test_decomposed_ops_run_under_inference_mode(name):
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_decompositions_agree_with_the_cpu_kernels(name):
-    fn, inputs = CASES[name]
+    fn, inputs, *_ = CASES[name]
     # The same call with every decomposed op replaced by the kernel pjrt registers, on the CPU.
     with torch.library._scoped_library("aten", "IMPL") as lib:
-        for op in (*_decompositions.DECOMPOSED, *_decompositions.OWN):
+        for op in (
+            *_decompositions.DECOMPOSED,
+            *_decompositions.DECOMPOSED_KERNELS,
+            *_decompositions.DECOMPOSED_OUT,
+            *_decompositions.OWN,
+        ):
             lib.impl(op, _decompositions.kernel(op), "CPU")
         decomposed = fn(*inputs)
     torch.testing.assert_close(decomposed, fn(*inputs), rtol=1e-6, atol=1e-6, equal_nan=True)
@@ -257,6 +365,29 @@ OUT_CALLS = {
         (CTC_LP, CTC_TARGET),
         ("out0",),  # out1 is log_alpha, which the CPU leaves unwritten past each sample's states
     ),
+    "threshold.out": (lambda x, **out: torch.ops.aten.threshold.out(x, 0.5, -2.0, **out), (EDGE,), ("out",)),
+    "hardshrink.out": (lambda x, **out: torch.ops.aten.hardshrink.out(x, 0.5, **out), (EDGE,), ("out",)),
+    "softshrink.out": (lambda x, **out: torch.ops.aten.softshrink.out(x, 0.5, **out), (EDGE,), ("out",)),
+    "logit.out": (lambda x, **out: torch.ops.aten.logit.out(x, 1e-3, **out), (PROB,), ("out",)),
+    "norm.out": (lambda x, **out: torch.ops.aten.norm.out(x, 2.0, [1], True, **out), (X_EDGE,), ("out",)),
+    "norm.dtype_out": (
+        lambda x, **out: torch.ops.aten.norm.dtype_out(x, 1.0, [0], False, dtype=torch.float32, **out),
+        (X_EDGE,),
+        ("out",),
+    ),
+    "frac.out": (lambda x, **out: torch.ops.aten.frac.out(x, **out), (EDGE * 1.3,), ("out",)),
+    "logaddexp2.out": (lambda a, b, **out: torch.ops.aten.logaddexp2.out(a, b, **out), (PAIR_A, PAIR_B), ("out",)),
+    "sinc.out": (lambda x, **out: torch.ops.aten.sinc.out(x, **out), (EDGE,), ("out",)),
+    "upsample_nearest1d.out": (
+        lambda x, **out: torch.ops.aten.upsample_nearest1d.out(x, [11], **out),
+        (SIGNAL_NONFINITE,),
+        ("out",),
+    ),
+    "replication_pad1d.out": (
+        lambda x, **out: torch.ops.aten.replication_pad1d.out(x, [3, 2], **out),
+        (SIGNAL_NONFINITE,),
+        ("out",),
+    ),
 }
 
 
@@ -271,4 +402,4 @@ def test_out_overloads_match_the_cpu(mode, name):
     fn(*inputs, **expected)
     fn(*[t.to("pjrt") for t in inputs], **got)
     for n in compared:
-        torch.testing.assert_close(got[n].cpu(), expected[n], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got[n].cpu(), expected[n], rtol=1e-5, atol=1e-5, equal_nan=True)

@@ -1,10 +1,15 @@
-"""The placement rule measured (RFC 0045, "Placement measured"): each op that the plugin composes
+"""The placement rule measured (RFC 0045, "Placement measured"): each op that the plugin composed
 in C++ (composite.cpp, spatial.cpp, bags_and_windows.cpp, grid_sample.cpp, sampling.cpp) and
 for which torch ships a decomposition (`torch._decomp.decomposition_table`) is run three ways
 on the same inputs: the pjrt kernel registered today, PyTorch's decomposition called directly
 on pjrt tensors (its ATen ops run on pjrt), and the CPU kernel. Both pjrt results must match
 the CPU's, in Strict and in DeferAndFuse. Inputs hold the edge values of each op where they
 mean something (0, -0.0, negatives, infinities, NaN, the ends of an activation's linear piece).
+
+The ops the rule moved are registered as their decomposition
+(`torch_pjrt._decompositions.DECOMPOSED_KERNELS`, tested against the CPU with their gradients
+in test_decompositions.py): for them the two pjrt runs are one, so the kernel check runs only on
+the ops that stay C++, and a check of the registrations holds each op to its side of the rule.
 
 A disagreement found by these checks is an xfail naming it (strict, so a fix shows up), on the
 side that disagrees. Ops whose decomposition is a prim-level reference (`atan`, `hypot`,
@@ -22,6 +27,7 @@ from torch._decomp import decomposition_table
 
 import torch_pjrt
 from conftest import seeded
+from torch_pjrt import _decompositions
 
 aten = torch.ops.aten
 inf, nan = math.inf, math.nan
@@ -194,6 +200,16 @@ DECOMPOSITION_DISAGREES = {
 }
 
 
+def _overload_name(op):
+    """`op` as `_decompositions` names it: "threshold", "norm.ScalarOpt_dim"."""
+    name = op._schema.name.split("::")[1]
+    return f"{name}.{op._overloadname}" if op._overloadname != "default" else name
+
+
+# Cases whose op the placement rule moved to its decomposition.
+MOVED = {name for name, (op, *_rest) in CASES.items() if _overload_name(op) in _decompositions.DECOMPOSED_KERNELS}
+
+
 def _on(device, value):
     if isinstance(value, torch.Tensor):
         return value.to(device)
@@ -235,10 +251,10 @@ def check(name, implementation):
         torch.testing.assert_close(a.cpu(), e, equal_nan=True, **tol)
 
 
-def _params(disagrees):
+def _params(disagrees, names=CASES):
     return [
         pytest.param(name, marks=pytest.mark.xfail(reason=disagrees[name], strict=True)) if name in disagrees else name
-        for name in CASES
+        for name in names
     ]
 
 
@@ -256,7 +272,26 @@ def test_every_case_has_a_decomposition():
         assert op in decomposition_table, name
 
 
-@pytest.mark.parametrize("name", _params(KERNEL_DISAGREES))
+def _pjrt_kernel_source(op):
+    """Where `op`'s PrivateUse1 kernel was registered, from the dispatcher's table."""
+    lines = torch._C._dispatch_dump(f"aten::{_overload_name(op)}")
+    (line,) = [line for line in lines.splitlines() if line.startswith("PrivateUse1:")]
+    return line
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_each_op_is_on_its_side_of_the_rule(name):
+    # Moved ops: PyTorch's decomposition, registered from Python; the others: a C++ kernel.
+    source = _pjrt_kernel_source(CASES[name][0])
+    assert ("_decompositions.py" in source) == (name in MOVED), source
+
+
+def test_some_ops_stay_cpp_and_some_moved():
+    # The rule splits the cases; a registration change that moved everything (or nothing) shows.
+    assert MOVED and set(CASES) - MOVED
+
+
+@pytest.mark.parametrize("name", _params(KERNEL_DISAGREES, [n for n in CASES if n not in MOVED]))
 def test_kernel_matches_cpu(name, placement_mode):
     check(name, "kernel")
 

@@ -1,7 +1,7 @@
 // ATen ops that pjrt composes from its own ops instead of falling back to the CPU: `equal`;
-// `fmax` and `fmin`; the running extremes behind `cummax` and `cummin`; `Tensor.unfold` (a view)
-// and its gradient; `im2col` and `col2im` (`F.unfold`, `F.fold`); and `embedding_bag` in its
-// three modes, with its gradients.
+// `fmax` and `fmin`; the running extremes behind `cummax` and `cummin`; `Tensor.unfold` (a view;
+// its gradient is PyTorch's decomposition); `im2col` and `col2im` (`F.unfold`, `F.fold`); and
+// `embedding_bag` in its three modes, with its gradients.
 //
 // Scans over a dimension run in log2(n) steps of shifted combines (Hillis–Steele), which the
 // engine fuses into one region; segment sums use `index_add`. Nothing here reads a value back to
@@ -262,27 +262,6 @@ at::Tensor pjrt_col2im(
   }
   at::Tensor out = image.slice(2, w.ph, w.ph + h).slice(3, w.pw, w.pw + wd).contiguous();
   return self.dim() == 3 ? out : out.squeeze(0);
-}
-
-// ----- Tensor.unfold's gradient ----------------------------------------------------------------
-
-// `Tensor.unfold(dim, size, step)` is a strided view (PyTorch's own kernel, over pjrt's
-// `as_strided`); its gradient adds each window's gradient back where the window read.
-at::Tensor pjrt_unfold_backward(
-    const at::Tensor& grad, at::IntArrayRef input_sizes, int64_t dim, int64_t size, int64_t step) {
-  if (input_sizes.empty()) {
-    return grad.reshape({});
-  }
-  dim = at::maybe_wrap_dim(dim, static_cast<int64_t>(input_sizes.size()));
-  at::Tensor grad_input = at::zeros(input_sizes, grad.options());
-  int64_t windows = grad.size(dim);
-  if (windows == 0) {
-    return grad_input;
-  }
-  for (int64_t k = 0; k < size; ++k) {
-    grad_input.slice(dim, k, k + step * (windows - 1) + 1, step).add_(grad.select(-1, k));
-  }
-  return grad_input;
 }
 
 // ----- embedding_bag ----------------------------------------------------------------------------
@@ -565,7 +544,6 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_cummax_helper", TORCH_FN(pjrt_cummax_helper));
   m.impl("_cummin_helper", TORCH_FN(pjrt_cummin_helper));
   m.impl("unfold", TORCH_FN(at::native::unfold));
-  m.impl("unfold_backward", TORCH_FN(pjrt_unfold_backward));
   m.impl("im2col", TORCH_FN(pjrt_im2col));
   m.impl("col2im", TORCH_FN(pjrt_col2im));
   m.impl("_embedding_bag", TORCH_FN(pjrt_embedding_bag));

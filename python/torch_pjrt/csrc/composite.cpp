@@ -151,45 +151,9 @@ at::Tensor pjrt_hardtanh_backward(
   return at::where(outside, at::zeros_like(grad_output), grad_output);
 }
 
-// `weight` arrives shaped to broadcast against `self` (`prelu` reshapes it onto the channels).
-at::Tensor pjrt_prelu_kernel(const at::Tensor& self, const at::Tensor& weight) {
-  require_floating("prelu", self);
-  return at::where(self > 0, self, self * weight);
-}
-
-// The weight's gradient has the broadcast shape; autograd sums it down to the weight's.
-std::tuple<at::Tensor, at::Tensor> pjrt_prelu_kernel_backward(
-    const at::Tensor& grad_output,
-    const at::Tensor& self,
-    const at::Tensor& weight) {
-  at::Tensor positive = self > 0;
-  at::Tensor grad_self = at::where(positive, grad_output, grad_output * weight);
-  at::Tensor grad_weight = at::where(positive, at::zeros_like(grad_self), self * grad_output);
-  return {grad_self, grad_weight};
-}
-
-at::Tensor pjrt_threshold(const at::Tensor& self, const at::Scalar& threshold, const at::Scalar& value) {
-  // As the CPU kernel: `x <= threshold ? value : x`, so a NaN (never <= anything) stays NaN.
-  return at::where(self <= threshold, at::scalar_tensor(value, self.options()), self).to(self.scalar_type());
-}
-
-// `hardshrink` and `softshrink` zero what lies within [-lambd, lambd]; so do their gradients.
+// The gradients of `hardshrink` and `softshrink` are zero within [-lambd, lambd], as their values.
 at::Tensor inside_band(const at::Tensor& self, const at::Scalar& lambd) {
   return (self >= -lambd.toDouble()).logical_and(self <= lambd);
-}
-
-at::Tensor pjrt_hardshrink(const at::Tensor& self, const at::Scalar& lambd) {
-  return at::where(inside_band(self, lambd), at::zeros_like(self), self);
-}
-
-at::Tensor pjrt_softshrink(const at::Tensor& self, const at::Scalar& lambd) {
-  TORCH_CHECK(
-      lambd.toDouble() >= 0,
-      "lambda must be greater or equal to 0, but found to be ",
-      lambd.toDouble(),
-      ".");
-  at::Tensor shifted = at::where(self > lambd, self - lambd, self + lambd);
-  return at::where(inside_band(self, lambd), at::zeros_like(self), shifted);
 }
 
 at::Tensor pjrt_shrink_backward(
@@ -220,18 +184,6 @@ at::Tensor pjrt_glu_backward(const at::Tensor& grad_output, const at::Tensor& se
   at::Tensor grad_first = grad_output * gate;
   at::Tensor grad_second = grad_first * halves[0] * (1 - gate);
   return at::cat({grad_first, grad_second}, wrapped);
-}
-
-// `torch.norm` with a p: the vector norm over `dim` (every dim when empty).
-at::Tensor pjrt_norm(
-    const at::Tensor& self,
-    const std::optional<at::Scalar>& p,
-    at::IntArrayRef dim,
-    bool keepdim,
-    std::optional<at::ScalarType> dtype) {
-  at::Scalar order = p.has_value() ? *p : at::Scalar(2.0);
-  return at::linalg_vector_norm(
-      self, order, dim.empty() ? at::OptionalIntArrayRef() : at::OptionalIntArrayRef(dim), keepdim, dtype);
 }
 
 // ----- reductions with indices ------------------------------------------------------------------
@@ -271,14 +223,6 @@ std::tuple<at::Tensor, at::Tensor> pjrt_var_mean(
     const std::optional<at::Scalar>& correction,
     bool keepdim) {
   return {at::var(self, dim, correction, keepdim), at::mean(self, dim, keepdim)};
-}
-
-std::tuple<at::Tensor, at::Tensor> pjrt_std_mean(
-    const at::Tensor& self,
-    at::OptionalIntArrayRef dim,
-    const std::optional<at::Scalar>& correction,
-    bool keepdim) {
-  return {at::std(self, dim, correction, keepdim), at::mean(self, dim, keepdim)};
 }
 
 // ----- elementwise functions without a native lowering ------------------------------------------
@@ -346,11 +290,6 @@ at::Tensor pjrt_atanh(const at::Tensor& self) {
   return (at::log1p(x) - at::log1p(-x)) * 0.5;
 }
 
-at::Tensor pjrt_frac(const at::Tensor& self) {
-  require_floating("frac", self);
-  return self - at::trunc(self);
-}
-
 // logaddexp of complex values as PyTorch's CPU kernel computes it: of the two, `lo` has the
 // smaller real part (`other` on a tie) and `hi` the other, and the result is
 // log1p(exp(lo - hi)) + hi. A NaN in any part makes both parts NaN; equal infinite real parts give
@@ -413,34 +352,23 @@ at::Tensor complex_log_add_exp(
   return at::complex(re, im);
 }
 
-// log(exp(a) + exp(b)) (base 2 with `base_two`), with PyTorch's rule for equal infinities.
-at::Tensor log_add_exp(const at::Tensor& self, const at::Tensor& other, bool base_two) {
-  const char* op = base_two ? "logaddexp2" : "logaddexp";
+// log(exp(a) + exp(b)), with PyTorch's rule for equal infinities.
+at::Tensor pjrt_logaddexp(const at::Tensor& self, const at::Tensor& other) {
   at::ScalarType dtype = at::result_type(self, other);
-  if (!base_two && at::isComplexType(dtype)) {
+  if (at::isComplexType(dtype)) {
     return complex_log_add_exp(self, other, dtype);
   }
   TORCH_CHECK_NOT_IMPLEMENTED(
       at::isFloatingType(dtype),
-      "\"",
-      op,
-      "\" not implemented for '",
+      "\"logaddexp\" not implemented for '",
       c10::toString(dtype),
       "': expected floating-point tensors");
   at::Tensor a = self.to(dtype);
   at::Tensor b = other.to(dtype);
   at::Tensor larger = at::maximum(a, b);
   at::Tensor gap = -at::abs(a - b);
-  at::Tensor sum = base_two ? larger + at::log1p(at::exp2(gap)) / kLn2 : larger + at::log1p(at::exp(gap));
+  at::Tensor sum = larger + at::log1p(at::exp(gap));
   return at::where(at::isinf(a).logical_and(a == b), a, sum);
-}
-
-at::Tensor pjrt_logaddexp(const at::Tensor& self, const at::Tensor& other) {
-  return log_add_exp(self, other, false);
-}
-
-at::Tensor pjrt_logaddexp2(const at::Tensor& self, const at::Tensor& other) {
-  return log_add_exp(self, other, true);
 }
 
 at::Tensor pjrt_hypot(const at::Tensor& self, const at::Tensor& other) {
@@ -460,27 +388,6 @@ at::Tensor pjrt_hypot(const at::Tensor& self, const at::Tensor& other) {
   at::Tensor finite = at::where(larger == 0, at::zeros_like(larger), scaled);
   at::Tensor infinite = at::isinf(a).logical_or(at::isinf(b));
   return at::where(infinite, at::full_like(larger, std::numeric_limits<double>::infinity()), finite);
-}
-
-at::Tensor pjrt_channel_shuffle(const at::Tensor& self, int64_t groups) {
-  TORCH_CHECK(
-      self.dim() > 2,
-      "channel_shuffle expects input to have at least 3 dimensions, but got input with sizes ",
-      self.sizes());
-  TORCH_CHECK(groups > 0, "Number of groups to divide channels in must be positive. Value of groups:", groups);
-  int64_t channels = self.size(1);
-  TORCH_CHECK(
-      channels % groups == 0,
-      "Number of channels must be divisible by groups. Got ",
-      channels,
-      " channels and ",
-      groups,
-      " groups.");
-  std::vector<int64_t> grouped = {self.size(0), groups, channels / groups};
-  for (int64_t d = 2; d < self.dim(); ++d) {
-    grouped.push_back(self.size(d));
-  }
-  return self.reshape(grouped).transpose(1, 2).contiguous().view(self.sizes());
 }
 
 at::Tensor pjrt_index_copy(
@@ -681,35 +588,6 @@ at::Tensor pjrt_histc(const at::Tensor& self, int64_t bins, const at::Scalar& mi
   return at::zeros({bins}, self.options()).index_add(0, bin, ones);
 }
 
-// The L2 norm of `v` over every dimension but `dim`, shaped to broadcast against `v` (the shape
-// of the magnitude `g` in weight normalization).
-at::Tensor norm_except_dim_keep(const at::Tensor& v, int64_t dim) {
-  std::vector<int64_t> reduce;
-  for (int64_t d = 0; d < v.dim(); ++d) {
-    if (d != dim) {
-      reduce.push_back(d);
-    }
-  }
-  return v.pow(2).sum(reduce, /*keepdim=*/true).sqrt();
-}
-
-// `torch.nn.utils.weight_norm`'s fused kernel: w = g * v / ||v|| (the norm over every dimension
-// but `dim`, computed in float for reduced-precision weights as PyTorch's CPU does), with the
-// norms kept for the backward pass.
-std::tuple<at::Tensor, at::Tensor> pjrt_weight_norm_interface(
-    const at::Tensor& v,
-    const at::Tensor& g,
-    int64_t dim) {
-  TORCH_CHECK(
-      dim == 0 || dim == v.dim() - 1,
-      "fused kernels can only be applied for first or last dim, got dim ",
-      dim);
-  at::ScalarType compute = at::isReducedFloatingType(v.scalar_type()) ? at::kFloat : v.scalar_type();
-  at::Tensor norms = norm_except_dim_keep(v.to(compute), dim);
-  at::Tensor w = (v.to(compute) * (g.to(compute) / norms)).to(v.scalar_type());
-  return {w, norms.reshape(g.sizes()).to(compute)};
-}
-
 // Its gradient: with s = sum over the other dimensions of grad_w * v,
 // grad_g = s / ||v|| and grad_v = g / ||v|| * (grad_w - v * s / ||v||^2).
 std::tuple<at::Tensor, at::Tensor> pjrt_weight_norm_interface_backward(
@@ -892,14 +770,6 @@ at::Tensor pjrt_index_reduce(
 
 // ----- creation ----------------------------------------------------------------------------------
 
-at::Tensor pjrt_trace(const at::Tensor& self) {
-  TORCH_CHECK(self.dim() == 2, "trace: expected a matrix, but got tensor with dim ", self.dim());
-  at::Tensor diagonal = self.diagonal();
-  // Integers sum to int64, as in PyTorch.
-  return at::isIntegralType(self.scalar_type(), /*includeBool=*/true) ? diagonal.sum(at::kLong)
-                                                                      : diagonal.sum();
-}
-
 // The index lists are a function of the sizes alone: built on the host, uploaded once.
 at::Tensor triangle_indices(
     bool lower,
@@ -1009,55 +879,12 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("mish_backward", TORCH_FN(pjrt_mish_backward));
   PJRT_WITH_OUT_AND_IN_PLACE("hardtanh", "hardtanh.out", "hardtanh_", pjrt_hardtanh)
   PJRT_WITH_OUT("hardtanh_backward", "hardtanh_backward.grad_input", pjrt_hardtanh_backward)
-  PJRT_WITH_OUT_AND_IN_PLACE("threshold", "threshold.out", "threshold_", pjrt_threshold)
-  PJRT_WITH_OUT("hardshrink", "hardshrink.out", pjrt_hardshrink)
-  PJRT_WITH_OUT("softshrink", "softshrink.out", pjrt_softshrink)
   PJRT_WITH_OUT("hardshrink_backward", "hardshrink_backward.grad_input", pjrt_shrink_backward)
   PJRT_WITH_OUT("softshrink_backward", "softshrink_backward.grad_input", pjrt_shrink_backward)
   PJRT_WITH_OUT("glu", "glu.out", pjrt_glu)
   PJRT_WITH_OUT("glu_backward", "glu_backward.grad_input", pjrt_glu_backward)
-  m.impl("_prelu_kernel", TORCH_FN(pjrt_prelu_kernel));
-  m.impl("_prelu_kernel_backward", TORCH_FN(pjrt_prelu_kernel_backward));
 
-  m.impl(
-      "norm.ScalarOpt_dim",
-      [](const at::Tensor& self, const std::optional<at::Scalar>& p, at::IntArrayRef dim, bool keepdim) {
-        return pjrt_norm(self, p, dim, keepdim, std::nullopt);
-      });
-  m.impl(
-      "norm.ScalarOpt_dim_dtype",
-      [](const at::Tensor& self,
-         const std::optional<at::Scalar>& p,
-         at::IntArrayRef dim,
-         bool keepdim,
-         at::ScalarType dtype) { return pjrt_norm(self, p, dim, keepdim, dtype); });
-  m.impl(
-      "norm.out",
-      [](const at::Tensor& self,
-         const std::optional<at::Scalar>& p,
-         at::IntArrayRef dim,
-         bool keepdim,
-         at::Tensor& out) -> at::Tensor& {
-        return write_out(pjrt_norm(self, p, dim, keepdim, std::nullopt), out);
-      });
-  m.impl(
-      "norm.dtype_out",
-      [](const at::Tensor& self,
-         const std::optional<at::Scalar>& p,
-         at::IntArrayRef dim,
-         bool keepdim,
-         at::ScalarType dtype,
-         at::Tensor& out) -> at::Tensor& { return write_out(pjrt_norm(self, p, dim, keepdim, dtype), out); });
-  m.impl("norm.Scalar", [](const at::Tensor& self, const at::Scalar& p) {
-    return pjrt_norm(self, p, {}, false, std::nullopt);
-  });
-  m.impl(
-      "norm.ScalarOpt_dtype",
-      [](const at::Tensor& self, const std::optional<at::Scalar>& p, at::ScalarType dtype) {
-        return pjrt_norm(self, p, {}, false, dtype);
-      });
   m.impl("var_mean.correction", TORCH_FN(pjrt_var_mean));
-  m.impl("std_mean.correction", TORCH_FN(pjrt_std_mean));
 
   // Compositions for real numbers: complex values run on the CPU, which computes them (`frac`:
   // raises PyTorch's error).
@@ -1069,14 +896,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   PJRT_REAL_UNARY(asinh, pjrt_asinh)
   PJRT_REAL_UNARY(acosh, pjrt_acosh)
   PJRT_REAL_UNARY(atanh, pjrt_atanh)
-  PJRT_REAL_UNARY(frac, pjrt_frac)
   PJRT_WITH_OUT("logaddexp", "logaddexp.out", pjrt_logaddexp)
-  PJRT_WITH_OUT("logaddexp2", "logaddexp2.out", pjrt_logaddexp2)
   PJRT_WITH_OUT_AND_IN_PLACE("hypot", "hypot.out", "hypot_", pjrt_hypot)
 
-  m.impl("channel_shuffle", [](const at::Tensor& self, c10::SymInt groups) {
-    return pjrt_channel_shuffle(self, groups.expect_int());
-  });
   PJRT_WITH_OUT_AND_IN_PLACE("index_copy", "index_copy.out", "index_copy_", pjrt_index_copy)
   PJRT_WITH_OUT_AND_IN_PLACE(
       "index_fill.int_Tensor", "index_fill.int_Tensor_out", "index_fill_.int_Tensor", pjrt_index_fill)
@@ -1104,10 +926,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("xlogy_.Scalar_Other", TORCH_FN(Variants<&pjrt_xlogy_scalar_other>::in_place));
   m.impl("bincount", TORCH_FN(pjrt_bincount));
   PJRT_WITH_OUT("histc", "histc.out", pjrt_histc)
-  m.impl("_weight_norm_interface", TORCH_FN(pjrt_weight_norm_interface));
   m.impl("_weight_norm_interface_backward", TORCH_FN(pjrt_weight_norm_interface_backward));
   m.impl("embedding_renorm_", TORCH_FN(pjrt_embedding_renorm_));
-  m.impl("trace", TORCH_FN(pjrt_trace));
   m.impl(
       "tril_indices",
       [](int64_t row,

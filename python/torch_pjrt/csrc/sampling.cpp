@@ -1,7 +1,7 @@
 // ATen ops that pjrt runs as a few of its own ops instead of falling back to the CPU: the
 // distributions drawn from uniform and normal numbers (`exponential_`, `geometric_`,
-// `log_normal_`, `cauchy_`) and `multinomial`; `searchsorted` and `bucketize`; and small
-// elementwise and reduction ops (`signbit`, `copysign`, `logit`, `sinc`, `heaviside`,
+// `log_normal_`, `cauchy_`) and `multinomial`; `searchsorted` and `bucketize`; small
+// elementwise and reduction ops (`signbit`, `copysign`, `logit_backward`, `heaviside`,
 // `count_nonzero`, `aminmax`, `linalg_cross`); and `cdist`'s direct form with its gradient.
 //
 // As in composite.cpp, each kernel composes device ops with PyTorch's CPU formulas, and the
@@ -238,14 +238,6 @@ at::Tensor pjrt_copysign_scalar(const at::Tensor& self, const at::Scalar& other)
   return std::signbit(other.toDouble()) ? -magnitude : magnitude;
 }
 
-at::Tensor pjrt_logit(const at::Tensor& self, std::optional<double> eps) {
-  at::Tensor x = as_floating(self);
-  if (eps.has_value() && *eps >= 0) {
-    x = at::clamp(x, *eps, 1 - *eps);
-  }
-  return at::log(x / (1 - x));
-}
-
 at::Tensor pjrt_logit_backward(
     const at::Tensor& grad_output, const at::Tensor& self, std::optional<double> eps) {
   at::Tensor slope = grad_output / (self * (1 - self));
@@ -254,12 +246,6 @@ at::Tensor pjrt_logit_backward(
   }
   // Without eps the CPU kernel gives NaN outside logit's domain [0, 1].
   return at::where((self < 0) | (self > 1), at::full_like(slope, std::numeric_limits<double>::quiet_NaN()), slope);
-}
-
-at::Tensor pjrt_sinc(const at::Tensor& self) {
-  at::Tensor x = as_floating(self);
-  at::Tensor product = x * M_PI;
-  return at::where(x == 0, at::ones_like(x), at::sin(product) / product);
 }
 
 at::Tensor pjrt_heaviside(const at::Tensor& self, const at::Tensor& values) {
@@ -404,10 +390,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("copysign_.Tensor", TORCH_FN(Variants<&pjrt_copysign>::in_place_floating));
   m.impl("copysign.Scalar", TORCH_FN(pjrt_copysign_scalar));
   m.impl("copysign_.Scalar", TORCH_FN(Variants<&pjrt_copysign_scalar>::in_place_floating));
-  PJRT_WITH_OUT("logit", "logit.out", pjrt_logit)
-  m.impl("logit_", TORCH_FN(Variants<&pjrt_logit>::in_place_floating));
   PJRT_WITH_OUT("logit_backward", "logit_backward.grad_input", pjrt_logit_backward)
-  PJRT_REAL_UNARY(sinc, pjrt_sinc)
   PJRT_WITH_OUT("heaviside", "heaviside.out", pjrt_heaviside)
   m.impl("heaviside_", TORCH_FN(Variants<&pjrt_heaviside>::in_place));
 

@@ -1,6 +1,8 @@
 // Resampling and padding kernels composed from device ops (RFC 0019): nearest and
 // nearest-exact upsampling in 1, 2 and 3 dims, linear, bilinear, trilinear and bicubic upsampling, and reflection
-// and replication padding in 1, 2 and 3 dims, each with its backward op.
+// and replication padding in 1, 2 and 3 dims, each with its backward op. The forward ops of 1-d
+// nearest and nearest-exact upsampling and of 1-d replication padding are PyTorch's
+// decompositions instead (RFC 0045); their backward ops are here.
 //
 // Every one of them is a gather along each resampled dim: the source positions (and for linear
 // upsampling the two taps' weights) come from an `arange` on the device, with PyTorch's CPU
@@ -437,14 +439,6 @@ using Scale = std::optional<double>;
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   // nearest
-  m.impl("upsample_nearest1d", [](const at::Tensor& self, c10::SymIntArrayRef size, Scale s) {
-    return upsample_nearest("upsample_nearest1d", self, ints(size), {s}, false);
-  });
-  m.impl(
-      "upsample_nearest1d.out",
-      [](const at::Tensor& self, c10::SymIntArrayRef size, Scale s, at::Tensor& out) -> at::Tensor& {
-        return write_out(upsample_nearest("upsample_nearest1d", self, ints(size), {s}, false), out);
-      });
   m.impl(
       "upsample_nearest2d",
       [](const at::Tensor& self, c10::SymIntArrayRef size, Scale h, Scale w) {
@@ -468,9 +462,6 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
         return write_out(
             upsample_nearest("upsample_nearest3d", self, ints(size), {d, h, w}, false), out);
       });
-  m.impl("_upsample_nearest_exact1d", [](const at::Tensor& self, c10::SymIntArrayRef size, Scale s) {
-    return upsample_nearest("_upsample_nearest_exact1d", self, ints(size), {s}, true);
-  });
   m.impl(
       "_upsample_nearest_exact2d",
       [](const at::Tensor& self, c10::SymIntArrayRef size, Scale h, Scale w) {
@@ -635,16 +626,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
         return upsample_linear_backward(grad, ints(input_size), align_corners, {h, w});
       });
 
-  // padding
-#define PJRT_PAD_KERNELS(name, mode, spatial)                                                      \
-  m.impl(#name, [](const at::Tensor& self, c10::SymIntArrayRef padding) {                         \
-    return pad(mode, spatial, self, ints(padding));                                               \
-  });                                                                                             \
-  m.impl(                                                                                         \
-      #name ".out",                                                                               \
-      [](const at::Tensor& self, c10::SymIntArrayRef padding, at::Tensor& out) -> at::Tensor& {   \
-        return write_out(pad(mode, spatial, self, ints(padding)), out);                           \
-      });                                                                                         \
+  // padding; `replication_pad1d` itself is PyTorch's decomposition (torch_pjrt/_decompositions.py)
+#define PJRT_PAD_BACKWARD_KERNELS(name, mode, spatial)                                             \
   m.impl(                                                                                         \
       #name "_backward",                                                                          \
       [](const at::Tensor& grad, const at::Tensor& self, c10::SymIntArrayRef padding) {           \
@@ -658,13 +641,24 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
          at::Tensor& grad_input) -> at::Tensor& {                                                 \
         return write_out(pad_backward(mode, spatial, grad, self, ints(padding)), grad_input);     \
       });
+#define PJRT_PAD_KERNELS(name, mode, spatial)                                                      \
+  m.impl(#name, [](const at::Tensor& self, c10::SymIntArrayRef padding) {                         \
+    return pad(mode, spatial, self, ints(padding));                                               \
+  });                                                                                             \
+  m.impl(                                                                                         \
+      #name ".out",                                                                               \
+      [](const at::Tensor& self, c10::SymIntArrayRef padding, at::Tensor& out) -> at::Tensor& {   \
+        return write_out(pad(mode, spatial, self, ints(padding)), out);                           \
+      });                                                                                         \
+  PJRT_PAD_BACKWARD_KERNELS(name, mode, spatial)
   PJRT_PAD_KERNELS(reflection_pad1d, PadMode::Reflect, 1)
   PJRT_PAD_KERNELS(reflection_pad2d, PadMode::Reflect, 2)
   PJRT_PAD_KERNELS(reflection_pad3d, PadMode::Reflect, 3)
-  PJRT_PAD_KERNELS(replication_pad1d, PadMode::Replicate, 1)
+  PJRT_PAD_BACKWARD_KERNELS(replication_pad1d, PadMode::Replicate, 1)
   PJRT_PAD_KERNELS(replication_pad2d, PadMode::Replicate, 2)
   PJRT_PAD_KERNELS(replication_pad3d, PadMode::Replicate, 3)
 #undef PJRT_PAD_KERNELS
+#undef PJRT_PAD_BACKWARD_KERNELS
 }
 
 }  // namespace torch_pjrt

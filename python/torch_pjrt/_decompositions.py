@@ -56,7 +56,10 @@ DECOMPOSED = ("multi_margin_loss",)
 # to the CPU so that it raises PyTorch's error (tests/python/test_unsigned.py); `heaviside`,
 # whose decomposition computes a result for inputs of different dtypes, and `aminmax`, whose
 # decomposition raises amin's IndexError for an empty input, where the CPU raises their own
-# RuntimeError (tests/python/test_sampling_and_search.py).
+# RuntimeError (tests/python/test_sampling_and_search.py); `frac` and `sinc`, whose C++ kernels
+# send a complex input to the CPU in every form (which computes `sinc` and raises `frac`'s own
+# error), where the decompositions raise `trunc`'s error or compute elsewhere
+# (tests/python/test_complex.py).
 DECOMPOSED_KERNELS = (
     "threshold",
     "threshold_",
@@ -71,11 +74,7 @@ DECOMPOSED_KERNELS = (
     "norm.Scalar",
     "norm.ScalarOpt_dtype",
     "std_mean.correction",
-    "frac",
-    "frac_",
     "logaddexp2",
-    "sinc",
-    "sinc_",
     "trace",
     "channel_shuffle",
     "_weight_norm_interface",
@@ -94,9 +93,7 @@ DECOMPOSED_OUT = (
     "logit.out",
     "norm.out",
     "norm.dtype_out",
-    "frac.out",
     "logaddexp2.out",
-    "sinc.out",
     "upsample_nearest1d.out",
     "replication_pad1d.out",
 )

@@ -290,6 +290,13 @@ at::Tensor pjrt_atanh(const at::Tensor& self) {
   return (at::log1p(x) - at::log1p(-x)) * 0.5;
 }
 
+// Kept here rather than as PyTorch's decomposition: a complex input must reach the CPU (through
+// PJRT_REAL_UNARY), which raises frac's own error; the decomposition raises trunc's.
+at::Tensor pjrt_frac(const at::Tensor& self) {
+  require_floating("frac", self);
+  return self - at::trunc(self);
+}
+
 // logaddexp of complex values as PyTorch's CPU kernel computes it: of the two, `lo` has the
 // smaller real part (`other` on a tie) and `hi` the other, and the result is
 // log1p(exp(lo - hi)) + hi. A NaN in any part makes both parts NaN; equal infinite real parts give
@@ -896,6 +903,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   PJRT_REAL_UNARY(asinh, pjrt_asinh)
   PJRT_REAL_UNARY(acosh, pjrt_acosh)
   PJRT_REAL_UNARY(atanh, pjrt_atanh)
+  PJRT_REAL_UNARY(frac, pjrt_frac)
   PJRT_WITH_OUT("logaddexp", "logaddexp.out", pjrt_logaddexp)
   PJRT_WITH_OUT_AND_IN_PLACE("hypot", "hypot.out", "hypot_", pjrt_hypot)
 

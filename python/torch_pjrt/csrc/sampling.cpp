@@ -256,6 +256,14 @@ at::Tensor pjrt_heaviside(const at::Tensor& self, const at::Tensor& values) {
   return at::where(self == 0, values, step);
 }
 
+// Kept here rather than as PyTorch's decomposition: a complex input runs on the CPU (through
+// PJRT_REAL_UNARY), in every form and on conjugate views, as the other real compositions do.
+at::Tensor pjrt_sinc(const at::Tensor& self) {
+  at::Tensor x = as_floating(self);
+  at::Tensor product = x * M_PI;
+  return at::where(x == 0, at::ones_like(x), at::sin(product) / product);
+}
+
 // ----- reductions and products ------------------------------------------------------------------
 
 // PyTorch's CPU counts along given dims as `(self != 0).sum(dims)`, which takes uint16/32/64,
@@ -391,6 +399,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("copysign.Scalar", TORCH_FN(pjrt_copysign_scalar));
   m.impl("copysign_.Scalar", TORCH_FN(Variants<&pjrt_copysign_scalar>::in_place_floating));
   PJRT_WITH_OUT("logit_backward", "logit_backward.grad_input", pjrt_logit_backward)
+  PJRT_REAL_UNARY(sinc, pjrt_sinc)
   PJRT_WITH_OUT("heaviside", "heaviside.out", pjrt_heaviside)
   m.impl("heaviside_", TORCH_FN(Variants<&pjrt_heaviside>::in_place));
 

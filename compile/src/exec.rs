@@ -497,6 +497,10 @@ struct InboxState {
     /// Callers that will run what they queue themselves ([`ExecQueue::hold_worker`]): while
     /// any does, a push does not wake the worker.
     holds: usize,
+    /// A caller needs the worker to take what is queued, holds notwithstanding (it declined to
+    /// run the work itself and is about to block): a watching worker must not leave that work
+    /// to the holder. Cleared when the worker takes a batch.
+    wanted: bool,
 }
 
 impl Inbox {
@@ -543,7 +547,15 @@ impl Inbox {
 
     /// Wakes a sleeping worker that has work (or must stop). A caller about to block passes
     /// `despite_holds`: whatever it waits for may sit in the queue behind its own hold.
-    fn wake_if_needed(&self, state: parking_lot::MutexGuard<'_, InboxState>, despite_holds: bool) {
+    fn wake_if_needed(
+        &self,
+        mut state: parking_lot::MutexGuard<'_, InboxState>,
+        despite_holds: bool,
+    ) {
+        if despite_holds {
+            // A worker that is watching rather than asleep must take the work too.
+            state.wanted = true;
+        }
         let wake = state.worker_asleep
             && (state.holds == 0 || despite_holds)
             && !state.caller_running
@@ -579,10 +591,11 @@ impl Inbox {
         // it, as a sleeping one would not have been woken for it.
         let mut watching = false;
         loop {
-            let left_to_holder = watching && state.holds > 0;
+            let left_to_holder = watching && state.holds > 0 && !state.wanted;
             if !state.items.is_empty() && !state.caller_running && !left_to_holder {
                 std::mem::swap(&mut state.items, batch);
                 state.worker_busy = true;
+                state.wanted = false;
                 return true;
             }
             if state.closed && !state.caller_running {

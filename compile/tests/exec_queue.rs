@@ -566,3 +566,31 @@ fn an_upload_of_a_value_uploaded_before_reuses_its_buffer() {
     assert_eq!(values[3], [4., 6., 8., 10.]);
     assert_eq!(queue.stats().since(&before).upload_reuses, 2);
 }
+
+#[test]
+fn work_a_holder_declines_is_taken_by_a_watching_worker() {
+    // A caller holding the worker queues a closure, which it may not run itself: it declines and
+    // blocks on the result. A worker that was watching (not asleep) when the caller declined
+    // must take that work rather than leave it to the holder.
+    let queue = ExecQueue::with_worker_spin(Duration::from_secs(5)).unwrap();
+    for _ in 0..100 {
+        // Work of the worker's own first, so that it is watching when the next piece comes.
+        let (ran, done) = std::sync::mpsc::channel();
+        queue.enqueue_fn("first", vec![], move || {
+            let _ = ran.send(());
+            Ok(vec![])
+        });
+        done.recv().unwrap();
+        let out = DeviceValue::pending();
+        let hold = queue.hold_worker();
+        queue.enqueue_fn("second", vec![out.clone()], || {
+            Ok(vec![Arc::new(f32_buffer(&[1.; 4]))])
+        });
+        assert!(!queue.run_here(), "a closure is the worker's to run");
+        assert!(
+            out.wait_timeout(Duration::from_secs(10)).is_some(),
+            "the worker left declined work to the holder"
+        );
+        drop(hold);
+    }
+}

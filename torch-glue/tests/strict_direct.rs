@@ -1,4 +1,4 @@
-//! Strict's direct path: a warm op on whole device values runs without a pending node, under the
+//! Strict's direct path: a warm op on device values (whole or viewed) runs without a pending node, under the
 //! key its capture and flush would give (debug builds check the two keyings agree on every cold
 //! op), with the results, metrics and errors of the general path.
 
@@ -71,7 +71,7 @@ fn repeated_and_reshaped_inputs_are_numbered_as_capture_numbers_them() {
 }
 
 #[test]
-fn pending_inputs_views_and_out_ops_take_the_general_path() {
+fn pending_inputs_take_the_general_path_and_warm_views_the_direct_one() {
     let e = engine(Mode::Strict);
     let x = upload(&e, DType::F32, &[1.0, 2.0, 3.0, 4.0], &[4]);
     for _ in 0..2 {
@@ -93,8 +93,54 @@ fn pending_inputs_views_and_out_ops_take_the_general_path() {
         assert_eq!(read(&e, &neg), vec![-2.0, -4.0]);
     }
     // The Strict `add` reading a pending value ran in the same region as its producer's
-    // materialization; the others ran one by one; none took the direct path.
-    assert_eq!(metric(&e, "direct_ops"), 0.0);
+    // materialization, both times; the view's `neg` ran directly once its program was known.
+    assert_eq!(metric(&e, "direct_ops"), 1.0);
+}
+
+#[test]
+fn warm_ops_on_views_run_directly_with_their_window_offsets() {
+    let e = engine(Mode::Strict);
+    let m = upload(&e, DType::F32, &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]);
+    let transposed = TensorRef {
+        storage: m.storage,
+        dtype: DType::F32,
+        sizes: [3, 2].as_slice().into(),
+        strides: [1, 3].as_slice().into(),
+        offset: 0,
+    };
+    let row = |k: i64| TensorRef {
+        storage: m.storage,
+        dtype: DType::F32,
+        sizes: [3].as_slice().into(),
+        strides: [1].as_slice().into(),
+        offset: 3 * k,
+    };
+    e.reset_metrics();
+    for round in 0..2 {
+        let neg = op(&e, typed::Neg, &[&transposed], &[]);
+        assert_eq!(
+            read(&e, &neg),
+            vec![-1.0, -4.0, -2.0, -5.0, -3.0, -6.0],
+            "round {round}"
+        );
+        for k in 0..2 {
+            let shifted = op(&e, typed::Add, &[&row(k)], &[ScalarArg::float(10.0)]);
+            let first = 3.0 * k as f64 + 11.0;
+            assert_eq!(
+                read(&e, &shifted),
+                vec![first, first + 1.0, first + 2.0],
+                "round {round}, row {k}"
+            );
+        }
+        // A view read with a whole value: two arguments, the view's offset a runtime scalar.
+        let mixed = op(&e, typed::Mul, &[&row(1), &row(0)], &[]);
+        assert_eq!(read(&e, &mixed), vec![4.0, 10.0, 18.0], "round {round}");
+    }
+    // The rows differ only in their offset, a runtime scalar: one program for both.
+    assert_eq!(metric(&e, "compilations"), 3.0);
+    // Cold: the transpose, the first row and the product; everything else ran directly.
+    assert_eq!(metric(&e, "direct_ops"), 5.0);
+    assert_eq!(metric(&e, "pending_ops"), 0.0);
 }
 
 #[test]

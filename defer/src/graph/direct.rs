@@ -30,11 +30,27 @@ impl<V: Clone> Graph<V> {
         // Read before any write: a write through a view keeps the rest of the old value.
         let known = self.known_write(op, inputs, scalars, params, outs);
         let mut types: SmallVec<[TensorType; 3]> = SmallVec::new();
+        let mut placements: SmallVec<[Placement; 3]> = SmallVec::new();
         for (i, t) in inputs.iter().enumerate() {
-            if !self.placement(&OperandName(op, "input", i), t)?.whole {
+            let placement = self.placement(&OperandName(op, "input", i), t)?;
+            if placement.padded {
+                // Read through its padding: capture's.
                 return Ok(None);
             }
+            placements.push(placement);
             types.push(t.ty());
+        }
+        let all_whole = placements.iter().all(|p| p.whole);
+        if !all_whole
+            && self.bounded
+            && self.last_extent.is_some()
+            && matches!(
+                op,
+                OpId::Embedding | OpId::Gather | OpId::Index | OpId::IndexSelect | OpId::IndexCheck
+            )
+        {
+            // A window of a growing value may be read at its bucket (`window_padded`).
+            return Ok(None);
         }
         let meta = ops::meta(op, &types, scalars, params)?;
         super::check_out_dtypes(op, outs, &meta)?;
@@ -46,6 +62,7 @@ impl<V: Clone> Graph<V> {
             && inputs.len() == 2
             && outs.is_empty()
             && self.bounded
+            && placements[0].whole
             && self
                 .continues_growth(inputs[0].storage, &types, params)
                 .is_some()
@@ -84,9 +101,24 @@ impl<V: Clone> Graph<V> {
         // Arguments numbered by first use of their storage, as capture numbers externals.
         let mut args: SmallVec<[V; 4]> = SmallVec::new();
         let mut arg_storages: SmallVec<[StorageId; 4]> = SmallVec::new();
-        let mut digest_inputs: SmallVec<[InputDigest<'_>; 3]> = SmallVec::new();
         let mut aliases: SmallVec<[(u32, u32); 2]> = SmallVec::new();
-        for t in inputs {
+        // Views read their storage's value through a chain of movements, as capture reads
+        // them (`read_for_node`); a window's offset is a runtime scalar, ahead of the op's.
+        let mut views_read: SmallVec<[Option<Arc<InputView>>; 3]> = SmallVec::new();
+        let mut scalars_typed: SmallVec<[(ScalarArg, DType); 4]> = SmallVec::new();
+        for (t, placement) in inputs.iter().zip(&placements) {
+            if placement.whole {
+                views_read.push(None);
+                continue;
+            }
+            let (view, offset) = input_view(t, placement)?;
+            views_read.push(Some(view));
+            if let Some(offset) = offset {
+                scalars_typed.push((ScalarArg::int(offset), DType::I64));
+            }
+        }
+        let mut digest_inputs: SmallVec<[InputDigest<'_>; 3]> = SmallVec::new();
+        for (t, view) in inputs.iter().zip(&views_read) {
             let Some(StorageValue::Device { value, ty }) =
                 self.storages.get(&t.storage).map(|s| &s.value)
             else {
@@ -115,8 +147,8 @@ impl<V: Clone> Graph<V> {
                     number: number as u32,
                     stored: Some(ty),
                 },
-                reshape_to: (ty.shape != t.sizes).then_some(t.sizes.as_slice()),
-                view: None,
+                reshape_to: (view.is_none() && ty.shape != t.sizes).then_some(t.sizes.as_slice()),
+                view: view.as_deref(),
             });
         }
         let (s, d) = op_digests(
@@ -145,11 +177,12 @@ impl<V: Clone> Graph<V> {
             return Ok(None);
         }
 
-        let scalars_typed: SmallVec<[(ScalarArg, DType); 4]> = scalars
-            .iter()
-            .copied()
-            .zip(meta.scalar_dtypes.iter().copied())
-            .collect();
+        scalars_typed.extend(
+            scalars
+                .iter()
+                .copied()
+                .zip(meta.scalar_dtypes.iter().copied()),
+        );
         let (_, packs) = fuse::pack_scalars(&scalars_typed);
         let mut outputs: SmallVec<[V; 2]> = SmallVec::new();
         let mut captured = CapturedOutputs::new();

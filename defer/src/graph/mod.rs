@@ -398,6 +398,37 @@ impl NodeInput {
 /// For a view at a non-zero offset in its storage's own dtype: the layout at offset 0 and the
 /// number of base elements it spans. Such views read a window at a runtime offset, so views
 /// that differ only in where they start share one compiled program.
+/// How a node reads tensor `t`, which is not its storage's whole value: the movements from the
+/// value to it, and a window's offset (lifted to a runtime scalar) where it has one.
+fn input_view(
+    t: &TensorRef,
+    placement: &Placement,
+) -> Result<(Arc<InputView>, Option<i64>), EngineError> {
+    let (chain, window, offset) = match windowed(t, placement) {
+        Some((layout, extent)) => (
+            views::decompose(extent, placement.native.size_bytes(), &layout)?,
+            Some(extent),
+            Some(t.offset),
+        ),
+        None => (
+            views::decompose(
+                placement.base_len,
+                placement.native.size_bytes(),
+                &t.layout(),
+            )?,
+            None,
+            None,
+        ),
+    };
+    let view = InputView {
+        chain,
+        view_dtype: t.dtype,
+        base_dtype: placement.native,
+        window,
+    };
+    Ok((Arc::new(view), offset))
+}
+
 fn windowed(t: &TensorRef, placement: &Placement) -> Option<(views::Layout, i64)> {
     if t.dtype != placement.native || t.numel() == 0 {
         return None;
@@ -1175,31 +1206,11 @@ impl<V: Clone> Graph<V> {
                 offset: None,
             });
         }
-        let (chain, window, offset) = match windowed(t, placement) {
-            Some((layout, extent)) => (
-                views::decompose(extent, placement.native.size_bytes(), &layout)?,
-                Some(extent),
-                Some(t.offset),
-            ),
-            None => (
-                views::decompose(
-                    placement.base_len,
-                    placement.native.size_bytes(),
-                    &t.layout(),
-                )?,
-                None,
-                None,
-            ),
-        };
+        let (view, offset) = input_view(t, placement)?;
         Ok(NodeInput {
             value,
             reshape_to: None,
-            view: Some(Arc::new(InputView {
-                chain,
-                view_dtype: t.dtype,
-                base_dtype: placement.native,
-                window,
-            })),
+            view: Some(view),
             offset,
         })
     }

@@ -992,6 +992,8 @@ fn execute(shared: &QueueShared, job: &ExecJob) -> Result<Vec<Arc<Buffer>>, Exec
         arguments.push(buffer);
     }
     for upload in &job.uploads {
+        // Locked twice on a miss (look up, then insert) rather than across the upload: the
+        // PJRT call must not hold the cache other launches read.
         if let Some(buffer) = shared.uploads.lock().get(upload, job.device.as_ref()) {
             arguments.push(buffer);
             continue;

@@ -1927,7 +1927,12 @@ impl Engine {
         v.insert("regrown_values", graph.regrown_values as f64);
         v.insert("padded_uploads", graph.padded_uploads as f64);
         v.insert("live_storages", graph.live_storages as f64);
-        v.insert("host_to_device", Counters::get(&c.host_to_device) as f64);
+        // Transfers made: a lifted-scalar pack the queue served from its cache of recent
+        // uploads (`upload_reuses`) was counted when queued but never crossed.
+        v.insert(
+            "host_to_device",
+            Counters::get(&c.host_to_device).saturating_sub(exec.upload_reuses) as f64,
+        );
         v.insert("device_to_host", Counters::get(&c.device_to_host) as f64);
         v.insert(
             "host_to_device_bytes",

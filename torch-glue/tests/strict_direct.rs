@@ -28,7 +28,13 @@ fn warm_ops_take_the_direct_path_and_share_the_flushed_programs() {
     assert_eq!(metric(&e, "regions"), 5.0);
     assert_eq!(metric(&e, "materializations"), 5.0);
     assert_eq!(metric(&e, "cache_hits"), 4.0);
-    assert_eq!(metric(&e, "host_to_device"), 5.0, "each op's lifted scalar");
+    // Each op lifts its scalar; the same 0.5 is uploaded once and its buffer reused.
+    assert_eq!(
+        metric(&e, "host_to_device"),
+        1.0,
+        "one transfer of the lifted 0.5"
+    );
+    assert_eq!(metric(&e, "upload_reuses"), 4.0);
     assert_eq!(metric(&e, "pending_ops"), 0.0);
 
     // A changed scalar is new data for the same program.

@@ -7,7 +7,6 @@
 
 mod activation;
 mod backward;
-pub mod chalf;
 pub mod checks;
 mod conv;
 mod creation;
@@ -17,6 +16,7 @@ pub mod emitter;
 pub mod error;
 mod fft;
 mod indexing;
+mod limited_dtypes;
 mod linalg;
 mod loss;
 mod norm;
@@ -30,7 +30,6 @@ pub mod promote;
 mod random;
 mod reduce;
 mod shape;
-pub mod unsigned;
 
 pub use dtype::{scoped_default_float, DType, ScalarArg, ScalarValue, Shape, TensorType};
 pub use emitter::{Cmp, Emitter, Value};
@@ -158,16 +157,14 @@ pub fn meta(
         params: Params::new(op, params),
     };
     refuse_complex(op, inputs)?;
-    unsigned::refuse(op, inputs, false)?;
-    chalf::refuse(op, inputs, false)?;
-    unsigned::clear_refused_promotion();
+    limited_dtypes::refuse(op, inputs, false)?;
+    limited_dtypes::clear_refused_promotion();
     let meta = op.rule().meta(&args);
-    unsigned::take_refused_promotion()?;
+    limited_dtypes::take_refused_promotion()?;
     let mut meta = meta?;
     check_output_sizes(op, &meta.outputs)?;
     refuse_complex(op, &meta.outputs)?;
-    unsigned::refuse(op, &meta.outputs, true)?;
-    chalf::refuse(op, &meta.outputs, true)?;
+    limited_dtypes::refuse(op, &meta.outputs, true)?;
     let default = DType::default_float();
     meta.float_default = (default != DType::F32).then_some(default);
     let precision = Precision::current();

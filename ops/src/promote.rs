@@ -11,14 +11,14 @@ pub fn promote_types(a: DType, b: DType) -> DType {
     }
     match (a, b) {
         // PyTorch promotes uint16, uint32 and uint64 only to floats; `ops::meta` raises its
-        // error for any other pair after the op's meta (see `crate::unsigned`).
+        // error for any other pair after the op's meta (see `crate::limited_dtypes`).
         (x, y) if x.is_wide_unsigned() || y.is_wide_unsigned() => {
             if x.is_float() {
                 x
             } else if y.is_float() {
                 y
             } else {
-                crate::unsigned::note_refused_promotion(a, b);
+                crate::limited_dtypes::note_refused_promotion(a, b);
                 a
             }
         }

@@ -1,5 +1,6 @@
 """The placement rule measured (RFC 0045, "Placement measured"): each op that the plugin composed
-in C++ (composite.cpp, spatial.cpp, bags_and_windows.cpp, grid_sample.cpp, sampling.cpp) and
+in C++ (its family files: activation.cpp, elementwise.cpp, reduce.cpp, linalg.cpp, norm.cpp,
+indexing.cpp, conv.cpp, creation.cpp, resample.cpp, padding.cpp, random.cpp) and
 for which torch ships a decomposition (`torch._decomp.decomposition_table`) is run three ways
 on the same inputs: the pjrt kernel registered today, PyTorch's decomposition called directly
 on pjrt tensors (its ATen ops run on pjrt), and the CPU kernel. Both pjrt results must match
@@ -77,7 +78,7 @@ def _case(op, *args, tol=None, **kwargs):
 # name -> (op overload, positional args, keyword args, tolerances). Tensors are CPU tensors,
 # moved to pjrt for the pjrt runs.
 CASES = {
-    # --- activations (composite.cpp) ---
+    # --- activations (activation.cpp) ---
     "leaky_relu": _case(aten.leaky_relu.default, EDGE, 0.1),
     "leaky_relu_backward": _case(aten.leaky_relu_backward.default, GRAD, EDGE, 0.1, False),
     "elu": _case(aten.elu.default, EDGE, 1.0, 1.0, 1.0),
@@ -108,7 +109,7 @@ CASES = {
     "logit_eps": _case(aten.logit.default, PROB, 1e-3),
     "logit_backward": _case(aten.logit_backward.default, _randn(10, seed=11), PROB, None),
     "logit_backward_eps": _case(aten.logit_backward.default, _randn(10, seed=11), PROB, 1e-3),
-    # --- reductions and elementwise math (composite.cpp, sampling.cpp) ---
+    # --- reductions and elementwise math (reduce.cpp, elementwise.cpp, linalg.cpp) ---
     "norm_2": _case(aten.norm.ScalarOpt_dim, X, 2.0, [1], False),
     "norm_inf": _case(aten.norm.ScalarOpt_dim, X_EDGE, inf, [1], True),
     "norm_1_nonfinite": _case(aten.norm.ScalarOpt_dim, X_EDGE, 1.0, [0], False),
@@ -133,7 +134,7 @@ CASES = {
     "linalg_cross": _case(aten.linalg_cross.default, _randn(4, 3, seed=14), _randn(4, 3, seed=15)),
     "bucketize": _case(aten.bucketize.Tensor, X_EDGE, torch.tensor([-1.0, 0.0, 0.5, 2.0])),
     "bucketize_right": _case(aten.bucketize.Tensor, X_EDGE, torch.tensor([-1.0, 0.0, 0.5, 2.0]), right=True),
-    # --- indexing and shapes (composite.cpp) ---
+    # --- indexing and shapes (indexing.cpp, norm.cpp, creation.cpp) ---
     "channel_shuffle": _case(aten.channel_shuffle.default, _randn(2, 6, 2, 2, seed=16), 3),
     "index_copy": _case(aten.index_copy.default, X, 0, torch.tensor([3, 0, 1]), _randn(3, 5, seed=17)),
     "index_fill_tensor": _case(aten.index_fill.int_Tensor, X, 1, torch.tensor([4, 0]), torch.tensor(-1.5)),
@@ -141,12 +142,12 @@ CASES = {
     "_weight_norm_interface": _case(aten._weight_norm_interface.default, X, _randn(4, 1, seed=18), 0),
     "tril_indices": _case(aten.tril_indices.default, 4, 5, 1, device=Device),
     "triu_indices": _case(aten.triu_indices.default, 5, 3, -1, device=Device),
-    # --- windows (bags_and_windows.cpp) ---
+    # --- windows (conv.cpp) ---
     "im2col": _case(aten.im2col.default, IMAGE[:1, :2], [2, 3], [1, 1], [1, 0], [2, 1]),
     "col2im": _case(aten.col2im.default, COLUMNS, [5, 6], [2, 3], [1, 1], [1, 0], [2, 1]),
     "unfold_backward": _case(aten.unfold_backward.default, _randn(4, 3, seed=19), [10], 0, 3, 2),
     "unfold_backward_2d": _case(aten.unfold_backward.default, _randn(3, 2, 2, seed=20), [3, 5], 1, 2, 3),
-    # --- grid_sample (grid_sample.cpp): interpolation 0 bilinear, 1 nearest, 2 bicubic; padding
+    # --- grid_sample (resample.cpp): interpolation 0 bilinear, 1 nearest, 2 bicubic; padding
     # 0 zeros, 1 border, 2 reflection ---
     **{
         f"grid_sampler_2d_{interp}_{pad}_{int(align)}": _case(
@@ -154,7 +155,7 @@ CASES = {
         )
         for interp, pad, align in [(0, 0, False), (0, 1, True), (0, 2, False), (1, 0, True), (1, 2, False), (2, 0, False), (2, 1, True)]
     },
-    # --- upsampling (spatial.cpp) ---
+    # --- upsampling (resample.cpp) ---
     "upsample_nearest1d": _case(aten.upsample_nearest1d.default, SIGNAL, [11]),
     "upsample_nearest2d": _case(aten.upsample_nearest2d.default, IMAGE_NONFINITE, [7, 4]),
     "upsample_nearest2d_scales": _case(aten.upsample_nearest2d.default, IMAGE, [10, 9], 2.0, 1.5),
@@ -170,7 +171,7 @@ CASES = {
     "upsample_trilinear3d": _case(aten.upsample_trilinear3d.default, VOLUME, [5, 3, 8], False),
     "upsample_bicubic2d": _case(aten.upsample_bicubic2d.default, IMAGE, [7, 9], False, tol={"atol": 1e-5, "rtol": 1e-4}),
     "upsample_bicubic2d_align": _case(aten.upsample_bicubic2d.default, IMAGE, [3, 11], True, tol={"atol": 1e-5, "rtol": 1e-4}),
-    # --- padding (spatial.cpp) ---
+    # --- padding (padding.cpp) ---
     "reflection_pad1d": _case(aten.reflection_pad1d.default, SIGNAL, [3, 2]),
     "reflection_pad2d": _case(aten.reflection_pad2d.default, IMAGE_NONFINITE, [2, 1, 0, 3]),
     "reflection_pad3d": _case(aten.reflection_pad3d.default, VOLUME, [1, 2, 2, 0, 1, 1]),

@@ -561,6 +561,166 @@ at::Tensor pjrt_repeat_interleave(const at::Tensor& repeats, std::optional<c10::
   return result;
 }
 
+
+// ----- index_copy, index_fill, scatter_reduce and index_reduce -----
+
+at::Tensor pjrt_index_copy(
+    const at::Tensor& self,
+    int64_t dim,
+    const at::Tensor& index,
+    const at::Tensor& source) {
+  int64_t wrapped = at::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));
+  TORCH_CHECK_INDEX(
+      index.dim() <= 1, "index_copy_(): Index should have dimension 1 or 0 (got ", index.dim(), ")");
+  TORCH_CHECK(
+      index.scalar_type() == at::kLong,
+      "index_copy_(): Expected a long tensor for index, but got ",
+      index.scalar_type());
+  TORCH_CHECK(
+      self.scalar_type() == source.scalar_type(),
+      "index_copy_(): self and source expected to have the same dtype, but got (self) ",
+      self.scalar_type(),
+      " and (source) ",
+      source.scalar_type());
+  if (self.dim() == 0) {
+    return source.reshape({}).clone();
+  }
+  c10::List<std::optional<at::Tensor>> indices;
+  for (int64_t d = 0; d < wrapped; ++d) {
+    indices.push_back(std::nullopt);
+  }
+  indices.push_back(index.reshape({-1}));
+  return at::index_put(self, indices, source, /*accumulate=*/false);
+}
+
+// A uint16/32/64 `self` runs on the CPU, whose kernel has no case for them and raises its error
+// after its own checks (or computes it, where a later PyTorch can); the in-place and `out=` forms
+// call this one.
+at::Tensor pjrt_index_fill(
+    const at::Tensor& self,
+    int64_t dim,
+    const at::Tensor& index,
+    const at::Tensor& value) {
+  if (C10_UNLIKELY(wide_unsigned(self))) {
+    return run_on_cpu<at::_ops::index_fill_int_Tensor>(self, dim, index, value);
+  }
+  TORCH_CHECK(
+      value.dim() == 0,
+      "index_fill_ only supports a 0-dimensional value tensor, but got tensor with ",
+      value.dim(),
+      " dimension(s).");
+  TORCH_CHECK_INDEX(
+      index.dim() <= 1, "index_fill_(): Index is supposed to be a vector, but got ", index.dim(), "-D");
+  TORCH_CHECK(
+      index.scalar_type() == at::kLong,
+      "index_fill_(): Expected dtype int64 for index, but got ",
+      index.scalar_type());
+  at::Tensor fill = value.to(self.device()).to(self.scalar_type());
+  if (self.dim() == 0) {
+    return index.numel() > 0 ? fill.clone() : self.clone();
+  }
+  int64_t wrapped = at::maybe_wrap_dim(dim, self.dim());
+  c10::List<std::optional<at::Tensor>> indices;
+  for (int64_t d = 0; d < wrapped; ++d) {
+    indices.push_back(std::nullopt);
+  }
+  indices.push_back(index.reshape({-1}));
+  return at::index_put(self, indices, fill, /*accumulate=*/false);
+}
+
+at::Tensor index_fill_scalar(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Scalar& value) {
+  return pjrt_index_fill(self, dim, index, at::scalar_tensor(value, self.options()));
+}
+
+// The value `reduce` ("prod", "amax", "amin") leaves unchanged: where `scatter_reduce` with
+// `include_self=False` starts the positions that receive values.
+at::Scalar reduction_identity(at::ScalarType dtype, c10::string_view reduce) {
+  if (reduce == "prod") {
+    return 1;
+  }
+  bool for_max = reduce == "amax";
+  at::Scalar identity;
+  AT_DISPATCH_ALL_TYPES_AND3(at::kHalf, at::kBFloat16, at::kBool, dtype, "reduction_identity", [&] {
+    using limits = std::numeric_limits<scalar_t>;
+    if constexpr (limits::has_infinity) {
+      identity = for_max ? -limits::infinity() : limits::infinity();
+    } else {
+      identity = for_max ? limits::lowest() : limits::max();
+    }
+  });
+  return identity;
+}
+
+// `scatter_reduce` on the device. "sum" and "mean" come from `scatter_add`: `include_self=False`
+// first zeroes the positions that receive values; "mean" divides by how many values each
+// position took (itself included), flooring for integers as PyTorch does. "prod", "amax" and
+// "amin" are the engine's scatter with that combiner, from the identity where `self` is left out.
+at::Tensor pjrt_scatter_reduce(
+    const at::Tensor& self,
+    int64_t dim,
+    const at::Tensor& index,
+    const at::Tensor& src,
+    c10::string_view reduce,
+    bool include_self) {
+  if (reduce == "sum" || reduce == "mean") {
+    at::Tensor base = include_self ? self : self.scatter(dim, index, 0);
+    at::Tensor total = base.scatter_add(dim, index, src.to(self.scalar_type()));
+    if (reduce == "sum") {
+      return total;
+    }
+    at::Tensor taken = (include_self ? at::ones_like(self) : at::zeros_like(self))
+                           .scatter_add(dim, index, at::ones_like(src, self.options()));
+    taken = taken.masked_fill(taken == 0, 1);
+    return at::isIntegralType(self.scalar_type(), /*includeBool=*/true) ? total.div(taken, "floor")
+                                                                        : total / taken;
+  }
+  int64_t combiner = reduce == "prod" ? 1 : reduce == "amax" ? 2 : reduce == "amin" ? 3 : 0;
+  TORCH_CHECK(
+      combiner != 0,
+      "reduce argument must be either sum, prod, mean, amax or amin, got ", reduce);
+  at::Tensor base =
+      include_self ? self : self.scatter(dim, index, reduction_identity(self.scalar_type(), reduce));
+  static const auto op = engine_op(ops::scatter_reduce);
+  OpCall c(op, "aten::scatter_reduce.two", {.dim = dim, .combiner = combiner});
+  c.input(base);
+  c.input(index);
+  c.input(src.to(self.scalar_type()));
+  return c.run_functional();
+}
+
+// `index_reduce` is `scatter_reduce` with the index spread over `source`'s other dimensions.
+at::Tensor pjrt_index_reduce(
+    const at::Tensor& self,
+    int64_t dim,
+    const at::Tensor& index,
+    const at::Tensor& source,
+    c10::string_view reduce,
+    bool include_self) {
+  TORCH_CHECK(
+      reduce == "prod" || reduce == "mean" || reduce == "amax" || reduce == "amin",
+      "index_reduce(): Expected reduce to be one of prod, mean, amax or amin but got ", reduce, ".");
+  TORCH_CHECK(index.dim() <= 1, "index_reduce_(): Index is supposed to be a vector");
+  TORCH_CHECK(
+      index.scalar_type() == at::kLong || index.scalar_type() == at::kInt,
+      "index_reduce_(): Expected dtype int32/int64 for index");
+  TORCH_CHECK(
+      self.scalar_type() == source.scalar_type(),
+      "index_reduce_(): self (", self.scalar_type(), ") and source (", source.scalar_type(),
+      ") must have the same scalar type");
+  if (source.dim() == 0) {
+    return pjrt_scatter_reduce(self, dim, index.reshape({1}), source.reshape({1}), reduce, include_self);
+  }
+  dim = at::maybe_wrap_dim(dim, source.dim());
+  TORCH_CHECK(
+      index.numel() == source.size(dim),
+      "index_reduce_(): Number of indices (", index.numel(), ") should be equal to source.size(dim) (",
+      source.size(dim), ")");
+  std::vector<int64_t> shape(source.dim(), 1);
+  shape[dim] = index.numel();
+  at::Tensor spread = index.to(at::kLong).reshape(shape).expand(source.sizes());
+  return pjrt_scatter_reduce(self, dim, spread, source, reduce, include_self);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
@@ -576,6 +736,13 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("index_add_", TORCH_FN(pjrt_index_add_));
   m.impl("index_add.out", TORCH_FN(pjrt_index_add_out));
   m.impl("repeat_interleave.Tensor", TORCH_FN(pjrt_repeat_interleave));
+  PJRT_WITH_OUT_AND_IN_PLACE("index_copy", "index_copy.out", "index_copy_", pjrt_index_copy)
+  PJRT_WITH_OUT_AND_IN_PLACE(
+      "index_fill.int_Tensor", "index_fill.int_Tensor_out", "index_fill_.int_Tensor", pjrt_index_fill)
+  PJRT_WITH_OUT_AND_IN_PLACE(
+      "index_fill.int_Scalar", "index_fill.int_Scalar_out", "index_fill_.int_Scalar", index_fill_scalar)
+  PJRT_WITH_OUT("scatter_reduce.two", "scatter_reduce.two_out", pjrt_scatter_reduce)
+  PJRT_WITH_OUT_AND_IN_PLACE("index_reduce", "index_reduce.out", "index_reduce_", pjrt_index_reduce)
 }
 
 }  // namespace torch_pjrt

@@ -289,6 +289,124 @@ at::Generator make_pjrt_generator(c10::DeviceIndex index) {
   return at::make_generator<PjrtGeneratorImpl>(checked_index(index));
 }
 
+
+void require_floating_self(const char* op, const at::Tensor& self) {
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      at::isFloatingType(self.scalar_type()),
+      op,
+      " not implemented for '",
+      c10::toString(self.scalar_type()),
+      "': expected a floating-point tensor");
+}
+
+// Uniform numbers in (0, 1] with self's shape and dtype.
+at::Tensor open_unit(const at::Tensor& self, std::optional<at::Generator> gen) {
+  return 1 - at::empty_like(self, at::MemoryFormat::Contiguous).uniform_(0, 1, gen);
+}
+
+// ----- distributions ----------------------------------------------------------------------------
+
+at::Tensor& pjrt_exponential_(at::Tensor& self, double lambd, std::optional<at::Generator> gen) {
+  TORCH_CHECK(lambd > 0.0, "exponential_ expects lambda > 0.0, but found lambda=", lambd);
+  require_floating_self("exponential_", self);
+  at::Tensor u = open_unit(self, gen);
+  // -log(u) / lambda, never 0: u next to 1 maps to half an epsilon, as PyTorch's CUDA kernel.
+  double eps = std::numeric_limits<float>::epsilon();
+  if (self.scalar_type() == at::kDouble) {
+    eps = std::numeric_limits<double>::epsilon();
+  } else if (self.scalar_type() == at::kHalf || self.scalar_type() == at::kBFloat16) {
+    u = u.to(at::kFloat);
+  }
+  at::Tensor log_u = at::where(u >= 1 - eps / 2, at::scalar_tensor(-eps / 2, u.options()), at::log(u));
+  return self.copy_(log_u * (-1.0 / lambd));
+}
+
+at::Tensor& pjrt_geometric_(at::Tensor& self, double p, std::optional<at::Generator> gen) {
+  TORCH_CHECK(0 < p && p < 1, "geometric_ expects p to be in (0, 1), but got p=", p);
+  at::ScalarType compute = self.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  at::Tensor u = open_unit(self.to(compute), gen);
+  // The number of Bernoulli(p) trials up to the first success: at least 1.
+  return self.copy_(at::ceil(at::log(u) / std::log1p(-p)).clamp_min(1));
+}
+
+at::Tensor& pjrt_log_normal_(
+    at::Tensor& self, double mean, double std, std::optional<at::Generator> gen) {
+  TORCH_CHECK(std > 0.0, "log_normal_ expects std > 0.0, but found std=", std);
+  require_floating_self("log_normal_", self);
+  return self.copy_(at::exp(at::empty_like(self).normal_(mean, std, gen)));
+}
+
+at::Tensor& pjrt_cauchy_(
+    at::Tensor& self, double median, double sigma, std::optional<at::Generator> gen) {
+  TORCH_CHECK(sigma > 0.0, "cauchy_ expects sigma > 0.0, but found sigma=", sigma);
+  require_floating_self("cauchy_", self);
+  at::Tensor u = at::empty_like(self).uniform_(0, 1, gen);
+  return self.copy_(median + sigma * at::tan(M_PI * (u - 0.5)));
+}
+
+// PyTorch's algorithm (ATen's `multinomial`): without replacement, or for one sample, the
+// indices of the largest p / q with q ~ Exp(1) (the Gumbel-max trick, exponentiated); with
+// replacement, each sample is the first index whose running sum exceeds a uniform draw scaled
+// by the row's total. The distribution is checked first, with one read of the device, as
+// PyTorch's CUDA kernel does.
+at::Tensor pjrt_multinomial(
+    const at::Tensor& self,
+    int64_t n_sample,
+    bool replacement,
+    std::optional<at::Generator> gen) {
+  TORCH_CHECK(
+      self.dim() > 0 && self.dim() <= 2, "prob_dist must be 1 or 2 dim, but got ", self.dim());
+  TORCH_CHECK(
+      at::isFloatingType(self.scalar_type()),
+      "multinomial only supports floating-point dtypes for input, got: ",
+      self.scalar_type());
+  TORCH_CHECK(n_sample > 0, "cannot sample n_sample <= 0 samples");
+  int64_t categories = self.size(-1);
+  TORCH_CHECK(
+      replacement || n_sample <= categories,
+      "cannot sample n_sample > prob_dist.size(-1) samples without replacement");
+  TORCH_CHECK(
+      categories <= (int64_t{1} << 24),
+      "number of categories cannot exceed 2^24");
+  at::Tensor p = self.scalar_type() == at::kDouble ? self : self.to(at::kFloat);
+  // One read for both of PyTorch's checks: 1 for a bad element, 2 for a row summing to zero.
+  at::Tensor bad_element = at::logical_not((p.max() < INFINITY) & (p.min() >= 0));
+  at::Tensor zero_row = (p.sum(-1) == 0).any();
+  int64_t verdict = at::where(bad_element, 1, at::where(zero_row, 2, 0)).item<int64_t>();
+  TORCH_CHECK(verdict != 1, "probability tensor contains either `inf`, `nan` or element < 0");
+  TORCH_CHECK(verdict != 2, "invalid multinomial distribution (sum of probabilities <= 0)");
+  if (!replacement || n_sample == 1) {
+    at::Tensor q = at::empty_like(p).exponential_(1, gen);
+    at::Tensor keys = p / q;
+    if (n_sample == 1) {
+      return at::argmax(keys, -1, /*keepdim=*/true);
+    }
+    return std::get<1>(at::topk(keys, n_sample));
+  }
+  at::Tensor cdf = at::cumsum(p, -1);
+  at::Tensor total = cdf.narrow(-1, categories - 1, 1);
+  std::vector<int64_t> sample_shape(p.sizes().begin(), p.sizes().end());
+  sample_shape.back() = n_sample;
+  at::Tensor u = at::empty(sample_shape, p.options()).uniform_(0, 1, gen) * total;
+  at::Tensor below = at::le(cdf.unsqueeze(-2), u.unsqueeze(-1));
+  return below.sum(-1).clamp_max(categories - 1);
+}
+
+// A random permutation: the order of n uniform float64 draws from pjrt's generator (53-bit keys,
+// so ties, which would bias the order, are vanishingly rare).
+at::Tensor pjrt_randperm(
+    c10::SymInt n_sym,
+    std::optional<at::Generator> generator,
+    std::optional<at::ScalarType> dtype,
+    std::optional<at::Device> device) {
+  int64_t n = n_sym.expect_int();
+  TORCH_CHECK(n >= 0, "n must be non-negative, got", n);
+  at::TensorOptions options =
+      at::TensorOptions().device(device.value_or(at::Device(c10::DeviceType::PrivateUse1, 0)));
+  at::Tensor keys = at::rand({n}, generator, options.dtype(at::kDouble));
+  return at::argsort(keys, /*stable=*/true, 0, false).to(dtype.value_or(at::kLong));
+}
+
 }  // namespace
 
 const at::Generator& default_generator(c10::DeviceIndex index) {
@@ -355,6 +473,35 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("bernoulli.p", TORCH_FN(pjrt_bernoulli_p));
   m.impl("native_dropout", TORCH_FN(pjrt_native_dropout));
   m.impl("native_dropout_backward", TORCH_FN(pjrt_native_dropout_backward));
+
+  m.impl("exponential_", TORCH_FN(pjrt_exponential_));
+  m.impl("geometric_", TORCH_FN(pjrt_geometric_));
+  m.impl("log_normal_", TORCH_FN(pjrt_log_normal_));
+  m.impl("cauchy_", TORCH_FN(pjrt_cauchy_));
+  PJRT_WITH_OUT("multinomial", "multinomial.out", pjrt_multinomial)
+  m.impl(
+      "randperm",
+      [](c10::SymInt n,
+         std::optional<at::ScalarType> dtype,
+         std::optional<at::Layout>,
+         std::optional<at::Device> device,
+         std::optional<bool>) { return pjrt_randperm(n, std::nullopt, dtype, device); });
+  m.impl(
+      "randperm.generator",
+      [](c10::SymInt n,
+         std::optional<at::Generator> generator,
+         std::optional<at::ScalarType> dtype,
+         std::optional<at::Layout>,
+         std::optional<at::Device> device,
+         std::optional<bool>) { return pjrt_randperm(n, generator, dtype, device); });
+  m.impl(
+      "randperm.generator_out",
+      [](c10::SymInt n, std::optional<at::Generator> generator, at::Tensor& out) -> at::Tensor& {
+        return write_out(pjrt_randperm(n, generator, out.scalar_type(), out.device()), out);
+      });
+  m.impl("randperm.out", [](c10::SymInt n, at::Tensor& out) -> at::Tensor& {
+    return write_out(pjrt_randperm(n, std::nullopt, out.scalar_type(), out.device()), out);
+  });
 }
 
 }  // namespace torch_pjrt

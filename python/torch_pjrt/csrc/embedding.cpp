@@ -1,19 +1,15 @@
-// ATen ops that pjrt composes from its own ops instead of falling back to the CPU: `equal`;
-// `fmax` and `fmin`; the running extremes behind `cummax` and `cummin`; `Tensor.unfold` (a view;
-// its gradient is PyTorch's decomposition); `im2col` and `col2im` (`F.unfold`, `F.fold`); and
-// `embedding_bag` in its three modes, with its gradients.
+// Embeddings composed from device ops (RFC 0019): `embedding_renorm_` (`nn.Embedding(max_norm=...)`)
+// and `embedding_bag` in its three modes, with `padding_idx`, `per_sample_weights` and
+// `include_last_offset`, and its gradients.
 //
-// Scans over a dimension run in log2(n) steps of shifted combines (Hillis–Steele), which the
-// engine fuses into one region; segment sums use `index_add`. Nothing here reads a value back to
-// the host except `equal`, whose result is a C++ bool.
+// Bags are found by `bucketize` over the offsets; sums are `index_add`; the maximum is a
+// segmented log-step scan (`running_scan`, reduce.cpp).
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
-#include <ATen/ops/unfold_native.h>
-
+#include "composites.h"
 #include "pjrt_backend.h"
 
-#include <functional>
 #include <limits>
 #include <optional>
 #include <tuple>
@@ -22,246 +18,22 @@
 namespace torch_pjrt {
 namespace {
 
-using Tensors = std::vector<at::Tensor>;
-
-// An inclusive scan along `dim`: after the step of stride s, element i holds the combination of
-// elements i - 2s + 1 .. i. `combine(earlier, later)` combines the tensors of `state` elementwise
-// (each list holds one slice per state tensor) and returns the combined slices.
-Tensors running_scan(
-    Tensors state,
-    int64_t dim,
-    const std::function<Tensors(const Tensors&, const Tensors&)>& combine) {
-  int64_t n = state.front().size(dim);
-  for (int64_t s = 1; s < n; s *= 2) {
-    Tensors earlier, later;
-    for (const at::Tensor& t : state) {
-      earlier.push_back(t.narrow(dim, 0, n - s));
-      later.push_back(t.narrow(dim, s, n - s));
-    }
-    Tensors combined = combine(earlier, later);
-    for (size_t k = 0; k < state.size(); ++k) {
-      state[k] = at::cat({state[k].narrow(dim, 0, s), combined[k]}, dim);
-    }
-  }
-  return state;
-}
-
-// `0, 1, ..., n - 1` along `dim` of a tensor shaped like `like`, broadcast to it.
-at::Tensor positions_along(const at::Tensor& like, int64_t dim) {
-  std::vector<int64_t> shape(like.dim(), 1);
-  shape[dim] = like.size(dim);
-  return at::arange(like.size(dim), like.options().dtype(at::kLong)).view(shape).expand(like.sizes());
-}
-
-// ----- equal ------------------------------------------------------------------------------------
-
-bool pjrt_equal(const at::Tensor& self, const at::Tensor& other) {
-  TORCH_CHECK(
-      self.device() == other.device(),
-      "Cannot compare two tensors on different devices. Got: ",
-      self.device(),
-      " and ",
-      other.device());
-  if (!self.is_same_size(other)) {
-    return false;
-  }
-  if (self.numel() == 0) {
-    return true;
-  }
-  // NaN equals nothing, as on the CPU; dtypes promote as `eq` promotes them.
-  return at::eq(self, other).all().item<bool>();
-}
-
-// ----- fmax and fmin ----------------------------------------------------------------------------
-
-// The larger (or smaller) of two values, a NaN counting only when both are NaN.
-at::Tensor nan_ignoring_extreme(const at::Tensor& self, const at::Tensor& other, bool maximum) {
-  at::ScalarType common = at::result_type(self, other);
-  at::Tensor a = self.to(common), b = other.to(common);
-  at::Tensor m = maximum ? at::maximum(a, b) : at::minimum(a, b);
-  if (!at::isFloatingType(common)) {
-    return m;
-  }
-  return at::where(at::isnan(a), b, at::where(at::isnan(b), a, m));
-}
-
-at::Tensor pjrt_fmax(const at::Tensor& self, const at::Tensor& other) {
-  return nan_ignoring_extreme(self, other, /*maximum=*/true);
-}
-
-at::Tensor pjrt_fmin(const at::Tensor& self, const at::Tensor& other) {
-  return nan_ignoring_extreme(self, other, /*maximum=*/false);
-}
-
-// ----- cummax and cummin ------------------------------------------------------------------------
-
-// The running maximum (or minimum) of `self` along `dim` into `values`, and into `indices` the
-// position it was last attained at. As PyTorch's kernel: a NaN propagates, and each later NaN
-// takes the index; among equal values the later one does.
-void cumulative_extreme(
-    const at::Tensor& self, at::Tensor& values, at::Tensor& indices, int64_t dim, bool maximum) {
-  if (self.numel() == 0) {
-    return;
-  }
-  at::Tensor x = self.dim() == 0 ? self.reshape({1}) : self;
-  dim = at::maybe_wrap_dim(dim, x.dim());
-  // Bools compare as 0/1 bytes.
-  at::Tensor v = x.scalar_type() == at::kBool ? x.to(at::kByte) : x;
-  auto extreme = [&](const Tensors& earlier, const Tensors& later) -> Tensors {
-    return {maximum ? at::maximum(earlier[0], later[0]) : at::minimum(earlier[0], later[0])};
-  };
-  at::Tensor running = running_scan({v}, dim, extreme)[0];
-  // Element i sets the index when it equals the running extreme (it is at least every earlier
-  // one), or is NaN. Element 0 always does, so the latest such position is the index.
-  at::Tensor sets = v == running;
-  if (at::isFloatingType(v.scalar_type())) {
-    sets = sets.logical_or(at::isnan(v));
-  }
-  at::Tensor marks = at::where(sets, positions_along(v, dim), at::zeros({}, v.options().dtype(at::kLong)));
-  auto latest = [](const Tensors& earlier, const Tensors& later) -> Tensors {
-    return {at::maximum(earlier[0], later[0])};
-  };
-  at::Tensor index = running_scan({marks}, dim, latest)[0];
-  values.copy_(running.view(values.sizes()));
-  indices.copy_(index.view(indices.sizes()));
-}
-
-void pjrt_cummax_helper(const at::Tensor& self, at::Tensor& values, at::Tensor& indices, int64_t dim) {
-  cumulative_extreme(self, values, indices, dim, /*maximum=*/true);
-}
-
-void pjrt_cummin_helper(const at::Tensor& self, at::Tensor& values, at::Tensor& indices, int64_t dim) {
-  cumulative_extreme(self, values, indices, dim, /*maximum=*/false);
-}
-
-// ----- im2col and col2im ------------------------------------------------------------------------
-
-struct Window {
-  int64_t kh, kw, dh, dw, ph, pw, sh, sw;
-};
-
-Window window_of(
-    at::IntArrayRef kernel_size,
-    at::IntArrayRef dilation,
-    at::IntArrayRef padding,
-    at::IntArrayRef stride) {
-  auto pair = [](at::IntArrayRef v, const char* name) {
-    TORCH_CHECK(v.size() == 2, "It is expected ", name, " equals to 2, but got size ", v.size());
-  };
-  pair(kernel_size, "kernel_size");
-  pair(dilation, "dilation");
-  pair(padding, "padding");
-  pair(stride, "stride");
-  Window w{kernel_size[0], kernel_size[1], dilation[0], dilation[1],
-           padding[0],     padding[1],     stride[0],   stride[1]};
-  TORCH_CHECK(
-      w.kh > 0 && w.kw > 0,
-      "kernel size should be greater than zero, but got kernel_height: ", w.kh,
-      " kernel_width: ", w.kw);
-  TORCH_CHECK(
-      w.sh > 0 && w.sw > 0,
-      "stride should be greater than zero, but got stride_height: ", w.sh,
-      " stride_width: ", w.sw);
-  TORCH_CHECK(
-      w.dh > 0 && w.dw > 0,
-      "dilation should be greater than zero, but got dilation_height: ", w.dh,
-      " dilation_width: ", w.dw);
-  TORCH_CHECK(
-      w.ph >= 0 && w.pw >= 0,
-      "padding should be non-negative, but got pad_height: ", w.ph, " pad_width: ", w.pw);
-  return w;
-}
-
-// The number of window positions along a dimension of `size` elements.
-int64_t blocks_along(int64_t size, int64_t kernel, int64_t dilation, int64_t padding, int64_t stride) {
-  return (size + 2 * padding - (dilation * (kernel - 1) + 1)) / stride + 1;
-}
-
-// The elements of the padded image that window offset (i, j) reads at every block position.
-at::Tensor offset_view(const at::Tensor& padded, const Window& w, int64_t i, int64_t j, int64_t oh, int64_t ow) {
-  return padded.slice(2, i * w.dh, i * w.dh + w.sh * (oh - 1) + 1, w.sh)
-      .slice(3, j * w.dw, j * w.dw + w.sw * (ow - 1) + 1, w.sw);
-}
-
-at::Tensor pjrt_im2col(
-    const at::Tensor& self,
-    at::IntArrayRef kernel_size,
-    at::IntArrayRef dilation,
-    at::IntArrayRef padding,
-    at::IntArrayRef stride) {
-  Window w = window_of(kernel_size, dilation, padding, stride);
-  bool valid = (self.dim() == 3 || self.dim() == 4) && self.size(-1) != 0 && self.size(-2) != 0 &&
-      self.size(-3) != 0;
-  TORCH_CHECK(
-      valid,
-      "Expected 3D or 4D (batch mode) tensor with possibly 0 batch size and other non-zero "
-      "dimensions for input, but got: ",
-      self.sizes());
-  at::Tensor x = self.dim() == 4 ? self : self.unsqueeze(0);
-  int64_t n = x.size(0), c = x.size(1), h = x.size(2), wd = x.size(3);
-  int64_t oh = blocks_along(h, w.kh, w.dh, w.ph, w.sh);
-  int64_t ow = blocks_along(wd, w.kw, w.dw, w.pw, w.sw);
-  TORCH_CHECK(
-      oh >= 1 && ow >= 1,
-      "Given input with spatial size (", h, ", ", wd, "), kernel_size=(", w.kh, ", ", w.kw,
-      "), dilation=(", w.dh, ", ", w.dw, "), padding=(", w.ph, ", ", w.pw,
-      "), calculated shape of the array of sliding blocks as (", oh, ", ", ow,
-      "), but its components must be at least one.");
-  at::Tensor padded = (w.ph || w.pw) ? at::constant_pad_nd(x, {w.pw, w.pw, w.ph, w.ph}, 0) : x;
-  Tensors blocks;
-  for (int64_t i = 0; i < w.kh; ++i) {
-    for (int64_t j = 0; j < w.kw; ++j) {
-      blocks.push_back(offset_view(padded, w, i, j, oh, ow));
-    }
-  }
-  // Rows are (channel, kernel row, kernel column), channel-major, as PyTorch lays them out.
-  at::Tensor cols = at::stack(blocks, 2).reshape({n, c * w.kh * w.kw, oh * ow});
-  return self.dim() == 4 ? cols : cols.squeeze(0);
-}
-
-at::Tensor pjrt_col2im(
-    const at::Tensor& self,
-    at::IntArrayRef output_size,
-    at::IntArrayRef kernel_size,
-    at::IntArrayRef dilation,
-    at::IntArrayRef padding,
-    at::IntArrayRef stride) {
-  TORCH_CHECK(
-      output_size.size() == 2, "It is expected output_size equals to 2, but got size ",
-      output_size.size());
-  Window w = window_of(kernel_size, dilation, padding, stride);
-  bool valid = (self.dim() == 2 || self.dim() == 3) && self.size(-1) != 0 && self.size(-2) != 0;
-  TORCH_CHECK(
-      valid,
-      "Expected 2D or 3D (batch mode) tensor for input with possibly 0 batch size and non-zero "
-      "dimensions for input, but got: ",
-      self.sizes());
-  at::Tensor x = self.dim() == 3 ? self : self.unsqueeze(0);
-  int64_t n = x.size(0), rows = x.size(1), length = x.size(2);
-  int64_t h = output_size[0], wd = output_size[1];
-  TORCH_CHECK(
-      rows % (w.kh * w.kw) == 0,
-      "Expected size of input's dimension 1 to be divisible by the product of kernel_size, but "
-      "got input.size(1)=", rows, " and kernel_size=(", w.kh, ", ", w.kw, ").");
-  int64_t oh = blocks_along(h, w.kh, w.dh, w.ph, w.sh);
-  int64_t ow = blocks_along(wd, w.kw, w.dw, w.pw, w.sw);
-  TORCH_CHECK(
-      oh >= 1 && ow >= 1 && length == oh * ow,
-      "Given output_size=(", h, ", ", wd, "), kernel_size=(", w.kh, ", ", w.kw,
-      "), dilation=(", w.dh, ", ", w.dw, "), padding=(", w.ph, ", ", w.pw, "), stride=(", w.sh,
-      ", ", w.sw, "), expected size of input's dimension 2 to match the calculated number of "
-      "sliding blocks ", oh, " * ", ow, " = ", oh * ow, ", but got input.size(2)=", length, ".");
-  int64_t c = rows / (w.kh * w.kw);
-  at::Tensor cols = x.reshape({n, c, w.kh, w.kw, oh, ow});
-  // Each window offset adds its values where im2col read them; overlapping windows sum.
-  at::Tensor image = at::zeros({n, c, h + 2 * w.ph, wd + 2 * w.pw}, x.options());
-  for (int64_t i = 0; i < w.kh; ++i) {
-    for (int64_t j = 0; j < w.kw; ++j) {
-      offset_view(image, w, i, j, oh, ow).add_(cols.select(2, i).select(2, j));
-    }
-  }
-  at::Tensor out = image.slice(2, w.ph, w.ph + h).slice(3, w.pw, w.pw + wd).contiguous();
-  return self.dim() == 3 ? out : out.squeeze(0);
+// `nn.Embedding(max_norm=...)`: the rows `indices` refers to whose `norm_type` norm exceeds
+// `max_norm` are scaled down to it, in place, as PyTorch's kernels do (scale max_norm / (norm +
+// 1e-7)). A row named twice gets the same new value twice, so no deduplication is needed.
+at::Tensor& pjrt_embedding_renorm_(
+    at::Tensor& self,
+    const at::Tensor& indices,
+    double max_norm,
+    double norm_type) {
+  TORCH_CHECK(self.dim() == 2, "embedding_renorm_(): self must be 2-D, got ", self.dim(), "-D");
+  at::NoGradGuard no_grad;
+  at::Tensor ids = indices.reshape({-1}).to(at::kLong);
+  at::Tensor rows = self.index_select(0, ids);
+  at::Tensor norms = at::linalg_vector_norm(rows, norm_type, at::IntArrayRef{1}, /*keepdim=*/true);
+  at::Tensor scale = at::where(norms > max_norm, max_norm / (norms + 1e-7), at::ones_like(norms));
+  self.index_copy_(0, ids, rows * scale);
+  return self;
 }
 
 // ----- embedding_bag ----------------------------------------------------------------------------
@@ -538,14 +310,7 @@ at::Tensor pjrt_embedding_bag_per_sample_weights_backward(
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("equal", TORCH_FN(pjrt_equal));
-  PJRT_WITH_OUT("fmax", "fmax.out", pjrt_fmax)
-  PJRT_WITH_OUT("fmin", "fmin.out", pjrt_fmin)
-  m.impl("_cummax_helper", TORCH_FN(pjrt_cummax_helper));
-  m.impl("_cummin_helper", TORCH_FN(pjrt_cummin_helper));
-  m.impl("unfold", TORCH_FN(at::native::unfold));
-  m.impl("im2col", TORCH_FN(pjrt_im2col));
-  m.impl("col2im", TORCH_FN(pjrt_col2im));
+  m.impl("embedding_renorm_", TORCH_FN(pjrt_embedding_renorm_));
   m.impl("_embedding_bag", TORCH_FN(pjrt_embedding_bag));
   m.impl("_embedding_bag_forward_only", TORCH_FN(pjrt_embedding_bag));
   m.impl("_embedding_bag_backward", TORCH_FN(pjrt_embedding_bag_backward));

@@ -1,0 +1,154 @@
+// Convolution's sliding windows composed from device ops (RFC 0019): `im2col` and `col2im`
+// (`F.unfold`, `F.fold`), one strided slice per kernel offset, and `Tensor.unfold`, a strided view
+// through PyTorch's own kernel over pjrt's `as_strided` (its gradient is PyTorch's decomposition).
+#include <ATen/ATen.h>
+#include <ATen/ops/unfold_native.h>
+#include <torch/library.h>
+
+#include "composites.h"
+#include "pjrt_backend.h"
+
+#include <vector>
+
+namespace torch_pjrt {
+namespace {
+
+// ----- im2col and col2im ------------------------------------------------------------------------
+
+struct Window {
+  int64_t kh, kw, dh, dw, ph, pw, sh, sw;
+};
+
+Window window_of(
+    at::IntArrayRef kernel_size,
+    at::IntArrayRef dilation,
+    at::IntArrayRef padding,
+    at::IntArrayRef stride) {
+  auto pair = [](at::IntArrayRef v, const char* name) {
+    TORCH_CHECK(v.size() == 2, "It is expected ", name, " equals to 2, but got size ", v.size());
+  };
+  pair(kernel_size, "kernel_size");
+  pair(dilation, "dilation");
+  pair(padding, "padding");
+  pair(stride, "stride");
+  Window w{kernel_size[0], kernel_size[1], dilation[0], dilation[1],
+           padding[0],     padding[1],     stride[0],   stride[1]};
+  TORCH_CHECK(
+      w.kh > 0 && w.kw > 0,
+      "kernel size should be greater than zero, but got kernel_height: ", w.kh,
+      " kernel_width: ", w.kw);
+  TORCH_CHECK(
+      w.sh > 0 && w.sw > 0,
+      "stride should be greater than zero, but got stride_height: ", w.sh,
+      " stride_width: ", w.sw);
+  TORCH_CHECK(
+      w.dh > 0 && w.dw > 0,
+      "dilation should be greater than zero, but got dilation_height: ", w.dh,
+      " dilation_width: ", w.dw);
+  TORCH_CHECK(
+      w.ph >= 0 && w.pw >= 0,
+      "padding should be non-negative, but got pad_height: ", w.ph, " pad_width: ", w.pw);
+  return w;
+}
+
+// The number of window positions along a dimension of `size` elements.
+int64_t blocks_along(int64_t size, int64_t kernel, int64_t dilation, int64_t padding, int64_t stride) {
+  return (size + 2 * padding - (dilation * (kernel - 1) + 1)) / stride + 1;
+}
+
+// The elements of the padded image that window offset (i, j) reads at every block position.
+at::Tensor offset_view(const at::Tensor& padded, const Window& w, int64_t i, int64_t j, int64_t oh, int64_t ow) {
+  return padded.slice(2, i * w.dh, i * w.dh + w.sh * (oh - 1) + 1, w.sh)
+      .slice(3, j * w.dw, j * w.dw + w.sw * (ow - 1) + 1, w.sw);
+}
+
+at::Tensor pjrt_im2col(
+    const at::Tensor& self,
+    at::IntArrayRef kernel_size,
+    at::IntArrayRef dilation,
+    at::IntArrayRef padding,
+    at::IntArrayRef stride) {
+  Window w = window_of(kernel_size, dilation, padding, stride);
+  bool valid = (self.dim() == 3 || self.dim() == 4) && self.size(-1) != 0 && self.size(-2) != 0 &&
+      self.size(-3) != 0;
+  TORCH_CHECK(
+      valid,
+      "Expected 3D or 4D (batch mode) tensor with possibly 0 batch size and other non-zero "
+      "dimensions for input, but got: ",
+      self.sizes());
+  at::Tensor x = self.dim() == 4 ? self : self.unsqueeze(0);
+  int64_t n = x.size(0), c = x.size(1), h = x.size(2), wd = x.size(3);
+  int64_t oh = blocks_along(h, w.kh, w.dh, w.ph, w.sh);
+  int64_t ow = blocks_along(wd, w.kw, w.dw, w.pw, w.sw);
+  TORCH_CHECK(
+      oh >= 1 && ow >= 1,
+      "Given input with spatial size (", h, ", ", wd, "), kernel_size=(", w.kh, ", ", w.kw,
+      "), dilation=(", w.dh, ", ", w.dw, "), padding=(", w.ph, ", ", w.pw,
+      "), calculated shape of the array of sliding blocks as (", oh, ", ", ow,
+      "), but its components must be at least one.");
+  at::Tensor padded = (w.ph || w.pw) ? at::constant_pad_nd(x, {w.pw, w.pw, w.ph, w.ph}, 0) : x;
+  Tensors blocks;
+  for (int64_t i = 0; i < w.kh; ++i) {
+    for (int64_t j = 0; j < w.kw; ++j) {
+      blocks.push_back(offset_view(padded, w, i, j, oh, ow));
+    }
+  }
+  // Rows are (channel, kernel row, kernel column), channel-major, as PyTorch lays them out.
+  at::Tensor cols = at::stack(blocks, 2).reshape({n, c * w.kh * w.kw, oh * ow});
+  return self.dim() == 4 ? cols : cols.squeeze(0);
+}
+
+at::Tensor pjrt_col2im(
+    const at::Tensor& self,
+    at::IntArrayRef output_size,
+    at::IntArrayRef kernel_size,
+    at::IntArrayRef dilation,
+    at::IntArrayRef padding,
+    at::IntArrayRef stride) {
+  TORCH_CHECK(
+      output_size.size() == 2, "It is expected output_size equals to 2, but got size ",
+      output_size.size());
+  Window w = window_of(kernel_size, dilation, padding, stride);
+  bool valid = (self.dim() == 2 || self.dim() == 3) && self.size(-1) != 0 && self.size(-2) != 0;
+  TORCH_CHECK(
+      valid,
+      "Expected 2D or 3D (batch mode) tensor for input with possibly 0 batch size and non-zero "
+      "dimensions for input, but got: ",
+      self.sizes());
+  at::Tensor x = self.dim() == 3 ? self : self.unsqueeze(0);
+  int64_t n = x.size(0), rows = x.size(1), length = x.size(2);
+  int64_t h = output_size[0], wd = output_size[1];
+  TORCH_CHECK(
+      rows % (w.kh * w.kw) == 0,
+      "Expected size of input's dimension 1 to be divisible by the product of kernel_size, but "
+      "got input.size(1)=", rows, " and kernel_size=(", w.kh, ", ", w.kw, ").");
+  int64_t oh = blocks_along(h, w.kh, w.dh, w.ph, w.sh);
+  int64_t ow = blocks_along(wd, w.kw, w.dw, w.pw, w.sw);
+  TORCH_CHECK(
+      oh >= 1 && ow >= 1 && length == oh * ow,
+      "Given output_size=(", h, ", ", wd, "), kernel_size=(", w.kh, ", ", w.kw,
+      "), dilation=(", w.dh, ", ", w.dw, "), padding=(", w.ph, ", ", w.pw, "), stride=(", w.sh,
+      ", ", w.sw, "), expected size of input's dimension 2 to match the calculated number of "
+      "sliding blocks ", oh, " * ", ow, " = ", oh * ow, ", but got input.size(2)=", length, ".");
+  int64_t c = rows / (w.kh * w.kw);
+  at::Tensor cols = x.reshape({n, c, w.kh, w.kw, oh, ow});
+  // Each window offset adds its values where im2col read them; overlapping windows sum.
+  at::Tensor image = at::zeros({n, c, h + 2 * w.ph, wd + 2 * w.pw}, x.options());
+  for (int64_t i = 0; i < w.kh; ++i) {
+    for (int64_t j = 0; j < w.kw; ++j) {
+      offset_view(image, w, i, j, oh, ow).add_(cols.select(2, i).select(2, j));
+    }
+  }
+  at::Tensor out = image.slice(2, w.ph, w.ph + h).slice(3, w.pw, w.pw + wd).contiguous();
+  return self.dim() == 3 ? out : out.squeeze(0);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("unfold", TORCH_FN(at::native::unfold));
+  m.impl("im2col", TORCH_FN(pjrt_im2col));
+  m.impl("col2im", TORCH_FN(pjrt_col2im));
+}
+
+}  // namespace torch_pjrt

@@ -1,0 +1,311 @@
+// Elementwise functions without a native lowering, composed from device ops (RFC 0019): the
+// inverse trigonometric and the hyperbolic functions, `frac`, `logaddexp` (complex values
+// included), `hypot`, `xlogy` (and so `kl_div`), `fmax`/`fmin`, `signbit`, `copysign`,
+// `heaviside` and `sinc`.
+//
+// The compositions for real numbers send a complex input to the CPU (PJRT_REAL_UNARY), in every
+// form and on conjugate views. Each kernel follows PyTorch's CPU formulas, edge values included.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "composites.h"
+#include "pjrt_backend.h"
+
+#include <cmath>
+#include <limits>
+
+namespace torch_pjrt {
+namespace {
+
+// ----- elementwise functions without a native lowering ------------------------------------------
+
+constexpr double kLn2 = 0.69314718055994530942;
+
+at::Tensor pjrt_atan(const at::Tensor& self) {
+  at::Tensor x = as_floating(self);
+  return at::atan2(x, at::ones_like(x));
+}
+
+// sqrt(1 - x^2) as sqrt((1 - x)(1 + x)): exact near |x| = 1; NaN outside [-1, 1].
+at::Tensor cosine_of_asin(const at::Tensor& x) {
+  return at::sqrt((1 - x) * (1 + x));
+}
+
+at::Tensor pjrt_asin(const at::Tensor& self) {
+  at::Tensor x = as_floating(self);
+  return at::atan2(x, cosine_of_asin(x));
+}
+
+at::Tensor pjrt_acos(const at::Tensor& self) {
+  at::Tensor x = as_floating(self);
+  return at::atan2(cosine_of_asin(x), x);
+}
+
+// exp(|x|) / 2 without overflowing where exp(|x|) alone would.
+at::Tensor half_exp_abs(const at::Tensor& ax) {
+  return at::where(ax < 80, at::exp(ax) * 0.5, at::exp(ax - kLn2));
+}
+
+at::Tensor pjrt_sinh(const at::Tensor& self) {
+  at::Tensor x = as_floating(self);
+  at::Tensor ax = at::abs(x);
+  // Near 0 from expm1 (no cancellation), elsewhere exp(|x|)/2 - exp(-|x|)/2.
+  at::Tensor small = (at::expm1(ax) - at::expm1(-ax)) * 0.5;
+  at::Tensor large = half_exp_abs(ax) - at::exp(-ax) * 0.5;
+  return at::sign(x) * at::where(ax < 1, small, large);
+}
+
+at::Tensor pjrt_cosh(const at::Tensor& self) {
+  at::Tensor x = as_floating(self);
+  at::Tensor ax = at::abs(x);
+  return half_exp_abs(ax) + at::exp(-ax) * 0.5;
+}
+
+at::Tensor pjrt_asinh(const at::Tensor& self) {
+  at::Tensor x = as_floating(self);
+  at::Tensor ax = at::abs(x);
+  at::Tensor moderate = at::log1p(ax + ax * ax / (1 + at::sqrt(1 + ax * ax)));
+  at::Tensor huge = at::log(ax) + kLn2;  // where x^2 would overflow
+  return at::sign(x) * at::where(ax > 1e10, huge, moderate);
+}
+
+at::Tensor pjrt_acosh(const at::Tensor& self) {
+  at::Tensor x = as_floating(self);
+  at::Tensor above_one = x - 1;
+  at::Tensor moderate = at::log1p(above_one + at::sqrt(above_one * (x + 1)));
+  at::Tensor huge = at::log(x) + kLn2;
+  return at::where(x > 1e10, huge, moderate);
+}
+
+at::Tensor pjrt_atanh(const at::Tensor& self) {
+  at::Tensor x = as_floating(self);
+  return (at::log1p(x) - at::log1p(-x)) * 0.5;
+}
+
+// Kept here rather than as PyTorch's decomposition: a complex input must reach the CPU (through
+// PJRT_REAL_UNARY), which raises frac's own error; the decomposition raises trunc's.
+at::Tensor pjrt_frac(const at::Tensor& self) {
+  require_floating("frac", self);
+  return self - at::trunc(self);
+}
+
+// logaddexp of complex values as PyTorch's CPU kernel computes it: of the two, `lo` has the
+// smaller real part (`other` on a tie) and `hi` the other, and the result is
+// log1p(exp(lo - hi)) + hi. A NaN in any part makes both parts NaN; equal infinite real parts give
+// `lo` (both -inf) or log(exp(lo) + exp(hi)) (both +inf). Computed on the parts with real ops,
+// with C's values of the complex exp and log where a part is infinite.
+at::Tensor complex_log_add_exp(
+    const at::Tensor& self, const at::Tensor& other, at::ScalarType dtype) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const at::Tensor x = self.to(dtype).resolve_conj();
+  const at::Tensor y = other.to(dtype).resolve_conj();
+  const at::Tensor xr = at::real(x);
+  const at::Tensor xi = at::imag(x);
+  const at::Tensor yr = at::real(y);
+  const at::Tensor yi = at::imag(y);
+  const at::Tensor x_lower = xr < yr;
+  const at::Tensor lo_r = at::where(x_lower, xr, yr);
+  const at::Tensor lo_i = at::where(x_lower, xi, yi);
+  const at::Tensor hi_r = at::where(x_lower, yr, xr);
+  const at::Tensor hi_i = at::where(x_lower, yi, xi);
+
+  // z = exp(lo - hi), of modulus at most 1; 0 where the real part is -inf, whatever the angle.
+  const at::Tensor modulus = at::exp(lo_r - hi_r);
+  const at::Tensor angle = lo_i - hi_i;
+  const at::Tensor vanishes = modulus == 0;
+  const at::Tensor zero = at::zeros_like(modulus);
+  const at::Tensor zr = at::where(vanishes, zero, modulus * at::cos(angle));
+  const at::Tensor zi = at::where(vanishes, zero, modulus * at::sin(angle));
+  // log1p(z): log|1 + z| as half of log1p(|1 + z|^2 - 1) for a small z (no cancellation, and z's
+  // real part itself where that underflows to 0), else as log|1 + z|; the angle of 1 + z.
+  const at::Tensor r = zr * (zr + 2) + zi * zi;
+  const at::Tensor near_one = at::where(r == 0, zr, at::log1p(r) * 0.5);
+  const at::Tensor log_modulus = at::where(modulus < 0.5, near_one, at::log(at::hypot(zr + 1, zi)));
+  const at::Tensor finite_r = log_modulus + hi_r;
+  const at::Tensor finite_i = at::atan2(zi, zr + 1) + hi_i;
+
+  // Both real parts +inf: log(exp(lo) + exp(hi)). C's exp of +inf along an angle is infinite
+  // along it (its imaginary part kept where the angle is 0, and NaN where the angle is not
+  // finite); C's log of a value with an infinite part has an infinite modulus, even beside a NaN.
+  auto infinite_exp = [&](const at::Tensor& theta) {
+    at::Tensor re = at::where(at::isfinite(theta), at::cos(theta) * inf, at::full_like(theta, inf));
+    at::Tensor im = at::where(theta == 0, theta, at::sin(theta) * inf);
+    return std::make_pair(re, im);
+  };
+  const auto [lo_exp_r, lo_exp_i] = infinite_exp(lo_i);
+  const auto [hi_exp_r, hi_exp_i] = infinite_exp(hi_i);
+  const at::Tensor sum_r = lo_exp_r + hi_exp_r;
+  const at::Tensor sum_i = lo_exp_i + hi_exp_i;
+  const at::Tensor plus_r = at::log(at::hypot(sum_r, sum_i));
+  const at::Tensor plus_i = at::atan2(sum_i, sum_r);
+
+  const at::Tensor both_infinite = at::isinf(lo_r).logical_and(lo_r == hi_r);
+  const at::Tensor both_minus = both_infinite.logical_and(lo_r < 0);
+  at::Tensor re = at::where(both_infinite, at::where(both_minus, lo_r, plus_r), finite_r);
+  at::Tensor im = at::where(both_infinite, at::where(both_minus, lo_i, plus_i), finite_i);
+  const at::Tensor nan =
+      at::isnan(xr).logical_or(at::isnan(xi)).logical_or(at::isnan(yr)).logical_or(at::isnan(yi));
+  const double quiet_nan = std::numeric_limits<double>::quiet_NaN();
+  re = at::where(nan, quiet_nan, re);
+  im = at::where(nan, quiet_nan, im);
+  return at::complex(re, im);
+}
+
+// log(exp(a) + exp(b)), with PyTorch's rule for equal infinities.
+at::Tensor pjrt_logaddexp(const at::Tensor& self, const at::Tensor& other) {
+  at::ScalarType dtype = at::result_type(self, other);
+  if (at::isComplexType(dtype)) {
+    return complex_log_add_exp(self, other, dtype);
+  }
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      at::isFloatingType(dtype),
+      "\"logaddexp\" not implemented for '",
+      c10::toString(dtype),
+      "': expected floating-point tensors");
+  at::Tensor a = self.to(dtype);
+  at::Tensor b = other.to(dtype);
+  at::Tensor larger = at::maximum(a, b);
+  at::Tensor gap = -at::abs(a - b);
+  at::Tensor sum = larger + at::log1p(at::exp(gap));
+  return at::where(at::isinf(a).logical_and(a == b), a, sum);
+}
+
+at::Tensor pjrt_hypot(const at::Tensor& self, const at::Tensor& other) {
+  at::ScalarType dtype = at::result_type(self, other);
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      at::isFloatingType(dtype),
+      "\"hypot\" not implemented for '",
+      c10::toString(dtype),
+      "': expected floating-point tensors");
+  at::Tensor a = at::abs(self.to(dtype));
+  at::Tensor b = at::abs(other.to(dtype));
+  // Scaled by the larger side so the squares cannot overflow; an infinite side wins over NaN.
+  at::Tensor larger = at::maximum(a, b);
+  at::Tensor smaller = at::minimum(a, b);
+  at::Tensor ratio = smaller / larger;
+  at::Tensor scaled = larger * at::sqrt(1 + ratio * ratio);
+  at::Tensor finite = at::where(larger == 0, at::zeros_like(larger), scaled);
+  at::Tensor infinite = at::isinf(a).logical_or(at::isinf(b));
+  return at::where(infinite, at::full_like(larger, std::numeric_limits<double>::infinity()), finite);
+}
+
+// ----- fmax and fmin ----------------------------------------------------------------------------
+
+// The larger (or smaller) of two values, a NaN counting only when both are NaN.
+at::Tensor nan_ignoring_extreme(const at::Tensor& self, const at::Tensor& other, bool maximum) {
+  at::ScalarType common = at::result_type(self, other);
+  at::Tensor a = self.to(common), b = other.to(common);
+  at::Tensor m = maximum ? at::maximum(a, b) : at::minimum(a, b);
+  if (!at::isFloatingType(common)) {
+    return m;
+  }
+  return at::where(at::isnan(a), b, at::where(at::isnan(b), a, m));
+}
+
+at::Tensor pjrt_fmax(const at::Tensor& self, const at::Tensor& other) {
+  return nan_ignoring_extreme(self, other, /*maximum=*/true);
+}
+
+at::Tensor pjrt_fmin(const at::Tensor& self, const at::Tensor& other) {
+  return nan_ignoring_extreme(self, other, /*maximum=*/false);
+}
+
+// ----- signs and steps ---------------------------------------------------------------------------
+
+// The sign bit of a number: set for -0.0 too (a zero whose reciprocal is negative).
+at::Tensor pjrt_signbit(const at::Tensor& self) {
+  if (self.scalar_type() == at::kBool || self.scalar_type() == at::kByte) {
+    return at::zeros(self.sizes(), self.options().dtype(at::kBool));
+  }
+  if (!at::isFloatingType(self.scalar_type())) {
+    return self < 0;
+  }
+  return (self < 0) | ((self == 0) & (at::reciprocal(self) < 0));
+}
+
+at::Tensor pjrt_copysign(const at::Tensor& self, const at::Tensor& other) {
+  at::ScalarType dtype = floating_dtype(at::result_type(self, other));
+  at::Tensor magnitude = at::abs(self.to(dtype));
+  return at::where(pjrt_signbit(other.to(dtype)), -magnitude, magnitude);
+}
+
+at::Tensor pjrt_copysign_scalar(const at::Tensor& self, const at::Scalar& other) {
+  at::Tensor magnitude = at::abs(as_floating(self));
+  return std::signbit(other.toDouble()) ? -magnitude : magnitude;
+}
+
+at::Tensor pjrt_heaviside(const at::Tensor& self, const at::Tensor& values) {
+  TORCH_CHECK(
+      self.scalar_type() == values.scalar_type(),
+      "heaviside is not yet implemented for tensors with different dtypes");
+  at::Tensor step = (self > 0).to(self.scalar_type());
+  return at::where(self == 0, values, step);
+}
+
+// Kept here rather than as PyTorch's decomposition: a complex input runs on the CPU (through
+// PJRT_REAL_UNARY), in every form and on conjugate views, as the other real compositions do.
+at::Tensor pjrt_sinc(const at::Tensor& self) {
+  at::Tensor x = as_floating(self);
+  at::Tensor product = x * M_PI;
+  return at::where(x == 0, at::ones_like(x), at::sin(product) / product);
+}
+
+// ----- xlogy ------------------------------------------------------------------------------------
+
+// PyTorch's `x * log(y)`: NaN where y is NaN, else 0 where x is 0.
+at::Tensor pjrt_xlogy(const at::Tensor& self, const at::Tensor& other) {
+  at::ScalarType dtype = floating_dtype(at::result_type(self, other));
+  at::Tensor x = self.to(dtype);
+  at::Tensor y = other.to(dtype);
+  at::Tensor product = at::where(x == 0, at::zeros_like(x), x * at::log(y));
+  return at::where(at::isnan(y), y, product);
+}
+
+at::Tensor pjrt_xlogy_scalar_other(const at::Tensor& self, const at::Scalar& other) {
+  return pjrt_xlogy(self, at::scalar_tensor(other, at::TensorOptions().dtype(at::kDouble)).to(self.device()));
+}
+
+at::Tensor pjrt_xlogy_scalar_self(const at::Scalar& self, const at::Tensor& other) {
+  return pjrt_xlogy(at::scalar_tensor(self, at::TensorOptions().dtype(at::kDouble)).to(other.device()), other);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  // Compositions for real numbers: complex values run on the CPU, which computes them (`frac`:
+  // raises PyTorch's error).
+  PJRT_REAL_UNARY(atan, pjrt_atan)
+  PJRT_REAL_UNARY(asin, pjrt_asin)
+  PJRT_REAL_UNARY(acos, pjrt_acos)
+  PJRT_REAL_UNARY(sinh, pjrt_sinh)
+  PJRT_REAL_UNARY(cosh, pjrt_cosh)
+  PJRT_REAL_UNARY(asinh, pjrt_asinh)
+  PJRT_REAL_UNARY(acosh, pjrt_acosh)
+  PJRT_REAL_UNARY(atanh, pjrt_atanh)
+  PJRT_REAL_UNARY(frac, pjrt_frac)
+  PJRT_WITH_OUT("logaddexp", "logaddexp.out", pjrt_logaddexp)
+  PJRT_WITH_OUT_AND_IN_PLACE("hypot", "hypot.out", "hypot_", pjrt_hypot)
+
+  PJRT_WITH_OUT("xlogy.Tensor", "xlogy.OutTensor", pjrt_xlogy)
+  PJRT_WITH_OUT("xlogy.Scalar_Other", "xlogy.OutScalar_Other", pjrt_xlogy_scalar_other)
+  m.impl("xlogy.Scalar_Self", TORCH_FN(pjrt_xlogy_scalar_self));
+  m.impl(
+      "xlogy.OutScalar_Self",
+      [](const at::Scalar& self, const at::Tensor& other, at::Tensor& out) -> at::Tensor& {
+        return write_out(pjrt_xlogy_scalar_self(self, other), out);
+      });
+  m.impl("xlogy_.Tensor", TORCH_FN(Variants<&pjrt_xlogy>::in_place));
+  m.impl("xlogy_.Scalar_Other", TORCH_FN(Variants<&pjrt_xlogy_scalar_other>::in_place));
+  PJRT_WITH_OUT("fmax", "fmax.out", pjrt_fmax)
+  PJRT_WITH_OUT("fmin", "fmin.out", pjrt_fmin)
+  PJRT_WITH_OUT("signbit", "signbit.out", pjrt_signbit)
+  PJRT_WITH_OUT("copysign.Tensor", "copysign.out", pjrt_copysign)
+  m.impl("copysign_.Tensor", TORCH_FN(Variants<&pjrt_copysign>::in_place_floating));
+  m.impl("copysign.Scalar", TORCH_FN(pjrt_copysign_scalar));
+  m.impl("copysign_.Scalar", TORCH_FN(Variants<&pjrt_copysign_scalar>::in_place_floating));
+  PJRT_REAL_UNARY(sinc, pjrt_sinc)
+  PJRT_WITH_OUT("heaviside", "heaviside.out", pjrt_heaviside)
+  m.impl("heaviside_", TORCH_FN(Variants<&pjrt_heaviside>::in_place));
+}
+
+}  // namespace torch_pjrt

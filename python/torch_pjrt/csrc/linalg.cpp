@@ -1,0 +1,277 @@
+// Products and distances composed from device ops (RFC 0019): `addmv` (and so `mv` and
+// matrix-vector `matmul`), `linalg_cross`, `cdist`'s direct form with its gradient, and the
+// grouped matrix products of a mixture of experts (`aten::_grouped_mm`, RFC 0029).
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "pjrt_backend.h"
+
+#include <cmath>
+#include <tuple>
+
+namespace torch_pjrt {
+namespace {
+
+// ----- matrix-vector product --------------------------------------------------------------------
+
+at::Tensor pjrt_addmv(
+    const at::Tensor& self,
+    const at::Tensor& mat,
+    const at::Tensor& vec,
+    const at::Scalar& beta_given,
+    const at::Scalar& alpha_given) {
+  // For integer operands PyTorch converts alpha and beta to the integer type (0.6 becomes 0).
+  bool integral = at::isIntegralType(mat.scalar_type(), /*includeBool=*/true);
+  at::Scalar beta = integral ? at::Scalar(beta_given.toLong()) : beta_given;
+  at::Scalar alpha = integral ? at::Scalar(alpha_given.toLong()) : alpha_given;
+  TORCH_CHECK(
+      mat.dim() == 2 && vec.dim() == 1,
+      "vector + matrix @ vector expected, got ",
+      self.dim(),
+      ", ",
+      mat.dim(),
+      ", ",
+      vec.dim());
+  TORCH_CHECK(
+      mat.size(1) == vec.size(0) && (self.dim() == 0 || self.numel() == 1 || self.size(-1) == mat.size(0)),
+      "size mismatch, got input (",
+      self.dim() == 0 ? 1 : self.size(-1),
+      "), mat (",
+      mat.size(0),
+      "x",
+      mat.size(1),
+      "), vec (",
+      vec.size(0),
+      ")");
+  at::Tensor product = at::mm(mat, vec.unsqueeze(1)).squeeze(1);
+  if (!alpha.equal(1)) {
+    product = product * alpha;
+  }
+  // As in PyTorch, a zero beta ignores `self` (its NaNs included). The result keeps the
+  // operands' dtype: integer products scaled by a float alpha or beta are cast back.
+  at::ScalarType dtype = mat.scalar_type();
+  if (beta.equal(0)) {
+    return product.to(dtype);
+  }
+  return (beta.equal(1) ? self + product : self * beta + product).to(dtype);
+}
+
+at::Tensor pjrt_linalg_cross(const at::Tensor& self, const at::Tensor& other, int64_t dim) {
+  TORCH_CHECK(
+      self.scalar_type() == other.scalar_type(),
+      "linalg.cross: expected both inputs to have the same dtype, but input has dtype ",
+      self.scalar_type(),
+      " and other has dtype ",
+      other.scalar_type());
+  TORCH_CHECK(
+      self.dim() == other.dim(),
+      "linalg.cross: inputs must have the same number of dimensions.");
+  std::vector<int64_t> shape = at::infer_size(self.sizes(), other.sizes());
+  int64_t d = c10::maybe_wrap_dim(dim, static_cast<int64_t>(shape.size()));
+  TORCH_CHECK(
+      self.size(d) == 3 && other.size(d) == 3,
+      "linalg.cross: inputs dimension ",
+      dim,
+      " must have length 3. Got ",
+      self.size(d),
+      " and ",
+      other.size(d));
+  at::Tensor a = self.expand(shape);
+  at::Tensor b = other.expand(shape);
+  // Component i is a[i+1] b[i+2] - a[i+2] b[i+1] (indices mod 3).
+  return at::roll(a, -1, d) * at::roll(b, -2, d) - at::roll(a, -2, d) * at::roll(b, -1, d);
+}
+
+// ----- distances --------------------------------------------------------------------------------
+
+void check_cdist(const at::Tensor& x1, const at::Tensor& x2, double p) {
+  TORCH_CHECK(
+      at::isFloatingType(x1.scalar_type()),
+      "cdist only supports floating-point dtypes, X1 got: ",
+      x1.scalar_type());
+  TORCH_CHECK(
+      at::isFloatingType(x2.scalar_type()),
+      "cdist only supports floating-point dtypes, X2 got: ",
+      x2.scalar_type());
+  TORCH_CHECK(p >= 0, "cdist only supports non-negative p values");
+  TORCH_CHECK(x1.dim() >= 2, "cdist only supports at least 2D tensors, X1 got: ", x1.dim(), "D");
+  TORCH_CHECK(x2.dim() >= 2, "cdist only supports at least 2D tensors, X2 got: ", x2.dim(), "D");
+  TORCH_CHECK(
+      x1.size(-1) == x2.size(-1),
+      "X1 and X2 must have the same number of columns. X1: ",
+      x1.size(-1),
+      " X2: ",
+      x2.size(-1));
+}
+
+// The p-norm distance of every row of x1 to every row of x2, from the differences (the direct
+// computation PyTorch's `_cdist_forward` makes; the matrix-product form for p = 2 and large
+// inputs is decided earlier, in `cdist`, and composes from other ops).
+at::Tensor pjrt_cdist_forward(
+    const at::Tensor& x1, const at::Tensor& x2, double p, std::optional<int64_t> compute_mode) {
+  check_cdist(x1, x2, p);
+  at::Tensor diff = x1.unsqueeze(-2) - x2.unsqueeze(-3);
+  return at::linalg_vector_norm(diff, p, {-1});
+}
+
+at::Tensor pjrt_cdist_backward(
+    const at::Tensor& grad,
+    const at::Tensor& x1,
+    const at::Tensor& x2,
+    double p,
+    const at::Tensor& cdist) {
+  at::Tensor diff = x1.unsqueeze(-2) - x2.unsqueeze(-3);
+  at::Tensor dist = cdist.unsqueeze(-1);
+  at::Tensor term;
+  if (p == 0.0) {
+    return at::zeros_like(x1);
+  } else if (p == 1.0) {
+    term = at::sign(diff);
+  } else if (std::isinf(p)) {
+    term = at::sign(diff) * (at::abs(diff) == dist);
+  } else if (p == 2.0) {
+    term = at::where(dist == 0, at::zeros_like(diff), diff / dist);
+  } else {
+    term = at::where(
+        dist == 0,
+        at::zeros_like(diff),
+        at::sign(diff) * at::pow(at::abs(diff), p - 1) / at::pow(dist, p - 1));
+  }
+  return (grad.unsqueeze(-1) * term).sum(-2);
+}
+
+// ----- grouped matrix products -------------------------------------------------------------------
+
+// Grouped matrix products on pjrt (`torch.nn.functional.grouped_mm`, `aten::_grouped_mm`): the
+// experts of a mixture of experts, each multiplying the rows routed to it. PyTorch's own kernel
+// for other devices slices the rows at offsets it reads on the host, so every routing gives
+// products of new sizes: a program per size on pjrt. Here every group's product runs over all
+// rows and a mask made on the device from the offsets keeps each row's own group, so the
+// program depends on the shapes alone. It costs one product per group (the groups' count times
+// the work); selecting with `where`, not multiplying by the mask, keeps another group's
+// infinities and NaNs out of a row.
+
+// `[groups, n]` bools: position `i` belongs to group `g` when `offs[g - 1] <= i < offs[g]`
+// (`offs` holds each group's cumulative end). Positions past the last end belong to none.
+at::Tensor group_membership(const at::Tensor& offs, int64_t n) {
+  const at::Tensor ends = offs.to(at::kLong);
+  const at::Tensor positions = at::arange(n, ends.options());
+  // How many groups end at or before each position: its group.
+  const at::Tensor group = ends.unsqueeze(1).le(positions.unsqueeze(0)).sum(0);
+  const at::Tensor ids = at::arange(offs.size(0), ends.options());
+  return ids.unsqueeze(1).eq(group.unsqueeze(0));
+}
+
+at::Tensor grouped_mm_in(
+    const at::Tensor& self,
+    const at::Tensor& mat2,
+    const std::optional<at::Tensor>& offs,
+    const std::optional<at::Tensor>& bias);
+
+at::Tensor pjrt_grouped_mm(
+    const at::Tensor& self,
+    const at::Tensor& mat2,
+    const std::optional<at::Tensor>& offs,
+    const std::optional<at::Tensor>& bias,
+    std::optional<at::ScalarType> out_dtype) {
+  // A wider result dtype (bfloat16 operands, float32 out): the products run in it.
+  if (out_dtype.has_value() && *out_dtype != self.scalar_type()) {
+    const auto wide = [&](const at::Tensor& t) { return t.to(*out_dtype); };
+    std::optional<at::Tensor> wide_bias;
+    if (bias.has_value()) {
+      wide_bias = wide(*bias);
+    }
+    return grouped_mm_in(wide(self), wide(mat2), offs, wide_bias);
+  }
+  return grouped_mm_in(self, mat2, offs, bias);
+}
+
+at::Tensor grouped_mm_in(
+    const at::Tensor& self,
+    const at::Tensor& mat2,
+    const std::optional<at::Tensor>& offs,
+    const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(
+      (self.dim() == 2 || self.dim() == 3) && (mat2.dim() == 2 || mat2.dim() == 3),
+      "grouped_mm: expected 2-d or 3-d operands, got ",
+      self.dim(),
+      "-d and ",
+      mat2.dim(),
+      "-d");
+  TORCH_CHECK(
+      self.scalar_type() == mat2.scalar_type(),
+      "grouped_mm: expected both operands to have the same dtype, got ",
+      self.scalar_type(),
+      " and ",
+      mat2.scalar_type());
+  const bool batched = self.dim() == 3 && mat2.dim() == 3;
+  TORCH_CHECK(
+      batched != offs.has_value(),
+      batched ? "grouped_mm: offs must not be given when both operands are 3-d"
+              : "grouped_mm: offs must be given unless both operands are 3-d");
+  if (batched) {
+    TORCH_CHECK(!bias.has_value(), "grouped_mm: a bias is supported on pjrt for 2-d by 3-d operands only");
+    TORCH_CHECK(self.size(0) == mat2.size(0), "grouped_mm: batched dimension has to match");
+    return at::bmm(self, mat2);
+  }
+  const at::Tensor& ends = *offs;
+  TORCH_CHECK(
+      ends.dim() == 1 && (ends.scalar_type() == at::kInt || ends.scalar_type() == at::kLong),
+      "grouped_mm: offs must be a 1-d int32 tensor, got a ",
+      ends.dim(),
+      "-d ",
+      ends.scalar_type(),
+      " tensor");
+  const int64_t groups = ends.size(0);
+  const at::Tensor zero = at::zeros({}, self.options());
+  TORCH_CHECK(
+      !bias.has_value() || (self.dim() == 2 && mat2.dim() == 3),
+      "grouped_mm: a bias is supported on pjrt for 2-d by 3-d operands only, got ",
+      self.dim(),
+      "-d by ",
+      mat2.dim(),
+      "-d");
+  if (self.dim() == 2 && mat2.dim() == 3) {
+    // Rows of `self` in groups: row i times `mat2[group(i)]`.
+    TORCH_CHECK(groups == mat2.size(0), "grouped_mm: matrix batch sizes have to match");
+    const at::Tensor keep = group_membership(ends, self.size(0)).unsqueeze(2);
+    at::Tensor each = at::bmm(self.unsqueeze(0).expand({groups, -1, -1}), mat2);
+    if (bias.has_value()) {
+      // One bias row per group, added to that group's rows.
+      TORCH_CHECK(
+          bias->dim() == 2 && bias->size(0) == groups && bias->size(1) == mat2.size(2),
+          "grouped_mm: expected a bias of shape [",
+          groups,
+          ", ",
+          mat2.size(2),
+          "], got ",
+          bias->sizes());
+      each = each + bias->unsqueeze(1);
+    }
+    return at::where(keep, each, zero).sum(0);
+  }
+  if (self.dim() == 2) {
+    // The contracted dimension in groups: one product per group over its part of it.
+    const at::Tensor member = group_membership(ends, self.size(1));
+    const at::Tensor lhs = at::where(member.unsqueeze(1), self.unsqueeze(0), zero);
+    const at::Tensor rhs = at::where(member.unsqueeze(2), mat2.unsqueeze(0), zero);
+    return at::bmm(lhs, rhs);
+  }
+  // Columns of `mat2` in groups: column j of `self[group(j)]`'s product.
+  TORCH_CHECK(groups == self.size(0), "grouped_mm: matrix batch sizes have to match");
+  const at::Tensor keep = group_membership(ends, mat2.size(1)).unsqueeze(1);
+  const at::Tensor each = at::bmm(self, mat2.unsqueeze(0).expand({groups, -1, -1}));
+  return at::where(keep, each, zero).sum(0);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  PJRT_WITH_OUT_AND_IN_PLACE("addmv", "addmv.out", "addmv_", pjrt_addmv)
+  PJRT_WITH_OUT("linalg_cross", "linalg_cross.out", pjrt_linalg_cross)
+  m.impl("_cdist_forward", TORCH_FN(pjrt_cdist_forward));
+  m.impl("_cdist_backward", TORCH_FN(pjrt_cdist_backward));
+  m.impl("_grouped_mm", TORCH_FN(pjrt_grouped_mm));
+}
+
+}  // namespace torch_pjrt

@@ -226,3 +226,15 @@ def test_other_nested_ops_stay_unsupported(pjrt):
             nt + 1
         with pytest.raises(NotImplementedError, match="NestedTensorpjrt"):
             nt.cpu()
+
+
+def test_layer_on_a_nested_tensor_of_any_layout(strict_or_fused_mode):
+    # A nested tensor made by torch.nested (packed components, one of them empty) through the
+    # layer's nested kernel, read back padded.
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True).eval()
+    parts = [torch.randn(2, 16, generator=seeded(12)), torch.randn(5, 16, generator=seeded(13)), torch.randn(0, 16)]
+    with quiet():
+        expected = layer(torch.nested.nested_tensor(parts)).to_padded_tensor(0.0)
+        got = layer.to("pjrt")(torch.nested.nested_tensor(parts, device="pjrt")).to_padded_tensor(0.0)
+    torch.testing.assert_close(got.cpu(), expected, **TOL)

@@ -15,11 +15,13 @@ from conftest import in_mode_without_fallbacks, seeded
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
 
-# [B, L] padding masks (True: padding), left-aligned as the encoder's nested route needs.
+# [B, L] padding masks (True: padding): left-aligned ones, which the encoder's nested route
+# takes, and one with gaps, which the encoder's mask check sends to the dense route.
 PADDING = {
     "ragged": [[0, 0, 0, 0, 0], [0, 0, 0, 1, 1], [0, 0, 0, 0, 1]],
     "one_empty": [[0, 0, 0, 0, 0], [1, 1, 1, 1, 1], [0, 1, 1, 1, 1]],
     "none_padded": [[0, 0, 0, 0, 0], [0, 0, 0, 0, 0], [0, 0, 0, 0, 0]],
+    "gaps": [[0, 1, 0, 0, 0], [1, 0, 0, 1, 0], [0, 0, 0, 0, 1]],
 }
 
 
@@ -90,8 +92,9 @@ def test_encoder_padding_masks_match_the_cpu(strict_or_fused_mode, nested, paddi
     model = encoder(nested=nested, final_norm=True)
     src = torch.randn(3, 5, 16, generator=seeded(2))
     mask = torch.tensor(PADDING[padding], dtype=torch.bool)
-    expected, got, _ = on_both(model, src, src_key_padding_mask=mask)
+    expected, got, ops = on_both(model, src, src_key_padding_mask=mask)
     torch.testing.assert_close(got, expected, equal_nan=True, **TOL)
+    assert ("aten::_nested_tensor_from_mask" in ops) == (nested and padding != "gaps")
 
 
 def test_nested_route_ignores_the_padded_input(strict_or_fused_mode):

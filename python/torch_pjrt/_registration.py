@@ -41,7 +41,7 @@ def register() -> None:
         _done = True
         import torch
 
-        from . import _compiled, _decompositions, _device_module, _native
+        from . import _compiled, _decompositions, _device_module, _native, _transformer
 
         try:
             if torch._C._get_privateuse1_backend_name() != "pjrt":
@@ -59,5 +59,6 @@ def register() -> None:
             )
         _native.load()
         _decompositions.register()
+        _transformer.register()
         _patch_printing()
         _compiled.register()

@@ -111,6 +111,12 @@ const LIMITED: &[LimitedDtype] = &[
             OpId::Transpose,
             OpId::Slice,
             OpId::Select,
+            // Advanced indexing moves elements (CUDA's kernels take complex32 too); an
+            // accumulating `index_put` adds in complex64 and rounds, as every op above.
+            OpId::Index,
+            OpId::IndexPut,
+            OpId::IndexSelect,
+            OpId::Roll,
         ],
         // float16 magnitudes, bool comparisons.
         read_only: &[OpId::Abs, OpId::Eq, OpId::Ne],

@@ -553,6 +553,31 @@ def test_complex32_type_promotion_matches_the_cpu(strict_or_fused_mode):
 
 
 @pytest.mark.filterwarnings(f"ignore:{CHALF_WARNING}")
+def test_complex32_advanced_indexing_moves_elements_on_the_device(strict_or_fused_mode):
+    x, v = chalf_sample(5, 3, seed=4), chalf_sample(4, 3, seed=5)
+    i = torch.tensor([4, 0, 2, 2])
+    px, pv, pi = x.to("pjrt"), v.to("pjrt"), i.to("pjrt")
+    assert equal32(px[pi], x[i])
+    assert equal32(px[px.real > 0], x[x.real > 0])
+    assert equal32(px.index_select(0, pi), x.index_select(0, i))
+    assert equal32(px.roll(2, 0), x.roll(2, 0))
+    assert equal32(px.index_put((pi[:2],), pv[:2]), x.index_put((i[:2],), v[:2]))
+    y = px.clone()
+    y[pi[:2]] = pv[:2]
+    assert equal32(y, x.index_put((i[:2],), v[:2]))
+    # Duplicate indices accumulate in complex64, rounded once (the CPU rounds after each add,
+    # so it may differ in the last float16 bit).
+    acc = px.index_put((pi,), pv, accumulate=True)
+    assert equal32(acc, rounded(lambda a, b: a.index_put((i,), b, accumulate=True), x, v))
+    torch.testing.assert_close(
+        torch.view_as_real(acc.cpu()),
+        torch.view_as_real(x.index_put((i,), v, accumulate=True)),
+        atol=2e-3,
+        rtol=1e-3,
+    )
+
+
+@pytest.mark.filterwarnings(f"ignore:{CHALF_WARNING}")
 def test_complex32_ops_cuda_does_not_compute_raise_pytorchs_error():
     p = chalf_sample(3).to("pjrt")
     with pytest.raises(NotImplementedError, match="ComplexHalf"):

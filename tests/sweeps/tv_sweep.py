@@ -66,7 +66,7 @@ def sizes_for(name: str) -> tuple[int, ...]:
     if name.startswith("maxvit"):  # seven-by-seven partitions after a stem and 4 halvings
         return (224,)
     if name.startswith("vit_"):  # built for two by two patches
-        return (28,) if name.endswith("_14") else (32,)
+        return (2 * int(name.rsplit("_", 1)[1]),)
     if name == "inception_v3":  # needs at least 75 pixels
         return tuple(s for s in SIZES if s >= 75)
     return SIZES
@@ -90,6 +90,13 @@ def _run(model, x, weights):
     (out.float() * weights.to(out.device)).sum().backward()
     grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
     return out.detach(), grads
+
+
+def _rel(actual, expected) -> float:
+    scale = expected.detach().abs().max().item() if expected.numel() else 0.0
+    if scale == 0.0:
+        return 0.0 if _err(actual, expected) == 0.0 else float("inf")
+    return _err(actual / scale, expected / scale)
 
 
 def child(name: str, modes: list[str], stage_file: str) -> None:
@@ -176,6 +183,10 @@ def child(name: str, modes: list[str], stage_file: str) -> None:
         grad_max = max(grad_errs.values(), default=0.0)
         bad_grad = sorted(((e, k) for k, e in grad_errs.items() if not e <= GRAD_TOL), reverse=True)
         rec.update(out_err=out_err, grad_err=grad_max, seconds=round(time.time() - t0, 1))
+        # The same, relative to each tensor's largest magnitude however small: random weights
+        # can leave the logits and the early gradients tiny, where the absolute test says little.
+        rec["out_rel"] = _rel(out, cpu_out)
+        rec["grad_rel"] = max((_rel(grads[k], v) for k, v in cpu_grads.items() if k in grads), default=0.0)
         if not out_err <= OUT_TOL or bad_grad or extra:
             rec["result"] = "wrong"
             rec["bad_outputs"] = [] if out_err <= OUT_TOL else [["logits", out_err]]

@@ -255,6 +255,7 @@ def main() -> None:
         return
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", help="comma-separated model names")
+    p.add_argument("--as-given", action="store_true", help="run the --only models in that order")
     p.add_argument("--limit", type=int, help="at most this many new rows")
     p.add_argument("--timeout", type=float, default=300, help="seconds per model process")
     p.add_argument("--budget-min", type=float, help="start no new row after this many minutes")
@@ -276,6 +277,8 @@ def main() -> None:
         names = [n for n in names if n in wanted]
     sizes = {n: param_count(n) for n in names}
     names.sort(key=lambda n: (sizes[n], n))
+    if args.only and args.as_given:
+        names = [n for n in args.only.split(",") if n in sizes]
     if args.list:
         for n in names:
             print(f"{n:24} {sizes[n] / 1e6:8.1f}M")
@@ -324,8 +327,9 @@ def _num(v):
 def table(rows: list[dict]) -> str:
     rows = sorted(rows, key=lambda r: r["model"])
     lines = [
-        "| model | params | input | strict | defer_and_fuse | max output err | max grad err | fallback ops | seconds | failure |",
-        "| --- | ---: | ---: | --- | --- | ---: | ---: | --- | ---: | --- |",
+        "| model | params | input | strict | defer_and_fuse | max output err | max grad err | relative output err "
+        "| relative grad err | fallback ops | seconds | failure |",
+        "| --- | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | --- | ---: | --- |",
     ]
     for r in rows:
         cpu = r["cpu"]
@@ -338,6 +342,10 @@ def table(rows: list[dict]) -> str:
             out_err = "inf"
         if any(isinstance(e.get("grad_err"), str) for e in errs):
             grad_err = "inf"
+        rel = [
+            max((_num(e.get(k)) for e in errs if _num(e.get(k)) is not None), default=None)
+            for k in ("out_rel", "grad_rel")
+        ]
         fb = collections.Counter()
         for e in errs:
             fb.update(e.get("fallback_ops") or {})
@@ -345,7 +353,8 @@ def table(rows: list[dict]) -> str:
         why = _why(r).replace("|", "\\|")
         lines.append(
             f"| {r['model']} | {cpu['params'] / 1e6:.1f}M | {cpu['size']} | {(errs[0].get('result') or '-')} "
-            f"| {(errs[1].get('result') or '-')} | {_fmt_err(out_err)} | {_fmt_err(grad_err)} | {fb_s} "
+            f"| {(errs[1].get('result') or '-')} | {_fmt_err(out_err)} | {_fmt_err(grad_err)} "
+            f"| {_fmt_err(rel[0])} | {_fmt_err(rel[1])} | {fb_s} "
             f"| {r.get('seconds', '')} | {why} |"
         )
     missing = [r for r in rows if not r["cpu"].get("ok")]

@@ -4,12 +4,13 @@
 One row per builder of `torchvision.models.list_models(module=torchvision.models)` (the
 classification models; detection, segmentation, video, optical flow and quantized models live in
 submodules and are not listed). Each is built with random weights from a fixed seed
-(`weights=None`) and 10 classes, in eval mode (BatchNorm uses its running statistics). The input
-is one image, the smallest of SIZES that the architecture runs on the CPU; Vision Transformers
-are built for that size (`image_size`, two by two patches), MaxViT for its smallest (224). The model runs forward and
-backward on the CPU (the loss a fixed random weighting of the logits, summed); then, in each eager
-mode, a `copy.deepcopy` moved to "pjrt" runs the same step, its output and every parameter
-gradient are compared with the CPU's and the ops that fell back to the CPU are recorded.
+(`weights=None`; a tensor of 2+ dims initialized to zero, the ViT head and class token, is
+redrawn) and 10 classes, in eval mode (BatchNorm uses its running statistics). The input is one
+image, the smallest of SIZES that the architecture runs on the CPU; Vision Transformers are built
+for that size (`image_size`, two by two patches), MaxViT for its smallest (224). The model runs
+forward and backward on the CPU (the loss a fixed random weighting of the logits, summed); then,
+in each eager mode, a `copy.deepcopy` moved to "pjrt" runs the same step, its output and every
+parameter gradient are compared with the CPU's and the ops that fell back to the CPU are recorded.
 
 Each model runs in a subprocess with a wall-clock limit, so a crash or a hang costs one row (the
 modes not reached yet are retried in a fresh process). Rows are appended to a JSONL file and a
@@ -123,6 +124,14 @@ def child(name: str, modes: list[str], stage_file: str) -> None:
         except Exception as e:  # noqa: BLE001 - the reason is the result
             reasons.append(f"build at {size}: " + _reason(e))
             continue
+        # A weight initialized to zero (the ViT head) would stop every gradient before it.
+        redrawn = []
+        with torch.no_grad():
+            g = torch.Generator().manual_seed(2)
+            for n, p in model.named_parameters():
+                if p.dim() >= 2 and not p.any():
+                    p.normal_(0.0, 0.02, generator=g)
+                    redrawn.append(n)
         x = torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(1))
         try:
             pristine = copy.deepcopy(model)
@@ -138,12 +147,12 @@ def child(name: str, modes: list[str], stage_file: str) -> None:
         except Exception as e:  # noqa: BLE001
             reasons.append(f"cpu backward at {size}: " + _reason(e))
             continue
-        found = (size, x, weights, cpu_out, cpu_grads, pristine)
+        found = (size, x, weights, cpu_out, cpu_grads, pristine, redrawn)
         break
     if not found:
         emit({"stage": "cpu", "ok": False, "reason": reasons[-1] if reasons else "no size to try"})
         return
-    size, x, weights, cpu_out, cpu_grads, pristine = found
+    size, x, weights, cpu_out, cpu_grads, pristine, redrawn = found
     emit(
         {
             "stage": "cpu",
@@ -151,6 +160,7 @@ def child(name: str, modes: list[str], stage_file: str) -> None:
             "size": size,
             "kwargs": {k: v for k, v in build_kwargs(name, size).items() if k != "weights"},
             "params": sum(p.numel() for p in pristine.parameters()),
+            "redrawn": redrawn,
             "seconds": round(time.time() - t0, 1),
         }
     )

@@ -40,15 +40,7 @@ impl<V: Clone> Graph<V> {
             placements.push(placement);
             types.push(t.ty());
         }
-        let all_whole = placements.iter().all(|p| p.whole);
-        if !all_whole
-            && self.bounded
-            && self.last_extent.is_some()
-            && matches!(
-                op,
-                OpId::Embedding | OpId::Gather | OpId::Index | OpId::IndexSelect | OpId::IndexCheck
-            )
-        {
+        if !placements.iter().all(|p| p.whole) && self.may_read_windows_at_bucket(op) {
             // A window of a growing value may be read at its bucket (`window_padded`).
             return Ok(None);
         }

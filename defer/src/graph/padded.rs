@@ -546,6 +546,18 @@ impl<V: Clone> Graph<V> {
         Captured { outputs }
     }
 
+    /// Whether `window_padded` may read op `op`'s windowed operands at a growing value's bucket:
+    /// the gathers, while bounded shapes have seen a padded extent. Strict's direct path leaves
+    /// such calls to capture.
+    pub(super) fn may_read_windows_at_bucket(&self, op: OpId) -> bool {
+        self.bounded
+            && self.last_extent.is_some()
+            && matches!(
+                op,
+                OpId::Embedding | OpId::Gather | OpId::Index | OpId::IndexSelect | OpId::IndexCheck
+            )
+    }
+
     /// An indexing op (`embedding`, `gather`, `index`, `index_select`, the engine's check of
     /// indices) none of whose inputs is
     /// padded, reading a window of a longer buffer at the length of the latest padded
@@ -561,17 +573,12 @@ impl<V: Clone> Graph<V> {
         params: &[i64],
         types: &[TensorType],
     ) -> Result<Option<Captured>, EngineError> {
+        if !self.may_read_windows_at_bucket(op) {
+            return Ok(None);
+        }
         let Some((len, bucket)) = self.last_extent else {
             return Ok(None);
         };
-        if !self.bounded
-            || !matches!(
-                op,
-                OpId::Embedding | OpId::Gather | OpId::Index | OpId::IndexSelect | OpId::IndexCheck
-            )
-        {
-            return Ok(None);
-        }
         let mut dims: SmallVec<[PaddedDims; 3]> = SmallVec::new();
         let mut reads: SmallVec<[TensorRef; 3]> = SmallVec::new();
         for t in inputs {

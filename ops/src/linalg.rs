@@ -413,3 +413,185 @@ fn matmul(e: &mut Emitter, a: Value, b: Value, out: &TensorType) -> Value {
     let r = e.reshape(r, &out.shape);
     e.convert(r, out.dtype)
 }
+
+// ----- attention ---------------------------------------------------------------------------------
+
+/// Scaled dot-product attention in one op (`scaled_dot_product_attention` at PrivateUse1, through
+/// PyTorch's `_scaled_dot_product_fused_attention_overrideable`): `softmax(q @ k^T * scale + mask)
+/// @ v` over `query [*, Hq, L, E]`, `key [*, Hkv, S, E]`, `value [*, Hkv, S, Ev]`, with an
+/// optional bias (bool: keep where true; float: added) broadcast to `[*, Hq, L, S]` and a causal
+/// mask aligned to the top left, as PyTorch's. Query heads that are a multiple of the key's
+/// share key heads in groups (grouped-query attention). A row masked everywhere gives zeros, as
+/// the CPU's kernel. Outputs: the attention `[*, Hq, L, Ev]` and each row's logsumexp
+/// `[*, Hq, L]` in the computation dtype.
+pub(crate) struct Attention;
+
+impl OpRule for Attention {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let l = layout::Attention::decode(&a.params)?;
+        let with_bias = usize::from(l.has_attn_bias);
+        a.expect_counts(3 + with_bias..=3 + with_bias, 0..=0)?;
+        let (q, key, v) = (&a.inputs[0], &a.inputs[1], &a.inputs[2]);
+        let r = q.rank();
+        ensure!(
+            r >= 2 && key.rank() == r && v.rank() == r,
+            "scaled_dot_product_attention: expected query, key and value of one rank of at least 2, got {}-d, {}-d and {}-d",
+            r,
+            key.rank(),
+            v.rank()
+        );
+        ensure!(
+            q.dtype.is_float() && key.dtype == q.dtype && v.dtype == q.dtype,
+            "scaled_dot_product_attention: expected query, key and value of one floating dtype, got {}, {} and {}",
+            q.dtype,
+            key.dtype,
+            v.dtype
+        );
+        let (lq, e) = (q.shape[r - 2], q.shape[r - 1]);
+        let (s, ev) = (key.shape[r - 2], v.shape[r - 1]);
+        ensure!(
+            key.shape[r - 1] == e && v.shape[r - 2] == s && key.shape[..r - 2] == v.shape[..r - 2],
+            "scaled_dot_product_attention: key {:?} and value {:?} do not match query {:?}",
+            key.shape.as_slice(),
+            v.shape.as_slice(),
+            q.shape.as_slice()
+        );
+        let grouped = |d: usize| {
+            let (hq, hk) = (q.shape[d], key.shape[d]);
+            hq == hk || (d + 3 == r && hk > 0 && hq % hk == 0)
+        };
+        ensure!(
+            (0..r - 2).all(grouped),
+            "scaled_dot_product_attention: query {:?} and key {:?} differ in a batch dim (query heads must be a multiple of key heads)",
+            q.shape.as_slice(),
+            key.shape.as_slice()
+        );
+        let batch = &q.shape[..r - 2];
+        if l.has_attn_bias {
+            let bias = &a.inputs[3];
+            ensure!(
+                bias.dtype == DType::Bool || bias.dtype == q.dtype,
+                "scaled_dot_product_attention: expected a bool mask or one of the query's dtype {}, got {}",
+                q.dtype,
+                bias.dtype
+            );
+            let mut scores: Shape = batch.iter().copied().collect();
+            scores.extend([lq, s]);
+            let joined = broadcast_shapes(&bias.shape, &scores)?;
+            ensure!(
+                joined == scores,
+                "scaled_dot_product_attention: a mask of shape {:?} does not broadcast to the scores' {:?}",
+                bias.shape.as_slice(),
+                scores.as_slice()
+            );
+        }
+        let mut out: Shape = batch.iter().copied().collect();
+        out.extend([lq, ev]);
+        Ok(Meta::of_outputs(crate::MetaOutputs::from_vec(vec![
+            TensorType::new(q.dtype, &out),
+            TensorType::new(q.dtype.compute_dtype(), &out[..r - 1]),
+        ])))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        lower_attention(e, a.inputs, &a.params, a.meta, None)
+    }
+}
+
+/// [`Attention`]'s lowering. With `key_len` (`(len, bucket)`: the key and value hold `bucket`
+/// positions of which the first `len`, a runtime scalar, are theirs), positions past `len`
+/// are masked out of every row, as a mask would (`crate::padding` plans it).
+pub(crate) fn lower_attention(
+    e: &mut Emitter,
+    inputs: &[Value],
+    params: &crate::Params,
+    meta: &Meta,
+    key_len: Option<(Value, i64)>,
+) -> Result<Vec<Value>, OpError> {
+    let l = layout::Attention::decode(params)?;
+    let (out, lse_type) = (meta.outputs[0].clone(), meta.outputs[1].clone());
+    let cd = out.dtype.compute_dtype();
+    let q = e.convert(inputs[0], cd);
+    let mut key = e.convert(inputs[1], cd);
+    let mut v = e.convert(inputs[2], cd);
+    let qs = e.shape(q).to_vec();
+    let r = qs.len();
+    let nb = r - 2;
+    let (lq, depth) = (qs[r - 2], qs[r - 1]);
+    // Grouped-query attention: each key head serves `group` query heads in a row, so it is
+    // repeated in place (head `h` of the query reads key head `h / group`).
+    if r >= 3 && e.shape(key)[r - 3] != qs[r - 3] {
+        for t in [&mut key, &mut v] {
+            let ts = e.shape(*t).to_vec();
+            let hk = ts[r - 3];
+            let group = qs[r - 3] / hk;
+            let mut wide = ts[..r - 2].to_vec();
+            wide.push(group);
+            wide.extend_from_slice(&ts[r - 2..]);
+            let dims: Vec<usize> = (0..r).map(|d| if d < r - 2 { d } else { d + 1 }).collect();
+            let spread = e.broadcast_in_dim(*t, &wide, &dims);
+            let mut merged = ts.clone();
+            merged[r - 3] = hk * group;
+            *t = e.reshape(spread, &merged);
+        }
+    }
+    let s = e.shape(key)[r - 2];
+    let batch: Vec<usize> = (0..nb).collect();
+    let scores = e.dot_general(q, key, &batch, &batch, &[r - 1], &[r - 1], cd);
+    let scale = if l.has_scale {
+        l.scale
+    } else {
+        1.0 / (depth as f64).sqrt()
+    };
+    let scale = k(e, scores, scale);
+    let mut scores = e.mul(scores, scale);
+    let score_shape = e.shape(scores).to_vec();
+    let neg_inf = k(e, scores, f64::NEG_INFINITY);
+    if l.is_causal {
+        // Query row `i` sees key columns `j <= i`, whatever `L` and `S` are (top left).
+        let rows = e.iota(TensorType::new(DType::I64, &[lq, s]), 0);
+        let cols = e.iota(TensorType::new(DType::I64, &[lq, s]), 1);
+        let seen = e.compare(Cmp::Le, cols, rows);
+        let seen = e.broadcast_in_dim(seen, &score_shape, &[nb, nb + 1]);
+        scores = e.select(seen, scores, neg_inf);
+    }
+    if l.has_attn_bias {
+        let bias = inputs[3];
+        let br = e.rank(bias);
+        let dims: Vec<usize> = (r - br..r).collect();
+        if e.dtype(bias) == DType::Bool {
+            let keep = e.broadcast_in_dim(bias, &score_shape, &dims);
+            scores = e.select(keep, scores, neg_inf);
+        } else {
+            let bias = e.convert(bias, cd);
+            let bias = e.broadcast_in_dim(bias, &score_shape, &dims);
+            scores = e.add(scores, bias);
+        }
+    }
+    // Last, so that a bias's unspecified padding never reaches a row.
+    if let Some((len, bucket)) = key_len {
+        let keep = crate::padding::in_bounds(e, &score_shape, &[r - 1], len, bucket);
+        scores = e.select(keep, scores, neg_inf);
+    }
+    // A softmax whose fully masked rows (maximum -inf) shift by 0 and give zeros.
+    let all: Vec<usize> = (0..r).collect();
+    let row_max = e.reduce_with(scores, f64::NEG_INFINITY, &[r - 1], "stablehlo.maximum");
+    let masked = e.compare_const(Cmp::Eq, row_max, f64::NEG_INFINITY);
+    let zero_rows = k(e, row_max, 0.0);
+    let shift = e.select(masked, zero_rows, row_max);
+    let shift_wide = e.broadcast_in_dim(shift, &score_shape, &all[..r - 1]);
+    let shifted = e.sub(scores, shift_wide);
+    let ex = e.exp(shifted);
+    let sum = e.reduce_sum(ex, &[r - 1]);
+    let sum_wide = e.broadcast_in_dim(sum, &score_shape, &all[..r - 1]);
+    let probs = e.div(ex, sum_wide);
+    let masked_wide = e.broadcast_in_dim(masked, &score_shape, &all[..r - 1]);
+    let zeros = k(e, probs, 0.0);
+    let probs = e.select(masked_wide, zeros, probs);
+    let attended = e.dot_general(probs, v, &batch, &batch, &[r - 1], &[r - 2], cd);
+    let attended = e.convert(attended, out.dtype);
+    let log_sum = e.log(sum);
+    let lse = e.add(shift, log_sum);
+    let lse = e.convert(lse, lse_type.dtype);
+    Ok(vec![attended, lse])
+}

@@ -572,6 +572,11 @@ op_catalogue! {
     /// which the op trusted). Side-effecting: outputs an `index_check`-shaped verdict (style
     /// `NegativeRepeats` or `RepeatsTotal`), read at the next materialization point.
     RepeatsCheck = "repeats_check", family: Check, rule: checks::RepeatsCheck, inputs: "repeats", scalars: "total", params: None, facts: { side_effecting: true };
+
+    // ---- attention ---------------------------------------------------------------------
+    /// `softmax(query @ key^T * scale + mask) @ value` in one op, with each row's logsumexp
+    /// (`scaled_dot_product_attention` at PrivateUse1, RFC 0050).
+    Attention = "_scaled_dot_product_fused_attention_overrideable", family: Linalg, rule: linalg::Attention, inputs: "query, key, value, attn_bias?", scalars: "", params: Attention;
 }
 
 impl OpId {

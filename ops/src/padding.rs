@@ -42,6 +42,9 @@ enum Along {
     Prefix,
     /// Positions are combined; the padding must hold this fill first.
     Combined(PadFill),
+    /// Positions are combined, and the op itself leaves those past the length out (an
+    /// attention's key positions, masked from every row's scores): read as it is.
+    Masked,
     /// Padding cannot be made exact for this op here.
     Unsupported,
 }
@@ -147,8 +150,12 @@ pub fn plan_at(
             if runs > 1 && i == 0 && matches!(op, OpId::Gather | OpId::Index | OpId::IndexSelect) {
                 return Ok(None);
             }
+            // The op's own mask covers one run of the extent.
+            if runs > 1 && how == Along::Masked {
+                return Ok(None);
+            }
             match how {
-                Along::Independent | Along::Prefix => {}
+                Along::Independent | Along::Prefix | Along::Masked => {}
                 Along::Combined(f) => {
                     if fill.is_some_and(|g| g != f) {
                         return Ok(None);
@@ -401,6 +408,15 @@ fn along(op: OpId, params: &[i64], input: usize, rank: usize, dim: usize) -> Alo
             Along::Combined(PadFill::Zero)
         }
         IndexSelect if input == 1 => Along::Combined(PadFill::Zero),
+        // Attention: query rows (and a mask's rows) are independent; key positions (and a
+        // mask's columns) are left out of the scores past the length; the value's padding is
+        // zero, since a left-out position's weight is zero and `0 * NaN` is not.
+        Attention => match (input, rank - dim) {
+            (0, 2) | (3, 2) => Along::Independent,
+            (1, 2) | (3, 1) => Along::Masked,
+            (2, 2) => Along::Combined(PadFill::Zero),
+            _ => Along::Unsupported,
+        },
         IndexSelect if input == 0 => match op_dim() {
             Some(d) if d != dim => Along::Independent,
             _ => Along::Unsupported,
@@ -581,6 +597,17 @@ pub fn lower_padded(
             None => v,
         })
         .collect();
+    let key_padded = plan.inputs.get(1).is_some_and(|dims| !dims.is_empty());
+    if op == OpId::Attention && key_padded {
+        let params = Params::new(op, params);
+        return crate::linalg::lower_attention(
+            e,
+            &filled,
+            &params,
+            &plan.meta,
+            Some((len, plan.bucket)),
+        );
+    }
     crate::lower(op, e, &filled, scalars, params, &plan.meta)
 }
 

@@ -572,6 +572,8 @@ param_layouts! {
 
     // ---- products ----------------------------------------------------------------------
     SolveTriangular { upper: Flag, left: Flag, unitriangular: Flag }
+    /// `scale` is read only when `has_scale`; without it the scale is `1/sqrt(E)`.
+    Attention { is_causal: Flag, has_attn_bias: Flag, has_scale: Flag, scale: F64 }
 
     // ---- shapes and indexing -----------------------------------------------------------
     Dim { dim: Int }

@@ -337,3 +337,16 @@ snapshot!(
     [],
     []
 );
+// Grouped-query attention (4 query heads over 2 key heads) with a causal mask and a bool mask.
+snapshot!(
+    attention_grouped_causal_bool_mask,
+    OpId::Attention,
+    [
+        t(DType::F32, &[1, 4, 3, 8]),
+        t(DType::F32, &[1, 2, 5, 8]),
+        t(DType::F32, &[1, 2, 5, 8]),
+        t(DType::Bool, &[3, 5])
+    ],
+    [],
+    [1, 1, 0, f64_param(0.0)]
+);

@@ -119,6 +119,39 @@ fn templates() -> Vec<Template> {
         ),
         t(OpId::Cumsum, &[(F, &[n(2), L])], &[1, -1], false),
         t(OpId::Cumsum, &[(F, &[L, n(3)])], &[1, -1], true),
+        // Attention over a growing key and value (a decoding step), with a mask growing
+        // alike, grouped heads, and a prefill whose queries grow too under a causal mask.
+        t(
+            OpId::Attention,
+            &[
+                (F, &[n(1), n(2), n(1), n(8)]),
+                (F, &[n(1), n(2), L, n(8)]),
+                (F, &[n(1), n(2), L, n(4)]),
+            ],
+            &[0, 0, 0, f64_param(0.0)],
+            false,
+        ),
+        t(
+            OpId::Attention,
+            &[
+                (F, &[n(1), n(4), n(2), n(8)]),
+                (F, &[n(1), n(2), L, n(8)]),
+                (F, &[n(1), n(2), L, n(8)]),
+                (F, &[n(1), n(1), n(2), L]),
+            ],
+            &[0, 1, 1, f64_param(0.3)],
+            false,
+        ),
+        t(
+            OpId::Attention,
+            &[
+                (F, &[n(2), n(2), L, n(8)]),
+                (F, &[n(2), n(2), L, n(8)]),
+                (F, &[n(2), n(2), L, n(8)]),
+            ],
+            &[1, 0, 0, f64_param(0.0)],
+            false,
+        ),
         // q @ k^T with k growing: the padding is a free dimension of the product.
         t(
             OpId::Bmm,

@@ -673,6 +673,27 @@ bool is_cpu_scalar_tensor(const at::Tensor& t) {
   return t.defined() && t.device().is_cpu() && t.dim() == 0;
 }
 
+// The value of a one-element CPU tensor, read from its memory for the dtypes Python numbers
+// arrive as: `item()` would go through the dispatcher twice (`item`, `_local_scalar_dense`)
+// for every scalar operand of every op.
+at::Scalar host_value(const at::Tensor& t) {
+  const void* data = t.const_data_ptr();
+  switch (t.scalar_type()) {
+    case at::kDouble:
+      return *static_cast<const double*>(data);
+    case at::kFloat:
+      return static_cast<double>(*static_cast<const float*>(data));
+    case at::kLong:
+      return *static_cast<const int64_t*>(data);
+    case at::kInt:
+      return static_cast<int64_t>(*static_cast<const int32_t*>(data));
+    case at::kBool:
+      return *static_cast<const bool*>(data);
+    default:
+      return t.item();
+  }
+}
+
 }  // namespace
 
 void OpCall::input(const at::Tensor& t) {
@@ -748,7 +769,7 @@ int64_t OpCall::input_or_scalar(const at::Tensor& t) {
     const int32_t tensor_dtype = t.unsafeGetTensorImpl()->is_wrapped_number()
         ? -1
         : dtype_code(t.scalar_type());
-    scalars_.push_back(scalar_of(t.item(), tensor_dtype));
+    scalars_.push_back(scalar_of(host_value(t), tensor_dtype));
     trimmable_.push_back(false);
     return 2;
   }
@@ -1417,7 +1438,7 @@ at::Scalar pjrt_local_scalar_dense(const at::Tensor& self) {
   TpjrtTensor d = describe(self);
   check(api().read_host(&d, host.mutable_data_ptr(), host.nbytes()), "reading a pjrt scalar");
   mark_started();
-  return host.item();
+  return host_value(host);
 }
 
 // ----- the CPU fallback -----

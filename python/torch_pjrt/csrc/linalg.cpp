@@ -1,7 +1,10 @@
 // Products and distances composed from device ops (RFC 0019): `addmv` (and so `mv` and
-// matrix-vector `matmul`), `linalg_cross`, `cdist`'s direct form with its gradient, and the
-// grouped matrix products of a mixture of experts (`aten::_grouped_mm`, RFC 0029).
+// matrix-vector `matmul`), `linalg_cross`, `cdist`'s direct form with its gradient, the
+// grouped matrix products of a mixture of experts (`aten::_grouped_mm`, RFC 0029), and
+// `scaled_dot_product_attention` as the engine's one attention op (RFC 0050).
 #include <ATen/ATen.h>
+#include <ATen/SDPBackend.h>
+#include <ATen/native/transformers/attention.h>
 #include <torch/library.h>
 
 #include "pjrt_backend.h"
@@ -264,6 +267,128 @@ at::Tensor grouped_mm_in(
   return at::where(keep, each, zero).sum(0);
 }
 
+// ----- attention ---------------------------------------------------------------------------------
+
+// `scaled_dot_product_attention` asks `_fused_sdp_choice_stub` which kernel to run. On pjrt the
+// answer is the engine's attention op (PyTorch's `overrideable` slot) wherever that op computes
+// what PyTorch's math composition does: one captured op instead of a dozen, and one program in
+// Strict. PyTorch's math composition runs the rest: gradients (the op has no backward), dropout,
+// nested, complex or empty tensors, heads that differ without `enable_gqa`, masks of another
+// dtype or that do not broadcast (where the composition raises PyTorch's own errors), and
+// whenever `torch.nn.attention.sdpa_kernel` leaves `OVERRIDEABLE` out.
+int64_t pjrt_fused_sdp_choice(
+    const at::Tensor& query,
+    const at::Tensor& key,
+    const at::Tensor& value,
+    const std::optional<at::Tensor>& attn_mask,
+    double dropout_p,
+    bool /*is_causal*/,
+    std::optional<double> /*scale*/,
+    bool enable_gqa) {
+  constexpr auto math = static_cast<int64_t>(at::SDPBackend::math);
+  if (!at::globalContext().userEnabledOverrideableSDP() || dropout_p != 0.0) {
+    return math;
+  }
+  const bool has_mask = attn_mask.has_value() && attn_mask->defined();
+  const bool wants_grad = query.requires_grad() || key.requires_grad() ||
+      value.requires_grad() || (has_mask && attn_mask->requires_grad());
+  if (at::GradMode::is_enabled() && wants_grad) {
+    return math;
+  }
+  for (const at::Tensor* t : {&query, &key, &value}) {
+    if (!is_pjrt(*t) || t->is_nested() || !at::isFloatingType(t->scalar_type()) ||
+        t->scalar_type() != query.scalar_type() || t->numel() == 0) {
+      return math;
+    }
+  }
+  const int64_t rank = query.dim();
+  if (rank < 2 || key.dim() != rank || value.dim() != rank || key.size(-1) != query.size(-1) ||
+      value.size(-2) != key.size(-2)) {
+    return math;
+  }
+  for (int64_t d = 0; d < rank - 2; ++d) {
+    const bool grouped_heads = enable_gqa && d == rank - 3 && key.size(d) > 0 &&
+        query.size(d) % key.size(d) == 0;
+    if (key.size(d) != value.size(d) || (query.size(d) != key.size(d) && !grouped_heads)) {
+      return math;
+    }
+  }
+  if (has_mask) {
+    const at::Tensor& mask = *attn_mask;
+    if (!is_pjrt(mask) || mask.is_nested() || mask.dim() > rank ||
+        (mask.scalar_type() != at::kBool && mask.scalar_type() != query.scalar_type())) {
+      return math;
+    }
+    // Broadcast to the scores, `[*, heads, L, S]`.
+    for (int64_t i = 1; i <= mask.dim(); ++i) {
+      const int64_t scores = i == 1 ? key.size(-2) : query.size(-i);
+      if (mask.size(-i) != scores && mask.size(-i) != 1) {
+        return math;
+      }
+    }
+  }
+  return static_cast<int64_t>(at::SDPBackend::overrideable);
+}
+
+std::tuple<
+    at::Tensor,
+    at::Tensor,
+    at::Tensor,
+    at::Tensor,
+    c10::SymInt,
+    c10::SymInt,
+    at::Tensor,
+    at::Tensor,
+    at::Tensor>
+pjrt_sdpa_overrideable(
+    const at::Tensor& query,
+    const at::Tensor& key,
+    const at::Tensor& value,
+    const std::optional<at::Tensor>& attn_bias,
+    double dropout_p,
+    bool is_causal,
+    bool return_debug_mask,
+    std::optional<double> scale) {
+  TORCH_CHECK(
+      dropout_p == 0.0 && !return_debug_mask,
+      "_scaled_dot_product_fused_attention_overrideable: pjrt's attention op takes no dropout ",
+      "and returns no debug mask (got dropout_p=",
+      dropout_p,
+      ", return_debug_mask=",
+      return_debug_mask,
+      "); torch.nn.functional.scaled_dot_product_attention runs PyTorch's math composition ",
+      "for those");
+  static const auto op = engine_op(ops::_scaled_dot_product_fused_attention_overrideable);
+  const bool has_bias = attn_bias.has_value() && attn_bias->defined();
+  OpCall c(
+      op,
+      "aten::_scaled_dot_product_fused_attention_overrideable",
+      {.is_causal = is_causal,
+       .has_attn_bias = has_bias,
+       .has_scale = scale.has_value(),
+       .scale = scale.value_or(0.0)});
+  c.input(query);
+  c.input(key);
+  c.input(value);
+  if (has_bias) {
+    c.input(*attn_bias);
+  }
+  std::vector<at::Tensor> r = c.run_functional_n(2);
+  // What the flash kernels return for their backward (sequence offsets, a dropout seed): the
+  // engine's op needs none, so they are empty.
+  const auto none = [&] { return at::empty({0}, query.options().dtype(at::kLong)); };
+  return std::make_tuple(
+      std::move(r[0]),
+      std::move(r[1]),
+      none(),
+      none(),
+      c10::SymInt(query.size(-2)),
+      c10::SymInt(key.size(-2)),
+      none(),
+      none(),
+      none());
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
@@ -272,6 +397,12 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_cdist_forward", TORCH_FN(pjrt_cdist_forward));
   m.impl("_cdist_backward", TORCH_FN(pjrt_cdist_backward));
   m.impl("_grouped_mm", TORCH_FN(pjrt_grouped_mm));
+  m.impl(
+      "_scaled_dot_product_fused_attention_overrideable", TORCH_FN(pjrt_sdpa_overrideable));
 }
 
 }  // namespace torch_pjrt
+
+namespace at::native {
+REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &torch_pjrt::pjrt_fused_sdp_choice)
+}  // namespace at::native

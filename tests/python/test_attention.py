@@ -1,0 +1,163 @@
+"""`scaled_dot_product_attention` on pjrt runs as the engine's one attention op (PyTorch's
+`overrideable` kernel slot) wherever it can, against the CPU in every eager mode: plain, causal
+(square and not), bool and float masks that broadcast, fully masked rows, an explicit scale,
+grouped-query heads, reduced floats, and 3-d inputs. What it does not take (gradients, dropout,
+`sdpa_kernel` without `OVERRIDEABLE`) runs PyTorch's math composition, and still matches."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import torch_pjrt
+from conftest import assert_close, seeded
+
+
+def rand(*shape, seed, dtype=torch.float32):
+    return torch.randn(*shape, generator=seeded(seed)).to(dtype)
+
+
+Q = rand(2, 4, 3, 8, seed=1)
+K = rand(2, 4, 5, 8, seed=2)
+V = rand(2, 4, 5, 6, seed=3)
+K_GROUPED = rand(2, 2, 5, 8, seed=4)
+V_GROUPED = rand(2, 2, 5, 6, seed=5)
+BOOL_MASK = torch.rand(3, 5, generator=seeded(6)) > 0.4
+BOOL_MASK[:, 0] = True
+ROW_MASKED = BOOL_MASK.clone()
+ROW_MASKED[1] = False
+FLOAT_MASK = rand(2, 1, 3, 5, seed=7)
+
+CASES = {
+    "plain": (lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v), (Q, K, V, None)),
+    "causal_rectangular": (
+        lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        (Q, K, V, None),
+    ),
+    "causal_square": (
+        lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        (Q, K[:, :, :3], V[:, :, :3], None),
+    ),
+    "bool_mask": (
+        lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
+        (Q, K, V, BOOL_MASK),
+    ),
+    "fully_masked_row": (
+        lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
+        (Q, K, V, ROW_MASKED),
+    ),
+    "float_mask_broadcast": (
+        lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
+        (Q, K, V, FLOAT_MASK),
+    ),
+    "scale": (lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, scale=0.3), (Q, K, V, None)),
+    "grouped_heads": (
+        lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+        (Q, K_GROUPED, V_GROUPED, None),
+    ),
+    "three_d": (
+        lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
+        (Q[0], K[0], V[0], BOOL_MASK),
+    ),
+}
+
+
+def run(fn, args, device):
+    moved = [None if a is None else a.to(device) for a in args]
+    with torch.no_grad():
+        return fn(*moved)
+
+
+def ops_of(fn, args):
+    """Engine ops captured or run by one call (the inputs already on the device)."""
+    moved = [None if a is None else a.to("pjrt") for a in args]
+    torch_pjrt.sync()
+    before = torch_pjrt.metrics()["ops"]
+    with torch.no_grad():
+        out = fn(*moved)
+    count = torch_pjrt.metrics()["ops"] - before
+    out.cpu()
+    return count
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_attention_matches_the_cpu_as_one_op(mode, name):
+    fn, args = CASES[name]
+    expected = run(fn, args, "cpu")
+    assert_close(run(fn, args, "pjrt"), expected, rtol=1e-5, atol=1e-5)
+    # One engine op; PyTorch turns a bool mask into an additive one first (`zeros_like`,
+    # `logical_not`, `masked_fill_`), before it asks for a kernel.
+    mask = args[3]
+    assert ops_of(fn, args) == (4 if mask is not None and mask.dtype == torch.bool else 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_attention_in_other_float_dtypes(strict_or_fused_mode, dtype):
+    fn, args = CASES["bool_mask"]
+    args = [a.to(dtype) if a is not None and a.is_floating_point() else a for a in args]
+    expected = run(fn, args, "cpu")
+    tol = {torch.float64: 1e-10}.get(dtype, 1e-2)
+    assert_close(run(fn, args, "pjrt"), expected, rtol=tol, atol=tol)
+
+
+def test_what_the_op_does_not_take_runs_the_math_composition(strict_or_fused_mode):
+    fn, args = CASES["bool_mask"]
+    # Left out of `sdpa_kernel`'s backends: PyTorch's math composition, many ops.
+    with sdpa_kernel([SDPBackend.MATH]):
+        assert ops_of(fn, args) > 3
+        assert_close(run(fn, args, "pjrt"), run(fn, args, "cpu"), rtol=1e-5, atol=1e-5)
+    # Gradients go through the composition's backward.
+    q, k, v = (t.to("pjrt").requires_grad_() for t in (Q, K, V))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    out.sum().backward()
+    qc, kc, vc = (t.clone().requires_grad_() for t in (Q, K, V))
+    F.scaled_dot_product_attention(qc, kc, vc, is_causal=True).sum().backward()
+    for got, want in [(out, None), (q.grad, qc.grad), (k.grad, kc.grad), (v.grad, vc.grad)]:
+        if want is not None:
+            assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_heads_that_differ_without_gqa_raise_pytorchs_error(strict_or_fused_mode):
+    q, k, v = (t.to("pjrt") for t in (Q, K_GROUPED, V_GROUPED))
+    with pytest.raises(RuntimeError) as on_pjrt:
+        F.scaled_dot_product_attention(q, k, v)
+    with pytest.raises(RuntimeError) as on_cpu:
+        F.scaled_dot_product_attention(Q, K_GROUPED, V_GROUPED)
+    assert str(on_pjrt.value).splitlines()[0] == str(on_cpu.value).splitlines()[0]
+    # The engine stays usable.
+    assert_close(run(*CASES["plain"], "pjrt"), run(*CASES["plain"], "cpu"), rtol=1e-5, atol=1e-5)
+
+
+def test_a_direct_call_with_dropout_says_what_to_do(pjrt):
+    q, k, v = (t.to("pjrt") for t in (Q, K, V))
+    with pytest.raises(RuntimeError, match="takes no dropout.*math composition"):
+        torch.ops.aten._scaled_dot_product_fused_attention_overrideable(q, k, v, None, 0.5)
+
+
+def test_a_growing_cache_reads_padded_keys_without_a_program_per_length():
+    """Decoding against a key/value cache that grows by one position per step: the attention
+    reads the cache at its bucket's size, so 40 lengths make a few programs, not 40."""
+    torch.manual_seed(0)
+    q_steps = torch.randn(40, 1, 2, 1, 8)
+    k_new = torch.randn(40, 1, 2, 1, 8)
+    v_new = torch.randn(40, 1, 2, 1, 8)
+
+    def decode(device):
+        k = torch.randn(1, 2, 4, 8, generator=seeded(9)).to(device)
+        v = torch.randn(1, 2, 4, 8, generator=seeded(10)).to(device)
+        outs = []
+        with torch.no_grad():
+            for i in range(40):
+                k = torch.cat([k, k_new[i].to(device)], dim=2)
+                v = torch.cat([v, v_new[i].to(device)], dim=2)
+                outs.append(F.scaled_dot_product_attention(q_steps[i].to(device), k, v).cpu())
+        return torch.stack(outs)
+
+    expected = decode("cpu")
+    with torch_pjrt.eager_mode("defer_and_fuse"):
+        before = torch_pjrt.metrics()
+        got = decode("pjrt")
+        after = torch_pjrt.metrics()
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert after["padded_ops"] > before["padded_ops"]
+    assert after["compilations"] - before["compilations"] <= 12, after["compilations"] - before["compilations"]

@@ -498,19 +498,30 @@ impl OpRule for Attention {
     }
 }
 
-/// [`Attention`]'s lowering. With `key_len` (`(len, bucket)`: the key and value hold `bucket`
-/// positions of which the first `len`, a runtime scalar, are theirs), positions past `len`
-/// are masked out of every row, as a mask would (`crate::padding` plans it).
-pub(crate) fn lower_attention(
+/// What the forward and the backward of attention share: the inputs in the computation dtype,
+/// the key and value repeated over grouped query heads, and each row's softmax.
+struct AttentionRows {
+    q: Value,
+    key: Value,
+    v: Value,
+    /// `softmax(scores)`, zero in rows masked everywhere: `[*, Hq, L, S]`.
+    probs: Value,
+    /// Each row's shift (its maximum, 0 when masked everywhere) and sum of exponentials.
+    shift: Value,
+    sum: Value,
+    scale: f64,
+    /// The key heads before grouping, when the query has more.
+    key_heads: Option<i64>,
+}
+
+/// Computes [`AttentionRows`] from `query, key, value[, bias]` (the inputs from `first`).
+fn attention_rows(
     e: &mut Emitter,
     inputs: &[Value],
-    params: &crate::Params,
-    meta: &Meta,
+    l: &layout::Attention,
+    cd: DType,
     key_len: Option<(Value, i64)>,
-) -> Result<Vec<Value>, OpError> {
-    let l = layout::Attention::decode(params)?;
-    let (out, lse_type) = (meta.outputs[0].clone(), meta.outputs[1].clone());
-    let cd = out.dtype.compute_dtype();
+) -> AttentionRows {
     let q = e.convert(inputs[0], cd);
     let mut key = e.convert(inputs[1], cd);
     let mut v = e.convert(inputs[2], cd);
@@ -520,7 +531,9 @@ pub(crate) fn lower_attention(
     let (lq, depth) = (qs[r - 2], qs[r - 1]);
     // Grouped-query attention: each key head serves `group` query heads in a row, so it is
     // repeated in place (head `h` of the query reads key head `h / group`).
+    let mut key_heads = None;
     if r >= 3 && e.shape(key)[r - 3] != qs[r - 3] {
+        key_heads = Some(e.shape(key)[r - 3]);
         for t in [&mut key, &mut v] {
             let ts = e.shape(*t).to_vec();
             let hk = ts[r - 3];
@@ -543,8 +556,8 @@ pub(crate) fn lower_attention(
     } else {
         1.0 / (depth as f64).sqrt()
     };
-    let scale = k(e, scores, scale);
-    let mut scores = e.mul(scores, scale);
+    let scale_k = k(e, scores, scale);
+    let mut scores = e.mul(scores, scale_k);
     let score_shape = e.shape(scores).to_vec();
     let neg_inf = k(e, scores, f64::NEG_INFINITY);
     if l.is_causal {
@@ -574,24 +587,190 @@ pub(crate) fn lower_attention(
         scores = e.select(keep, scores, neg_inf);
     }
     // A softmax whose fully masked rows (maximum -inf) shift by 0 and give zeros.
-    let all: Vec<usize> = (0..r).collect();
+    let rows: Vec<usize> = (0..r - 1).collect();
     let row_max = e.reduce_with(scores, f64::NEG_INFINITY, &[r - 1], "stablehlo.maximum");
     let masked = e.compare_const(Cmp::Eq, row_max, f64::NEG_INFINITY);
     let zero_rows = k(e, row_max, 0.0);
     let shift = e.select(masked, zero_rows, row_max);
-    let shift_wide = e.broadcast_in_dim(shift, &score_shape, &all[..r - 1]);
+    let shift_wide = e.broadcast_in_dim(shift, &score_shape, &rows);
     let shifted = e.sub(scores, shift_wide);
     let ex = e.exp(shifted);
     let sum = e.reduce_sum(ex, &[r - 1]);
-    let sum_wide = e.broadcast_in_dim(sum, &score_shape, &all[..r - 1]);
+    let sum_wide = e.broadcast_in_dim(sum, &score_shape, &rows);
     let probs = e.div(ex, sum_wide);
-    let masked_wide = e.broadcast_in_dim(masked, &score_shape, &all[..r - 1]);
+    let masked_wide = e.broadcast_in_dim(masked, &score_shape, &rows);
     let zeros = k(e, probs, 0.0);
     let probs = e.select(masked_wide, zeros, probs);
-    let attended = e.dot_general(probs, v, &batch, &batch, &[r - 1], &[r - 2], cd);
+    AttentionRows {
+        q,
+        key,
+        v,
+        probs,
+        shift,
+        sum,
+        scale,
+        key_heads,
+    }
+}
+
+/// [`Attention`]'s lowering. With `key_len` (`(len, bucket)`: the key and value hold `bucket`
+/// positions of which the first `len`, a runtime scalar, are theirs), positions past `len`
+/// are masked out of every row, as a mask would (`crate::padding` plans it).
+pub(crate) fn lower_attention(
+    e: &mut Emitter,
+    inputs: &[Value],
+    params: &crate::Params,
+    meta: &Meta,
+    key_len: Option<(Value, i64)>,
+) -> Result<Vec<Value>, OpError> {
+    let l = layout::Attention::decode(params)?;
+    let (out, lse_type) = (&meta.outputs[0], &meta.outputs[1]);
+    let cd = out.dtype.compute_dtype();
+    let rows = attention_rows(e, inputs, &l, cd, key_len);
+    let r = e.rank(rows.q);
+    let batch: Vec<usize> = (0..r - 2).collect();
+    let attended = e.dot_general(rows.probs, rows.v, &batch, &batch, &[r - 1], &[r - 2], cd);
     let attended = e.convert(attended, out.dtype);
-    let log_sum = e.log(sum);
-    let lse = e.add(shift, log_sum);
+    let log_sum = e.log(rows.sum);
+    let lse = e.add(rows.shift, log_sum);
     let lse = e.convert(lse, lse_type.dtype);
     Ok(vec![attended, lse])
+}
+
+/// The gradients of [`Attention`] (`_scaled_dot_product_fused_attention_overrideable_backward`)
+/// from `grad_out, query, key, value, out[, bias]`: the query's, key's and value's, then the
+/// bias's when `bias_grad`. The softmax is computed again from the inputs; with `P` its rows,
+/// `dV = P^T dO`, `dS = P * (dO V^T - rowsum(dO * O))`, `dQ = scale * dS K`,
+/// `dK = scale * dS^T Q`, the key's and value's summed over the query heads that share them,
+/// and the bias's `dS` summed to its shape. A masked position has `P = 0`, so no gradient.
+pub(crate) struct AttentionBackward;
+
+impl OpRule for AttentionBackward {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        let l = layout::AttentionBackward::decode(&a.params)?;
+        let with_bias = usize::from(l.has_attn_bias);
+        a.expect_counts(5 + with_bias..=5 + with_bias, 0..=0)?;
+        let (g, q, key, v, out) = (
+            &a.inputs[0],
+            &a.inputs[1],
+            &a.inputs[2],
+            &a.inputs[3],
+            &a.inputs[4],
+        );
+        let mut forward: Vec<TensorType> = vec![q.clone(), key.clone(), v.clone()];
+        if l.has_attn_bias {
+            forward.push(a.inputs[5].clone());
+        }
+        let params = [
+            i64::from(l.is_causal),
+            i64::from(l.has_attn_bias),
+            i64::from(l.has_scale),
+            crate::f64_param(l.scale),
+        ];
+        let fwd = crate::meta(OpId::Attention, &forward, &[], &params)?;
+        for (name, t) in [("grad_out", g), ("out", out)] {
+            ensure!(
+                t.shape == fwd.outputs[0].shape && t.dtype == q.dtype,
+                "_scaled_dot_product_fused_attention_overrideable_backward: expected {name} of {} {:?}, got {} {:?}",
+                q.dtype,
+                fwd.outputs[0].shape.as_slice(),
+                t.dtype,
+                t.shape.as_slice()
+            );
+        }
+        let mut grads = vec![q.clone(), key.clone(), v.clone()];
+        if l.bias_grad {
+            ensure!(
+                l.has_attn_bias && a.inputs[5].dtype.is_float(),
+                "_scaled_dot_product_fused_attention_overrideable_backward: a gradient of the mask needs a float mask"
+            );
+            grads.push(a.inputs[5].clone());
+        }
+        Ok(Meta::of_outputs(crate::MetaOutputs::from_vec(grads)))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        lower_attention_backward(e, a.inputs, &a.params, a.meta, None)
+    }
+}
+
+/// [`AttentionBackward`]'s lowering; `key_len` as for [`lower_attention`] (every padded input
+/// then holds zeros past the length, so padded rows and columns add nothing).
+pub(crate) fn lower_attention_backward(
+    e: &mut Emitter,
+    inputs: &[Value],
+    params: &crate::Params,
+    meta: &Meta,
+    key_len: Option<(Value, i64)>,
+) -> Result<Vec<Value>, OpError> {
+    let l = layout::AttentionBackward::decode(params)?;
+    let forward = layout::Attention {
+        is_causal: l.is_causal,
+        has_attn_bias: l.has_attn_bias,
+        has_scale: l.has_scale,
+        scale: l.scale,
+    };
+    let dtype = meta.outputs[0].dtype;
+    let cd = dtype.compute_dtype();
+    let mut forward_inputs = vec![inputs[1], inputs[2], inputs[3]];
+    if l.has_attn_bias {
+        forward_inputs.push(inputs[5]);
+    }
+    let rows = attention_rows(e, &forward_inputs, &forward, cd, key_len);
+    let grad = e.convert(inputs[0], cd);
+    let out = e.convert(inputs[4], cd);
+    let r = e.rank(rows.q);
+    let batch: Vec<usize> = (0..r - 2).collect();
+    let score_shape = e.shape(rows.probs).to_vec();
+    let row_dims: Vec<usize> = (0..r - 1).collect();
+    // dV = P^T dO: contract the query rows.
+    let dv = e.dot_general(rows.probs, grad, &batch, &batch, &[r - 2], &[r - 2], cd);
+    // dS = P * (dO V^T - rowsum(dO * O)).
+    let dp = e.dot_general(grad, rows.v, &batch, &batch, &[r - 1], &[r - 1], cd);
+    let weighted = e.mul(grad, out);
+    let row_dot = e.reduce_sum(weighted, &[r - 1]);
+    let row_dot = e.broadcast_in_dim(row_dot, &score_shape, &row_dims);
+    let centered = e.sub(dp, row_dot);
+    let ds = e.mul(rows.probs, centered);
+    let scale = k(e, ds, rows.scale);
+    let ds_scaled = e.mul(ds, scale);
+    let dq = e.dot_general(ds_scaled, rows.key, &batch, &batch, &[r - 1], &[r - 2], cd);
+    let dk = e.dot_general(ds_scaled, rows.q, &batch, &batch, &[r - 2], &[r - 2], cd);
+    let (dk, dv) = match rows.key_heads {
+        // Each key head's gradient sums those of the query heads it served.
+        Some(hk) => {
+            let mut sum_groups = |t: Value| {
+                let ts = e.shape(t).to_vec();
+                let mut split = ts[..r - 3].to_vec();
+                split.extend([hk, ts[r - 3] / hk]);
+                split.extend_from_slice(&ts[r - 2..]);
+                let grouped = e.reshape(t, &split);
+                e.reduce_sum(grouped, &[r - 2])
+            };
+            (sum_groups(dk), sum_groups(dv))
+        }
+        None => (dk, dv),
+    };
+    let mut grads = vec![
+        e.convert(dq, dtype),
+        e.convert(dk, dtype),
+        e.convert(dv, dtype),
+    ];
+    if l.bias_grad {
+        // The bias was broadcast to the scores: its gradient sums over what it was
+        // broadcast along (missing leading dims and its size-1 dims).
+        let bias_type = meta.outputs[3].clone();
+        let br = bias_type.rank();
+        let summed: Vec<usize> = (0..r)
+            .filter(|&d| d < r - br || (bias_type.shape[d - (r - br)] == 1 && score_shape[d] != 1))
+            .collect();
+        let reduced = if summed.is_empty() {
+            ds
+        } else {
+            e.reduce_sum(ds, &summed)
+        };
+        let reduced = e.reshape(reduced, &bias_type.shape);
+        grads.push(e.convert(reduced, bias_type.dtype));
+    }
+    Ok(grads)
 }

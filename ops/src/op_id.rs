@@ -577,6 +577,8 @@ op_catalogue! {
     /// `softmax(query @ key^T * scale + mask) @ value` in one op, with each row's logsumexp
     /// (`scaled_dot_product_attention` at PrivateUse1, RFC 0050).
     Attention = "_scaled_dot_product_fused_attention_overrideable", family: Linalg, rule: linalg::Attention, inputs: "query, key, value, attn_bias?", scalars: "", params: Attention;
+    /// The query's, key's and value's gradients of `Attention`, and the mask's when asked.
+    AttentionBackward = "_scaled_dot_product_fused_attention_overrideable_backward", family: Linalg, rule: linalg::AttentionBackward, inputs: "grad_out, query, key, value, out, attn_bias?", scalars: "", params: AttentionBackward;
 }
 
 impl OpId {

@@ -417,6 +417,14 @@ fn along(op: OpId, params: &[i64], input: usize, rank: usize, dim: usize) -> Alo
             (2, 2) => Along::Combined(PadFill::Zero),
             _ => Along::Unsupported,
         },
+        // Its gradients: every padded row and column of every input is zero, so the padding
+        // adds nothing to the products over rows and columns (`dV = P^T dO`, `dK = dS^T Q`,
+        // `dQ = dS K`), and the lowering leaves key positions past the length out of the
+        // softmax it computes again.
+        AttentionBackward => match (input, rank - dim) {
+            (0..=5, 2) | (5, 1) => Along::Combined(PadFill::Zero),
+            _ => Along::Unsupported,
+        },
         IndexSelect if input == 0 => match op_dim() {
             Some(d) if d != dim => Along::Independent,
             _ => Along::Unsupported,
@@ -597,16 +605,16 @@ pub fn lower_padded(
             None => v,
         })
         .collect();
-    let key_padded = plan.inputs.get(1).is_some_and(|dims| !dims.is_empty());
-    if op == OpId::Attention && key_padded {
+    let padded_input = |i: usize| plan.inputs.get(i).is_some_and(|dims| !dims.is_empty());
+    if op == OpId::Attention && padded_input(1) {
         let params = Params::new(op, params);
-        return crate::linalg::lower_attention(
-            e,
-            &filled,
-            &params,
-            &plan.meta,
-            Some((len, plan.bucket)),
-        );
+        let key_len = Some((len, plan.bucket));
+        return crate::linalg::lower_attention(e, &filled, &params, &plan.meta, key_len);
+    }
+    if op == OpId::AttentionBackward && padded_input(2) {
+        let params = Params::new(op, params);
+        let key_len = Some((len, plan.bucket));
+        return crate::linalg::lower_attention_backward(e, &filled, &params, &plan.meta, key_len);
     }
     crate::lower(op, e, &filled, scalars, params, &plan.meta)
 }

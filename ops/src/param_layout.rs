@@ -574,6 +574,8 @@ param_layouts! {
     SolveTriangular { upper: Flag, left: Flag, unitriangular: Flag }
     /// `scale` is read only when `has_scale`; without it the scale is `1/sqrt(E)`.
     Attention { is_causal: Flag, has_attn_bias: Flag, has_scale: Flag, scale: F64 }
+    /// As `Attention`; `bias_grad`: the mask's gradient is computed too.
+    AttentionBackward { is_causal: Flag, has_attn_bias: Flag, has_scale: Flag, scale: F64, bias_grad: Flag }
 
     // ---- shapes and indexing -----------------------------------------------------------
     Dim { dim: Int }

@@ -350,3 +350,18 @@ snapshot!(
     [],
     [1, 1, 0, f64_param(0.0)]
 );
+// Its gradients, grouped heads summed back, with a float mask's gradient.
+snapshot!(
+    attention_backward_grouped_float_mask,
+    OpId::AttentionBackward,
+    [
+        t(DType::F32, &[1, 4, 3, 8]),
+        t(DType::F32, &[1, 4, 3, 8]),
+        t(DType::F32, &[1, 2, 5, 8]),
+        t(DType::F32, &[1, 2, 5, 8]),
+        t(DType::F32, &[1, 4, 3, 8]),
+        t(DType::F32, &[1, 1, 3, 5])
+    ],
+    [],
+    [0, 1, 0, f64_param(0.0), 1]
+);

@@ -152,6 +152,32 @@ fn templates() -> Vec<Template> {
             &[1, 0, 0, f64_param(0.0)],
             false,
         ),
+        // Its gradients on a padded batch: causal, and with a float mask and its gradient.
+        t(
+            OpId::AttentionBackward,
+            &[
+                (F, &[n(1), n(2), L, n(4)]),
+                (F, &[n(1), n(2), L, n(8)]),
+                (F, &[n(1), n(2), L, n(8)]),
+                (F, &[n(1), n(2), L, n(4)]),
+                (F, &[n(1), n(2), L, n(4)]),
+            ],
+            &[1, 0, 0, f64_param(0.0), 0],
+            false,
+        ),
+        t(
+            OpId::AttentionBackward,
+            &[
+                (F, &[n(2), n(2), L, n(4)]),
+                (F, &[n(2), n(2), L, n(8)]),
+                (F, &[n(2), n(2), L, n(8)]),
+                (F, &[n(2), n(2), L, n(4)]),
+                (F, &[n(2), n(2), L, n(4)]),
+                (F, &[n(2), n(1), L, L]),
+            ],
+            &[0, 1, 1, f64_param(0.5), 1],
+            false,
+        ),
         // q @ k^T with k growing: the padding is a free dimension of the product.
         t(
             OpId::Bmm,

@@ -1,8 +1,8 @@
 """`scaled_dot_product_attention` on pjrt runs as the engine's one attention op (PyTorch's
-`overrideable` kernel slot) wherever it can, against the CPU in every eager mode: plain, causal
-(square and not), bool and float masks that broadcast, fully masked rows, an explicit scale,
-grouped-query heads, reduced floats, and 3-d inputs. What it does not take (gradients, dropout,
-`sdpa_kernel` without `OVERRIDEABLE`) runs PyTorch's math composition, and still matches."""
+`overrideable` kernel slot), and its gradients as one backward op, against the CPU in every
+eager mode: plain, causal (square and not), bool and float masks that broadcast, fully masked
+rows, an explicit scale, grouped-query heads, and reduced floats. What it does not take (dropout, inputs other than 4-d,
+`sdpa_kernel` without `OVERRIDEABLE`) runs PyTorch's math composition."""
 
 import pytest
 import torch
@@ -55,9 +55,11 @@ CASES = {
         lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
         (Q, K_GROUPED, V_GROUPED, None),
     ),
-    "three_d": (
-        lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
-        (Q[0], K[0], V[0], BOOL_MASK),
+    # Inputs as HF models lay them out: heads transposed out of `[batch, length, heads, dim]`.
+    "transposed_heads": (
+        lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        (Q.transpose(1, 2).contiguous().transpose(1, 2), K.transpose(1, 2).contiguous().transpose(1, 2),
+         V.transpose(1, 2).contiguous().transpose(1, 2), None),
     ),
 }
 
@@ -88,7 +90,9 @@ def test_attention_matches_the_cpu_as_one_op(mode, name):
     # One engine op; PyTorch turns a bool mask into an additive one first (`zeros_like`,
     # `logical_not`, `masked_fill_`), before it asks for a kernel.
     mask = args[3]
-    assert ops_of(fn, args) == (4 if mask is not None and mask.dtype == torch.bool else 1)
+    # A query laid out otherwise than contiguous gets its output in its layout: one copy.
+    relaid = 0 if args[0].is_contiguous() else 1
+    assert ops_of(fn, args) == (3 if mask is not None and mask.dtype == torch.bool else 0) + 1 + relaid
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
@@ -100,21 +104,86 @@ def test_attention_in_other_float_dtypes(strict_or_fused_mode, dtype):
     assert_close(run(fn, args, "pjrt"), expected, rtol=tol, atol=tol)
 
 
+def grads(fn, args, device, with_mask_grad=False):
+    """`fn`'s output and the gradients of query, key, value (and a float mask) for a fixed
+    cotangent."""
+    leaves = [None if a is None else a.detach().clone().to(device) for a in args]
+    for i, t in enumerate(leaves):
+        if t is not None and (i < 3 or with_mask_grad):
+            t.requires_grad_()
+    out = fn(*leaves)
+    cotangent = torch.randn(out.shape, generator=seeded(11)).to(device)
+    out.backward(cotangent)
+    wanted = leaves[:4] if with_mask_grad else leaves[:3]
+    return [out] + [t.grad for t in wanted]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_attention_gradients_match_the_cpu_as_one_backward_op(strict_or_fused_mode, name):
+    fn, args = CASES[name]
+    expected = grads(fn, args, "cpu")
+    torch_pjrt.sync()
+    before = torch_pjrt.metrics()["ops"]
+    got = grads(fn, args, "pjrt")
+    for g, w in zip(got, expected):
+        assert_close(g, w, rtol=1e-5, atol=1e-5)
+    mask = args[3]
+    conversion = 3 if mask is not None and mask.dtype == torch.bool else 0
+    # Forward and backward: one op each (grouped key heads are summed inside the backward op),
+    # and a copy for each result laid out like a non-contiguous input.
+    laid = [a.detach().clone() for a in args[:3]]  # as `grads` moves them
+    relaid = sum(not a.is_contiguous() for a in laid) + (0 if laid[0].is_contiguous() else 1)
+    assert torch_pjrt.metrics()["ops"] - before == 2 + conversion + relaid
+
+
+def test_results_are_laid_out_as_pytorchs_meta_functions_say():
+    """What torch.compile traces with: a compiled graph's views of the results rely on it."""
+    fn, args = CASES["transposed_heads"]
+    q, k, v = (a.to("pjrt").requires_grad_() for a in args[:3])
+    out, lse, *_ = torch.ops.aten._scaled_dot_product_fused_attention_overrideable(q, k, v, is_causal=True)
+    meta = [a.detach().to("meta") for a in args[:3]]
+    meta_out, meta_lse, *_ = torch.ops.aten._scaled_dot_product_fused_attention_overrideable(*meta, is_causal=True)
+    assert (out.shape, out.stride()) == (meta_out.shape, meta_out.stride())
+    assert lse.shape == meta_lse.shape
+    grad = torch.randn(out.shape, generator=seeded(12)).to("pjrt")
+    grads = torch.ops.aten._scaled_dot_product_fused_attention_overrideable_backward(
+        grad, q, k, v, None, [True, True, True, False], out, lse, None, None, 3, 5, 0.0, True, None, None
+    )
+    for g, t in zip(grads[:3], (q, k, v)):
+        assert (g.shape, g.stride()) == (t.shape, t.stride())
+
+
+def test_a_float_masks_gradient(strict_or_fused_mode):
+    fn, args = CASES["float_mask_broadcast"]
+    expected = grads(fn, args, "cpu", with_mask_grad=True)
+    got = grads(fn, args, "pjrt", with_mask_grad=True)
+    for g, w in zip(got, expected):
+        assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
 def test_what_the_op_does_not_take_runs_the_math_composition(strict_or_fused_mode):
     fn, args = CASES["bool_mask"]
-    # Left out of `sdpa_kernel`'s backends: PyTorch's math composition, many ops.
+    # Left out of `sdpa_kernel`'s backends: PyTorch's math composition, many ops, and with it
+    # a gradient of the gradient.
     with sdpa_kernel([SDPBackend.MATH]):
         assert ops_of(fn, args) > 3
         assert_close(run(fn, args, "pjrt"), run(fn, args, "cpu"), rtol=1e-5, atol=1e-5)
-    # Gradients go through the composition's backward.
-    q, k, v = (t.to("pjrt").requires_grad_() for t in (Q, K, V))
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    out.sum().backward()
-    qc, kc, vc = (t.clone().requires_grad_() for t in (Q, K, V))
-    F.scaled_dot_product_attention(qc, kc, vc, is_causal=True).sum().backward()
-    for got, want in [(out, None), (q.grad, qc.grad), (k.grad, kc.grad), (v.grad, vc.grad)]:
-        if want is not None:
-            assert_close(got, want, rtol=1e-5, atol=1e-5)
+        q = Q.to("pjrt").requires_grad_()
+        out = F.scaled_dot_product_attention(q, K.to("pjrt"), V.to("pjrt"))
+        (g,) = torch.autograd.grad(out.sum(), q, create_graph=True)
+        g.sum().backward()
+        assert q.grad is not None
+    # With dropout: the composition's own random draws, so only the shape is compared.
+    q, k, v = (t.to("pjrt") for t in (Q, K, V))
+    assert F.scaled_dot_product_attention(q, k, v, dropout_p=0.5).shape == (*Q.shape[:-1], V.shape[-1])
+
+
+def test_a_gradient_of_the_gradient_names_the_backward_op(strict_or_fused_mode):
+    q = Q.to("pjrt").requires_grad_()
+    out = F.scaled_dot_product_attention(q, K.to("pjrt"), V.to("pjrt"))
+    (g,) = torch.autograd.grad(out.sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="_scaled_dot_product_fused_attention_overrideable_backward"):
+        g.sum().backward()
 
 
 def test_heads_that_differ_without_gqa_raise_pytorchs_error(strict_or_fused_mode):

@@ -9,7 +9,10 @@
 
 #include "pjrt_backend.h"
 
+#include <algorithm>
+#include <array>
 #include <cmath>
+#include <numeric>
 #include <tuple>
 
 namespace torch_pjrt {
@@ -270,12 +273,15 @@ at::Tensor grouped_mm_in(
 // ----- attention ---------------------------------------------------------------------------------
 
 // `scaled_dot_product_attention` asks `_fused_sdp_choice_stub` which kernel to run. On pjrt the
-// answer is the engine's attention op (PyTorch's `overrideable` slot) wherever that op computes
-// what PyTorch's math composition does: one captured op instead of a dozen, and one program in
-// Strict. PyTorch's math composition runs the rest: gradients (the op has no backward), dropout,
-// nested, complex or empty tensors, heads that differ without `enable_gqa`, masks of another
-// dtype or that do not broadcast (where the composition raises PyTorch's own errors), and
-// whenever `torch.nn.attention.sdpa_kernel` leaves `OVERRIDEABLE` out.
+// answer is the engine's attention op (PyTorch's `overrideable` slot, with its backward op for
+// gradients) wherever that op computes what PyTorch's math composition does: one captured op
+// instead of a dozen, and one program in Strict. PyTorch's math composition runs the rest:
+// dropout, nested, complex or empty tensors, tensors other than 4-d, heads that differ without
+// `enable_gqa`, masks of another dtype or that do not broadcast (where the composition raises
+// PyTorch's own errors), and whenever `torch.nn.attention.sdpa_kernel` leaves `OVERRIDEABLE`
+// out. As with the CUDA's flash kernels,
+// a gradient of the gradient through the backward op is not implemented; the math backend
+// (`sdpa_kernel([SDPBackend.MATH])`) gives it.
 int64_t pjrt_fused_sdp_choice(
     const at::Tensor& query,
     const at::Tensor& key,
@@ -290,19 +296,21 @@ int64_t pjrt_fused_sdp_choice(
     return math;
   }
   const bool has_mask = attn_mask.has_value() && attn_mask->defined();
-  const bool wants_grad = query.requires_grad() || key.requires_grad() ||
-      value.requires_grad() || (has_mask && attn_mask->requires_grad());
-  if (at::GradMode::is_enabled() && wants_grad) {
-    return math;
-  }
+  // Tensors a tracer holds (torch.compile's fake and functional tensors) take the composition:
+  // a compiled graph is one program whatever its op count, and the tracer lays out elementwise
+  // results as PyTorch's CPU kernels do, which the engine's contiguous results would not match
+  // in the views it records after the kernel.
+  const c10::DispatchKeySet traced(
+      {c10::DispatchKey::Python, c10::DispatchKey::Functionalize});
   for (const at::Tensor* t : {&query, &key, &value}) {
-    if (!is_pjrt(*t) || t->is_nested() || !at::isFloatingType(t->scalar_type()) ||
+    if (!is_pjrt(*t) || t->is_nested() || t->key_set().has_any(traced) || !at::isFloatingType(t->scalar_type()) ||
         t->scalar_type() != query.scalar_type() || t->numel() == 0) {
       return math;
     }
   }
+  // 4-d, as PyTorch's meta function for the kernel (what torch.compile traces with) takes.
   const int64_t rank = query.dim();
-  if (rank < 2 || key.dim() != rank || value.dim() != rank || key.size(-1) != query.size(-1) ||
+  if (rank != 4 || key.dim() != rank || value.dim() != rank || key.size(-1) != query.size(-1) ||
       value.size(-2) != key.size(-2)) {
     return math;
   }
@@ -328,6 +336,32 @@ int64_t pjrt_fused_sdp_choice(
     }
   }
   return static_cast<int64_t>(at::SDPBackend::overrideable);
+}
+
+// PyTorch's meta functions for the attention kernels lay their results out like the inputs
+// (the output like the query, each gradient like its input: dims in the order of the input's
+// strides); the engine's results are contiguous. A result whose input is laid out otherwise is
+// made contiguous in that dim order and viewed back, so the views a compiled graph traced on
+// the meta layout stay valid, and a transposed query's output reads back transposed without a
+// copy, as models read it. A `contiguous` rather than a copy into a new tensor keeps a padded
+// result padded (a growing sequence's bucket).
+at::Tensor laid_out_like(const at::Tensor& like, at::Tensor result) {
+  if (!result.defined() || like.is_contiguous() || like.dim() != result.dim()) {
+    return result;
+  }
+  std::vector<int64_t> order(like.dim());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return like.stride(a) > like.stride(b);
+  });
+  if (std::is_sorted(order.begin(), order.end())) {
+    return result;
+  }
+  std::vector<int64_t> back(order.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    back[order[i]] = static_cast<int64_t>(i);
+  }
+  return result.permute(order).contiguous().permute(back);
 }
 
 std::tuple<
@@ -378,7 +412,7 @@ pjrt_sdpa_overrideable(
   // engine's op needs none, so they are empty.
   const auto none = [&] { return at::empty({0}, query.options().dtype(at::kLong)); };
   return std::make_tuple(
-      std::move(r[0]),
+      laid_out_like(query, std::move(r[0])),
       std::move(r[1]),
       none(),
       none(),
@@ -387,6 +421,62 @@ pjrt_sdpa_overrideable(
       none(),
       none(),
       none());
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> pjrt_sdpa_overrideable_backward(
+    const at::Tensor& grad_out,
+    const at::Tensor& query,
+    const at::Tensor& key,
+    const at::Tensor& value,
+    const at::Tensor& attn_bias,
+    std::array<bool, 4> grad_input_mask,
+    const at::Tensor& out,
+    const at::Tensor& /*logsumexp*/,
+    const at::Tensor& /*cum_seq_q*/,
+    const at::Tensor& /*cum_seq_k*/,
+    c10::SymInt /*max_q*/,
+    c10::SymInt /*max_k*/,
+    double dropout_p,
+    bool is_causal,
+    const at::Tensor& /*philox_seed*/,
+    const at::Tensor& /*philox_offset*/,
+    std::optional<double> scale) {
+  TORCH_CHECK(
+      dropout_p == 0.0,
+      "_scaled_dot_product_fused_attention_overrideable_backward: pjrt's attention op takes no ",
+      "dropout (got dropout_p=",
+      dropout_p,
+      ")");
+  static const auto op = engine_op(ops::_scaled_dot_product_fused_attention_overrideable_backward);
+  const bool has_bias = attn_bias.defined();
+  const bool bias_grad = has_bias && grad_input_mask[3];
+  OpCall c(
+      op,
+      "aten::_scaled_dot_product_fused_attention_overrideable_backward",
+      {.is_causal = is_causal,
+       .has_attn_bias = has_bias,
+       .has_scale = scale.has_value(),
+       .scale = scale.value_or(0.0),
+       .bias_grad = bias_grad});
+  c.input(grad_out);
+  c.input(query);
+  c.input(key);
+  c.input(value);
+  c.input(out);
+  if (has_bias) {
+    c.input(attn_bias);
+  }
+  std::vector<at::Tensor> r = c.run_functional_n(bias_grad ? 4 : 3);
+  // Gradients nobody asked for are dropped here, so the engine never computes them.
+  const auto asked = [&](size_t i) { return grad_input_mask[i] ? std::move(r[i]) : at::Tensor(); };
+  at::Tensor grad_query = laid_out_like(query, asked(0));
+  at::Tensor grad_key = laid_out_like(key, asked(1));
+  at::Tensor grad_value = laid_out_like(value, asked(2));
+  return std::make_tuple(
+      std::move(grad_query),
+      std::move(grad_key),
+      std::move(grad_value),
+      bias_grad ? laid_out_like(attn_bias, std::move(r[3])) : at::Tensor());
 }
 
 }  // namespace
@@ -399,6 +489,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_grouped_mm", TORCH_FN(pjrt_grouped_mm));
   m.impl(
       "_scaled_dot_product_fused_attention_overrideable", TORCH_FN(pjrt_sdpa_overrideable));
+  m.impl(
+      "_scaled_dot_product_fused_attention_overrideable_backward",
+      TORCH_FN(pjrt_sdpa_overrideable_backward));
 }
 
 }  // namespace torch_pjrt

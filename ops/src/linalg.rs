@@ -501,6 +501,7 @@ impl OpRule for Attention {
 /// What the forward and the backward of attention share: the inputs in the computation dtype,
 /// the key and value repeated over grouped query heads, and each row's softmax.
 struct AttentionRows {
+    /// The query and the key, each times `root_scale`.
     q: Value,
     key: Value,
     v: Value,
@@ -509,7 +510,8 @@ struct AttentionRows {
     /// Each row's shift (its maximum, 0 when masked everywhere) and sum of exponentials.
     shift: Value,
     sum: Value,
-    scale: f64,
+    /// The square root of the scale, by which `q` and `key` are already multiplied.
+    root_scale: f64,
     /// The key heads before grouping, when the query has more.
     key_heads: Option<i64>,
 }
@@ -550,14 +552,19 @@ fn attention_rows(
     }
     let s = e.shape(key)[r - 2];
     let batch: Vec<usize> = (0..nb).collect();
-    let scores = e.dot_general(q, key, &batch, &batch, &[r - 1], &[r - 1], cd);
+    // Query and key each scaled by the scale's square root before their product, as PyTorch's
+    // math composition does, so both round alike.
     let scale = if l.has_scale {
         l.scale
     } else {
         1.0 / (depth as f64).sqrt()
     };
-    let scale_k = k(e, scores, scale);
-    let mut scores = e.mul(scores, scale_k);
+    let root_scale = scale.sqrt();
+    let root_q = k(e, q, root_scale);
+    let q = e.mul(q, root_q);
+    let root_k = k(e, key, root_scale);
+    let key = e.mul(key, root_k);
+    let mut scores = e.dot_general(q, key, &batch, &batch, &[r - 1], &[r - 1], cd);
     let score_shape = e.shape(scores).to_vec();
     let neg_inf = k(e, scores, f64::NEG_INFINITY);
     if l.is_causal {
@@ -608,7 +615,7 @@ fn attention_rows(
         probs,
         shift,
         sum,
-        scale,
+        root_scale,
         key_heads,
     }
 }
@@ -640,7 +647,7 @@ pub(crate) fn lower_attention(
 /// The gradients of [`Attention`] (`_scaled_dot_product_fused_attention_overrideable_backward`)
 /// from `grad_out, query, key, value, out[, bias]`: the query's, key's and value's, then the
 /// bias's when `bias_grad`. The softmax is computed again from the inputs; with `P` its rows,
-/// `dV = P^T dO`, `dS = P * (dO V^T - rowsum(dO * O))`, `dQ = scale * dS K`,
+/// `dV = P^T dO`, `dS = P * (dP - rowsum(dP * P))` with `dP = dO V^T`, `dQ = scale * dS K`,
 /// `dK = scale * dS^T Q`, the key's and value's summed over the query heads that share them,
 /// and the bias's `dS` summed to its shape. A masked position has `P = 0`, so no gradient.
 pub(crate) struct AttentionBackward;
@@ -718,24 +725,28 @@ pub(crate) fn lower_attention_backward(
     }
     let rows = attention_rows(e, &forward_inputs, &forward, cd, key_len);
     let grad = e.convert(inputs[0], cd);
-    let out = e.convert(inputs[4], cd);
     let r = e.rank(rows.q);
     let batch: Vec<usize> = (0..r - 2).collect();
     let score_shape = e.shape(rows.probs).to_vec();
     let row_dims: Vec<usize> = (0..r - 1).collect();
     // dV = P^T dO: contract the query rows.
     let dv = e.dot_general(rows.probs, grad, &batch, &batch, &[r - 2], &[r - 2], cd);
-    // dS = P * (dO V^T - rowsum(dO * O)).
+    // dS = P * (dP - rowsum(dP * P)) with dP = dO V^T: the softmax's backward as PyTorch's
+    // (`rowsum(dO * O)` is the same sum, rounded otherwise).
     let dp = e.dot_general(grad, rows.v, &batch, &batch, &[r - 1], &[r - 1], cd);
-    let weighted = e.mul(grad, out);
+    let weighted = e.mul(dp, rows.probs);
     let row_dot = e.reduce_sum(weighted, &[r - 1]);
     let row_dot = e.broadcast_in_dim(row_dot, &score_shape, &row_dims);
     let centered = e.sub(dp, row_dot);
     let ds = e.mul(rows.probs, centered);
-    let scale = k(e, ds, rows.scale);
-    let ds_scaled = e.mul(ds, scale);
-    let dq = e.dot_general(ds_scaled, rows.key, &batch, &batch, &[r - 1], &[r - 2], cd);
-    let dk = e.dot_general(ds_scaled, rows.q, &batch, &batch, &[r - 2], &[r - 2], cd);
+    // The scores were (q * root) (key * root)^T: each factor's gradient is the product with
+    // the other scaled factor, times the root again.
+    let dq = e.dot_general(ds, rows.key, &batch, &batch, &[r - 1], &[r - 2], cd);
+    let root_dq = k(e, dq, rows.root_scale);
+    let dq = e.mul(dq, root_dq);
+    let dk = e.dot_general(ds, rows.q, &batch, &batch, &[r - 2], &[r - 2], cd);
+    let root_dk = k(e, dk, rows.root_scale);
+    let dk = e.mul(dk, root_dk);
     let (dk, dv) = match rows.key_heads {
         // Each key head's gradient sums those of the query heads it served.
         Some(hk) => {

@@ -279,9 +279,8 @@ at::Tensor grouped_mm_in(
 // dropout, nested, complex or empty tensors, tensors other than 4-d, heads that differ without
 // `enable_gqa`, masks of another dtype or that do not broadcast (where the composition raises
 // PyTorch's own errors), and whenever `torch.nn.attention.sdpa_kernel` leaves `OVERRIDEABLE`
-// out. As with the CUDA's flash kernels,
-// a gradient of the gradient through the backward op is not implemented; the math backend
-// (`sdpa_kernel([SDPBackend.MATH])`) gives it.
+// out. As with CUDA's flash kernels, a gradient of the gradient through the backward op is not
+// implemented; the math backend (`sdpa_kernel([SDPBackend.MATH])`) gives it.
 int64_t pjrt_fused_sdp_choice(
     const at::Tensor& query,
     const at::Tensor& key,
@@ -303,8 +302,9 @@ int64_t pjrt_fused_sdp_choice(
   const c10::DispatchKeySet traced(
       {c10::DispatchKey::Python, c10::DispatchKey::Functionalize});
   for (const at::Tensor* t : {&query, &key, &value}) {
-    if (!is_pjrt(*t) || t->is_nested() || t->key_set().has_any(traced) || !at::isFloatingType(t->scalar_type()) ||
-        t->scalar_type() != query.scalar_type() || t->numel() == 0) {
+    if (!is_pjrt(*t) || t->is_nested() || t->key_set().has_any(traced) ||
+        !at::isFloatingType(t->scalar_type()) || t->scalar_type() != query.scalar_type() ||
+        t->numel() == 0) {
       return math;
     }
   }

@@ -1,8 +1,8 @@
 """`scaled_dot_product_attention` on pjrt runs as the engine's one attention op (PyTorch's
-`overrideable` kernel slot), and its gradients as one backward op, against the CPU in every
-eager mode: plain, causal (square and not), bool and float masks that broadcast, fully masked
-rows, an explicit scale, grouped-query heads, and reduced floats. What it does not take (dropout, inputs other than 4-d,
-`sdpa_kernel` without `OVERRIDEABLE`) runs PyTorch's math composition."""
+`overrideable` kernel slot) where no gradient is needed, against the CPU in every eager mode: plain, causal (square and not), bool and float masks that broadcast, fully masked
+rows, an explicit scale, grouped-query heads, and reduced floats. What it does not take (gradients, dropout, inputs other
+than 4-d, `sdpa_kernel` without `OVERRIDEABLE`) runs PyTorch's math composition. The op's own
+backward, which a direct call of the op reaches, is checked against the CPU's gradients too."""
 
 import pytest
 import torch
@@ -104,6 +104,33 @@ def test_attention_in_other_float_dtypes(strict_or_fused_mode, dtype):
     assert_close(run(fn, args, "pjrt"), expected, rtol=tol, atol=tol)
 
 
+def overrideable(q, k, v, mask=None, is_causal=False, scale=None, enable_gqa=False):
+    """The engine's attention op called directly (its gradients are its backward op's)."""
+    if enable_gqa and q.device.type == "cpu":
+        return F.scaled_dot_product_attention(q, k, v, mask, is_causal=is_causal, scale=scale, enable_gqa=True)
+    if q.device.type == "cpu":
+        return F.scaled_dot_product_attention(q, k, v, mask, is_causal=is_causal, scale=scale)
+    if mask is not None and mask.dtype == torch.bool:
+        mask = torch.zeros(mask.shape, device=mask.device).masked_fill(~mask, float("-inf"))
+    return torch.ops.aten._scaled_dot_product_fused_attention_overrideable(
+        q, k, v, mask, is_causal=is_causal, scale=scale
+    )[0]
+
+
+DIRECT = {
+    "plain": (lambda q, k, v, m: overrideable(q, k, v), (Q, K, V, None)),
+    "causal_rectangular": (lambda q, k, v, m: overrideable(q, k, v, is_causal=True), (Q, K, V, None)),
+    "fully_masked_row": (lambda q, k, v, m: overrideable(q, k, v, m), (Q, K, V, ROW_MASKED)),
+    "float_mask_broadcast": (lambda q, k, v, m: overrideable(q, k, v, m), (Q, K, V, FLOAT_MASK)),
+    "scale": (lambda q, k, v, m: overrideable(q, k, v, scale=0.3), (Q, K, V, None)),
+    "grouped_heads": (
+        lambda q, k, v, m: overrideable(q, k, v, is_causal=True, enable_gqa=True),
+        (Q, K_GROUPED, V_GROUPED, None),
+    ),
+    "transposed_heads": (lambda q, k, v, m: overrideable(q, k, v, is_causal=True), CASES["transposed_heads"][1]),
+}
+
+
 def grads(fn, args, device, with_mask_grad=False):
     """`fn`'s output and the gradients of query, key, value (and a float mask) for a fixed
     cotangent."""
@@ -119,7 +146,7 @@ def grads(fn, args, device, with_mask_grad=False):
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_attention_gradients_match_the_cpu_as_one_backward_op(strict_or_fused_mode, name):
+def test_attention_with_gradients_takes_the_composition(strict_or_fused_mode, name):
     fn, args = CASES[name]
     expected = grads(fn, args, "cpu")
     torch_pjrt.sync()
@@ -127,34 +154,30 @@ def test_attention_gradients_match_the_cpu_as_one_backward_op(strict_or_fused_mo
     got = grads(fn, args, "pjrt")
     for g, w in zip(got, expected):
         assert_close(g, w, rtol=1e-5, atol=1e-5)
-    mask = args[3]
-    conversion = 3 if mask is not None and mask.dtype == torch.bool else 0
+    # The composition saves its softmax for the backward, which the op would compute again.
+    assert torch_pjrt.metrics()["ops"] - before > 6
+
+
+@pytest.mark.parametrize("name", list(DIRECT))
+def test_the_ops_own_backward_matches_the_cpu(strict_or_fused_mode, name):
+    fn, args = DIRECT[name]
+    expected = grads(fn, args, "cpu")
+    torch_pjrt.sync()
+    before = torch_pjrt.metrics()["ops"]
+    got = grads(fn, args, "pjrt")
+    for g, w in zip(got, expected):
+        assert_close(g, w, rtol=1e-5, atol=1e-5)
     # Forward and backward: one op each (grouped key heads are summed inside the backward op),
-    # and a copy for each result laid out like a non-contiguous input.
-    laid = [a.detach().clone() for a in args[:3]]  # as `grads` moves them
-    relaid = sum(not a.is_contiguous() for a in laid) + (0 if laid[0].is_contiguous() else 1)
-    assert torch_pjrt.metrics()["ops"] - before == 2 + conversion + relaid
-
-
-def test_results_are_laid_out_as_pytorchs_meta_functions_say():
-    """What torch.compile traces with: a compiled graph's views of the results rely on it."""
-    fn, args = CASES["transposed_heads"]
-    q, k, v = (a.to("pjrt").requires_grad_() for a in args[:3])
-    out, lse, *_ = torch.ops.aten._scaled_dot_product_fused_attention_overrideable(q, k, v, is_causal=True)
-    meta = [a.detach().to("meta") for a in args[:3]]
-    meta_out, meta_lse, *_ = torch.ops.aten._scaled_dot_product_fused_attention_overrideable(*meta, is_causal=True)
-    assert (out.shape, out.stride()) == (meta_out.shape, meta_out.stride())
-    assert lse.shape == meta_lse.shape
-    grad = torch.randn(out.shape, generator=seeded(12)).to("pjrt")
-    grads = torch.ops.aten._scaled_dot_product_fused_attention_overrideable_backward(
-        grad, q, k, v, None, [True, True, True, False], out, lse, None, None, 3, 5, 0.0, True, None, None
-    )
-    for g, t in zip(grads[:3], (q, k, v)):
-        assert (g.shape, g.stride()) == (t.shape, t.stride())
+    # and the bool mask's conversion. (A transposed query's output is laid out by a copy whose
+    # gradient adds its own ops.)
+    if args[0].is_contiguous():
+        mask = args[3]
+        conversion = 3 if mask is not None and mask.dtype == torch.bool else 0
+        assert torch_pjrt.metrics()["ops"] - before == 2 + conversion
 
 
 def test_a_float_masks_gradient(strict_or_fused_mode):
-    fn, args = CASES["float_mask_broadcast"]
+    fn, args = DIRECT["float_mask_broadcast"]
     expected = grads(fn, args, "cpu", with_mask_grad=True)
     got = grads(fn, args, "pjrt", with_mask_grad=True)
     for g, w in zip(got, expected):
@@ -180,7 +203,7 @@ def test_what_the_op_does_not_take_runs_the_math_composition(strict_or_fused_mod
 
 def test_a_gradient_of_the_gradient_names_the_backward_op(strict_or_fused_mode):
     q = Q.to("pjrt").requires_grad_()
-    out = F.scaled_dot_product_attention(q, K.to("pjrt"), V.to("pjrt"))
+    out = overrideable(q, K.to("pjrt"), V.to("pjrt"))
     (g,) = torch.autograd.grad(out.sum(), q, create_graph=True)
     with pytest.raises(RuntimeError, match="_scaled_dot_product_fused_attention_overrideable_backward"):
         g.sum().backward()

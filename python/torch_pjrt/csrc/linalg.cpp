@@ -273,14 +273,13 @@ at::Tensor grouped_mm_in(
 // ----- attention ---------------------------------------------------------------------------------
 
 // `scaled_dot_product_attention` asks `_fused_sdp_choice_stub` which kernel to run. On pjrt the
-// answer is the engine's attention op (PyTorch's `overrideable` slot, with its backward op for
-// gradients) wherever that op computes what PyTorch's math composition does: one captured op
-// instead of a dozen, and one program in Strict. PyTorch's math composition runs the rest:
-// dropout, nested, complex or empty tensors, tensors other than 4-d, heads that differ without
+// answer is the engine's attention op (PyTorch's `overrideable` slot) wherever that op computes
+// what PyTorch's math composition does: one captured op instead of a dozen, and one program in
+// Strict. PyTorch's math composition runs the rest: gradients, dropout, nested, complex or empty tensors, tensors other than 4-d, heads that differ without
 // `enable_gqa`, masks of another dtype or that do not broadcast (where the composition raises
 // PyTorch's own errors), and whenever `torch.nn.attention.sdpa_kernel` leaves `OVERRIDEABLE`
-// out. As with CUDA's flash kernels, a gradient of the gradient through the backward op is not
-// implemented; the math backend (`sdpa_kernel([SDPBackend.MATH])`) gives it.
+// out. The op's backward (a direct call's gradients) has no gradient of its own, as CUDA's flash
+// kernels'.
 int64_t pjrt_fused_sdp_choice(
     const at::Tensor& query,
     const at::Tensor& key,
@@ -295,6 +294,13 @@ int64_t pjrt_fused_sdp_choice(
     return math;
   }
   const bool has_mask = attn_mask.has_value() && attn_mask->defined();
+  // Gradients: the composition saves the softmax for its backward, where the engine's backward
+  // op computes it again (an extra product): measured slower at every size tried (RFC 0050).
+  const bool wants_grad = query.requires_grad() || key.requires_grad() ||
+      value.requires_grad() || (has_mask && attn_mask->requires_grad());
+  if (at::GradMode::is_enabled() && wants_grad) {
+    return math;
+  }
   // Tensors a tracer holds (torch.compile's fake and functional tensors) take the composition:
   // a compiled graph is one program whatever its op count, and the tracer lays out elementwise
   // results as PyTorch's CPU kernels do, which the engine's contiguous results would not match
@@ -338,13 +344,12 @@ int64_t pjrt_fused_sdp_choice(
   return static_cast<int64_t>(at::SDPBackend::overrideable);
 }
 
-// PyTorch's meta functions for the attention kernels lay their results out like the inputs
-// (the output like the query, each gradient like its input: dims in the order of the input's
-// strides); the engine's results are contiguous. A result whose input is laid out otherwise is
-// made contiguous in that dim order and viewed back, so the views a compiled graph traced on
-// the meta layout stay valid, and a transposed query's output reads back transposed without a
-// copy, as models read it. A `contiguous` rather than a copy into a new tensor keeps a padded
-// result padded (a growing sequence's bucket).
+// PyTorch's meta function for the attention kernel lays the output out like the query (dims in
+// the order of its strides); the engine's results are contiguous. An output whose query is laid
+// out otherwise is made contiguous in that dim order and viewed back: a transposed query (how
+// models split heads) gets an output its transpose back reads without a copy, and code that
+// relies on the meta layout finds it. A `contiguous` rather than a copy into a new tensor keeps a
+// padded result padded (a growing sequence's bucket).
 at::Tensor laid_out_like(const at::Tensor& like, at::Tensor result) {
   if (!result.defined() || like.is_contiguous() || like.dim() != result.dim()) {
     return result;
@@ -469,14 +474,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> pjrt_sdpa_overrideabl
   std::vector<at::Tensor> r = c.run_functional_n(bias_grad ? 4 : 3);
   // Gradients nobody asked for are dropped here, so the engine never computes them.
   const auto asked = [&](size_t i) { return grad_input_mask[i] ? std::move(r[i]) : at::Tensor(); };
-  at::Tensor grad_query = laid_out_like(query, asked(0));
-  at::Tensor grad_key = laid_out_like(key, asked(1));
-  at::Tensor grad_value = laid_out_like(value, asked(2));
+  // Contiguous, unlike the meta function's gradients (laid out like the inputs): only eager
+  // code reaches this kernel (tracers take the composition), and a transposition here would be
+  // one more copy of each gradient on its way back through the caller's views.
+  at::Tensor grad_query = asked(0);
+  at::Tensor grad_key = asked(1);
+  at::Tensor grad_value = asked(2);
   return std::make_tuple(
       std::move(grad_query),
       std::move(grad_key),
       std::move(grad_value),
-      bias_grad ? laid_out_like(attn_bias, std::move(r[3])) : at::Tensor());
+      bias_grad ? std::move(r[3]) : at::Tensor());
 }
 
 }  // namespace

@@ -28,16 +28,36 @@ import collections
 import json
 import os
 import random
-import subprocess
 import sys
-import tempfile
 import time
+
+from sweep_common import (
+    OUT_TOL,
+    add_common_options,
+    errors_by_name,
+    escape_cell,
+    exception_reason,
+    failure_note,
+    fallback_ops_cell,
+    format_error,
+    grade,
+    largest_error,
+    load_results,
+    mode_records,
+    mode_summary,
+    only_names,
+    parse_child_call,
+    run_device_modes,
+    run_in_child,
+    run_sweep,
+    stage_writer,
+    take_shard,
+    tensor_error,
+)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_OUT = os.path.join(HERE, "results", "hf_sweep.jsonl")
-MODES = ("strict", "defer_and_fuse")
 BATCH, SEQ, DEC_SEQ = 2, 8, 5
-OUT_TOL, GRAD_TOL = 1e-4, 1e-3
 # Token ids of the inputs stay below the vocabulary's last ids, where special tokens are moved.
 VOCAB, RESERVED = 256, 16
 
@@ -404,35 +424,6 @@ def _run(model, inputs: dict, weights: dict):
     return {k: v.detach() for k, v in outs.items()}, grads, name
 
 
-def _err(actual, expected) -> float:
-    """Largest absolute difference, divided by the expected tensor's magnitude when above 1."""
-    import torch
-
-    if actual.shape != expected.shape:
-        return float("inf")
-    a, e = actual.detach().cpu(), expected.detach()
-    if not e.is_floating_point():
-        return 0.0 if torch.equal(a, e) else float("inf")
-    a, e = a.double(), e.double()
-    both_nan = a.isnan() & e.isnan()
-    if (a.isnan() ^ e.isnan()).any():
-        return float("inf")
-    a, e = a.masked_fill(both_nan, 0), e.masked_fill(both_nan, 0)
-    finite = e.isfinite()
-    if (a.isfinite() != finite).any() or (a[~finite] != e[~finite]).any():
-        return float("inf")
-    if e.numel() == 0:
-        return 0.0
-    diff = (a - e)[finite].abs().max().item() if finite.any() else 0.0
-    scale = max(1.0, e[finite].abs().max().item() if finite.any() else 1.0)
-    return diff / scale
-
-
-def _reason(e: BaseException) -> str:
-    lines = [line for line in str(e).strip().splitlines() if line.strip()]
-    return f"{type(e).__name__}: {lines[0][:240] if lines else ''}"
-
-
 def child(model_type: str, class_name: str, modes: list[str], stage_file: str) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -444,12 +435,7 @@ def child(model_type: str, class_name: str, modes: list[str], stage_file: str) -
     import transformers
 
     transformers.logging.set_verbosity_error()
-
-    def emit(record):
-        with open(stage_file, "a") as f:
-            f.write(json.dumps(record) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+    emit = stage_writer(stage_file)
 
     # CPU: build and find inputs that run forward and backward
     t0 = time.time()
@@ -466,12 +452,12 @@ def child(model_type: str, class_name: str, modes: list[str], stage_file: str) -
             torch.manual_seed(0)
             model = cls(cfg).float().eval()
         except Exception as e:  # noqa: BLE001 - the reason is the result
-            reasons.append("build: " + _reason(e))
+            reasons.append("build: " + exception_reason(e))
             continue
         try:
             cands = candidate_inputs(model, cfg)
         except Exception as e:  # noqa: BLE001
-            reasons.append("inputs: " + _reason(e))
+            reasons.append("inputs: " + exception_reason(e))
             continue
         for inputs in cands:
             weights = {}
@@ -482,7 +468,7 @@ def child(model_type: str, class_name: str, modes: list[str], stage_file: str) -
                 model.zero_grad(set_to_none=True)
                 outs, grads, loss_name = _run(model, inputs, weights)
             except Exception as e:  # noqa: BLE001
-                reasons.append("cpu: " + _reason(e))
+                reasons.append("cpu: " + exception_reason(e))
                 continue
             if not grads:
                 reasons.append("cpu: no parameter gets a gradient")
@@ -505,7 +491,7 @@ def child(model_type: str, class_name: str, modes: list[str], stage_file: str) -
     torch.manual_seed(1234)
     try:
         again, _, _ = _run(model, inputs, weights)
-        random_outs = sorted(k for k, v in cpu_outs.items() if not _err(again.get(k, v), v) <= OUT_TOL)
+        random_outs = sorted(k for k, v in cpu_outs.items() if not tensor_error(again.get(k, v), v) <= OUT_TOL)
     except Exception:  # noqa: BLE001 - the first run succeeded; treat as deterministic
         random_outs = []
     model.zero_grad(set_to_none=True)
@@ -521,226 +507,87 @@ def child(model_type: str, class_name: str, modes: list[str], stage_file: str) -
         }
     )
 
-    import torch_pjrt
+    def run_step():
+        dev_model = copy.deepcopy(pristine).to("pjrt")
+        dev_inputs = {k: v.to("pjrt") if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+        outs, grads, _ = _run(dev_model, dev_inputs, weights)
+        results = {k: v.cpu() for k, v in outs.items()}, {k: v.cpu() for k, v in grads.items()}
+        return results, (dev_model, dev_inputs)
 
-    for mode in modes:
-        t0 = time.time()
-        emit({"stage": mode, "started": True})
-        rec = {"stage": mode}
-        try:
-            with torch_pjrt.eager_mode(mode):
-                torch_pjrt.sync()
-                torch_pjrt.reset_metrics()
-                dev_model = copy.deepcopy(pristine).to("pjrt")
-                dev_inputs = {k: v.to("pjrt") if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
-                outs, grads, _ = _run(dev_model, dev_inputs, weights)
-                outs = {k: v.cpu() for k, v in outs.items()}
-                grads = {k: v.cpu() for k, v in grads.items()}
-                torch_pjrt.sync()
-                rec["fallback_ops"] = dict(torch_pjrt.metrics()["fallback_ops"])
-        except Exception as e:  # noqa: BLE001
-            rec.update(result="error", reason=_reason(e), seconds=round(time.time() - t0, 1))
-            emit(rec)
-            continue
-        out_errs = {k: _err(outs[k], v) if k in outs else float("inf") for k, v in cpu_outs.items()}
-        grad_errs = {k: _err(grads[k], v) if k in grads else float("inf") for k, v in cpu_grads.items()}
-        extra = sorted(set(grads) - set(cpu_grads))
-        out_max = max(out_errs.values(), default=0.0)
-        grad_max = max(grad_errs.values(), default=0.0)
-        bad_out = sorted(((e, k) for k, e in out_errs.items() if not e <= OUT_TOL), reverse=True)
-        bad_grad = sorted(((e, k) for k, e in grad_errs.items() if not e <= GRAD_TOL), reverse=True)
-        rec.update(out_err=out_max, grad_err=grad_max, seconds=round(time.time() - t0, 1))
+    def judge(results, fallback_ops):
+        outs, grads = results
+        out_errors = errors_by_name(outs, cpu_outs)
+        grad_errors = errors_by_name(grads, cpu_grads)
+        errors = {
+            "out_err": max(out_errors.values(), default=0.0),
+            "grad_err": max(grad_errors.values(), default=0.0),
+        }
         if random_outs:
-            rec["result"] = "fallback" if rec["fallback_ops"] else "unchecked"
-            rec["reason"] = "random in eval mode: " + ", ".join(random_outs[:3])
-        elif bad_out or bad_grad or extra:
-            rec["result"] = "wrong"
-            rec["bad_outputs"] = [[k, e] for e, k in bad_out[:5]]
-            rec["bad_grads"] = [[k, e] for e, k in bad_grad[:8]]
-            rec["n_bad_grads"] = len(bad_grad)
-            if extra:
-                rec["extra_grads"] = extra[:5]
+            findings = {
+                "result": "fallback" if fallback_ops else "unchecked",
+                "reason": "random in eval mode: " + ", ".join(random_outs[:3]),
+            }
         else:
-            rec["result"] = "fallback" if rec["fallback_ops"] else "pass"
-        emit(rec)
+            findings = grade(out_errors, grad_errors, sorted(set(grads) - set(cpu_grads)), fallback_ops)
+        return errors, findings
+
+    run_device_modes(modes, emit, run_step, judge)
 
 
 # --------------------------------------------------------------------------------------------
 # The sweep (parent)
 
 
-def _clean(v):
-    """JSON-safe floats (inf and nan as strings)."""
-    if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
-        return str(v)
-    if isinstance(v, dict):
-        return {k: _clean(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_clean(x) for x in v]
-    return v
-
-
 def run_one(model_type: str, class_name: str, timeout: float) -> dict:
-    row = {"model_type": model_type, "class": class_name}
-    t0 = time.time()
-    pending = list(MODES)
-    first = True
-    while first or pending:
-        fd, stage_file = tempfile.mkstemp(prefix="hf_sweep_", suffix=".jsonl")
-        os.close(fd)
-        cmd = [sys.executable, os.path.abspath(__file__), "--child", model_type, class_name, ",".join(pending), stage_file]
-        try:
-            proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=timeout)
-            failure = None if proc.returncode == 0 else f"crash: exit {proc.returncode}"
-            tail = proc.stderr.decode(errors="replace").strip().splitlines()[-1:] if proc.returncode else []
-        except subprocess.TimeoutExpired:
-            failure, tail = f"timeout after {timeout:.0f} s", []
-        with open(stage_file) as f:
-            stages = [json.loads(line) for line in f if line.strip()]
-        os.unlink(stage_file)
-        in_flight = None
-        for st in stages:
-            name = st.pop("stage")
-            if name == "cpu":
-                row["cpu"] = st
-            elif st.get("started"):
-                in_flight = name
-            else:
-                row[name] = st
-                in_flight = None
-                pending.remove(name)
-        if first and "cpu" not in row:
-            row["cpu"] = {"ok": False, "reason": failure + (f" ({tail[0][:200]})" if tail else "") if failure else "no result"}
-        first = False
-        if not row["cpu"].get("ok"):
-            break
-        if failure and in_flight:
-            kind = "timeout" if failure.startswith("timeout") else "crash"
-            row[in_flight] = {"result": kind, "reason": failure + (f": {tail[0][:200]}" if tail else "")}
-            pending.remove(in_flight)
-        elif failure or pending:
-            for m in pending:
-                row[m] = {"result": "crash", "reason": failure or "no result"}
-            break
-    row["seconds"] = round(time.time() - t0, 1)
-    return _clean(row)
-
-
-def load(path: str) -> list[dict]:
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return run_in_child(__file__, [model_type, class_name], {"model_type": model_type, "class": class_name}, timeout)
 
 
 def main() -> None:
-    if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        child(sys.argv[2], sys.argv[3], [m for m in sys.argv[4].split(",") if m], sys.argv[5])
+    child_call = parse_child_call(sys.argv)
+    if child_call:
+        (model_type, class_name), modes, stage_file = child_call
+        child(model_type, class_name, modes, stage_file)
         return
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", help="comma-separated model types")
-    p.add_argument("--limit", type=int, help="at most this many new rows")
+    add_common_options(p, names="model types", unit="architecture", default_out=DEFAULT_OUT, default_timeout=180)
     p.add_argument("--shard", help="i/n: every n-th architecture from the i-th")
     p.add_argument("--jobs", type=int, default=1, help="architectures run at once")
-    p.add_argument("--timeout", type=float, default=180, help="seconds per architecture process")
-    p.add_argument("--budget-min", type=float, help="start no new row after this many minutes")
     p.add_argument("--order", choices=["shuffled", "sorted"], default="shuffled",
                    help="shuffled (fixed seed) so that a partial run samples every kind of model")  # fmt: skip
-    p.add_argument("--out", default=DEFAULT_OUT, help="JSONL results, appended to")
-    p.add_argument("--list", action="store_true", help="print the architectures and exit")
-    p.add_argument("--table", action="store_true", help="print the markdown table of --out and exit")
-    p.add_argument("--summary", action="store_true", help="print counts and failures by cause and exit")
     args = p.parse_args()
 
     if args.table:
-        print(table(load(args.out)))
+        print(table(load_results(args.out)))
         return
     if args.summary:
-        print(summary(load(args.out)))
+        print(summary(load_results(args.out)))
         return
     archs = architectures()
     if args.order == "shuffled":
         random.Random(0).shuffle(archs)
-    if args.only:
-        wanted = set(args.only.split(","))
-        archs = [a for a in archs if a[0] in wanted]
+    classes = dict(archs)
+    names = only_names([t for t, _ in archs], args.only)
     if args.shard:
-        i, n = map(int, args.shard.split("/"))
-        archs = archs[i::n]
+        names = take_shard(names, args.shard)
     if args.list:
-        for t, c in archs:
-            print(t, c)
+        for t in names:
+            print(t, classes[t])
         return
-    done = {r["model_type"] for r in load(args.out)}
-    todo = [a for a in archs if a[0] not in done]
-    if args.limit is not None:
-        todo = todo[: args.limit]
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    deadline = time.time() + args.budget_min * 60 if args.budget_min else None
-    print(f"{len(todo)} architectures to run ({len(done)} already in {args.out})", flush=True)
-
-    def report(row):
-        with open(args.out, "a") as f:
-            f.write(json.dumps(row) + "\n")
-        modes = " ".join(f"{m}={row.get(m, {}).get('result', '-')}" for m in MODES)
-        cpu = "cpu=ok" if row["cpu"].get("ok") else f"cpu=unsupported ({row['cpu'].get('reason', '')[:80]})"
-        print(f"{row['model_type']:32} {row['seconds']:6.1f}s {cpu} {modes}", flush=True)
-
-    if args.jobs <= 1:
-        for t, c in todo:
-            if deadline and time.time() > deadline:
-                print("time budget spent", flush=True)
-                break
-            report(run_one(t, c, args.timeout))
-    else:
-        from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-
-        queue = list(todo)
-        with ThreadPoolExecutor(args.jobs) as pool:
-            running = set()
-            while queue or running:
-                while queue and len(running) < args.jobs and not (deadline and time.time() > deadline):
-                    t, c = queue.pop(0)
-                    running.add(pool.submit(run_one, t, c, args.timeout))
-                if not running:
-                    break
-                finished, running = wait(running, return_when=FIRST_COMPLETED)
-                for fut in finished:
-                    report(fut.result())
+    run_sweep(
+        names,
+        lambda t: run_one(t, classes[t], args.timeout),
+        out_path=args.out,
+        name_key="model_type",
+        name_width=32,
+        unit="architecture",
+        limit=args.limit,
+        budget_min=args.budget_min,
+        jobs=args.jobs,
+    )
 
 
 # --------------------------------------------------------------------------------------------
 # The coverage table
-
-
-def _fmt_err(v) -> str:
-    if v is None:
-        return ""
-    if isinstance(v, str):
-        return v
-    return f"{v:.1e}"
-
-
-def _cell(rec: dict | None) -> str:
-    if not rec:
-        return "-"
-    return rec.get("result", "-")
-
-
-def _why(row: dict) -> str:
-    for m in MODES:
-        rec = row.get(m) or {}
-        res = rec.get("result")
-        if res in ("error", "crash", "timeout"):
-            return f"{m}: {rec.get('reason', '')}"
-        if res in ("unchecked", "fallback") and rec.get("reason"):
-            return f"{m}: {rec['reason']}"
-        if res == "wrong":
-            bad = (rec.get("bad_grads") or []) + (rec.get("bad_outputs") or [])
-            what = ", ".join(f"{k} {_fmt_err(e)}" for k, e in bad[:2])
-            n = rec.get("n_bad_grads", 0)
-            return f"{m}: wrong values: {what}" + (f" ({n} gradients off)" if n > 2 else "")
-    return ""
 
 
 def table(rows: list[dict]) -> str:
@@ -752,26 +599,17 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         if not r["cpu"].get("ok"):
             continue
-        errs = [r.get(m, {}) for m in MODES]
-        out_err = max((e.get("out_err") for e in errs if isinstance(e.get("out_err"), (int, float))), default=None)
-        grad_err = max((e.get("grad_err") for e in errs if isinstance(e.get("grad_err"), (int, float))), default=None)
-        if any(isinstance(e.get("out_err"), str) for e in errs):
-            out_err = "inf"
-        if any(isinstance(e.get("grad_err"), str) for e in errs):
-            grad_err = "inf"
-        fb = collections.Counter()
-        for e in errs:
-            fb.update(e.get("fallback_ops") or {})
-        fb_s = ", ".join(f"`{k}`" for k in sorted(fb))
-        why = _why(r).replace("|", "\\|")
+        records = mode_records(r)
+        results = " | ".join(rec.get("result", "-") for rec in records)
+        out_err, grad_err = largest_error(records, "out_err"), largest_error(records, "grad_err")
         lines.append(
-            f"| {r['model_type']} | {r['class']} | {_cell(r.get('strict'))} | {_cell(r.get('defer_and_fuse'))} "
-            f"| {_fmt_err(out_err)} | {_fmt_err(grad_err)} | {fb_s} | {why} |"
+            f"| {r['model_type']} | {r['class']} | {results} | {format_error(out_err)} | {format_error(grad_err)} "
+            f"| {fallback_ops_cell(records)} | {escape_cell(failure_note(r))} |"
         )
     lines += ["", "Unsupported on CPU (not counted):", "", "| model type | class | reason |", "| --- | --- | --- |"]
     for r in rows:
         if not r["cpu"].get("ok"):
-            reason = r["cpu"].get("reason", "")[:160].replace("|", "\\|")
+            reason = escape_cell(r["cpu"].get("reason", "")[:160])
             lines.append(f"| {r['model_type']} | {r['class']} | {_cpu_kind(reason)}: {reason} |")
     return "\n".join(lines)
 
@@ -788,51 +626,16 @@ def _cpu_kind(reason: str) -> str:
     return "generic inputs fail"
 
 
-def _cause(rec: dict) -> str:
-    """A failure's cause with the parts that differ between models (sizes, names) left out."""
-    import re
-
-    reason = rec.get("reason", "")
-    reason = re.sub(r"\[[^\]]*\]|\([^)]*\)|\b\d+\b", "…", reason)
-    return f"{rec.get('result')}: {reason[:160]}"
-
-
 def summary(rows: list[dict]) -> str:
     built = [r for r in rows if r["cpu"].get("ok")]
+    kinds = collections.Counter(_cpu_kind(r["cpu"].get("reason", "")) for r in rows if not r["cpu"].get("ok"))
     lines = [
         f"- architectures tried: {len(rows)}",
-        f"- unsupported on CPU (do not build or run forward+backward there): {len(rows) - len(built)}",
+        f"- unsupported on CPU (do not build or run forward+backward there): {len(rows) - len(built)}"
+        " (" + ", ".join(f"{k} {v}" for k, v in kinds.most_common()) + ")",
         f"- built on CPU: {len(built)}",
     ]
-    kinds = collections.Counter(_cpu_kind(r["cpu"].get("reason", "")) for r in rows if not r["cpu"].get("ok"))
-    lines[1] += " (" + ", ".join(f"{k} {v}" for k, v in kinds.most_common()) + ")"
-    both = [r for r in built if all((r.get(m) or {}).get("result") == "pass" for m in MODES)]
-    pct = f" ({100 * len(both) / len(built):.0f}%)" if built else ""
-    lines.append(f"- pass in both modes (right values, no fallback): {len(both)}{pct}")
-    for m in MODES:
-        c = collections.Counter((r.get(m) or {}).get("result", "-") for r in built)
-        lines.append(f"- {m}: " + ", ".join(f"{k} {v}" for k, v in c.most_common()))
-    fallbacks = collections.defaultdict(set)
-    wrong, errors = [], collections.defaultdict(list)
-    for r in built:
-        for m in MODES:
-            rec = r.get(m) or {}
-            for op in rec.get("fallback_ops") or {}:
-                fallbacks[op].add(r["model_type"])
-            if rec.get("result") == "wrong":
-                wrong.append((r["model_type"], m, rec))
-            elif rec.get("result") in ("error", "crash", "timeout"):
-                errors[_cause(rec)].append(f"{r['model_type']} ({m})")
-    lines += ["", "Fallback ops (architectures):"]
-    for op, archs in sorted(fallbacks.items(), key=lambda kv: (-len(kv[1]), kv[0])):
-        lines.append(f"- `{op}`: {len(archs)}: {', '.join(sorted(archs))}")
-    lines += ["", "Wrong values (largest errors, relative to the magnitude where above 1):"]
-    for t, m, rec in sorted(wrong):
-        bad = (rec.get("bad_grads") or [])[:3] + (rec.get("bad_outputs") or [])[:2]
-        lines.append(f"- {t} ({m}): " + ", ".join(f"{k} {_fmt_err(e)}" for k, e in bad))
-    lines += ["", "Errors, crashes and timeouts:"]
-    for cause, archs in sorted(errors.items(), key=lambda kv: -len(kv[1])):
-        lines.append(f"- {len(archs)}x {cause}: {', '.join(archs)}")
+    lines += mode_summary(built, "model_type", "architecture", generalize_causes=True)
     return "\n".join(lines)
 
 

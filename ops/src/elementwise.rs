@@ -79,6 +79,7 @@ fn is_float_unary(op: OpId) -> bool {
             | Tanh
             | Sigmoid
             | Erf
+            | Erfc
             | Erfinv
             | Lgamma
             | Digamma
@@ -938,6 +939,7 @@ fn unary_float(e: &mut Emitter, a: &LowerArgs, x: Value) -> Result<Value, OpErro
             e.div(x, den)
         }
         Erf => erf(e, x),
+        Erfc => e.unary("chlo.erfc", x),
         Erfinv => e.unary("chlo.erf_inv", x),
         Lgamma => e.unary("chlo.lgamma", x),
         Digamma => digamma(e, x),

@@ -579,6 +579,10 @@ op_catalogue! {
     Attention = "_scaled_dot_product_fused_attention_overrideable", family: Linalg, rule: linalg::Attention, inputs: "query, key, value, attn_bias?", scalars: "", params: Attention;
     /// The query's, key's and value's gradients of `Attention`, and the mask's when asked.
     AttentionBackward = "_scaled_dot_product_fused_attention_overrideable_backward", family: Linalg, rule: linalg::AttentionBackward, inputs: "grad_out, query, key, value, out, attn_bias?", scalars: "", params: AttentionBackward;
+
+    // ---- unary elementwise, continued ---------------------------------------------------
+    /// `1 - erf(x)`, computed without the cancellation of that difference in the tail.
+    Erfc = "erfc", family: Elementwise, rule: elementwise::Unary, inputs: "self", scalars: "", params: None;
 }
 
 impl OpId {

@@ -271,3 +271,110 @@ def test_hand_written_kernels_name_their_params(layout_table):
                 if re.search(r"\.params?\(|engine_op\(\"", line):
                     offenders.append(f"{name}:{n}: {line.strip()}")
     assert not offenders, "\n".join(offenders)
+
+
+# ----- hand-written kernels, registered from their rows -----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def schemas():
+    return gen_kernels.schemas()
+
+
+def engine_overloads(schemas):
+    found = set()
+    for qualified, _, _ in gen_kernels.TABLE:
+        found.update(o.qualified for o in schemas.variants_of(qualified))
+    return found
+
+
+def kernels_by_overload(schemas, rows):
+    families = gen_kernels.hand_written_kernels(schemas, rows, engine_overloads(schemas))
+    return {q: code for kernels in families.values() for q, code, _ in kernels}
+
+
+def test_signatures_are_the_dispatchers(schemas):
+    sig = schemas.signature("upsample_nearest2d")
+    assert sig.struct == "upsample_nearest2d"
+    assert sig.returns == "at::Tensor"
+    assert sig.args == [
+        ("const at::Tensor &", "self"),
+        ("c10::SymIntArrayRef", "output_size"),
+        ("::std::optional<double>", "scales_h"),
+        ("::std::optional<double>", "scales_w"),
+    ]
+    # A written argument of an in-place overload is a mutable reference; a tensor list of a
+    # structured op an ITensorListRef, as the dispatcher's headers have them.
+    assert schemas.signature("add_.Tensor").args[0] == ("at::Tensor &", "self")
+    assert schemas.signature("cat").args[0] == ("const at::ITensorListRef &", "tensors")
+    assert schemas.signature("max.dim").returns == "::std::tuple<at::Tensor,at::Tensor>"
+
+
+def test_variants_are_found_by_argument_lists(schemas):
+    found = {o.qualified: o.kind for o in schemas.variants_of("hardtanh")}
+    assert found == {"hardtanh": "functional", "hardtanh_": "inplace", "hardtanh.out": "out"}
+    found = {o.qualified: (o.kind, o.outs) for o in schemas.variants_of("max.dim")}
+    assert found == {"max.dim": ("functional", []), "max.dim_max": ("out", ["max", "max_values"])}
+
+
+def test_every_hand_written_row_generates(schemas):
+    families = gen_kernels.hand_written_kernels(schemas, gen_kernels.HAND_WRITTEN, engine_overloads(schemas))
+    assert set(families) == set(gen_kernels.HAND_WRITTEN)
+    registered = [q for kernels in families.values() for q, _, _ in kernels]
+    assert len(registered) == len(set(registered))
+    # Each family's C++ file compiles its include where it ends.
+    for family in families:
+        with open(os.path.join(CSRC, f"{family}.cpp")) as f:
+            assert f'#include "generated/{family}_kernels.inc"' in f.read(), family
+
+
+def test_a_functional_row_brings_its_out_and_in_place_forms(schemas):
+    code = kernels_by_overload(schemas, {"activation": [("hardtanh", "pjrt_hardtanh", "")]})
+    assert set(code) == {"hardtanh", "hardtanh_", "hardtanh.out"}
+    assert "return pjrt_hardtanh(self, min_val, max_val);" in code["hardtanh"]
+    assert "return write_in_place(pjrt_hardtanh(self, min_val, max_val), self);" in code["hardtanh_"]
+    assert "return write_out(pjrt_hardtanh(self, min_val, max_val), out);" in code["hardtanh.out"]
+    # Several results: each written into its own out tensor.
+    code = kernels_by_overload(schemas, {"reduce": [("max.dim", "pjrt_max_dim", "")]})
+    assert "write_out(std::get<1>(result), max_values);" in code["max.dim_max"]
+    assert "return ::std::tuple<at::Tensor &,at::Tensor &>(max, max_values);" in code["max.dim_max"]
+
+
+def test_an_expression_row_names_the_schemas_arguments(schemas):
+    rows = {"padding": [("reflection_pad2d", "pad(PadMode::Reflect, 2, self, ints(padding))", "")]}
+    code = kernels_by_overload(schemas, rows)
+    assert "return write_out(pad(PadMode::Reflect, 2, self, ints(padding)), out);" in code["reflection_pad2d.out"]
+
+
+def test_options_shape_the_forms(schemas):
+    # `real`: a complex self runs each form, as called, on the CPU.
+    code = kernels_by_overload(schemas, {"elementwise": [("sinh", "pjrt_sinh", "real")]})
+    assert "run_on_cpu<at::_ops::sinh_out>(self, out)" in code["sinh.out"]
+    assert "run_on_cpu<at::_ops::sinh_>(self)" in code["sinh_"]
+    # `only`, and a view (its result aliases its input): no derived form.
+    assert set(kernels_by_overload(schemas, {"activation": [("hardtanh", "pjrt_hardtanh", "only")]})) == {"hardtanh"}
+    assert set(kernels_by_overload(schemas, {"backend": [("as_strided", "pjrt_as_strided", "")]})) == {"as_strided"}
+    # A row naming a form itself replaces the derived one.
+    rows = {"indexing": [("index_add", "pjrt_index_add", ""), ("index_add_", "pjrt_index_add_", "")]}
+    assert "return pjrt_index_add_(self, dim, index, source, alpha);" in kernels_by_overload(schemas, rows)["index_add_"]
+    # `autograd` registers the row's own overload above autograd, not its out= form.
+    families = gen_kernels.hand_written_kernels(
+        schemas, {"resample": [("grid_sampler_2d", "pjrt_grid_sampler_2d", "autograd")]}, set())
+    include = gen_kernels.hand_written_include("resample", families["resample"])
+    above = include.split("AutogradPrivateUse1", 1)[1]
+    assert '"grid_sampler_2d"' in above and "grid_sampler_2d.out" not in above
+
+
+@pytest.mark.parametrize(
+    "rows, message",
+    [
+        ({"a": [("mish_backward", "f", "")]}, "is CompositeImplicitAutograd"),
+        ({"a": [("add.Tensor", "f", "")]}, "has an engine row and a hand-written row"),
+        ({"a": [("hardtanh", "f", "")], "b": [("hardtanh", "g", "")]}, "has two hand-written rows"),
+        ({"a": [("hardtanh", "f", "fast")]}, "unknown option"),
+        ({"a": [("no_such_op", "f", "")]}, "does not exist in this PyTorch"),
+    ],
+)
+def test_bad_rows_are_refused(schemas, rows, message):
+    with pytest.raises(SystemExit, match=message):
+        gen_kernels.hand_written_kernels(schemas, rows, engine_overloads(schemas))

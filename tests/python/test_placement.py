@@ -93,7 +93,6 @@ CASES = {
     "hardsigmoid": _case(aten.hardsigmoid.default, EDGE),
     "hardsigmoid_backward": _case(aten.hardsigmoid_backward.default, GRAD, EDGE),
     "mish": _case(aten.mish.default, EDGE),
-    "mish_backward": _case(aten.mish_backward.default, GRAD, EDGE),
     "hardtanh": _case(aten.hardtanh.default, EDGE, -1.0, 1.0),
     "hardtanh_backward": _case(aten.hardtanh_backward.default, GRAD, EDGE, -1.0, 1.0),
     "threshold": _case(aten.threshold.default, EDGE, 0.5, -2.0),

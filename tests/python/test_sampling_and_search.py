@@ -1,7 +1,7 @@
-"""Ops pjrt runs natively instead of falling back to the CPU: erfinv, lgamma and digamma; the
+"""Ops pjrt runs natively instead of falling back to the CPU: erfc, erfinv, lgamma and digamma; the
 scans cumprod and logcumsumexp; the distributions exponential_, geometric_, log_normal_ and
 cauchy_ and multinomial; searchsorted and bucketize; signbit, copysign, logit, sinc, heaviside,
-count_nonzero, aminmax and linalg.cross. Values (and gradients where PyTorch has them) against
+count_nonzero, aminmax, linalg.cross, isposinf and isneginf. Values (and gradients where PyTorch has them) against
 the CPU in every eager mode, the random ones statistically and by seed; CPU-like errors. Nothing
 may fall back to the CPU (the `mode` fixture checks)."""
 
@@ -21,12 +21,16 @@ FLOATS = [torch.float32, torch.float64]
 # ---- special functions -------------------------------------------------------------------------
 
 ERFINV_X = torch.tensor([-1.0, -0.999, -0.5, 0.0, -0.0, 0.3, 0.999999, 1.0, 1.5, nan, inf, -inf])
+# erfc's tail, where 1 - erf(x) cancels to zero in float32 long before erfc underflows.
+ERFC_X = torch.tensor([-inf, -30.0, -3.0, -1.0, -0.0, 0.0, 1e-8, 0.5, 2.0, 5.0, 9.0, 10.5, 27.0, 30.0, inf, nan])
 GAMMA_X = torch.tensor(
     [-3.0, -2.5, -1.0, -0.0, 0.0, 1e-8, 0.5, 1.0, 2.0, 3.7, 10.0, 170.0, 1e20, inf, -inf, nan])
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
-@pytest.mark.parametrize("name,x", [("erfinv", ERFINV_X), ("lgamma", GAMMA_X), ("digamma", GAMMA_X)])
+@pytest.mark.parametrize(
+    "name,x", [("erfc", ERFC_X), ("erfinv", ERFINV_X), ("lgamma", GAMMA_X), ("digamma", GAMMA_X)]
+)
 def test_special_functions_match_the_cpu_at_their_edges(mode, name, x, dtype):
     fn = getattr(torch, name)
     x = x.to(dtype)
@@ -45,12 +49,39 @@ def test_special_functions_match_the_cpu_at_their_edges(mode, name, x, dtype):
     assert_close(fn(ints.to("pjrt")), fn(ints), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_erfc_keeps_its_relative_precision_in_the_tail(mode, dtype):
+    # Up to where float32's result turns subnormal (XLA flushes subnormals to zero).
+    x = torch.tensor([1.0, 2.0, 5.0, 7.5, 9.0], dtype=dtype)
+    assert_close(torch.erfc(x.to("pjrt")), torch.erfc(x), rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=0)
+
+
 def test_special_function_gradients(mode):
     x = torch.rand(20, generator=seeded(1)) * 1.8 - 0.9
     check(torch.erfinv, [x])
+    check(torch.erfc, [x * 3])
     check(torch.lgamma, [x.abs() * 5 + 0.1])
     # digamma's gradient is polygamma(1, x), which still runs on the CPU: XLA's polygamma is
     # wrong for negative x.
+
+
+@pytest.mark.parametrize("name", ["isposinf", "isneginf"])
+def test_signed_infinity_tests_match_the_cpu(mode, name):
+    fn = getattr(torch, name)
+    for dtype in [torch.float32, torch.float64, torch.bfloat16, torch.float16]:
+        x = torch.tensor([inf, -inf, nan, 0.0, -1.0, 3.0e38 if dtype == torch.float32 else 1.0]).to(dtype)
+        assert_close(fn(x.to("pjrt")), fn(x))
+        out = torch.empty(0, dtype=torch.bool, device="pjrt")
+        fn(x.to("pjrt"), out=out)
+        assert_close(out, fn(x))
+    # An integer or bool tensor holds no infinity.
+    for ints in [torch.tensor([1, -2, 0]), torch.tensor([True, False])]:
+        assert_close(fn(ints.to("pjrt")), fn(ints))
+    z = torch.tensor([1 + 1j])
+    with pytest.raises(RuntimeError, match=f"{name} does not support complex inputs"):
+        fn(z)
+    with pytest.raises(RuntimeError, match=f"{name} does not support complex inputs"):
+        fn(z.to("pjrt"))
 
 
 # ---- scans -------------------------------------------------------------------------------------

@@ -118,12 +118,6 @@ at::Tensor pjrt_mish(const at::Tensor& self) {
   return self * at::tanh(at::log1p(at::exp(self)));
 }
 
-at::Tensor pjrt_mish_backward(const at::Tensor& grad_output, const at::Tensor& self) {
-  at::Tensor sigmoid = at::sigmoid(self);
-  at::Tensor tanh_softplus = at::tanh(at::log1p(at::exp(self)));
-  return grad_output * (tanh_softplus + self * sigmoid * (1 - tanh_softplus * tanh_softplus));
-}
-
 at::Tensor pjrt_hardtanh(const at::Tensor& self, const at::Scalar& min_val, const at::Scalar& max_val) {
   TORCH_CHECK(self.scalar_type() != at::kBool, "Bool inputs not supported for hardtanh");
   // An integer tensor keeps its dtype, as with PyTorch's `out=` clamp into the input's dtype.
@@ -186,26 +180,7 @@ at::Tensor pjrt_logit_backward(
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  PJRT_WITH_OUT_AND_IN_PLACE("leaky_relu", "leaky_relu.out", "leaky_relu_", pjrt_leaky_relu)
-  PJRT_WITH_OUT("leaky_relu_backward", "leaky_relu_backward.grad_input", pjrt_leaky_relu_backward)
-  PJRT_WITH_OUT_AND_IN_PLACE("elu", "elu.out", "elu_", pjrt_elu)
-  PJRT_WITH_OUT("elu_backward", "elu_backward.grad_input", pjrt_elu_backward)
-  PJRT_WITH_OUT("softplus", "softplus.out", pjrt_softplus)
-  PJRT_WITH_OUT("softplus_backward", "softplus_backward.grad_input", pjrt_softplus_backward)
-  PJRT_WITH_OUT_AND_IN_PLACE("hardswish", "hardswish.out", "hardswish_", pjrt_hardswish)
-  PJRT_WITH_OUT("hardswish_backward", "hardswish_backward.out", pjrt_hardswish_backward)
-  PJRT_WITH_OUT_AND_IN_PLACE("hardsigmoid", "hardsigmoid.out", "hardsigmoid_", pjrt_hardsigmoid)
-  PJRT_WITH_OUT("hardsigmoid_backward", "hardsigmoid_backward.grad_input", pjrt_hardsigmoid_backward)
-  PJRT_WITH_OUT_AND_IN_PLACE("mish", "mish.out", "mish_", pjrt_mish)
-  m.impl("mish_backward", TORCH_FN(pjrt_mish_backward));
-  PJRT_WITH_OUT_AND_IN_PLACE("hardtanh", "hardtanh.out", "hardtanh_", pjrt_hardtanh)
-  PJRT_WITH_OUT("hardtanh_backward", "hardtanh_backward.grad_input", pjrt_hardtanh_backward)
-  PJRT_WITH_OUT("hardshrink_backward", "hardshrink_backward.grad_input", pjrt_shrink_backward)
-  PJRT_WITH_OUT("softshrink_backward", "softshrink_backward.grad_input", pjrt_shrink_backward)
-  PJRT_WITH_OUT("glu", "glu.out", pjrt_glu)
-  PJRT_WITH_OUT("glu_backward", "glu_backward.grad_input", pjrt_glu_backward)
-  PJRT_WITH_OUT("logit_backward", "logit_backward.grad_input", pjrt_logit_backward)
-}
+// Kernel registrations, generated from the rows of hand_written_kernels.py.
+#include "generated/activation_kernels.inc"
 
 }  // namespace torch_pjrt

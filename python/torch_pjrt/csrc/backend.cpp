@@ -1536,22 +1536,14 @@ at::Tensor& write_out(const at::Tensor& result, at::Tensor& out) {
   return out;
 }
 
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("empty.memory_format", TORCH_FN(pjrt_empty));
-  m.impl("empty_strided", TORCH_FN(pjrt_empty_strided));
-  m.impl("as_strided", TORCH_FN(pjrt_as_strided));
-  m.impl("view", TORCH_FN(pjrt_view));
-  m.impl("_reshape_alias", TORCH_FN(pjrt_reshape_alias));
-  m.impl("resize_", TORCH_FN(pjrt_resize_));
-  m.impl("_copy_from", TORCH_FN(pjrt_copy_from));
-  m.impl("copy_", TORCH_FN(pjrt_copy_));
-  m.impl("_copy_from_and_resize", TORCH_FN(pjrt_copy_from_and_resize));
-  m.impl("_local_scalar_dense", TORCH_FN(pjrt_local_scalar_dense));
-  m.impl("set_.source_Storage", TORCH_FN(pjrt_set_storage));
-  m.impl("set_.source_Storage_storage_offset", TORCH_FN(pjrt_set_storage_offset));
-  m.impl("set_.source_Tensor", TORCH_FN(pjrt_set_tensor));
-  m.impl("set_", TORCH_FN(pjrt_set_empty));
-  m.impl("_has_compatible_shallow_copy_type", TORCH_FN(pjrt_has_compatible_shallow_copy_type));
+at::Tensor& write_in_place(const at::Tensor& result, at::Tensor& self) {
+  TORCH_CHECK(
+      c10::canCast(result.scalar_type(), self.scalar_type()),
+      "result type ",
+      result.scalar_type(),
+      " can't be cast to the desired output type ",
+      self.scalar_type());
+  return self.copy_(result);
 }
 
 // `_copy_from` and `_copy_from_and_resize` write the bits of a conjugate or negative `dst`
@@ -1661,11 +1653,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> pjrt_batch_norm_legit_no_stats(
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("native_batch_norm", TORCH_FN(pjrt_native_batch_norm));
-  m.impl("_native_batch_norm_legit", TORCH_FN(pjrt_batch_norm_legit));
-  m.impl("_native_batch_norm_legit.no_stats", TORCH_FN(pjrt_batch_norm_legit_no_stats));
-}
+// Kernel registrations, generated from the rows of hand_written_kernels.py.
+#include "generated/backend_kernels.inc"
 
 // ===== what the Python module calls =================================================================
 

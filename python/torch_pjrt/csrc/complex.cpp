@@ -91,16 +91,7 @@ at::Tensor pjrt_vdot(const at::Tensor& self, const at::Tensor& other) {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("view_as_real", TORCH_FN(at::native::view_as_real));
-  m.impl("view_as_complex", TORCH_FN(at::native::view_as_complex));
-  m.impl("conj_physical.out", TORCH_FN(pjrt_conj_physical_out));
-  m.impl("conj_physical_", TORCH_FN(pjrt_conj_physical_));
-  m.impl("complex.out", TORCH_FN(pjrt_complex_out));
-  m.impl("polar.out", TORCH_FN(pjrt_polar_out));
-  m.impl("angle", TORCH_FN(pjrt_angle));
-  m.impl("angle.out", TORCH_FN(pjrt_angle_out));
-  m.impl("vdot", TORCH_FN(pjrt_vdot));
-}
+// Kernel registrations, generated from the rows of hand_written_kernels.py.
+#include "generated/complex_kernels.inc"
 
 }  // namespace torch_pjrt

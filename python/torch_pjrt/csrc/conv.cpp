@@ -145,10 +145,7 @@ at::Tensor pjrt_col2im(
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("unfold", TORCH_FN(at::native::unfold));
-  m.impl("im2col", TORCH_FN(pjrt_im2col));
-  m.impl("col2im", TORCH_FN(pjrt_col2im));
-}
+// Kernel registrations, generated from the rows of hand_written_kernels.py.
+#include "generated/conv_kernels.inc"
 
 }  // namespace torch_pjrt

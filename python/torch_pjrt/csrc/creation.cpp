@@ -27,25 +27,7 @@ at::Tensor triangle_indices(
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl(
-      "tril_indices",
-      [](int64_t row,
-         int64_t col,
-         int64_t offset,
-         std::optional<at::ScalarType> dtype,
-         std::optional<at::Layout>,
-         std::optional<at::Device> device,
-         std::optional<bool>) { return triangle_indices(true, row, col, offset, dtype, device); });
-  m.impl(
-      "triu_indices",
-      [](int64_t row,
-         int64_t col,
-         int64_t offset,
-         std::optional<at::ScalarType> dtype,
-         std::optional<at::Layout>,
-         std::optional<at::Device> device,
-         std::optional<bool>) { return triangle_indices(false, row, col, offset, dtype, device); });
-}
+// Kernel registrations, generated from the rows of hand_written_kernels.py.
+#include "generated/creation_kernels.inc"
 
 }  // namespace torch_pjrt

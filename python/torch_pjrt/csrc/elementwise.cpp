@@ -1,9 +1,9 @@
 // Elementwise functions without a native lowering, composed from device ops (RFC 0019): the
 // inverse trigonometric and the hyperbolic functions, `frac`, `logaddexp` (complex values
 // included), `hypot`, `xlogy` (and so `kl_div`), `fmax`/`fmin`, `signbit`, `copysign`,
-// `heaviside` and `sinc`.
+// `heaviside`, `sinc` and `isposinf`/`isneginf`.
 //
-// The compositions for real numbers send a complex input to the CPU (PJRT_REAL_UNARY), in every
+// The compositions for real numbers send a complex input to the CPU (option `real` of their rows), in every
 // form and on conjugate views. Each kernel follows PyTorch's CPU formulas, edge values included.
 #include <ATen/ATen.h>
 #include <torch/library.h>
@@ -83,7 +83,7 @@ at::Tensor pjrt_atanh(const at::Tensor& self) {
 }
 
 // Kept here rather than as PyTorch's decomposition: a complex input must reach the CPU (through
-// PJRT_REAL_UNARY), which raises frac's own error; the decomposition raises trunc's.
+// its row's option `real`), which raises frac's own error; the decomposition raises trunc's.
 at::Tensor pjrt_frac(const at::Tensor& self) {
   require_floating("frac", self);
   return self - at::trunc(self);
@@ -242,8 +242,17 @@ at::Tensor pjrt_heaviside(const at::Tensor& self, const at::Tensor& values) {
   return at::where(self == 0, values, step);
 }
 
+// `isposinf` (sign 1) and `isneginf` (sign -1): an integer or bool tensor holds no infinity.
+at::Tensor pjrt_isinf_signed(const at::Tensor& self, const char* name, int sign) {
+  TORCH_CHECK(!self.is_complex(), name, " does not support complex inputs.");
+  if (!at::isFloatingType(self.scalar_type())) {
+    return at::zeros_like(self, self.options().dtype(at::kBool));
+  }
+  return at::eq(self, sign * std::numeric_limits<double>::infinity());
+}
+
 // Kept here rather than as PyTorch's decomposition: a complex input runs on the CPU (through
-// PJRT_REAL_UNARY), in every form and on conjugate views, as the other real compositions do.
+// its row's option `real`), in every form and on conjugate views, as the other real compositions do.
 at::Tensor pjrt_sinc(const at::Tensor& self) {
   at::Tensor x = as_floating(self);
   at::Tensor product = x * M_PI;
@@ -271,41 +280,7 @@ at::Tensor pjrt_xlogy_scalar_self(const at::Scalar& self, const at::Tensor& othe
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  // Compositions for real numbers: complex values run on the CPU, which computes them (`frac`:
-  // raises PyTorch's error).
-  PJRT_REAL_UNARY(atan, pjrt_atan)
-  PJRT_REAL_UNARY(asin, pjrt_asin)
-  PJRT_REAL_UNARY(acos, pjrt_acos)
-  PJRT_REAL_UNARY(sinh, pjrt_sinh)
-  PJRT_REAL_UNARY(cosh, pjrt_cosh)
-  PJRT_REAL_UNARY(asinh, pjrt_asinh)
-  PJRT_REAL_UNARY(acosh, pjrt_acosh)
-  PJRT_REAL_UNARY(atanh, pjrt_atanh)
-  PJRT_REAL_UNARY(frac, pjrt_frac)
-  PJRT_WITH_OUT("logaddexp", "logaddexp.out", pjrt_logaddexp)
-  PJRT_WITH_OUT_AND_IN_PLACE("hypot", "hypot.out", "hypot_", pjrt_hypot)
-
-  PJRT_WITH_OUT("xlogy.Tensor", "xlogy.OutTensor", pjrt_xlogy)
-  PJRT_WITH_OUT("xlogy.Scalar_Other", "xlogy.OutScalar_Other", pjrt_xlogy_scalar_other)
-  m.impl("xlogy.Scalar_Self", TORCH_FN(pjrt_xlogy_scalar_self));
-  m.impl(
-      "xlogy.OutScalar_Self",
-      [](const at::Scalar& self, const at::Tensor& other, at::Tensor& out) -> at::Tensor& {
-        return write_out(pjrt_xlogy_scalar_self(self, other), out);
-      });
-  m.impl("xlogy_.Tensor", TORCH_FN(Variants<&pjrt_xlogy>::in_place));
-  m.impl("xlogy_.Scalar_Other", TORCH_FN(Variants<&pjrt_xlogy_scalar_other>::in_place));
-  PJRT_WITH_OUT("fmax", "fmax.out", pjrt_fmax)
-  PJRT_WITH_OUT("fmin", "fmin.out", pjrt_fmin)
-  PJRT_WITH_OUT("signbit", "signbit.out", pjrt_signbit)
-  PJRT_WITH_OUT("copysign.Tensor", "copysign.out", pjrt_copysign)
-  m.impl("copysign_.Tensor", TORCH_FN(Variants<&pjrt_copysign>::in_place_floating));
-  m.impl("copysign.Scalar", TORCH_FN(pjrt_copysign_scalar));
-  m.impl("copysign_.Scalar", TORCH_FN(Variants<&pjrt_copysign_scalar>::in_place_floating));
-  PJRT_REAL_UNARY(sinc, pjrt_sinc)
-  PJRT_WITH_OUT("heaviside", "heaviside.out", pjrt_heaviside)
-  m.impl("heaviside_", TORCH_FN(Variants<&pjrt_heaviside>::in_place));
-}
+// Kernel registrations, generated from the rows of hand_written_kernels.py.
+#include "generated/elementwise_kernels.inc"
 
 }  // namespace torch_pjrt

@@ -309,15 +309,7 @@ at::Tensor pjrt_embedding_bag_per_sample_weights_backward(
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("embedding_renorm_", TORCH_FN(pjrt_embedding_renorm_));
-  m.impl("_embedding_bag", TORCH_FN(pjrt_embedding_bag));
-  m.impl("_embedding_bag_forward_only", TORCH_FN(pjrt_embedding_bag));
-  m.impl("_embedding_bag_backward", TORCH_FN(pjrt_embedding_bag_backward));
-  m.impl("_embedding_bag_dense_backward", TORCH_FN(pjrt_embedding_bag_dense_backward));
-  m.impl(
-      "_embedding_bag_per_sample_weights_backward",
-      TORCH_FN(pjrt_embedding_bag_per_sample_weights_backward));
-}
+// Kernel registrations, generated from the rows of hand_written_kernels.py.
+#include "generated/embedding_kernels.inc"
 
 }  // namespace torch_pjrt

@@ -1,6 +1,6 @@
-"""Generates the pjrt kernel for every ATen overload the engine implements.
+"""Generates and registers the pjrt kernel of every ATen overload the plugin implements.
 
-The table below maps an ATen overload to an engine op (its name in the engine's op catalogue,
+The table below (TABLE) maps an ATen overload to an engine op (its name in the engine's op catalogue,
 `ops/src/op_id.rs`) and a recipe: how the overload's arguments become the engine call's tensor
 inputs and value scalars (in the op's order) and its static params (by name). The params' order
 and kinds come from the op's typed layout in `param_layouts.json`, which `ops/tests/
@@ -10,10 +10,15 @@ another kind, or leaves out one the layout needs. From one functional entry the 
 emits the in-place (`add_.Tensor`) and `out=` (`add.out`) variants that PyTorch defines for it:
 they are found by matching argument lists, so the table names each op once.
 
-C++ signatures are read from PyTorch's own `ATen/ops/<op>_ops.h` headers (the dispatcher's exact
-types), and the schemas from the running PyTorch (`torch.ops.aten`), so the generated code always
+Schemas, dispatch entries and C++ signatures come from torchgen, which PyTorch ships: it parses
+the `native_functions.yaml` the installed PyTorch was generated from and gives each overload's
+dispatcher signature (the exact types of `at::_ops::<op>::call`), so the generated code always
 matches the installed PyTorch. Overloads that are CompositeImplicitAutograd are refused: a kernel
 for them would hide the decomposition autograd relies on.
+
+The same generator registers the hand-written kernels, from the rows of
+`hand_written_kernels.py`: one include per op family, which the family's C++ file compiles where
+it ends, and the in-place and `out=` forms derived from a functional row as for the table's.
 
 Recipe statements, separated by `;` (X is an argument of the overload, F a field of the op's
 param layout):
@@ -53,12 +58,14 @@ import sys
 import textwrap
 from dataclasses import dataclass, field
 
+from hand_written_kernels import HAND_WRITTEN
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 LAYOUTS_FILE = os.path.join(HERE, "param_layouts.json")
 
 UNARY = [
     "neg", "abs", "exp", "exp2", "log", "log2", "log10", "log1p", "expm1", "sqrt", "rsqrt",
-    "sin", "cos", "tan", "tanh", "sigmoid", "silu", "erf", "erfinv", "lgamma", "digamma", "floor", "ceil", "trunc", "sign",
+    "sin", "cos", "tan", "tanh", "sigmoid", "silu", "erf", "erfc", "erfinv", "lgamma", "digamma", "floor", "ceil", "trunc", "sign",
     "reciprocal", "logical_not", "bitwise_not", "relu", "isnan", "isinf",
 ]
 BINARY = [
@@ -298,7 +305,11 @@ TABLE += [
 ]
 
 
-# ----- schemas -----------------------------------------------------------------------------------
+# ----- schemas and C++ signatures, from torchgen ------------------------------------------------
+#
+# torchgen (shipped with PyTorch) parses the `native_functions.yaml` the installed PyTorch was
+# generated from, and gives each overload's schema, its dispatch entries and the dispatcher's
+# exact C++ signature (the one `at::_ops::<op>::call` takes and a kernel must have).
 
 
 @dataclass
@@ -306,9 +317,16 @@ class Overload:
     qualified: str  # "add.Tensor" or "relu"
     packet: str
     overload: str  # "" for the default overload
-    schema: object
+    schema: object  # torchgen.model.FunctionSchema
     kind: str = "functional"  # functional | inplace | out
     outs: list[str] = field(default_factory=list)
+
+
+@dataclass
+class CppSig:
+    struct: str  # the `at::_ops` struct: add_Tensor
+    returns: str
+    args: list[tuple[str, str]]  # (type, name)
 
 
 def _split_name(qualified: str) -> tuple[str, str]:
@@ -316,165 +334,99 @@ def _split_name(qualified: str) -> tuple[str, str]:
     return packet, overload
 
 
-def _op_packet(packet: str):
-    import torch
-
-    return getattr(torch.ops.aten, packet, None)
-
-
-def _dispatcher_overloads(packet: str) -> list[tuple[str, object]]:
-    """(overload name, OpOverload) of a packet that the dispatcher knows (TorchScript-only
-    builtins such as aten::add.t are skipped)."""
-    import torch
-
-    pkt = _op_packet(packet)
-    if pkt is None:
-        return []
-    result = []
-    for name in pkt.overloads():
-        op = getattr(pkt, name)
-        qualified = packet if name == "default" else f"{packet}.{name}"
-        try:
-            torch._C._dispatch_has_kernel_for_dispatch_key("aten::" + qualified, "CompositeImplicitAutograd")
-        except RuntimeError:
-            continue
-        result.append(("" if name == "default" else name, op))
-    return result
-
-
-def _is_composite_implicit(qualified: str) -> bool:
-    import torch
-
-    return torch._C._dispatch_has_kernel_for_dispatch_key("aten::" + qualified, "CompositeImplicitAutograd")
-
-
 def _arg_key(schema, drop_outs: bool) -> list[tuple[str, str]]:
-    key = []
-    for a in schema.arguments:
-        if drop_outs and a.kwarg_only and a.alias_info is not None and a.alias_info.is_write:
-            continue
-        key.append((a.name, str(a.type)))
-    return key
-
-
-def _mutable_args(schema) -> list[str]:
-    return [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+    """An overload's arguments by name and type; two forms of one op have the same key (out=
+    forms once their written keyword arguments are dropped)."""
+    args = schema.arguments
+    outs = {a.name for a in args.out} if drop_outs else set()
+    return [(a.name, str(a.type)) for a in args.flat_all if a.name not in outs]
 
 
 def _classify(qualified: str, schema) -> Overload:
     packet, overload = _split_name(qualified)
-    writes = _mutable_args(schema)
     o = Overload(qualified, packet, overload, schema)
-    if not writes:
-        o.kind = "functional"
-    elif all(a.kwarg_only for a in schema.arguments if a.name in writes):
-        o.kind, o.outs = "out", writes
+    outs = [a.name for a in schema.arguments.out]
+    if outs:
+        o.kind, o.outs = "out", outs
     else:
-        o.kind, o.outs = "inplace", writes
+        written = [a.name for a in schema.arguments.flat_all if a.annotation and a.annotation.is_write]
+        if written:
+            o.kind, o.outs = "inplace", written
     return o
 
 
-def variants_of(qualified: str) -> list[Overload]:
-    """The overload itself plus, for a functional one, its in-place and out= variants."""
-    packet, overload = _split_name(qualified)
-    base = None
-    for name, op in _dispatcher_overloads(packet):
-        if name == overload:
-            base = op
-    if base is None:
-        raise SystemExit(f"gen_kernels: aten::{qualified} does not exist in this PyTorch")
-    first = _classify(qualified, base._schema)
-    found = [first]
-    if first.kind != "functional":
-        return found
-    key = _arg_key(base._schema, drop_outs=False)
-    for name, op in _dispatcher_overloads(packet + "_"):
-        if _arg_key(op._schema, drop_outs=False) == key:
-            q = f"{packet}_" + (f".{name}" if name else "")
-            found.append(_classify(q, op._schema))
-    for name, op in _dispatcher_overloads(packet):
-        s = op._schema
-        if name == overload or not _mutable_args(s):
-            continue
-        if _arg_key(s, drop_outs=True) == key:
-            q = packet + (f".{name}" if name else "")
-            o = _classify(q, s)
-            if o.kind == "out":
+class Schemas:
+    """Every ATen overload of the installed PyTorch, from torchgen's `native_functions.yaml`."""
+
+    def __init__(self):
+        import torchgen
+        from torchgen.gen import parse_native_yaml
+
+        native = os.path.join(os.path.dirname(torchgen.__file__), "packaged", "ATen", "native")
+        parsed = parse_native_yaml(
+            os.path.join(native, "native_functions.yaml"), os.path.join(native, "tags.yaml")
+        )
+        self.functions = {str(f.func.name): f for f in parsed.native_functions}
+        self.packets: dict[str, list[str]] = {}
+        for qualified in self.functions:
+            self.packets.setdefault(_split_name(qualified)[0], []).append(qualified)
+
+    def function(self, qualified: str):
+        f = self.functions.get(qualified)
+        if f is None:
+            raise SystemExit(f"gen_kernels: aten::{qualified} does not exist in this PyTorch")
+        return f
+
+    def overload(self, qualified: str) -> Overload:
+        return _classify(qualified, self.function(qualified).func)
+
+    def is_composite_implicit(self, qualified: str) -> bool:
+        return self.function(qualified).has_composite_implicit_autograd_kernel
+
+    def signature(self, qualified: str) -> CppSig:
+        from torchgen.api.types import DispatcherSignature
+        from torchgen.context import native_function_manager
+
+        f = self.function(qualified)
+        # The signature's C++ types depend on per-function settings (tensor lists as
+        # ITensorListRef, const refs for written tensors) that the manager installs.
+        with native_function_manager(f):
+            sig = DispatcherSignature.from_schema(f.func)
+            args = [(a.type, a.name) for a in sig.arguments()]
+            returns = sig.returns_type().cpp_type()
+        return CppSig(f.func.name.unambiguous_name(), returns, args)
+
+    def variants_of(self, qualified: str) -> list[Overload]:
+        """The overload itself plus, for a functional one, its in-place and out= forms: the
+        overloads of `packet_` and of `packet` whose arguments are the same."""
+        first = self.overload(qualified)
+        found = [first]
+        if first.kind != "functional":
+            return found
+        key = _arg_key(first.schema, drop_outs=False)
+        for q in self.packets.get(first.packet + "_", []):
+            o = self.overload(q)
+            if o.kind == "inplace" and _arg_key(o.schema, drop_outs=False) == key:
                 found.append(o)
-    return found
+        for q in self.packets.get(first.packet, []):
+            o = self.overload(q)
+            if q != qualified and o.kind == "out" and _arg_key(o.schema, drop_outs=True) == key:
+                found.append(o)
+        return found
 
 
-# ----- C++ signatures from PyTorch's headers -----------------------------------------------------
+_SCHEMAS: Schemas | None = None
 
 
-@dataclass
-class CppSig:
-    struct: str
-    returns: str
-    args: list[tuple[str, str]]  # (type, name)
+def schemas() -> Schemas:
+    global _SCHEMAS
+    if _SCHEMAS is None:
+        _SCHEMAS = Schemas()
+    return _SCHEMAS
 
 
-_STRUCT_RE = re.compile(r"struct TORCH_API (\w+) \{(.*?)\n\};", re.S)
-_NAME_RE = re.compile(r'static constexpr const char\* name = "aten::(\w+)";')
-_OVERLOAD_RE = re.compile(r'static constexpr const char\* overload_name = "(\w*)";')
-_CALL_RE = re.compile(r"\n  static (.+?) call\((.*?)\);")
-
-
-def _split_top(text: str) -> list[str]:
-    parts, depth, cur = [], 0, ""
-    for ch in text:
-        if ch in "<(":
-            depth += 1
-        elif ch in ">)":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append(cur.strip())
-            cur = ""
-        else:
-            cur += ch
-    if cur.strip():
-        parts.append(cur.strip())
-    return parts
-
-
-class Headers:
-    def __init__(self, include_dir: str):
-        self.include_dir = include_dir
-        self.cache: dict[str, dict[tuple[str, str], CppSig]] = {}
-
-    def _load(self, packet: str) -> dict[tuple[str, str], CppSig]:
-        # `__lshift__` and its in-place `__ilshift__` both live in lshift_ops.h.
-        dunder = re.sub(r"^i", "", packet.strip("_")) if packet.startswith("__i") else packet.strip("_")
-        for stem in (packet, packet.rstrip("_"), dunder):
-            path = os.path.join(self.include_dir, "ATen", "ops", f"{stem}_ops.h")
-            if os.path.exists(path):
-                break
-        else:
-            raise SystemExit(f"gen_kernels: no ATen/ops header for aten::{packet}")
-        if path in self.cache:
-            return self.cache[path]
-        table = {}
-        with open(path) as f:
-            text = f.read()
-        for m in _STRUCT_RE.finditer(text):
-            body = m.group(2)
-            name, overload, call = _NAME_RE.search(body), _OVERLOAD_RE.search(body), _CALL_RE.search(body)
-            if not (name and overload and call):
-                continue
-            args = []
-            for part in _split_top(call.group(2)):
-                typ, _, arg = part.rpartition(" ")
-                args.append((typ.strip(), arg.strip()))
-            table[(name.group(1), overload.group(1))] = CppSig(m.group(1), call.group(1).strip(), args)
-        self.cache[path] = table
-        return table
-
-    def signature(self, o: Overload) -> CppSig:
-        sig = self._load(o.packet).get((o.packet, o.overload))
-        if sig is None:
-            raise SystemExit(f"gen_kernels: no C++ signature for aten::{o.qualified}")
-        return sig
-
+def variants_of(qualified: str) -> list[Overload]:
+    return schemas().variants_of(qualified)
 
 # ----- code generation ---------------------------------------------------------------------------
 
@@ -912,6 +864,124 @@ def write_param_builders(out_dir: str, path: str = LAYOUTS_FILE) -> str:
     return _write(os.path.join(out_dir, "param_builders.h"), param_builders_code(layouts, op_layouts))
 
 
+# ----- hand-written kernels: registered from their rows ------------------------------------------
+
+
+def _options(row_options: str, qualified: str) -> set[str]:
+    options = set(row_options.split())
+    unknown = options - {"only", "real", "autograd", "over_implicit"}
+    if unknown:
+        raise SystemExit(f"gen_kernels: {qualified}: unknown option(s) {sorted(unknown)}")
+    return options
+
+
+_FUNCTION_NAME_RE = re.compile(r"^[A-Za-z_][\w:]*(<[^()]*>)?$")
+
+
+def _kernel_call(kernel: str, arg_names: list[str]) -> str:
+    """A row's kernel as a C++ expression: a function name is called with the arguments."""
+    if _FUNCTION_NAME_RE.match(kernel):
+        return f"{kernel}({', '.join(arg_names)})"
+    return kernel
+
+
+def hand_written_kernel_code(o: Overload, sig: CppSig, base: Overload, kernel: str, options: set[str]) -> str:
+    """The C++ kernel of overload `o`, registered from the row of `base` (`o` itself, or the
+    functional overload `o` is the in-place or out= form of)."""
+    params = ", ".join(f"{t} {n}" for t, n in sig.args)
+    all_names = [n for _, n in sig.args]
+    # A derived out= form passes the functional arguments on; the in-place form passes them all.
+    base_names = all_names if o is base or o.kind == "inplace" else [n for n in all_names if n not in o.outs]
+    call = _kernel_call(kernel, base_names)
+    body = []
+    if "real" in options:
+        body.append(
+            f"  if (C10_UNLIKELY(self.is_complex())) return run_on_cpu<at::_ops::{sig.struct}>"
+            f"({', '.join(all_names)});"
+        )
+    if o is base:
+        body.append(f"  return {call};")
+    elif o.kind == "inplace":
+        if len(o.outs) != 1:
+            raise SystemExit(f"gen_kernels: aten::{o.qualified} writes {o.outs}; derive one in-place form")
+        body.append(f"  return write_in_place({call}, {o.outs[0]});")
+    elif len(o.outs) == 1:
+        body.append(f"  return write_out({call}, {o.outs[0]});")
+    else:
+        body.append(f"  auto result = {call};")
+        body += [f"  write_out(std::get<{i}>(result), {out});" for i, out in enumerate(o.outs)]
+        body.append(f"  return {sig.returns}({', '.join(o.outs)});")
+    return f"{sig.returns} k_{sig.struct}({params}) {{\n" + "\n".join(body) + "\n}\n"
+
+
+def hand_written_kernels(
+    known: Schemas, rows: dict[str, list[tuple[str, str, str]]], engine_overloads: set[str]
+) -> dict[str, list[tuple[str, str, set[str]]]]:
+    """Each family's kernels: (qualified, C++ code, options), every row's own overload and the
+    forms derived from a functional row that no row and no engine kernel names."""
+    explicit: dict[str, str] = {}
+    for family, family_rows in rows.items():
+        for qualified, _, _ in family_rows:
+            if qualified in engine_overloads:
+                raise SystemExit(f"gen_kernels: aten::{qualified} has an engine row and a hand-written row")
+            if qualified in explicit:
+                raise SystemExit(
+                    f"gen_kernels: aten::{qualified} has two hand-written rows ({explicit[qualified]}, {family})"
+                )
+            explicit[qualified] = family
+    result: dict[str, list[tuple[str, str, set[str]]]] = {}
+    for family, family_rows in rows.items():
+        kernels = result.setdefault(family, [])
+        for qualified, kernel, row_options in family_rows:
+            options = _options(row_options, qualified)
+            if known.is_composite_implicit(qualified) and "over_implicit" not in options:
+                raise SystemExit(
+                    f"gen_kernels: aten::{qualified} is CompositeImplicitAutograd; a pjrt kernel "
+                    "would bypass the decomposition autograd differentiates (option over_implicit: "
+                    "the device answers it itself)"
+                )
+            base = known.overload(qualified)
+            # A view's result aliases its input: there is no in-place or out= form to derive.
+            aliases = any(r.annotation is not None for r in base.schema.returns)
+            forms = [base] if "only" in options or aliases else known.variants_of(qualified)
+            base = forms[0]
+            for o in forms:
+                if o is not base and (
+                    o.qualified in explicit
+                    or o.qualified in engine_overloads
+                    or known.is_composite_implicit(o.qualified)
+                ):
+                    continue
+                code = hand_written_kernel_code(o, known.signature(o.qualified), base, kernel, options)
+                # Only the row's own overload goes above autograd: an out= form is not
+                # differentiable, and autograd's check for that must stay in front of it.
+                kernels.append((o.qualified, code, options if o is base else options - {"autograd"}))
+    return result
+
+
+def hand_written_include(family: str, kernels: list[tuple[str, str, set[str]]]) -> str:
+    text = (
+        "// Generated by gen_kernels.py from hand_written_kernels.py; do not edit. Included where\n"
+        f"// {family}.cpp ends, inside namespace torch_pjrt, so its kernels call the family's own\n"
+        "// functions.\n\nnamespace {\n\n"
+    )
+    text += "\n".join(code for _, code, _ in kernels)
+    text += "\n}  // namespace\n\nTORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {\n"
+    for qualified, code, _ in kernels:
+        fn = code.split("(", 1)[0].split()[-1]
+        text += f'  m.impl("{qualified}", TORCH_FN({fn}));\n'
+    text += "}\n"
+    above = [(q, code) for q, code, options in kernels if "autograd" in options]
+    if above:
+        text += "\n// Above autograd: these compositions record their own gradients.\n"
+        text += "TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {\n"
+        for qualified, code in above:
+            fn = code.split("(", 1)[0].split()[-1]
+            text += f'  m.impl("{qualified}", TORCH_FN({fn}));\n'
+        text += "}\n"
+    return text
+
+
 HEADER = """// Generated by gen_kernels.py from its op table and the installed PyTorch; do not edit.
 #include <ATen/native/CPUFallback.h>
 
@@ -925,10 +995,8 @@ extern int32_t g_kernel_op_ids[];
 
 
 def generate(out_dir: str, shards: int) -> list[str]:
-    import torch.utils.cpp_extension as ext
 
-    include_dir = ext.include_paths()[0]
-    headers = Headers(include_dir)
+    known = schemas()
     layouts = load_layouts()
     check_table(TABLE, layouts)
     # Hand-written kernels include it (through pjrt_backend.h); it is no source of its own.
@@ -943,7 +1011,7 @@ def generate(out_dir: str, shards: int) -> list[str]:
         for o in variants_of(qualified):
             if o.qualified in seen:
                 continue
-            if _is_composite_implicit(o.qualified):
+            if known.is_composite_implicit(o.qualified):
                 if o.qualified == qualified:
                     raise SystemExit(
                         f"gen_kernels: aten::{qualified} is CompositeImplicitAutograd; a pjrt "
@@ -951,11 +1019,14 @@ def generate(out_dir: str, shards: int) -> list[str]:
                     )
                 continue
             seen.add(o.qualified)
-            sig = headers.signature(o)
+            sig = known.signature(o.qualified)
             code = kernel_code(o, sig, index, recipe, engine_op, layouts[engine_op])
             kernels.append((o.qualified, code, index, f"k_{sig.struct}"))
 
     os.makedirs(out_dir, exist_ok=True)
+    # Hand-written kernels: an include per family, which its C++ file compiles.
+    for family, family_kernels in hand_written_kernels(known, HAND_WRITTEN, seen).items():
+        _write(os.path.join(out_dir, f"{family}_kernels.inc"), hand_written_include(family, family_kernels))
     written = []
     per_shard = (len(kernels) + shards - 1) // shards
     for s in range(shards):

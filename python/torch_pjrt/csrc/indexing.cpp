@@ -723,26 +723,7 @@ at::Tensor pjrt_index_reduce(
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("index.Tensor", TORCH_FN(pjrt_index));
-  m.impl("index.Tensor_out", TORCH_FN(pjrt_index_out));
-  m.impl("_index_put_impl_", TORCH_FN(pjrt_index_put_impl_));
-  m.impl("nonzero", TORCH_FN(pjrt_nonzero));
-  m.impl("nonzero.out", TORCH_FN(pjrt_nonzero_out));
-  m.impl("masked_select", TORCH_FN(pjrt_masked_select));
-  m.impl("masked_select.out", TORCH_FN(pjrt_masked_select_out));
-  m.impl("masked_scatter_", TORCH_FN(pjrt_masked_scatter_));
-  m.impl("index_add", TORCH_FN(pjrt_index_add));
-  m.impl("index_add_", TORCH_FN(pjrt_index_add_));
-  m.impl("index_add.out", TORCH_FN(pjrt_index_add_out));
-  m.impl("repeat_interleave.Tensor", TORCH_FN(pjrt_repeat_interleave));
-  PJRT_WITH_OUT_AND_IN_PLACE("index_copy", "index_copy.out", "index_copy_", pjrt_index_copy)
-  PJRT_WITH_OUT_AND_IN_PLACE(
-      "index_fill.int_Tensor", "index_fill.int_Tensor_out", "index_fill_.int_Tensor", pjrt_index_fill)
-  PJRT_WITH_OUT_AND_IN_PLACE(
-      "index_fill.int_Scalar", "index_fill.int_Scalar_out", "index_fill_.int_Scalar", index_fill_scalar)
-  PJRT_WITH_OUT("scatter_reduce.two", "scatter_reduce.two_out", pjrt_scatter_reduce)
-  PJRT_WITH_OUT_AND_IN_PLACE("index_reduce", "index_reduce.out", "index_reduce_", pjrt_index_reduce)
-}
+// Kernel registrations, generated from the rows of hand_written_kernels.py.
+#include "generated/indexing_kernels.inc"
 
 }  // namespace torch_pjrt

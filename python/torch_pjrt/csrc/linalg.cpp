@@ -489,18 +489,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> pjrt_sdpa_overrideabl
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  PJRT_WITH_OUT_AND_IN_PLACE("addmv", "addmv.out", "addmv_", pjrt_addmv)
-  PJRT_WITH_OUT("linalg_cross", "linalg_cross.out", pjrt_linalg_cross)
-  m.impl("_cdist_forward", TORCH_FN(pjrt_cdist_forward));
-  m.impl("_cdist_backward", TORCH_FN(pjrt_cdist_backward));
-  m.impl("_grouped_mm", TORCH_FN(pjrt_grouped_mm));
-  m.impl(
-      "_scaled_dot_product_fused_attention_overrideable", TORCH_FN(pjrt_sdpa_overrideable));
-  m.impl(
-      "_scaled_dot_product_fused_attention_overrideable_backward",
-      TORCH_FN(pjrt_sdpa_overrideable_backward));
-}
+// Kernel registrations, generated from the rows of hand_written_kernels.py.
+#include "generated/linalg_kernels.inc"
 
 }  // namespace torch_pjrt
 

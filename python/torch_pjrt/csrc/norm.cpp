@@ -44,8 +44,7 @@ std::tuple<at::Tensor, at::Tensor> pjrt_weight_norm_interface_backward(
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("_weight_norm_interface_backward", TORCH_FN(pjrt_weight_norm_interface_backward));
-}
+// Kernel registrations, generated from the rows of hand_written_kernels.py.
+#include "generated/norm_kernels.inc"
 
 }  // namespace torch_pjrt

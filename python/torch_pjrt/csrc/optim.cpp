@@ -299,17 +299,7 @@ at::Tensor& pjrt_amp_update_scale_(
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("_fused_adam_", TORCH_FN((pjrt_fused_adam<false, double>)));
-  m.impl("_fused_adam_.tensor_lr", TORCH_FN((pjrt_fused_adam<false, const at::Tensor&>)));
-  m.impl("_fused_adamw_", TORCH_FN((pjrt_fused_adam<true, double>)));
-  m.impl("_fused_adamw_.tensor_lr", TORCH_FN((pjrt_fused_adam<true, const at::Tensor&>)));
-  m.impl("_fused_sgd_", TORCH_FN(pjrt_fused_sgd<double>));
-  m.impl("_fused_sgd_.tensor_lr", TORCH_FN(pjrt_fused_sgd<const at::Tensor&>));
-  m.impl(
-      "_amp_foreach_non_finite_check_and_unscale_",
-      TORCH_FN(pjrt_amp_non_finite_check_and_unscale_));
-  m.impl("_amp_update_scale_", TORCH_FN(pjrt_amp_update_scale_));
-}
+// Kernel registrations, generated from the rows of hand_written_kernels.py.
+#include "generated/optim_kernels.inc"
 
 }  // namespace torch_pjrt

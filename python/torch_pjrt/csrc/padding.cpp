@@ -123,40 +123,7 @@ at::Tensor pad_backward(
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  // padding; `replication_pad1d` itself is PyTorch's decomposition (torch_pjrt/_decompositions.py)
-#define PJRT_PAD_BACKWARD_KERNELS(name, mode, spatial)                                             \
-  m.impl(                                                                                         \
-      #name "_backward",                                                                          \
-      [](const at::Tensor& grad, const at::Tensor& self, c10::SymIntArrayRef padding) {           \
-        return pad_backward(mode, spatial, grad, self, ints(padding));                            \
-      });                                                                                         \
-  m.impl(                                                                                         \
-      #name "_backward.grad_input",                                                               \
-      [](const at::Tensor& grad,                                                                  \
-         const at::Tensor& self,                                                                  \
-         c10::SymIntArrayRef padding,                                                             \
-         at::Tensor& grad_input) -> at::Tensor& {                                                 \
-        return write_out(pad_backward(mode, spatial, grad, self, ints(padding)), grad_input);     \
-      });
-#define PJRT_PAD_KERNELS(name, mode, spatial)                                                      \
-  m.impl(#name, [](const at::Tensor& self, c10::SymIntArrayRef padding) {                         \
-    return pad(mode, spatial, self, ints(padding));                                               \
-  });                                                                                             \
-  m.impl(                                                                                         \
-      #name ".out",                                                                               \
-      [](const at::Tensor& self, c10::SymIntArrayRef padding, at::Tensor& out) -> at::Tensor& {   \
-        return write_out(pad(mode, spatial, self, ints(padding)), out);                           \
-      });                                                                                         \
-  PJRT_PAD_BACKWARD_KERNELS(name, mode, spatial)
-  PJRT_PAD_KERNELS(reflection_pad1d, PadMode::Reflect, 1)
-  PJRT_PAD_KERNELS(reflection_pad2d, PadMode::Reflect, 2)
-  PJRT_PAD_KERNELS(reflection_pad3d, PadMode::Reflect, 3)
-  PJRT_PAD_BACKWARD_KERNELS(replication_pad1d, PadMode::Replicate, 1)
-  PJRT_PAD_KERNELS(replication_pad2d, PadMode::Replicate, 2)
-  PJRT_PAD_KERNELS(replication_pad3d, PadMode::Replicate, 3)
-#undef PJRT_PAD_KERNELS
-#undef PJRT_PAD_BACKWARD_KERNELS
-}
+// Kernel registrations, generated from the rows of hand_written_kernels.py.
+#include "generated/padding_kernels.inc"
 
 }  // namespace torch_pjrt

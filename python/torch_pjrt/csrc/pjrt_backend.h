@@ -53,53 +53,10 @@ void check_out_device(const char* op, const at::Tensor& self, const at::Tensor& 
 // copied into. Returns `out`.
 at::Tensor& write_out(const at::Tensor& result, at::Tensor& out);
 
-// The `out=` and in-place forms of a functional kernel `Fn(self, rest...)`: the functional result
-// written into `out`, or copied into `self`.
-template <auto Fn, typename Signature = decltype(Fn)>
-struct Variants;
-
-template <auto Fn, typename... Rest>
-struct Variants<Fn, at::Tensor (*)(const at::Tensor&, Rest...)> {
-  static at::Tensor& out(const at::Tensor& self, Rest... rest, at::Tensor& out) {
-    return write_out(Fn(self, rest...), out);
-  }
-  static at::Tensor& in_place(at::Tensor& self, Rest... rest) {
-    return self.copy_(Fn(self, rest...));
-  }
-  // For a floating-point function: an integer `self` cannot hold its result.
-  static at::Tensor& in_place_floating(at::Tensor& self, Rest... rest) {
-    TORCH_CHECK(
-        at::isFloatingType(self.scalar_type()),
-        "result type ",
-        c10::typeMetaToScalarType(c10::get_default_dtype()),
-        " can't be cast to the desired output type ",
-        self.scalar_type());
-    return in_place(self, rest...);
-  }
-};
-
-template <auto Fn, typename... Rest>
-struct Variants<Fn, std::tuple<at::Tensor, at::Tensor> (*)(const at::Tensor&, Rest...)> {
-  static std::tuple<at::Tensor&, at::Tensor&> out(
-      const at::Tensor& self,
-      Rest... rest,
-      at::Tensor& first,
-      at::Tensor& second) {
-    auto [a, b] = Fn(self, rest...);
-    write_out(a, first);
-    write_out(b, second);
-    return {first, second};
-  }
-};
-
-// Inside a `TORCH_LIBRARY_IMPL` body: registers a functional kernel and its `out=` form (and its
-// in-place form).
-#define PJRT_WITH_OUT(name, out_name, fn)                                                          \
-  m.impl(name, TORCH_FN(fn));                                                                     \
-  m.impl(out_name, TORCH_FN(::torch_pjrt::Variants<&fn>::out));
-#define PJRT_WITH_OUT_AND_IN_PLACE(name, out_name, in_place_name, fn)                              \
-  PJRT_WITH_OUT(name, out_name, fn)                                                               \
-  m.impl(in_place_name, TORCH_FN(::torch_pjrt::Variants<&fn>::in_place));
+// Writes a functional kernel's result into `self`, as a generated in-place form does: the result
+// type must cast to `self`'s, as PyTorch's in-place ops check (an integer `self` cannot hold a
+// floating result). Returns `self`.
+at::Tensor& write_in_place(const at::Tensor& result, at::Tensor& self);
 
 // The dtype a floating-point function computes in: `dtype` itself when it is floating, else (an
 // integer or bool input) the default float dtype, as PyTorch does. The kernels that ask are
@@ -143,32 +100,6 @@ inline bool wide_unsigned(const at::Tensor& t) {
   const at::ScalarType type = t.scalar_type();
   return type == at::kUInt16 || type == at::kUInt32 || type == at::kUInt64;
 }
-
-// The functional, `out=` and in-place forms of a unary kernel `Fn` composed for real numbers.
-// A complex `self` (a conjugate view's resolved values, by the time a kernel sees them) runs the
-// called form (`Op`, `OutOp`, `InPlaceOp`) on the CPU, whose kernels take complex values, in every
-// form alike: the result stays complex, as PyTorch's is.
-template <auto Fn, typename Op, typename OutOp, typename InPlaceOp>
-struct RealUnary {
-  static at::Tensor functional(const at::Tensor& self) {
-    return self.is_complex() ? run_on_cpu<Op>(self) : Fn(self);
-  }
-  static at::Tensor& out(const at::Tensor& self, at::Tensor& out) {
-    return self.is_complex() ? run_on_cpu<OutOp>(self, out) : Variants<Fn>::out(self, out);
-  }
-  static at::Tensor& in_place(at::Tensor& self) {
-    return self.is_complex() ? run_on_cpu<InPlaceOp>(self) : Variants<Fn>::in_place_floating(self);
-  }
-};
-
-// Inside a `TORCH_LIBRARY_IMPL` body: registers the three forms of the unary op `name` (`sinh`,
-// `sinh.out`, `sinh_`) as `RealUnary` of the kernel `fn`.
-#define PJRT_REAL_UNARY(name, fn)                                                                  \
-  using name##_forms =                                                                            \
-      ::torch_pjrt::RealUnary<&fn, at::_ops::name, at::_ops::name##_out, at::_ops::name##_>;      \
-  m.impl(#name, TORCH_FN(name##_forms::functional));                                              \
-  m.impl(#name ".out", TORCH_FN(name##_forms::out));                                              \
-  m.impl(#name "_", TORCH_FN(name##_forms::in_place));
 
 // ----- storages ---------------------------------------------------------------------------------
 

@@ -461,47 +461,7 @@ void set_rng_state(int index, const std::string& bytes) {
 
 }  // namespace module
 
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("uniform_", TORCH_FN(pjrt_uniform_));
-  m.impl("normal_", TORCH_FN(pjrt_normal_));
-  m.impl("random_", TORCH_FN(pjrt_random_));
-  m.impl("random_.to", TORCH_FN(pjrt_random_to));
-  m.impl("random_.from", TORCH_FN(pjrt_random_from));
-  m.impl("bernoulli_.float", TORCH_FN(pjrt_bernoulli_float));
-  m.impl("bernoulli_.Tensor", TORCH_FN(pjrt_bernoulli_tensor));
-  m.impl("bernoulli", TORCH_FN(pjrt_bernoulli));
-  m.impl("bernoulli.p", TORCH_FN(pjrt_bernoulli_p));
-  m.impl("native_dropout", TORCH_FN(pjrt_native_dropout));
-  m.impl("native_dropout_backward", TORCH_FN(pjrt_native_dropout_backward));
-
-  m.impl("exponential_", TORCH_FN(pjrt_exponential_));
-  m.impl("geometric_", TORCH_FN(pjrt_geometric_));
-  m.impl("log_normal_", TORCH_FN(pjrt_log_normal_));
-  m.impl("cauchy_", TORCH_FN(pjrt_cauchy_));
-  PJRT_WITH_OUT("multinomial", "multinomial.out", pjrt_multinomial)
-  m.impl(
-      "randperm",
-      [](c10::SymInt n,
-         std::optional<at::ScalarType> dtype,
-         std::optional<at::Layout>,
-         std::optional<at::Device> device,
-         std::optional<bool>) { return pjrt_randperm(n, std::nullopt, dtype, device); });
-  m.impl(
-      "randperm.generator",
-      [](c10::SymInt n,
-         std::optional<at::Generator> generator,
-         std::optional<at::ScalarType> dtype,
-         std::optional<at::Layout>,
-         std::optional<at::Device> device,
-         std::optional<bool>) { return pjrt_randperm(n, generator, dtype, device); });
-  m.impl(
-      "randperm.generator_out",
-      [](c10::SymInt n, std::optional<at::Generator> generator, at::Tensor& out) -> at::Tensor& {
-        return write_out(pjrt_randperm(n, generator, out.scalar_type(), out.device()), out);
-      });
-  m.impl("randperm.out", [](c10::SymInt n, at::Tensor& out) -> at::Tensor& {
-    return write_out(pjrt_randperm(n, std::nullopt, out.scalar_type(), out.device()), out);
-  });
-}
+// Kernel registrations, generated from the rows of hand_written_kernels.py.
+#include "generated/random_kernels.inc"
 
 }  // namespace torch_pjrt

@@ -448,26 +448,7 @@ at::Tensor pjrt_bucketize_scalar(
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  PJRT_WITH_OUT("max.dim", "max.dim_max", pjrt_max_dim)
-  PJRT_WITH_OUT("min.dim", "min.dim_min", pjrt_min_dim)
-  PJRT_WITH_OUT("kthvalue", "kthvalue.values", pjrt_kthvalue)
-  PJRT_WITH_OUT("median.dim", "median.dim_values", pjrt_median_dim)
-  PJRT_WITH_OUT("median", "median.out", pjrt_median)
-  m.impl("_unique2", TORCH_FN(pjrt_unique2));
-  m.impl("bincount", TORCH_FN(pjrt_bincount));
-  PJRT_WITH_OUT("histc", "histc.out", pjrt_histc)
-  m.impl("var_mean.correction", TORCH_FN(pjrt_var_mean));
-  m.impl("equal", TORCH_FN(pjrt_equal));
-  m.impl("_cummax_helper", TORCH_FN(pjrt_cummax_helper));
-  m.impl("_cummin_helper", TORCH_FN(pjrt_cummin_helper));
-  m.impl("count_nonzero.dim_IntList", TORCH_FN(pjrt_count_nonzero));
-  PJRT_WITH_OUT("aminmax", "aminmax.out", pjrt_aminmax)
-
-  PJRT_WITH_OUT("searchsorted.Tensor", "searchsorted.Tensor_out", pjrt_searchsorted)
-  m.impl("searchsorted.Scalar", TORCH_FN(pjrt_searchsorted_scalar));
-  PJRT_WITH_OUT("bucketize.Tensor", "bucketize.Tensor_out", pjrt_bucketize)
-  m.impl("bucketize.Scalar", TORCH_FN(pjrt_bucketize_scalar));
-}
+// Kernel registrations, generated from the rows of hand_written_kernels.py.
+#include "generated/reduce_kernels.inc"
 
 }  // namespace torch_pjrt

@@ -325,6 +325,47 @@ at::Tensor upsample_linear_backward(
 
 using Scale = std::optional<double>;
 
+// The linear kinds' kernels: a floating-point image on the device, an integer one on the CPU.
+at::Tensor pjrt_upsample_linear1d(
+    const at::Tensor& self, c10::SymIntArrayRef size, bool align_corners, Scale s) {
+  if (!at::isFloatingType(self.scalar_type())) {
+    return linear_on_the_cpu("upsample_linear1d", self, [&](const at::Tensor& x) {
+      return at::upsample_linear1d_symint(x, size, align_corners, s);
+    });
+  }
+  return upsample_linear("upsample_linear1d", self, ints(size), align_corners, {s});
+}
+
+at::Tensor pjrt_upsample_bilinear2d(
+    const at::Tensor& self, c10::SymIntArrayRef size, bool align_corners, Scale h, Scale w) {
+  if (!at::isFloatingType(self.scalar_type())) {
+    return linear_on_the_cpu("upsample_bilinear2d", self, [&](const at::Tensor& x) {
+      return at::upsample_bilinear2d_symint(x, size, align_corners, h, w);
+    });
+  }
+  return upsample_linear("upsample_bilinear2d", self, ints(size), align_corners, {h, w});
+}
+
+at::Tensor pjrt_upsample_trilinear3d(
+    const at::Tensor& self, c10::SymIntArrayRef size, bool align_corners, Scale d, Scale h, Scale w) {
+  if (!at::isFloatingType(self.scalar_type())) {
+    return linear_on_the_cpu("upsample_trilinear3d", self, [&](const at::Tensor& x) {
+      return at::upsample_trilinear3d_symint(x, size, align_corners, d, h, w);
+    });
+  }
+  return upsample_linear("upsample_trilinear3d", self, ints(size), align_corners, {d, h, w});
+}
+
+at::Tensor pjrt_upsample_bicubic2d(
+    const at::Tensor& self, c10::SymIntArrayRef size, bool align_corners, Scale h, Scale w) {
+  if (!at::isFloatingType(self.scalar_type())) {
+    return linear_on_the_cpu("upsample_bicubic2d", self, [&](const at::Tensor& x) {
+      return at::upsample_bicubic2d_symint(x, size, align_corners, h, w);
+    });
+  }
+  return upsample_linear("upsample_bicubic2d", self, ints(size), align_corners, {h, w}, true);
+}
+
 constexpr int64_t kBilinear = 0, kNearest = 1, kBicubic = 2;
 constexpr int64_t kZeros = 0, kBorder = 1, kReflection = 2;
 
@@ -495,202 +536,7 @@ at::Tensor pjrt_grid_sampler_2d(
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  // nearest
-  m.impl(
-      "upsample_nearest2d",
-      [](const at::Tensor& self, c10::SymIntArrayRef size, Scale h, Scale w) {
-        return upsample_nearest("upsample_nearest2d", self, ints(size), {h, w}, false);
-      });
-  m.impl(
-      "upsample_nearest2d.out",
-      [](const at::Tensor& self, c10::SymIntArrayRef size, Scale h, Scale w, at::Tensor& out)
-          -> at::Tensor& {
-        return write_out(upsample_nearest("upsample_nearest2d", self, ints(size), {h, w}, false), out);
-      });
-  m.impl(
-      "upsample_nearest3d",
-      [](const at::Tensor& self, c10::SymIntArrayRef size, Scale d, Scale h, Scale w) {
-        return upsample_nearest("upsample_nearest3d", self, ints(size), {d, h, w}, false);
-      });
-  m.impl(
-      "upsample_nearest3d.out",
-      [](const at::Tensor& self, c10::SymIntArrayRef size, Scale d, Scale h, Scale w, at::Tensor& out)
-          -> at::Tensor& {
-        return write_out(
-            upsample_nearest("upsample_nearest3d", self, ints(size), {d, h, w}, false), out);
-      });
-  m.impl(
-      "_upsample_nearest_exact2d",
-      [](const at::Tensor& self, c10::SymIntArrayRef size, Scale h, Scale w) {
-        return upsample_nearest("_upsample_nearest_exact2d", self, ints(size), {h, w}, true);
-      });
-  m.impl(
-      "_upsample_nearest_exact3d",
-      [](const at::Tensor& self, c10::SymIntArrayRef size, Scale d, Scale h, Scale w) {
-        return upsample_nearest("_upsample_nearest_exact3d", self, ints(size), {d, h, w}, true);
-      });
-  m.impl(
-      "upsample_nearest1d_backward",
-      [](const at::Tensor& grad, c10::SymIntArrayRef, c10::SymIntArrayRef input_size, Scale s) {
-        return upsample_nearest_backward(grad, ints(input_size), {s}, false);
-      });
-  m.impl(
-      "upsample_nearest2d_backward",
-      [](const at::Tensor& grad, c10::SymIntArrayRef, c10::SymIntArrayRef input_size, Scale h, Scale w) {
-        return upsample_nearest_backward(grad, ints(input_size), {h, w}, false);
-      });
-  m.impl(
-      "upsample_nearest3d_backward",
-      [](const at::Tensor& grad,
-         c10::SymIntArrayRef,
-         c10::SymIntArrayRef input_size,
-         Scale d,
-         Scale h,
-         Scale w) { return upsample_nearest_backward(grad, ints(input_size), {d, h, w}, false); });
-  m.impl(
-      "_upsample_nearest_exact1d_backward",
-      [](const at::Tensor& grad, c10::SymIntArrayRef, c10::SymIntArrayRef input_size, Scale s) {
-        return upsample_nearest_backward(grad, ints(input_size), {s}, true);
-      });
-  m.impl(
-      "_upsample_nearest_exact2d_backward",
-      [](const at::Tensor& grad, c10::SymIntArrayRef, c10::SymIntArrayRef input_size, Scale h, Scale w) {
-        return upsample_nearest_backward(grad, ints(input_size), {h, w}, true);
-      });
-  m.impl(
-      "_upsample_nearest_exact3d_backward",
-      [](const at::Tensor& grad,
-         c10::SymIntArrayRef,
-         c10::SymIntArrayRef input_size,
-         Scale d,
-         Scale h,
-         Scale w) { return upsample_nearest_backward(grad, ints(input_size), {d, h, w}, true); });
-
-  // linear
-  m.impl(
-      "upsample_linear1d",
-      [](const at::Tensor& self, c10::SymIntArrayRef size, bool align_corners, Scale s) {
-        if (!at::isFloatingType(self.scalar_type())) {
-          return linear_on_the_cpu("upsample_linear1d", self, [&](const at::Tensor& x) {
-            return at::upsample_linear1d_symint(x, size, align_corners, s);
-          });
-        }
-        return upsample_linear("upsample_linear1d", self, ints(size), align_corners, {s});
-      });
-  m.impl(
-      "upsample_linear1d.out",
-      [](const at::Tensor& self, c10::SymIntArrayRef size, bool align_corners, Scale s, at::Tensor& out)
-          -> at::Tensor& {
-        return write_out(at::upsample_linear1d_symint(self, size, align_corners, s), out);
-      });
-  m.impl(
-      "upsample_bilinear2d",
-      [](const at::Tensor& self, c10::SymIntArrayRef size, bool align_corners, Scale h, Scale w) {
-        if (!at::isFloatingType(self.scalar_type())) {
-          return linear_on_the_cpu("upsample_bilinear2d", self, [&](const at::Tensor& x) {
-            return at::upsample_bilinear2d_symint(x, size, align_corners, h, w);
-          });
-        }
-        return upsample_linear("upsample_bilinear2d", self, ints(size), align_corners, {h, w});
-      });
-  m.impl(
-      "upsample_bilinear2d.out",
-      [](const at::Tensor& self,
-         c10::SymIntArrayRef size,
-         bool align_corners,
-         Scale h,
-         Scale w,
-         at::Tensor& out) -> at::Tensor& {
-        return write_out(at::upsample_bilinear2d_symint(self, size, align_corners, h, w), out);
-      });
-  m.impl(
-      "upsample_trilinear3d",
-      [](const at::Tensor& self, c10::SymIntArrayRef size, bool align_corners, Scale d, Scale h, Scale w) {
-        if (!at::isFloatingType(self.scalar_type())) {
-          return linear_on_the_cpu("upsample_trilinear3d", self, [&](const at::Tensor& x) {
-            return at::upsample_trilinear3d_symint(x, size, align_corners, d, h, w);
-          });
-        }
-        return upsample_linear("upsample_trilinear3d", self, ints(size), align_corners, {d, h, w});
-      });
-  m.impl(
-      "upsample_trilinear3d.out",
-      [](const at::Tensor& self,
-         c10::SymIntArrayRef size,
-         bool align_corners,
-         Scale d,
-         Scale h,
-         Scale w,
-         at::Tensor& out) -> at::Tensor& {
-        return write_out(at::upsample_trilinear3d_symint(self, size, align_corners, d, h, w), out);
-      });
-  m.impl(
-      "upsample_trilinear3d_backward",
-      [](const at::Tensor& grad,
-         c10::SymIntArrayRef,
-         c10::SymIntArrayRef input_size,
-         bool align_corners,
-         Scale d,
-         Scale h,
-         Scale w) {
-        return upsample_linear_backward(grad, ints(input_size), align_corners, {d, h, w});
-      });
-  m.impl(
-      "upsample_bicubic2d",
-      [](const at::Tensor& self, c10::SymIntArrayRef size, bool align_corners, Scale h, Scale w) {
-        if (!at::isFloatingType(self.scalar_type())) {
-          return linear_on_the_cpu("upsample_bicubic2d", self, [&](const at::Tensor& x) {
-            return at::upsample_bicubic2d_symint(x, size, align_corners, h, w);
-          });
-        }
-        return upsample_linear("upsample_bicubic2d", self, ints(size), align_corners, {h, w}, true);
-      });
-  m.impl(
-      "upsample_bicubic2d.out",
-      [](const at::Tensor& self,
-         c10::SymIntArrayRef size,
-         bool align_corners,
-         Scale h,
-         Scale w,
-         at::Tensor& out) -> at::Tensor& {
-        return write_out(at::upsample_bicubic2d_symint(self, size, align_corners, h, w), out);
-      });
-  m.impl(
-      "upsample_bicubic2d_backward",
-      [](const at::Tensor& grad,
-         c10::SymIntArrayRef,
-         c10::SymIntArrayRef input_size,
-         bool align_corners,
-         Scale h,
-         Scale w) {
-        return upsample_linear_backward(grad, ints(input_size), align_corners, {h, w}, true);
-      });
-  m.impl(
-      "upsample_linear1d_backward",
-      [](const at::Tensor& grad,
-         c10::SymIntArrayRef,
-         c10::SymIntArrayRef input_size,
-         bool align_corners,
-         Scale s) { return upsample_linear_backward(grad, ints(input_size), align_corners, {s}); });
-  m.impl(
-      "upsample_bilinear2d_backward",
-      [](const at::Tensor& grad,
-         c10::SymIntArrayRef,
-         c10::SymIntArrayRef input_size,
-         bool align_corners,
-         Scale h,
-         Scale w) {
-        return upsample_linear_backward(grad, ints(input_size), align_corners, {h, w});
-      });
-
-  // grid sampling
-  m.impl("grid_sampler_2d", TORCH_FN(pjrt_grid_sampler_2d));
-}
-
-// Above autograd: the composition records its own gradients.
-TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
-  m.impl("grid_sampler_2d", TORCH_FN(pjrt_grid_sampler_2d));
-}
+// Kernel registrations, generated from the rows of hand_written_kernels.py.
+#include "generated/resample_kernels.inc"
 
 }  // namespace torch_pjrt

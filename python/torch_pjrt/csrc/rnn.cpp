@@ -185,11 +185,7 @@ pjrt_fused_gru_cell_backward(const at::Tensor& grad_hy, const at::Tensor& worksp
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("_thnn_fused_lstm_cell", TORCH_FN(pjrt_fused_lstm_cell));
-  m.impl("_thnn_fused_lstm_cell_backward_impl", TORCH_FN(pjrt_fused_lstm_cell_backward_impl));
-  m.impl("_thnn_fused_gru_cell", TORCH_FN(pjrt_fused_gru_cell));
-  m.impl("_thnn_fused_gru_cell_backward", TORCH_FN(pjrt_fused_gru_cell_backward));
-}
+// Kernel registrations, generated from the rows of hand_written_kernels.py.
+#include "generated/rnn_kernels.inc"
 
 }  // namespace torch_pjrt

@@ -80,6 +80,7 @@ fn is_float_unary(op: OpId) -> bool {
             | Sigmoid
             | Erf
             | Erfc
+            | SpecialI1e
             | Erfinv
             | Lgamma
             | Digamma
@@ -354,7 +355,12 @@ fn binary_meta(a: &MetaArgs) -> Result<Meta, OpError> {
             }
             common
         }
-        Atan2 => to_float(common),
+        Atan2 | SpecialZeta => to_float(common),
+        // PyTorch's kernel takes floating-point values only.
+        Nextafter if !common.is_float() => {
+            return Err(not_implemented_for("nextafter_cpu", common))
+        }
+        Nextafter => common,
         op if is_comparison(op) || is_logical(op) => DType::Bool,
         op if is_bitwise(op) => {
             let shift = matches!(op, BitwiseLeftShift | BitwiseRightShift);
@@ -825,6 +831,35 @@ pub(crate) fn erf(e: &mut Emitter, x: Value) -> Value {
     e.unary("chlo.erf", x)
 }
 
+/// The Hurwitz zeta function, with PyTorch's values where XLA's differ, in its kernel's order:
+/// inf at `x = 1`; NaN for `x < 1` (XLA gives inf where `q` is 0); a pole (inf) at every `q`
+/// that is a non-positive integer (XLA gives NaN for odd `x`); and at `x = +inf`, 1 for `q = 1`,
+/// inf for `q < 1` and NaN above (XLA gives NaN).
+fn zeta(e: &mut Emitter, x: Value, q: Value) -> Value {
+    let z = e.binary("chlo.zeta", x, q);
+    let q_floor = e.floor(q);
+    let q_integral = e.compare(Cmp::Eq, q, q_floor);
+    let q_not_positive = e.compare_const(Cmp::Le, q, 0.0);
+    // Not `x > 1`: a NaN `x` has the pole too, as in PyTorch's kernel (it only refuses x < 1).
+    let x_below_one = e.compare_const(Cmp::Lt, x, 1.0);
+    let x_not_below_one = e.not(x_below_one);
+    let pole = e.and(q_integral, q_not_positive);
+    let pole = e.and(pole, x_not_below_one);
+    let inf = k(e, z, f64::INFINITY);
+    let nan = k(e, z, f64::NAN);
+    let z = e.select(pole, inf, z);
+    let z = e.select(x_below_one, nan, z);
+    let x_one = e.compare_const(Cmp::Eq, x, 1.0);
+    let z = e.select(x_one, inf, z);
+    let x_inf = e.compare_const(Cmp::Eq, x, f64::INFINITY);
+    let q_one = e.compare_const(Cmp::Eq, q, 1.0);
+    let q_below = e.compare_const(Cmp::Lt, q, 1.0);
+    let one = k(e, z, 1.0);
+    let below_or_nan = e.select(q_below, inf, nan);
+    let at_inf = e.select(q_one, one, below_or_nan);
+    e.select(x_inf, at_inf, z)
+}
+
 /// `digamma` in the input's float dtype; ±0 gives ∓inf (the limit from zero's side), as PyTorch.
 fn digamma(e: &mut Emitter, x: Value) -> Value {
     let d = e.unary("chlo.digamma", x);
@@ -940,6 +975,7 @@ fn unary_float(e: &mut Emitter, a: &LowerArgs, x: Value) -> Result<Value, OpErro
         }
         Erf => erf(e, x),
         Erfc => e.unary("chlo.erfc", x),
+        SpecialI1e => e.unary("chlo.bessel_i1e", x),
         Erfinv => e.unary("chlo.erf_inv", x),
         Lgamma => e.unary("chlo.lgamma", x),
         Digamma => digamma(e, x),
@@ -1157,6 +1193,8 @@ fn lower_binary(e: &mut Emitter, a: &LowerArgs) -> Result<Value, OpError> {
             }
         }
         Atan2 => e.binary("stablehlo.atan2", xc, yc),
+        SpecialZeta => zeta(e, xc, yc),
+        Nextafter => e.binary("chlo.next_after", xc, yc),
         BitwiseAnd => e.and(xc, yc),
         BitwiseOr => e.or(xc, yc),
         BitwiseXor => e.xor(xc, yc),

@@ -583,6 +583,15 @@ op_catalogue! {
     // ---- unary elementwise, continued ---------------------------------------------------
     /// `1 - erf(x)`, computed without the cancellation of that difference in the tail.
     Erfc = "erfc", family: Elementwise, rule: elementwise::Unary, inputs: "self", scalars: "", params: None;
+    /// The exponentially scaled modified Bessel function of the first kind, order one:
+    /// `exp(-|x|) I1(x)`.
+    SpecialI1e = "special_i1e", family: Elementwise, rule: elementwise::Unary, inputs: "self", scalars: "", params: None;
+
+    // ---- binary elementwise, continued --------------------------------------------------
+    /// The Hurwitz zeta function `zeta(x, q)`.
+    SpecialZeta = "special_zeta", family: Elementwise, rule: elementwise::Binary, inputs: "self, other", scalars: "other (when not an input)", params: None;
+    /// The next float after `self` towards `other`.
+    Nextafter = "nextafter", family: Elementwise, rule: elementwise::Binary, inputs: "self, other", scalars: "other (when not an input)", params: None;
 }
 
 impl OpId {

@@ -367,3 +367,25 @@ snapshot!(
 );
 // erfc in the tail, where 1 - erf(x) would cancel to zero.
 snapshot!(erfc_f32, OpId::Erfc, [t(DType::F32, &[4])], [], []);
+snapshot!(
+    special_i1e_bf16,
+    OpId::SpecialI1e,
+    [t(DType::BF16, &[4])],
+    [],
+    []
+);
+// An integer q promotes to the default float dtype.
+snapshot!(
+    special_zeta_int_q,
+    OpId::SpecialZeta,
+    [t(DType::F32, &[3]), t(DType::I64, &[3])],
+    [],
+    []
+);
+snapshot!(
+    nextafter_f64,
+    OpId::Nextafter,
+    [t(DType::F64, &[2]), t(DType::F64, &[2])],
+    [],
+    []
+);

@@ -1,4 +1,5 @@
-"""Ops pjrt runs natively instead of falling back to the CPU: erfc, erfinv, lgamma and digamma; the
+"""Ops pjrt runs natively instead of falling back to the CPU: erfc, erfinv, lgamma and digamma,
+and special.i1e, i1, zeta, entr and xlog1py, and nextafter; the
 scans cumprod and logcumsumexp; the distributions exponential_, geometric_, log_normal_ and
 cauchy_ and multinomial; searchsorted and bucketize; signbit, copysign, logit, sinc, heaviside,
 count_nonzero, aminmax, linalg.cross, isposinf and isneginf. Values (and gradients where PyTorch has them) against
@@ -82,6 +83,73 @@ def test_signed_infinity_tests_match_the_cpu(mode, name):
         fn(z)
     with pytest.raises(RuntimeError, match=f"{name} does not support complex inputs"):
         fn(z.to("pjrt"))
+
+
+# Around zero, the overflow of exp(|x|) for float32 (88.7), large values, both infinities, NaN.
+BESSEL_X = torch.tensor(
+    [-inf, -100.0, -20.0, -3.0, -1.0, -1e-8, -0.0, 0.0, 1e-8, 0.5, 1.0, 3.0, 20.0, 85.0, 89.0, 100.0, inf, nan])
+
+
+def _close_with_nans(actual, expected, dtype):
+    assert_close(actual, expected, rtol=1e-5 if dtype == torch.float32 else 1e-10, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("name", ["i1e", "i1", "entr"])
+def test_special_unary_functions_match_the_cpu(mode, name, dtype):
+    fn = getattr(torch.special, name)
+    x = BESSEL_X.to(dtype)
+    _close_with_nans(fn(x.to("pjrt")), fn(x), dtype)
+    out = torch.empty(0, dtype=dtype, device="pjrt")
+    fn(x.to("pjrt"), out=out)
+    _close_with_nans(out, fn(x), dtype)
+    # Integers compute in the default float dtype; a reduced float rounds once.
+    ints = torch.tensor([0, 1, -3, 7])
+    assert_close(fn(ints.to("pjrt")), fn(ints), rtol=1e-5, atol=0)
+    half = torch.tensor([0.5, -2.0, 6.0], dtype=torch.bfloat16)
+    assert_close(fn(half.to("pjrt")), fn(half))
+
+
+# zeta: poles (x = 1), x < 1, q at and below zero, integer and not, and x = +inf
+ZETA_X = torch.tensor(
+    [1.0, 1.5, 2.0, 3.0, 10.0, 50.0, 0.5, 2.0, 2.0, 4.0, 3.0, 3.0, 0.5, nan, inf, inf, inf, inf, nan, 2.0,
+     0.0, 0.0, 1.0, -1.0])
+ZETA_Q = torch.tensor(
+    [1.0, 1.0, 2.0, 0.5, 3.0, 1.0, 1.0, -1.5, -2.0, 0.0, 1e-3, -3.0, -2.0, -2.0, 0.5, 1.0, 2.0, -1.0, 1.0, nan,
+     0.0, 1.0, 0.0, -2.0])
+# nextafter: signed zeros, both directions, infinities, NaN, the smallest subnormal, the largest
+NEXT_A = torch.tensor([0.0, -0.0, 1.0, 1.0, 1.0, inf, -inf, nan, 1.0, 3.0e38, -2.5])
+NEXT_B = torch.tensor([1.0, 1.0, 2.0, 0.0, 1.0, 0.0, 0.0, 1.0, nan, inf, -inf])
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_special_binary_functions_match_the_cpu(mode, dtype):
+    x, q = ZETA_X.to(dtype), ZETA_Q.to(dtype)
+    _close_with_nans(torch.special.zeta(x.to("pjrt"), q.to("pjrt")), torch.special.zeta(x, q), dtype)
+    # A Python number for either operand (the scalar overloads).
+    _close_with_nans(torch.special.zeta(x.to("pjrt"), 2.0), torch.special.zeta(x, 2.0), dtype)
+    _close_with_nans(torch.special.zeta(3.0, q.to("pjrt")), torch.special.zeta(3.0, q), dtype)
+    a, b = NEXT_A.to(dtype), NEXT_B.to(dtype)
+    expected = torch.nextafter(a, b)
+    # Exact: one step of the float's bits.
+    assert_close(torch.nextafter(a.to("pjrt"), b.to("pjrt")), expected, rtol=0, atol=0, equal_nan=True)
+    y = a.to("pjrt")
+    y.nextafter_(b.to("pjrt"))
+    assert_close(y, expected, rtol=0, atol=0, equal_nan=True)
+    # xlog1py: 0 where x is 0 unless y is NaN; y = -1 gives -inf times x.
+    xs = torch.tensor([0.0, 1.0, -2.0, 0.0, 0.0, 3.0, 0.0, 2.0, 0.0], dtype=dtype)
+    ys = torch.tensor([-inf, -1.0, -0.5, 0.0, 1e-8, 1.0, 3.0, inf, nan], dtype=dtype)
+    _close_with_nans(torch.special.xlog1py(xs.to("pjrt"), ys.to("pjrt")), torch.special.xlog1py(xs, ys), dtype)
+    _close_with_nans(torch.special.xlog1py(2.0, ys.to("pjrt")), torch.special.xlog1py(2.0, ys), dtype)
+    _close_with_nans(torch.special.xlog1py(xs.to("pjrt"), 0.5), torch.special.xlog1py(xs, 0.5), dtype)
+
+
+def test_nextafter_refuses_integers_as_the_cpu_does(mode):
+    ints = torch.tensor([1, 2])
+    with pytest.raises(RuntimeError, match="not implemented for 'Long'"):
+        torch.nextafter(ints, ints)
+    with pytest.raises(RuntimeError, match="not implemented for 'Long'"):
+        torch.nextafter(ints.to("pjrt"), ints.to("pjrt"))
 
 
 # ---- scans -------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 // Elementwise functions without a native lowering, composed from device ops (RFC 0019): the
 // inverse trigonometric and the hyperbolic functions, `frac`, `logaddexp` (complex values
 // included), `hypot`, `xlogy` (and so `kl_div`), `fmax`/`fmin`, `signbit`, `copysign`,
-// `heaviside`, `sinc` and `isposinf`/`isneginf`.
+// `heaviside`, `sinc`, `isposinf`/`isneginf` and the special functions `xlog1py`, `entr` and
+// `i1` (over the engine's `i1e`).
 //
 // The compositions for real numbers send a complex input to the CPU (option `real` of their rows), in every
 // form and on conjugate views. Each kernel follows PyTorch's CPU formulas, edge values included.
@@ -276,6 +277,40 @@ at::Tensor pjrt_xlogy_scalar_other(const at::Tensor& self, const at::Scalar& oth
 
 at::Tensor pjrt_xlogy_scalar_self(const at::Scalar& self, const at::Tensor& other) {
   return pjrt_xlogy(at::scalar_tensor(self, at::TensorOptions().dtype(at::kDouble)).to(other.device()), other);
+}
+
+// A CPU 0-d operand (a wrapped Python number, from the scalar overloads' composite kernels) on
+// the device of the other operand.
+at::Tensor beside(const at::Tensor& t, const at::Tensor& other) {
+  return t.is_cpu() && !other.is_cpu() ? t.to(other.device()) : t;
+}
+
+// `special.xlog1py`: `x * log1p(y)`, 0 where x is 0 unless y is NaN, as PyTorch's kernel.
+at::Tensor pjrt_special_xlog1py(const at::Tensor& self, const at::Tensor& other) {
+  at::ScalarType dtype = floating_dtype(at::result_type(self, other));
+  at::Tensor x = beside(self, other).to(dtype);
+  at::Tensor y = beside(other, self).to(dtype);
+  at::Tensor product = at::where(x == 0, at::zeros_like(x), x * at::log1p(y));
+  return at::where(at::isnan(y), y, product);
+}
+
+// `special.entr`: `-x log x` for x > 0, 0 at 0, -inf below, NaN for NaN.
+at::Tensor pjrt_special_entr(const at::Tensor& self) {
+  at::Tensor x = as_floating(self);
+  at::Tensor positive = -x * at::log(x);
+  at::Tensor rest = at::where(x == 0, at::zeros_like(x), at::full_like(x, -std::numeric_limits<double>::infinity()));
+  return at::where((x > 0) | at::isnan(x), positive, rest);
+}
+
+// `special.i1`: the scaled function times exp(|x|), which overflows where PyTorch's kernel's own
+// exp(|x|) does. A reduced float computes in float32 and rounds once.
+at::Tensor pjrt_special_i1(const at::Tensor& self) {
+  at::Tensor x = as_floating(self);
+  const at::ScalarType dtype = x.scalar_type();
+  if (at::isReducedFloatingType(dtype)) {
+    x = x.to(at::kFloat);
+  }
+  return (at::special_i1e(x) * at::exp(x.abs())).to(dtype);
 }
 
 }  // namespace

@@ -65,11 +65,11 @@ LAYOUTS_FILE = os.path.join(HERE, "param_layouts.json")
 
 UNARY = [
     "neg", "abs", "exp", "exp2", "log", "log2", "log10", "log1p", "expm1", "sqrt", "rsqrt",
-    "sin", "cos", "tan", "tanh", "sigmoid", "silu", "erf", "erfc", "erfinv", "lgamma", "digamma", "floor", "ceil", "trunc", "sign",
+    "sin", "cos", "tan", "tanh", "sigmoid", "silu", "erf", "erfc", "special_i1e", "erfinv", "lgamma", "digamma", "floor", "ceil", "trunc", "sign",
     "reciprocal", "logical_not", "bitwise_not", "relu", "isnan", "isinf",
 ]
 BINARY = [
-    "maximum", "minimum", "atan2", "logical_and", "logical_or", "logical_xor",
+    "maximum", "minimum", "atan2", "special_zeta", "nextafter", "logical_and", "logical_or", "logical_xor",
 ]
 BINARY_TENSOR_SCALAR = [
     "mul", "div", "remainder", "fmod", "eq", "ne", "lt", "le", "gt", "ge",

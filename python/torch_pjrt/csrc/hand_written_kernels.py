@@ -108,6 +108,9 @@ HAND_WRITTEN["elementwise"] = [
     ("heaviside", "pjrt_heaviside", ""),
     ("isposinf", "pjrt_isinf_signed(self, \"isposinf\", 1)", ""),
     ("isneginf", "pjrt_isinf_signed(self, \"isneginf\", -1)", ""),
+    ("special_xlog1py", "pjrt_special_xlog1py", ""),
+    ("special_entr", "pjrt_special_entr", ""),
+    ("special_i1", "pjrt_special_i1", ""),
 ]
 
 HAND_WRITTEN["reduce"] = [

@@ -132,6 +132,7 @@ HAND_WRITTEN["reduce"] = [
     ("searchsorted.Scalar", "pjrt_searchsorted_scalar", ""),
     ("bucketize.Tensor", "pjrt_bucketize", ""),
     ("bucketize.Scalar", "pjrt_bucketize_scalar", ""),
+    ("nansum", "pjrt_nansum", ""),
 ]
 
 HAND_WRITTEN["linalg"] = [
@@ -140,6 +141,7 @@ HAND_WRITTEN["linalg"] = [
     ("_cdist_forward", "pjrt_cdist_forward", ""),
     ("_cdist_backward", "pjrt_cdist_backward", ""),
     ("_grouped_mm", "pjrt_grouped_mm", ""),
+    ("addbmm", "pjrt_addbmm", ""),
     ("_scaled_dot_product_fused_attention_overrideable", "pjrt_sdpa_overrideable", ""),
     (
         "_scaled_dot_product_fused_attention_overrideable_backward",
@@ -150,6 +152,7 @@ HAND_WRITTEN["linalg"] = [
 
 HAND_WRITTEN["norm"] = [
     ("_weight_norm_interface_backward", "pjrt_weight_norm_interface_backward", ""),
+    ("renorm", "pjrt_renorm", "real"),
 ]
 
 HAND_WRITTEN["embedding"] = [
@@ -238,6 +241,9 @@ HAND_WRITTEN["indexing"] = [
     ("index_fill.int_Scalar", "index_fill_scalar", ""),
     ("scatter_reduce.two", "pjrt_scatter_reduce", ""),
     ("index_reduce", "pjrt_index_reduce", ""),
+    ("take", "pjrt_take", ""),
+    # `put` itself is PyTorch's composite over `put_`.
+    ("put_", "pjrt_put_", ""),
 ]
 
 HAND_WRITTEN["random"] = [

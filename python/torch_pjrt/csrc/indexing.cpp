@@ -721,6 +721,49 @@ at::Tensor pjrt_index_reduce(
   return pjrt_scatter_reduce(self, dim, spread, source, reduce, include_self);
 }
 
+// `take`: `self` read as one dimension at the positions of `index` (negative ones from the end),
+// in `index`'s shape. The advanced-indexing kernel checks the bounds.
+at::Tensor pjrt_take(const at::Tensor& self, const at::Tensor& index) {
+  TORCH_CHECK(
+      index.scalar_type() == at::kLong,
+      "take(): Expected a long tensor for index, but got ",
+      index.scalar_type());
+  TORCH_CHECK(
+      !(self.numel() == 0 && index.numel() != 0),
+      "take(): tried to take from an empty tensor");
+  return self.reshape({-1}).index({index});
+}
+
+// `put_`: `source` written (or added) into `self` read as one dimension, at the positions of
+// `index`, through the advanced-indexing kernel, which checks the bounds; `self` of any layout.
+at::Tensor& pjrt_put_(at::Tensor& self, const at::Tensor& index, const at::Tensor& source, bool accumulate) {
+  TORCH_CHECK(
+      index.scalar_type() == at::kLong,
+      "put_(): Expected a long tensor for index, but got ",
+      index.scalar_type());
+  TORCH_CHECK(
+      self.scalar_type() == source.scalar_type(),
+      "put_(): self and source expected to have the same dtype, but got self.dtype = ",
+      self.scalar_type(),
+      " and source.dtype = ",
+      source.scalar_type());
+  TORCH_CHECK_INDEX(
+      index.numel() == source.numel(),
+      "put_(): Expected source and index to have the same number of elements, but got source.numel() = ",
+      source.numel(),
+      ", index.numel() = ",
+      index.numel());
+  TORCH_CHECK(
+      !(self.numel() == 0 && index.numel() != 0),
+      "put_(): Tried to put elements into an empty tensor");
+  if (index.numel() == 0) {
+    return self;
+  }
+  at::Tensor flat = self.reshape({-1}).clone();
+  flat.index_put_({index.reshape({-1})}, source.reshape({-1}), accumulate);
+  return self.copy_(flat.view(self.sizes()));
+}
+
 }  // namespace
 
 // Kernel registrations, generated from the rows of hand_written_kernels.py.

@@ -487,6 +487,39 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> pjrt_sdpa_overrideabl
       bias_grad ? std::move(r[3]) : at::Tensor());
 }
 
+// `addbmm`: `beta * self + alpha * sum_i batch1[i] @ batch2[i]`, as one product: the batches laid
+// side by side along the contracted dimension, so `addmm` gives the sum and `beta`'s rules.
+at::Tensor pjrt_addbmm(
+    const at::Tensor& self,
+    const at::Tensor& batch1,
+    const at::Tensor& batch2,
+    const at::Scalar& beta,
+    const at::Scalar& alpha) {
+  TORCH_CHECK(batch1.dim() == 3, "batch1 must be a 3D tensor");
+  TORCH_CHECK(batch2.dim() == 3, "batch2 must be a 3D tensor");
+  TORCH_CHECK(
+      batch1.size(0) == batch2.size(0),
+      "batch1 and batch2 must have same number of batches, got ",
+      batch1.size(0),
+      " and ",
+      batch2.size(0));
+  TORCH_CHECK(
+      batch1.size(2) == batch2.size(1),
+      "Incompatible matrix sizes for bmm (",
+      batch1.size(1),
+      "x",
+      batch1.size(2),
+      " and ",
+      batch2.size(1),
+      "x",
+      batch2.size(2),
+      ")");
+  const int64_t contracted = batch1.size(0) * batch1.size(2);
+  const at::Tensor left = batch1.transpose(0, 1).reshape({batch1.size(1), contracted});
+  const at::Tensor right = batch2.reshape({contracted, batch2.size(2)});
+  return at::addmm(self, left, right, beta, alpha);
+}
+
 }  // namespace
 
 // Kernel registrations, generated from the rows of hand_written_kernels.py.

@@ -42,6 +42,28 @@ std::tuple<at::Tensor, at::Tensor> pjrt_weight_norm_interface_backward(
   return {grad_v, grad_g};
 }
 
+// `renorm`: each slice along `dim` whose p-norm exceeds `maxnorm` scaled down to it, as PyTorch's
+// kernel: the norm in the accumulation dtype, the factor `maxnorm / (norm + 1e-7)`.
+at::Tensor pjrt_renorm(const at::Tensor& self, const at::Scalar& p, int64_t dim, const at::Scalar& maxnorm) {
+  TORCH_CHECK(!maxnorm.isComplex(), "renorm: maxnorm must be real-valued");
+  TORCH_CHECK(p.toDouble() > 0.0, "renorm: non-positive-norm not supported");
+  TORCH_CHECK(maxnorm.toDouble() >= 0.0, "renorm: expected maxnorm to be >= 0 but got ", maxnorm.toDouble());
+  const int64_t ndim = self.dim();
+  TORCH_CHECK(ndim > 1, "renorm: input needs at least 2 dimensions, got ", ndim, " dimensions");
+  dim = at::maybe_wrap_dim(dim, ndim);
+  std::vector<int64_t> reduce_dims;
+  for (int64_t d = 0; d < ndim; ++d) {
+    if (d != dim) {
+      reduce_dims.push_back(d);
+    }
+  }
+  const at::ScalarType accumulate =
+      at::isReducedFloatingType(self.scalar_type()) ? at::kFloat : self.scalar_type();
+  const at::Tensor norm = at::linalg_vector_norm(self, p, reduce_dims, /*keepdim=*/true, accumulate);
+  const at::Tensor factor = at::where(norm > maxnorm, at::reciprocal(norm + 1e-7) * maxnorm, 1.0);
+  return self * factor.to(self.scalar_type());
+}
+
 }  // namespace
 
 // Kernel registrations, generated from the rows of hand_written_kernels.py.

@@ -446,6 +446,18 @@ at::Tensor pjrt_bucketize_scalar(
       at::scalar_tensor(self, boundaries.options()), boundaries, out_int32, right);
 }
 
+// `nansum`: a sum that reads each NaN as zero (integers hold none).
+at::Tensor pjrt_nansum(
+    const at::Tensor& self,
+    at::OptionalIntArrayRef dim,
+    bool keepdim,
+    std::optional<at::ScalarType> dtype) {
+  TORCH_CHECK(!self.is_complex(), "nansum does not support complex inputs");
+  const at::Tensor values =
+      at::isFloatingType(self.scalar_type()) ? at::where(at::isnan(self), at::zeros_like(self), self) : self;
+  return at::sum(values, dim, keepdim, dtype);
+}
+
 }  // namespace
 
 // Kernel registrations, generated from the rows of hand_written_kernels.py.

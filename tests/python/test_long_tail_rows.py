@@ -1,0 +1,123 @@
+"""Long-tail ops composed on the device as rows of `csrc/hand_written_kernels.py`: `nansum`,
+`take` and `put_` (so `put` and `take`'s gradient), `addbmm` and `renorm`, with the in-place and
+`out=` forms the generator derives. Values and gradients against the CPU in every eager mode,
+and the CPU's errors. Nothing may fall back to the CPU (the `mode` fixture checks)."""
+
+import math
+
+import pytest
+import torch
+
+from conftest import assert_close, check_against_cpu as check, seeded
+
+nan, inf = math.nan, math.inf
+
+
+def randn(*shape, seed=0):
+    return torch.randn(*shape, generator=seeded(seed))
+
+
+NAN_MATRIX = torch.tensor([[1.0, nan, 3.0, -inf], [nan, nan, 2.0, 0.5], [0.0, -1.0, nan, 4.0]])
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda t: torch.nansum(t),
+        lambda t: torch.nansum(t, 1),
+        lambda t: torch.nansum(t, (0, 1), keepdim=True),
+        lambda t: torch.nansum(t, 0, dtype=torch.float64),
+        lambda t: torch.nanmean(t, 1),
+    ],
+)
+def test_nansum_reads_nan_as_zero(mode, call):
+    assert_close(call(NAN_MATRIX.to("pjrt")), call(NAN_MATRIX))
+    for ints in [torch.tensor([[1, 2], [3, 4]]), torch.tensor([True, False, True])]:
+        assert_close(torch.nansum(ints.to("pjrt")), torch.nansum(ints))
+
+
+def test_nansum_gradient_and_out_form(mode):
+    check(lambda t: torch.nansum(t * 2, 1), (NAN_MATRIX.nan_to_num(0.0) + randn(3, 4),))
+    out = torch.empty(0, device="pjrt")
+    torch.nansum(NAN_MATRIX.to("pjrt"), 0, out=out)
+    assert_close(out, torch.nansum(NAN_MATRIX, 0))
+    with pytest.raises(RuntimeError, match="nansum does not support complex inputs"):
+        torch.nansum(torch.ones(2, dtype=torch.complex64, device="pjrt"))
+
+
+def test_take_reads_positions_of_the_flattened_tensor(mode):
+    src = randn(3, 4)
+    index = torch.tensor([[0, -1], [5, 11]])
+    assert_close(torch.take(src.to("pjrt"), index.to("pjrt")), torch.take(src, index))
+    # A transposed input is read in its logical order; its gradient scatters back.
+    assert_close(torch.take(src.t().to("pjrt"), index.to("pjrt")), torch.take(src.t(), index))
+    check(lambda t: torch.take(t, index.to(t.device)), (src,))
+    empty = torch.tensor([], dtype=torch.long)
+    assert_close(torch.take(torch.randn(0).to("pjrt"), empty.to("pjrt")), torch.take(torch.randn(0), empty))
+
+
+def test_put_writes_and_adds_at_positions(mode):
+    index = torch.tensor([1, -1, 4, 1])
+    source = torch.tensor([10.0, 20.0, 30.0, 40.0])
+    for accumulate in [False, True]:
+        # Distinct positions when writing: which of two writes wins is unspecified.
+        idx = index if accumulate else index[:3]
+        src = source if accumulate else source[:3]
+        for base in [randn(2, 3), randn(3, 2).t()]:
+            expected = base.clone().put_(idx, src, accumulate)
+            actual = base.to("pjrt").put_(idx.to("pjrt"), src.to("pjrt"), accumulate)
+            assert_close(actual, expected)
+            assert_close(torch.put(base.to("pjrt"), idx.to("pjrt"), src.to("pjrt"), accumulate),
+                         torch.put(base, idx, src, accumulate))
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda t, i, s: torch.take(t, i.to(torch.int32)),
+        lambda t, i, s: t.put_(i, s[:2]),
+        lambda t, i, s: t.put_(i, s.double()),
+        lambda t, i, s: torch.renorm(t, 2, 0, -1.0),
+        lambda t, i, s: torch.renorm(t[0], 2, 0, 1.0),
+        lambda t, i, s: torch.renorm(t, 0, 0, 1.0),
+    ],
+)
+def test_errors_are_the_cpus(mode, call):
+    args = (randn(3, 4), torch.tensor([0, 5, 7]), torch.tensor([1.0, 2.0, 3.0]))
+    with pytest.raises(Exception) as on_cpu:
+        call(*args)
+    with pytest.raises(Exception) as on_pjrt:
+        call(*(a.to("pjrt") for a in args))
+    assert on_pjrt.type is on_cpu.type
+    assert str(on_pjrt.value).splitlines()[0] == str(on_cpu.value).splitlines()[0]
+
+
+def test_an_index_out_of_range_raises(mode):
+    with pytest.raises((IndexError, RuntimeError), match="out of"):
+        torch.take(randn(2, 3).to("pjrt"), torch.tensor([6]).to("pjrt")).cpu()
+
+
+def test_addbmm_sums_the_batch_products(mode):
+    b1, b2, m = randn(5, 3, 4, seed=1), randn(5, 4, 2, seed=2), randn(3, 2, seed=3)
+    check(lambda m, a, b: torch.addbmm(m, a, b, beta=0.5, alpha=2.0), (m, b1, b2), grads_of=(0, 1, 2))
+    # beta = 0 ignores self, NaNs included; self broadcasts; no batches leaves beta * self.
+    assert_close(torch.addbmm(torch.full((3, 2), nan).to("pjrt"), b1.to("pjrt"), b2.to("pjrt"), beta=0),
+                 torch.addbmm(torch.full((3, 2), nan), b1, b2, beta=0))
+    assert_close(torch.addbmm(randn(2).to("pjrt"), b1.to("pjrt"), b2.to("pjrt")), torch.addbmm(randn(2), b1, b2))
+    z1, z2 = torch.randn(0, 3, 4), torch.randn(0, 4, 2)
+    assert_close(torch.addbmm(m.to("pjrt"), z1.to("pjrt"), z2.to("pjrt"), beta=3), torch.addbmm(m, z1, z2, beta=3))
+    actual = m.to("pjrt").addbmm_(b1.to("pjrt"), b2.to("pjrt"))
+    assert_close(actual, m.clone().addbmm_(b1, b2), rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="batch1 and batch2 must have same number of batches"):
+        torch.addbmm(m.to("pjrt"), b1.to("pjrt"), b2[:4].to("pjrt"))
+
+
+@pytest.mark.parametrize("p, dim, maxnorm", [(2, 1, 4.0), (1, 0, 2.0), (inf, -1, 1.0), (3.5, 2, 100.0)])
+def test_renorm_scales_slices_down_to_maxnorm(mode, p, dim, maxnorm):
+    x = randn(4, 3, 5, seed=4) * 3
+    check(lambda t: torch.renorm(t, p, dim, maxnorm), (x,))
+    half = x.bfloat16()
+    assert_close(torch.renorm(half.to("pjrt"), p, dim, maxnorm), torch.renorm(half, p, dim, maxnorm))
+    y = x.to("pjrt")
+    y.renorm_(p, dim, maxnorm)
+    assert_close(y, torch.renorm(x, p, dim, maxnorm), rtol=1e-5, atol=1e-5)

@@ -290,7 +290,7 @@ def engine_overloads(schemas):
 
 def kernels_by_overload(schemas, rows):
     families = gen_kernels.hand_written_kernels(schemas, rows, engine_overloads(schemas))
-    return {q: code for kernels in families.values() for q, code, _ in kernels}
+    return {q: code for kernels in families.values() for q, _, code, _ in kernels}
 
 
 def test_signatures_are_the_dispatchers(schemas):
@@ -320,7 +320,7 @@ def test_variants_are_found_by_argument_lists(schemas):
 def test_every_hand_written_row_generates(schemas):
     families = gen_kernels.hand_written_kernels(schemas, gen_kernels.HAND_WRITTEN, engine_overloads(schemas))
     assert set(families) == set(gen_kernels.HAND_WRITTEN)
-    registered = [q for kernels in families.values() for q, _, _ in kernels]
+    registered = [q for kernels in families.values() for q, _, _, _ in kernels]
     assert len(registered) == len(set(registered))
     # Each family's C++ file compiles its include where it ends.
     for family in families:

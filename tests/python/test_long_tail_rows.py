@@ -1,5 +1,5 @@
 """Long-tail ops composed on the device as rows of `csrc/hand_written_kernels.py`: `nansum`,
-`take` and `put_` (so `put` and `take`'s gradient), `addbmm` and `renorm`, with the in-place and
+`nanmedian`, `take` and `put_` (so `put` and `take`'s gradient), `addbmm` and `renorm`, with the in-place and
 `out=` forms the generator derives. Values and gradients against the CPU in every eager mode,
 and the CPU's errors. Nothing may fall back to the CPU (the `mode` fixture checks)."""
 
@@ -121,3 +121,23 @@ def test_renorm_scales_slices_down_to_maxnorm(mode, p, dim, maxnorm):
     y = x.to("pjrt")
     y.renorm_(p, dim, maxnorm)
     assert_close(y, torch.renorm(x, p, dim, maxnorm), rtol=1e-5, atol=1e-5)
+
+
+def test_nanmedian_skips_nans(mode):
+    # All NaN (NaN, index 0), some NaN, none, ties: the lower median of the numbers, and where.
+    x = torch.tensor([[nan, nan, nan], [1.0, nan, 0.0], [3.0, 2.0, 1.0], [5.0, nan, 5.0]])
+    for dim, keepdim in [(1, False), (0, True), (-1, True)]:
+        values, indices = x.nanmedian(dim, keepdim)
+        actual = x.to("pjrt").nanmedian(dim, keepdim)
+        assert_close(actual.values, values, equal_nan=True)
+        assert_close(actual.indices, indices)
+    assert_close(x.to("pjrt").nanmedian(), x.nanmedian())
+    assert_close(torch.tensor([]).to("pjrt").nanmedian(), torch.tensor([]).nanmedian(), equal_nan=True)
+    assert_close(torch.nanquantile(x.to("pjrt"), 0.5, dim=1), torch.nanquantile(x, 0.5, dim=1), equal_nan=True)
+    values, indices = torch.empty(0, device="pjrt"), torch.empty(0, dtype=torch.long, device="pjrt")
+    torch.nanmedian(x.to("pjrt"), 1, out=(values, indices))
+    assert_close(values, x.nanmedian(1).values, equal_nan=True)
+    rows = x[1:]  # with numbers in every row: a NaN result has no gradient to compare
+    check(lambda t: t.nanmedian(1).values, (torch.where(rows.isnan(), rows, rows + randn(3, 3)),))
+    with pytest.raises(IndexError, match="Expected reduction dim 1 to have non-zero size"):
+        torch.zeros(2, 0, device="pjrt").nanmedian(1)

@@ -133,6 +133,8 @@ HAND_WRITTEN["reduce"] = [
     ("bucketize.Tensor", "pjrt_bucketize", ""),
     ("bucketize.Scalar", "pjrt_bucketize_scalar", ""),
     ("nansum", "pjrt_nansum", ""),
+    ("nanmedian.dim", "pjrt_nanmedian_dim", ""),
+    ("nanmedian", "pjrt_nanmedian", ""),
 ]
 
 HAND_WRITTEN["linalg"] = [

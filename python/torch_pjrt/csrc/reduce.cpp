@@ -140,6 +140,38 @@ std::tuple<at::Tensor, at::Tensor> pjrt_median_dim(const at::Tensor& self, int64
       at::where(has_nan, first_nan, index)};
 }
 
+// The lower median of each row's values that are not NaN: the row sorted (NaNs last), read at
+// half its count of numbers. A row of NaNs gives NaN and index 0, as PyTorch's kernel does.
+std::tuple<at::Tensor, at::Tensor> pjrt_nanmedian_dim(const at::Tensor& self, int64_t dim, bool keepdim) {
+  const int64_t wrapped = at::maybe_wrap_dim(dim, self.dim());
+  if (!at::isFloatingType(self.scalar_type()) || self.dim() == 0) {
+    return pjrt_median_dim(self, dim, keepdim);
+  }
+  TORCH_CHECK_INDEX(
+      self.size(wrapped) > 0,
+      "median(): Expected reduction dim ",
+      wrapped,
+      " to have non-zero size.");
+  auto [values, indices] = at::sort(self, /*stable=*/true, wrapped, /*descending=*/false);
+  const at::Tensor count = at::logical_not(at::isnan(self)).sum(wrapped, /*keepdim=*/true);
+  const at::Tensor k = at::where(count > 0, (count - 1).div(2, "floor"), at::zeros_like(count));
+  at::Tensor value = values.gather(wrapped, k);
+  at::Tensor index = indices.gather(wrapped, k);
+  if (!keepdim) {
+    value = value.squeeze(wrapped);
+    index = index.squeeze(wrapped);
+  }
+  return {value.contiguous(), index.contiguous()};
+}
+
+at::Tensor pjrt_nanmedian(const at::Tensor& self) {
+  if (self.numel() == 0) {
+    // PyTorch's kernel: the median of no numbers is NaN.
+    return at::full({}, std::numeric_limits<double>::quiet_NaN(), self.options());
+  }
+  return std::get<0>(pjrt_nanmedian_dim(self.reshape({-1}), 0, false));
+}
+
 at::Tensor pjrt_median(const at::Tensor& self) {
   TORCH_CHECK(
       self.numel() > 0,

@@ -298,24 +298,26 @@ with torch_pjrt.eager_mode("strict"):
     for _ in range(3):
         chain(x)
         torch_pjrt.sync()
-    steps = 20
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for _ in range(steps):
+    faults = []
+    for _ in range(20):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         chain(x)
         torch_pjrt.sync()
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-pages_written = steps * ops * x.numel() * 4 // resource.getpagesize()
-print(torch_pjrt.metrics()["host_heap_reuse"], faults, pages_written)
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+pages_per_step = ops * x.numel() * 4 // resource.getpagesize()
+print(torch_pjrt.metrics()["host_heap_reuse"], sorted(faults)[len(faults) // 2], pages_per_step)
 """
 
 
 def test_large_results_reuse_heap_pages_instead_of_faulting_in_new_ones():
     # Each op's 16 MiB result used to be a fresh mapping or a fresh thread-arena heap, so every
-    # page of it was faulted in and zeroed again on every step.
+    # page of it was faulted in and zeroed again on every step. The median step is the steady
+    # state: a step whose results land in a thread arena not used before still faults its heap
+    # in once (a whole result's pages, more often on a loaded machine).
     out = assert_ok(run_python(LARGE_RESULTS_PROBE, timeout=300))
     reuse, faults, pages = (float(x) for x in out.split()[-3:])
     assert reuse == 1, out
-    assert faults < 0.1 * pages, f"{faults:.0f} page faults for {pages:.0f} pages of results"
+    assert faults < 0.1 * pages, f"{faults:.0f} page faults in the median step for {pages:.0f} pages of results"
 
 
 def test_the_host_heap_is_left_alone_when_asked():

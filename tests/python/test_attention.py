@@ -145,35 +145,35 @@ def grads(fn, args, device, with_mask_grad=False):
     return [out] + [t.grad for t in wanted]
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_attention_with_gradients_takes_the_composition(strict_or_fused_mode, name):
-    fn, args = CASES[name]
+def grads_match_the_cpu(fn, args):
+    """Checks `grads` on pjrt against the CPU; returns how many ops pjrt ran for them."""
     expected = grads(fn, args, "cpu")
     torch_pjrt.sync()
     before = torch_pjrt.metrics()["ops"]
     got = grads(fn, args, "pjrt")
     for g, w in zip(got, expected):
         assert_close(g, w, rtol=1e-5, atol=1e-5)
+    return torch_pjrt.metrics()["ops"] - before
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_attention_with_gradients_takes_the_composition(strict_or_fused_mode, name):
+    ops = grads_match_the_cpu(*CASES[name])
     # The composition saves its softmax for the backward, which the op would compute again.
-    assert torch_pjrt.metrics()["ops"] - before > 6
+    assert ops > 6
 
 
 @pytest.mark.parametrize("name", list(DIRECT))
 def test_the_ops_own_backward_matches_the_cpu(strict_or_fused_mode, name):
     fn, args = DIRECT[name]
-    expected = grads(fn, args, "cpu")
-    torch_pjrt.sync()
-    before = torch_pjrt.metrics()["ops"]
-    got = grads(fn, args, "pjrt")
-    for g, w in zip(got, expected):
-        assert_close(g, w, rtol=1e-5, atol=1e-5)
+    ops = grads_match_the_cpu(fn, args)
     # Forward and backward: one op each (grouped key heads are summed inside the backward op),
     # and the bool mask's conversion. (A transposed query's output is laid out by a copy whose
     # gradient adds its own ops.)
     if args[0].is_contiguous():
         mask = args[3]
         conversion = 3 if mask is not None and mask.dtype == torch.bool else 0
-        assert torch_pjrt.metrics()["ops"] - before == 2 + conversion
+        assert ops == 2 + conversion
 
 
 def test_a_float_masks_gradient(strict_or_fused_mode):

@@ -1523,26 +1523,26 @@ void check_out_device(const char* op, const at::Tensor& self, const at::Tensor& 
       self.device());
 }
 
-at::Tensor& write_out(const at::Tensor& result, at::Tensor& out) {
-  check_out_device("out=", result, out);
+// PyTorch's check that a result can be written into a given tensor (`out=`, or `self` in place).
+static void check_result_casts_to(const at::Tensor& result, const at::Tensor& into) {
   TORCH_CHECK(
-      c10::canCast(result.scalar_type(), out.scalar_type()),
+      c10::canCast(result.scalar_type(), into.scalar_type()),
       "result type ",
       result.scalar_type(),
       " can't be cast to the desired output type ",
-      out.scalar_type());
+      into.scalar_type());
+}
+
+at::Tensor& write_out(const at::Tensor& result, at::Tensor& out) {
+  check_out_device("out=", result, out);
+  check_result_casts_to(result, out);
   at::native::resize_output(out, result.sizes());
   out.copy_(result);
   return out;
 }
 
 at::Tensor& write_in_place(const at::Tensor& result, at::Tensor& self) {
-  TORCH_CHECK(
-      c10::canCast(result.scalar_type(), self.scalar_type()),
-      "result type ",
-      result.scalar_type(),
-      " can't be cast to the desired output type ",
-      self.scalar_type());
+  check_result_casts_to(result, self);
   return self.copy_(result);
 }
 

@@ -262,13 +262,26 @@ at::Tensor pjrt_sinc(const at::Tensor& self) {
 
 // ----- xlogy ------------------------------------------------------------------------------------
 
-// PyTorch's `x * log(y)`: NaN where y is NaN, else 0 where x is 0.
-at::Tensor pjrt_xlogy(const at::Tensor& self, const at::Tensor& other) {
+// A CPU 0-d operand on the device of the other operand. A Python number reaches a kernel as a
+// CPU 0-d "wrapped number" (`special.xlog1py`'s scalar overloads are PyTorch's composites), and
+// a unary op computes a wrapped number in the default float dtype: `log1p` of a float64 0.5
+// would be rounded to float32. On the device it is a plain tensor of its dtype.
+at::Tensor beside(const at::Tensor& t, const at::Tensor& other) {
+  return t.is_cpu() && !other.is_cpu() ? t.to(other.device()) : t;
+}
+
+// PyTorch's `x * log(y)` (`xlogy`) and `x * log1p(y)` (`special.xlog1py`): NaN where y is NaN,
+// else 0 where x is 0. `log` is `at::log` or `at::log1p`.
+at::Tensor x_times_log(const at::Tensor& self, const at::Tensor& other, at::Tensor (*log)(const at::Tensor&)) {
   at::ScalarType dtype = floating_dtype(at::result_type(self, other));
-  at::Tensor x = self.to(dtype);
-  at::Tensor y = other.to(dtype);
-  at::Tensor product = at::where(x == 0, at::zeros_like(x), x * at::log(y));
+  at::Tensor x = beside(self, other).to(dtype);
+  at::Tensor y = beside(other, self).to(dtype);
+  at::Tensor product = at::where(x == 0, at::zeros_like(x), x * log(y));
   return at::where(at::isnan(y), y, product);
+}
+
+at::Tensor pjrt_xlogy(const at::Tensor& self, const at::Tensor& other) {
+  return x_times_log(self, other, at::log);
 }
 
 at::Tensor pjrt_xlogy_scalar_other(const at::Tensor& self, const at::Scalar& other) {
@@ -279,19 +292,8 @@ at::Tensor pjrt_xlogy_scalar_self(const at::Scalar& self, const at::Tensor& othe
   return pjrt_xlogy(at::scalar_tensor(self, at::TensorOptions().dtype(at::kDouble)).to(other.device()), other);
 }
 
-// A CPU 0-d operand (a wrapped Python number, from the scalar overloads' composite kernels) on
-// the device of the other operand.
-at::Tensor beside(const at::Tensor& t, const at::Tensor& other) {
-  return t.is_cpu() && !other.is_cpu() ? t.to(other.device()) : t;
-}
-
-// `special.xlog1py`: `x * log1p(y)`, 0 where x is 0 unless y is NaN, as PyTorch's kernel.
 at::Tensor pjrt_special_xlog1py(const at::Tensor& self, const at::Tensor& other) {
-  at::ScalarType dtype = floating_dtype(at::result_type(self, other));
-  at::Tensor x = beside(self, other).to(dtype);
-  at::Tensor y = beside(other, self).to(dtype);
-  at::Tensor product = at::where(x == 0, at::zeros_like(x), x * at::log1p(y));
-  return at::where(at::isnan(y), y, product);
+  return x_times_log(self, other, at::log1p);
 }
 
 // `special.entr`: `-x log x` for x > 0, 0 at 0, -inf below, NaN for NaN.

@@ -759,9 +759,10 @@ at::Tensor& pjrt_put_(at::Tensor& self, const at::Tensor& index, const at::Tenso
   if (index.numel() == 0) {
     return self;
   }
-  at::Tensor flat = self.reshape({-1}).clone();
+  // A contiguous `self` is written through its flat view; any other is written back once.
+  at::Tensor flat = self.reshape({-1});
   flat.index_put_({index.reshape({-1})}, source.reshape({-1}), accumulate);
-  return self.copy_(flat.view(self.sizes()));
+  return flat.is_alias_of(self) ? self : self.copy_(flat.view(self.sizes()));
 }
 
 }  // namespace

@@ -14,6 +14,7 @@ pub mod dtype;
 mod elementwise;
 pub mod emitter;
 pub mod error;
+mod factor;
 mod fft;
 mod indexing;
 mod limited_dtypes;

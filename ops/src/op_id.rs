@@ -10,8 +10,8 @@ use smallvec::SmallVec;
 
 use crate::param_layout::{LayoutType, ParamLayout};
 use crate::{
-    activation, backward, checks, conv, creation, elementwise, fft, indexing, linalg, loss, norm,
-    optim, random, reduce, shape, OpRule,
+    activation, backward, checks, conv, creation, elementwise, factor, fft, indexing, linalg, loss,
+    norm, optim, random, reduce, shape, OpRule,
 };
 
 /// Which module of this crate computes an op's meta and lowering.
@@ -592,6 +592,18 @@ op_catalogue! {
     SpecialZeta = "special_zeta", family: Elementwise, rule: elementwise::Binary, inputs: "self, other", scalars: "other (when not an input)", params: None;
     /// The next float after `self` towards `other`.
     Nextafter = "nextafter", family: Elementwise, rule: elementwise::Binary, inputs: "self, other", scalars: "other (when not an input)", params: None;
+
+    // ---- matrix factorizations -----------------------------------------------------------
+    /// The Cholesky factor and LAPACK's `info` of each symmetric positive-definite matrix.
+    Cholesky = "linalg_cholesky_ex", family: Linalg, rule: factor::Cholesky, inputs: "self", scalars: "", params: Cholesky;
+    /// LU with partial pivoting: the packed factors, the 1-based pivots and LAPACK's `info`.
+    LuFactor = "linalg_lu_factor_ex", family: Linalg, rule: factor::LuFactor, inputs: "A", scalars: "", params: LuFactor;
+    /// The row order that LU's pivots make (`lu_unpack`'s permutation, `lu_solve`'s row gather).
+    LuPermutation = "lu_permutation", family: Linalg, rule: factor::LuPermutation, inputs: "pivots", scalars: "", params: LuPermutation;
+    /// `A = Q R` by Householder reflections.
+    Qr = "linalg_qr", family: Linalg, rule: factor::Qr, inputs: "A", scalars: "", params: Qr;
+    /// Eigenvalues and eigenvectors of symmetric matrices.
+    Eigh = "_linalg_eigh", family: Linalg, rule: factor::Eigh, inputs: "A", scalars: "", params: Eigh;
 }
 
 impl OpId {

@@ -454,6 +454,11 @@ fn along(op: OpId, params: &[i64], input: usize, rank: usize, dim: usize) -> Alo
         | Dot
         | Matmul
         | SolveTriangular
+        | Cholesky
+        | LuFactor
+        | LuPermutation
+        | Qr
+        | Eigh
         | Stack
         | Flip
         | Roll

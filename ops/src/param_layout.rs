@@ -576,6 +576,13 @@ param_layouts! {
     Attention { is_causal: Flag, has_attn_bias: Flag, has_scale: Flag, scale: F64 }
     /// As `Attention`; `bias_grad`: the mask's gradient is computed too.
     AttentionBackward { is_causal: Flag, has_attn_bias: Flag, has_scale: Flag, scale: F64, bias_grad: Flag }
+    Cholesky { upper: Flag }
+    LuFactor { pivot: Flag }
+    /// The permutation's length: the factored matrices' rows.
+    LuPermutation { rows: Int }
+    /// 0 = "reduced", 1 = "complete", 2 = "r".
+    Qr { mode: Int }
+    Eigh { upper: Flag, compute_v: Flag }
 
     // ---- shapes and indexing -----------------------------------------------------------
     Dim { dim: Int }

@@ -389,3 +389,41 @@ snapshot!(
     [],
     []
 );
+// The upper factor, from the transposed input's lower factor; info from the diagonal.
+snapshot!(
+    cholesky_upper_batch,
+    OpId::Cholesky,
+    [t(DType::F32, &[2, 3, 3])],
+    [],
+    [1]
+);
+// One `stablehlo.while` step per column: pivot search, row swap, multipliers, update.
+snapshot!(
+    lu_factor_pivoted_wide,
+    OpId::LuFactor,
+    [t(DType::F64, &[3, 4])],
+    [],
+    [1]
+);
+snapshot!(
+    lu_permutation_batch,
+    OpId::LuPermutation,
+    [t(DType::I32, &[2, 3])],
+    [],
+    [4]
+);
+// "complete" of a tall matrix: the reflectors zero-padded to a square Q.
+snapshot!(
+    qr_complete_tall,
+    OpId::Qr,
+    [t(DType::F32, &[4, 3])],
+    [],
+    [1]
+);
+snapshot!(
+    eigh_lower_vectors,
+    OpId::Eigh,
+    [t(DType::F64, &[3, 3])],
+    [],
+    [0, 1]
+);

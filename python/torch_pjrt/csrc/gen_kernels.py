@@ -895,8 +895,10 @@ def hand_written_kernel_code(o: Overload, sig: CppSig, base: Overload, kernel: s
     call = _kernel_call(kernel, base_names)
     body = []
     if "real" in options:
+        # The first tensor argument decides (`self`, or `A` of torch.linalg's ops).
+        first = next(n for t, n in sig.args if t.replace(" ", "") in ("constat::Tensor&", "at::Tensor&"))
         body.append(
-            f"  if (C10_UNLIKELY(self.is_complex())) return run_on_cpu<at::_ops::{sig.struct}>"
+            f"  if (C10_UNLIKELY({first}.is_complex())) return run_on_cpu<at::_ops::{sig.struct}>"
             f"({', '.join(all_names)});"
         )
     if o is base:
@@ -908,8 +910,9 @@ def hand_written_kernel_code(o: Overload, sig: CppSig, base: Overload, kernel: s
     elif len(o.outs) == 1:
         body.append(f"  return write_out({call}, {o.outs[0]});")
     else:
-        body.append(f"  auto result = {call};")
-        body += [f"  write_out(std::get<{i}>(result), {out});" for i, out in enumerate(o.outs)]
+        # `computed`: an out= argument may be named `result` (`_linalg_solve_ex.result`).
+        body.append(f"  auto computed = {call};")
+        body += [f"  write_out(std::get<{i}>(computed), {out});" for i, out in enumerate(o.outs)]
         body.append(f"  return {sig.returns}({', '.join(o.outs)});")
     return f"{sig.returns} {hand_written_kernel_name(sig)}({params}) {{\n" + "\n".join(body) + "\n}\n"
 

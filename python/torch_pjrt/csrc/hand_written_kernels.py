@@ -150,6 +150,21 @@ HAND_WRITTEN["linalg"] = [
         "pjrt_sdpa_overrideable_backward",
         "",
     ),
+    # Factorizations (engine ops) and what composes from them; complex matrices run on the CPU.
+    ("linalg_cholesky_ex", "pjrt_linalg_cholesky_ex", "real"),
+    ("cholesky", "pjrt_cholesky", "real"),
+    ("_cholesky_solve_helper", "pjrt_cholesky_solve_helper", "real"),
+    ("cholesky_inverse", "pjrt_cholesky_inverse", "real"),
+    ("linalg_lu_factor_ex", "pjrt_linalg_lu_factor_ex", "real"),
+    ("linalg_lu_solve", "pjrt_linalg_lu_solve", "real"),
+    ("lu_unpack", "pjrt_lu_unpack", "real"),
+    ("linalg_lu", "pjrt_linalg_lu", "real"),
+    ("_linalg_solve_ex", "pjrt_linalg_solve_ex", "real"),
+    ("linalg_inv_ex", "pjrt_linalg_inv_ex", "real"),
+    ("_linalg_det", "pjrt_linalg_det", "real"),
+    ("_linalg_slogdet", "pjrt_linalg_slogdet", "real"),
+    ("linalg_qr", "pjrt_linalg_qr", "real"),
+    ("_linalg_eigh", "pjrt_linalg_eigh", "real"),
 ]
 
 HAND_WRITTEN["norm"] = [

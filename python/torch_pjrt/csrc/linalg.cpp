@@ -4,6 +4,7 @@
 // `scaled_dot_product_attention` as the engine's one attention op (RFC 0050).
 #include <ATen/ATen.h>
 #include <ATen/SDPBackend.h>
+#include <ATen/native/LinearAlgebraUtils.h>
 #include <ATen/native/transformers/attention.h>
 #include <torch/library.h>
 
@@ -518,6 +519,277 @@ at::Tensor pjrt_addbmm(
   const at::Tensor left = batch1.transpose(0, 1).reshape({batch1.size(1), contracted});
   const at::Tensor right = batch2.reshape({contracted, batch2.size(2)});
   return at::addmm(self, left, right, beta, alpha);
+}
+
+// ----- factorizations and what composes from them --------------------------------------------------
+//
+// The engine factors (Cholesky, LU with its permutation, QR, symmetric eigh); solving, inverting
+// and determinants compose from those and `linalg_solve_triangular` here, as LAPACK composes
+// them on the CPU. Registering the functional overload of a structured op skips PyTorch's meta
+// function, so each kernel makes its checks first, with PyTorch's messages.
+
+// LAPACK's layout, which PyTorch's results keep on every device: each matrix column-major
+// (`batched_matrix_contiguous_strides(..., f_contig=true)`).
+at::Tensor column_major(const at::Tensor& t) {
+  return t.dim() < 2 ? t : t.mT().contiguous().mT();
+}
+
+std::tuple<at::Tensor, at::Tensor> pjrt_linalg_cholesky_ex(const at::Tensor& A, bool upper, bool check_errors) {
+  at::native::squareCheckInputs(A, "linalg.cholesky");
+  at::native::checkFloatingOrComplex(A, "linalg.cholesky");
+  static const auto op = engine_op(ops::linalg_cholesky_ex);
+  OpCall c(op, "aten::linalg_cholesky_ex", {.upper = upper});
+  c.input(A);
+  std::vector<at::Tensor> r = c.run_functional_n(2);
+  if (check_errors) {
+    at::_linalg_check_errors(r[1], "linalg.cholesky_ex", A.dim() == 2);
+  }
+  return std::make_tuple(column_major(r[0]), std::move(r[1]));
+}
+
+at::Tensor pjrt_cholesky(const at::Tensor& self, bool upper) {
+  TORCH_WARN_ONCE(
+      "torch.cholesky is deprecated in favor of torch.linalg.cholesky and will be removed in a "
+      "future PyTorch release.");
+  if (self.numel() == 0) {
+    return at::empty_like(self, at::MemoryFormat::Contiguous);
+  }
+  at::native::squareCheckInputs(self, "cholesky");
+  auto [factor, info] = pjrt_linalg_cholesky_ex(self, upper, /*check_errors=*/false);
+  at::_linalg_check_errors(info, "cholesky", self.dim() == 2);
+  return factor;
+}
+
+// `A X = B` for `A = L L^H` (or `U^H U`), given the factor: two triangular solves.
+at::Tensor pjrt_cholesky_solve_helper(const at::Tensor& B, const at::Tensor& factor, bool upper) {
+  const at::Tensor lower = upper ? factor.mH() : factor;
+  const at::Tensor y = at::linalg_solve_triangular(lower, B, /*upper=*/false);
+  return column_major(at::linalg_solve_triangular(lower.mH(), y, /*upper=*/true));
+}
+
+at::Tensor pjrt_cholesky_inverse(const at::Tensor& factor, bool upper) {
+  at::native::squareCheckInputs(factor, "cholesky_inverse");
+  at::native::checkFloatingOrComplex(factor, "cholesky_inverse");
+  const at::Tensor identity = at::eye(factor.size(-1), factor.options()).expand_as(factor);
+  return pjrt_cholesky_solve_helper(identity, factor, upper);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> pjrt_linalg_lu_factor_ex(
+    const at::Tensor& A,
+    bool pivot,
+    bool check_errors) {
+  TORCH_CHECK(
+      A.dim() >= 2, "torch.lu_factor: Expected tensor with 2 or more dimensions. Got size: ", A.sizes(), " instead");
+  at::native::checkFloatingOrComplex(A, "torch.lu_factor");
+  static const auto op = engine_op(ops::linalg_lu_factor_ex);
+  OpCall c(op, "aten::linalg_lu_factor_ex", {.pivot = pivot});
+  c.input(A);
+  std::vector<at::Tensor> r = c.run_functional_n(3);
+  if (check_errors) {
+    at::_linalg_check_errors(r[2], "torch.linalg.lu_factor_ex", A.dim() == 2);
+  }
+  return std::make_tuple(column_major(r[0]), std::move(r[1]), std::move(r[2]));
+}
+
+// The row order LU's pivots make: row j of P^T A is row perm[j] of A (int64, `[*, rows]`).
+at::Tensor lu_permutation(const at::Tensor& pivots, int64_t rows) {
+  static const auto op = engine_op(ops::lu_permutation);
+  OpCall c(op, "aten::lu_unpack", {.rows = rows});
+  c.input(pivots);
+  return c.run_functional();
+}
+
+// `P^T B` (`transposed`) or `P B`: B's rows gathered (or scattered) by the permutation.
+at::Tensor permute_rows(const at::Tensor& B, const at::Tensor& perm, bool transposed) {
+  const at::Tensor index = perm.unsqueeze(-1).expand(B.sizes());
+  return transposed ? B.gather(-2, index) : at::empty_like(B).scatter(-2, index, B);
+}
+
+at::Tensor pjrt_linalg_lu_solve(
+    const at::Tensor& LU,
+    const at::Tensor& pivots,
+    const at::Tensor& B,
+    bool left,
+    bool adjoint) {
+  TORCH_CHECK(
+      LU.dim() >= 2, "linalg.lu_solve: Expected LU to have at least 2 dimensions, but it has ", LU.dim(),
+      " dimensions instead");
+  TORCH_CHECK(
+      B.dim() >= 2, "linalg.lu_solve: Expected B to have at least 2 dimensions, but it has ", B.dim(),
+      " dimensions instead");
+  TORCH_CHECK(
+      LU.size(-1) == LU.size(-2), "linalg.lu_solve: Expected LU to be square. Got ", LU.size(-2), "x",
+      LU.size(-1), " instead");
+  TORCH_CHECK(
+      left ? LU.size(-1) == B.size(-2) : LU.size(-2) == B.size(-1),
+      "linalg.lu_solve: LU and B should have compatible shapes. Got LU of shape ", LU.sizes(),
+      " and B of shape ", B.sizes(), (left ? " (left=True)" : " (left=False)"));
+  TORCH_CHECK(
+      pivots.dim() == LU.dim() - 1 && pivots.size(-1) == LU.size(-1) &&
+          pivots.sizes().slice(0, pivots.dim() - 1).equals(LU.sizes().slice(0, LU.dim() - 2)),
+      "linalg.lu_solve: Expected pivots to have shape ", LU.sizes().slice(0, LU.dim() - 1), ". Got ",
+      pivots.sizes(), " instead");
+  TORCH_CHECK(
+      pivots.scalar_type() == at::kInt, "linalg.lu_solve: pivots should be a Tensor of scalar type torch.int32");
+  TORCH_CHECK(
+      B.scalar_type() == LU.scalar_type(), "linalg.lu_solve: Expected LU and B to have the same dtype, but found LU of type ",
+      LU.scalar_type(), " and B of type ", B.scalar_type(), " instead");
+  if (!left) {
+    // X A = B is A^H X^H = B^H.
+    return pjrt_linalg_lu_solve(LU, pivots, B.mH(), /*left=*/true, !adjoint).mH();
+  }
+  const int64_t n = LU.size(-1);
+  auto [B_b, LU_b] = at::native::_linalg_broadcast_batch_dims(B, LU, "linalg.lu_solve");
+  at::Tensor perm = lu_permutation(pivots, n);
+  std::vector<int64_t> perm_shape(LU_b.sizes().begin(), LU_b.sizes().end() - 1);
+  perm = perm.expand(perm_shape);
+  if (!adjoint) {
+    // A = P L U: X = U^-1 L^-1 P^T B.
+    const at::Tensor y = at::linalg_solve_triangular(
+        LU_b, permute_rows(B_b, perm, /*transposed=*/true), /*upper=*/false, /*left=*/true,
+        /*unitriangular=*/true);
+    return column_major(at::linalg_solve_triangular(LU_b, y, /*upper=*/true));
+  }
+  // A^H = U^H L^H P^T: X = P L^-H U^-H B.
+  const at::Tensor z = at::linalg_solve_triangular(LU_b.mH(), B_b, /*upper=*/false);
+  const at::Tensor w = at::linalg_solve_triangular(
+      LU_b.mH(), z, /*upper=*/true, /*left=*/true, /*unitriangular=*/true);
+  return column_major(permute_rows(w, perm, /*transposed=*/false));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> pjrt_lu_unpack(
+    const at::Tensor& LU,
+    const at::Tensor& pivots,
+    bool unpack_data,
+    bool unpack_pivots) {
+  TORCH_CHECK(
+      LU.dim() >= 2, "torch.lu_unpack: Expected tensor with 2 or more dimensions. Got size: ", LU.sizes(),
+      " instead");
+  if (unpack_pivots) {
+    TORCH_CHECK(
+        pivots.scalar_type() == at::kInt,
+        "torch.lu_unpack: LU_pivots is expected to be a contiguous tensor of torch.int32 dtype.\n"
+        "Note: this function is intended to be used with the output produced by torch.linalg.lu_factor");
+  }
+  const int64_t m = LU.size(-2);
+  const int64_t n = LU.size(-1);
+  const int64_t k = std::min(m, n);
+  at::Tensor L = LU.new_empty({0});
+  at::Tensor U = LU.new_empty({0});
+  if (unpack_data) {
+    const at::Tensor unit = at::eye(m, k, LU.options());
+    L = (LU.narrow(-1, 0, k).tril(-1) + unit).contiguous();
+    U = LU.narrow(-2, 0, k).triu().contiguous();
+  }
+  at::Tensor P = LU.new_empty({0});
+  if (unpack_pivots) {
+    // P[perm[j], j] = 1, so that A = P L U.
+    const at::Tensor perm = lu_permutation(pivots, m);
+    const at::Tensor rows = at::arange(m, perm.options()).unsqueeze(-1);
+    P = at::eq(rows, perm.unsqueeze(-2)).to(LU.scalar_type());
+  }
+  return std::make_tuple(std::move(P), std::move(L), std::move(U));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> pjrt_linalg_lu(const at::Tensor& A, bool pivot) {
+  TORCH_CHECK(A.dim() >= 2, "linalg.lu: Expected tensor with 2 or more dimensions. Got size: ", A.sizes(), " instead");
+  auto [LU, pivots, info] = pjrt_linalg_lu_factor_ex(A, pivot, /*check_errors=*/false);
+  auto [P, L, U] = pjrt_lu_unpack(LU, pivots, /*unpack_data=*/true, /*unpack_pivots=*/pivot);
+  return std::make_tuple(std::move(P), std::move(L), std::move(U));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> pjrt_linalg_solve_ex(
+    const at::Tensor& A,
+    const at::Tensor& B,
+    bool left,
+    bool check_errors) {
+  TORCH_CHECK(
+      A.scalar_type() == B.scalar_type(), "linalg.solve: Expected A and B to have the same dtype, but found A of type ",
+      A.scalar_type(), " and B of type ", B.scalar_type(), " instead");
+  const bool vector_case = at::native::linalg_solve_is_vector_rhs(A, B);
+  const at::Tensor B_ = vector_case ? B.unsqueeze(-1) : B;
+  at::native::checkInputsSolver(A, B_, left, "linalg.solve");
+  TORCH_CHECK(
+      left || !vector_case,
+      "linalg.solve: Vector broadcasting of the left hand side is not supported for left=False. In this case "
+      "linalg.solve is equivalent to B / A.squeeze(-1)");
+  auto [LU, pivots, info] = pjrt_linalg_lu_factor_ex(A, /*pivot=*/true, /*check_errors=*/false);
+  at::Tensor result = pjrt_linalg_lu_solve(LU, pivots, B_, left, /*adjoint=*/false);
+  if (vector_case) {
+    // PyTorch lays a batch of solution vectors out as one column-major matrix.
+    result = column_major(result.squeeze(-1));
+  }
+  if (check_errors) {
+    at::_linalg_check_errors(info, "torch.linalg.solve_ex", A.dim() == 2);
+  }
+  return std::make_tuple(std::move(result), std::move(LU), std::move(pivots), std::move(info));
+}
+
+std::tuple<at::Tensor, at::Tensor> pjrt_linalg_inv_ex(const at::Tensor& A, bool check_errors) {
+  at::native::squareCheckInputs(A, "linalg.inv");
+  at::native::checkFloatingOrComplex(A, "linalg.inv", /*allow_low_precision_dtypes=*/false);
+  const at::Tensor identity = at::eye(A.size(-1), A.options()).expand_as(A);
+  auto [LU, pivots, info] = pjrt_linalg_lu_factor_ex(A, /*pivot=*/true, /*check_errors=*/false);
+  at::Tensor inverse = pjrt_linalg_lu_solve(LU, pivots, identity, /*left=*/true, /*adjoint=*/false);
+  if (check_errors) {
+    at::_linalg_check_errors(info, "linalg.inv_ex", A.dim() == 2);
+  }
+  return std::make_tuple(std::move(inverse), std::move(info));
+}
+
+// The permutation's sign: -1 for an odd number of row swaps, in A's dtype.
+at::Tensor permutation_sign(const at::Tensor& pivots, at::ScalarType dtype) {
+  const at::Tensor unswapped = at::arange(1, pivots.size(-1) + 1, pivots.options());
+  const at::Tensor swaps = at::ne(pivots, unswapped).sum(-1);
+  return (1 - 2 * swaps.remainder(2)).to(dtype);
+}
+
+// What `det` and `slogdet` factor: PyTorch factors a contiguous real A's transpose (the same
+// determinant, with no copy into LAPACK's layout), and their gradient formulas read the saved LU
+// as that transpose's whenever A is contiguous, so the same matrix is factored here.
+at::Tensor det_factor_input(const at::Tensor& A) {
+  return A.is_contiguous() ? A.mT() : A;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> pjrt_linalg_det(const at::Tensor& A) {
+  at::native::squareCheckInputs(A, "linalg.det");
+  at::native::checkFloatingOrComplex(A, "linalg.det");
+  auto [LU, pivots, info] = pjrt_linalg_lu_factor_ex(det_factor_input(A), /*pivot=*/true, /*check_errors=*/false);
+  at::Tensor det = LU.diagonal(0, -2, -1).prod(-1) * permutation_sign(pivots, A.scalar_type());
+  return std::make_tuple(std::move(det), std::move(LU), std::move(pivots));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> pjrt_linalg_slogdet(const at::Tensor& A) {
+  at::native::squareCheckInputs(A, "linalg.slogdet");
+  at::native::checkFloatingOrComplex(A, "linalg.slogdet");
+  auto [LU, pivots, info] = pjrt_linalg_lu_factor_ex(det_factor_input(A), /*pivot=*/true, /*check_errors=*/false);
+  const at::Tensor diagonal = LU.diagonal(0, -2, -1);
+  at::Tensor sign = diagonal.sgn().prod(-1) * permutation_sign(pivots, A.scalar_type());
+  at::Tensor logabsdet = diagonal.abs().log().sum(-1);
+  return std::make_tuple(std::move(sign), std::move(logabsdet), std::move(LU), std::move(pivots));
+}
+
+std::tuple<at::Tensor, at::Tensor> pjrt_linalg_qr(const at::Tensor& A, c10::string_view mode) {
+  at::native::checkIsMatrix(A, "linalg.qr");
+  at::native::checkFloatingOrComplex(A, "linalg.qr");
+  auto [compute_q, reduced] = at::native::_parse_qr_mode(mode);
+  static const auto op = engine_op(ops::linalg_qr);
+  OpCall c(op, "aten::linalg_qr", {.mode = !compute_q ? 2 : (reduced ? 0 : 1)});
+  c.input(A);
+  std::vector<at::Tensor> r = c.run_functional_n(2);
+  return std::make_tuple(column_major(r[0]), column_major(r[1]));
+}
+
+std::tuple<at::Tensor, at::Tensor> pjrt_linalg_eigh(const at::Tensor& A, c10::string_view uplo, bool compute_v) {
+  at::native::squareCheckInputs(A, "linalg.eigh");
+  at::native::checkUplo(uplo);
+  at::native::checkFloatingOrComplex(A, "linalg.eigh");
+  static const auto op = engine_op(ops::_linalg_eigh);
+  const bool upper = uplo == "U" || uplo == "u";
+  OpCall c(op, "aten::_linalg_eigh", {.upper = upper, .compute_v = compute_v});
+  c.input(A);
+  std::vector<at::Tensor> r = c.run_functional_n(2);
+  return std::make_tuple(std::move(r[0]), column_major(r[1]));
 }
 
 }  // namespace

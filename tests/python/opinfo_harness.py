@@ -117,6 +117,34 @@ KNOWN_LAYOUT_GAPS: dict[str, str] = {
 }
 
 
+# Outputs whose columns are defined only up to sign: each run's are turned so that every
+# column's largest component is positive, inside the differentiated function (so gradients
+# follow), before comparing. Eigenvectors are unique up to sign; LAPACK's choice depends on its
+# algorithm (and on UPLO), and XLA's Jacobi solver makes another.
+SIGN_FREE_COLUMNS: dict[str, tuple[int, ...]] = {"linalg.eigh": (1,)}
+
+
+def _with_canonical_signs(op, out):
+    positions = SIGN_FREE_COLUMNS.get(op_id(op))
+    if not positions or not isinstance(out, tuple):
+        return out
+    fixed = list(out)
+    for i in positions:
+        v = fixed[i]
+        if not isinstance(v, torch.Tensor) or v.dim() < 2 or v.numel() == 0:
+            continue
+        largest = v.detach().abs().argmax(dim=-2, keepdim=True)
+        sign = torch.where(v.detach().gather(-2, largest) < 0, -1.0, 1.0).to(v.dtype)
+        # Into the run's own layout, which the comparison checks too.
+        turned = torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=v.device)
+        fixed[i] = turned.copy_(v * sign)
+    return type(out)(fixed)
+
+
+def _call(op, inp, args, kwargs):
+    return _with_canonical_signs(op, op(inp, *args, **kwargs))
+
+
 def op_id(op) -> str:
     return f"{op.name}.{op.variant_test_name}" if op.variant_test_name else op.name
 
@@ -710,7 +738,7 @@ def _reference(op, sample, seed: int) -> Reference:
         inp, args, kwargs = _sample_on(sample, "cpu")
         kwargs = _device_choices(inp, kwargs)
         with seeded, _StableTies():
-            out = op(inp, *args, **kwargs)
+            out = _call(op, inp, args, kwargs)
     except Exception as e:  # noqa: BLE001 - any CPU failure makes the sample unusable
         ref.error = _describe_exc(e)
         return ref
@@ -747,7 +775,7 @@ def _precise_reference(ref: Reference, op, sample, seed: int) -> None:
         inp, args, kwargs = _upcast(_sample_on(sample, "cpu"))
         kwargs = _device_choices(inp, kwargs)
         with _StableTies():
-            out = op(inp, *args, **kwargs)
+            out = _call(op, inp, args, kwargs)
     except Exception:  # noqa: BLE001 - not every op takes float64 inputs
         return
     ref.precise = out
@@ -936,11 +964,11 @@ def _call_on_pjrt(op, run: _Run):
     inp, args, kwargs = _sample_on(run.sample, "pjrt", KEEP_ON_CPU.get(op.name, ()))
     run.args = (inp, args, kwargs)
     if _input_tensors(run.args):
-        run.out = op(inp, *args, **kwargs)
+        run.out = _call(op, inp, args, kwargs)
     else:
         # A factory sample without a device argument creates on the default device.
         with torch.device("pjrt"):
-            run.out = op(inp, *args, **kwargs)
+            run.out = _call(op, inp, args, kwargs)
 
 
 def _run_mode(op, runs: list[_Run], mode: str, refs: dict, with_grad: bool) -> None:

@@ -167,8 +167,6 @@ TABLE += [
     ("_log_softmax", "_log_softmax", "t self; p dim; p half_to_float"),
     # matrix products
     ("mm", "mm", "t self; t mat2"),
-    ("linalg_solve_triangular", "linalg_solve_triangular",
-     "t self; t B; p upper; p left; p unitriangular"),
     ("bmm", "bmm", "t self; t mat2"),
     ("addmm", "addmm", "t self; t mat1; t mat2; s1 beta; s1 alpha"),
     ("baddbmm", "baddbmm", "t self; t batch1; t batch2; s1 beta; s1 alpha"),

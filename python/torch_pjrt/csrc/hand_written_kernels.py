@@ -151,6 +151,7 @@ HAND_WRITTEN["linalg"] = [
         "",
     ),
     # Factorizations (engine ops) and what composes from them; complex matrices run on the CPU.
+    ("linalg_solve_triangular", "pjrt_linalg_solve_triangular", "real"),
     ("linalg_cholesky_ex", "pjrt_linalg_cholesky_ex", "real"),
     ("cholesky", "pjrt_cholesky", "real"),
     ("_cholesky_solve_helper", "pjrt_cholesky_solve_helper", "real"),

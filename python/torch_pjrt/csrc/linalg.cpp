@@ -534,6 +534,19 @@ at::Tensor column_major(const at::Tensor& t) {
   return t.dim() < 2 ? t : t.mT().contiguous().mT();
 }
 
+at::Tensor pjrt_linalg_solve_triangular(
+    const at::Tensor& A,
+    const at::Tensor& B,
+    bool upper,
+    bool left,
+    bool unitriangular) {
+  static const auto op = engine_op(ops::linalg_solve_triangular);
+  OpCall c(op, "aten::linalg_solve_triangular", {.upper = upper, .left = left, .unitriangular = unitriangular});
+  c.input(A);
+  c.input(B);
+  return column_major(c.run_functional());
+}
+
 std::tuple<at::Tensor, at::Tensor> pjrt_linalg_cholesky_ex(const at::Tensor& A, bool upper, bool check_errors) {
   at::native::squareCheckInputs(A, "linalg.cholesky");
   at::native::checkFloatingOrComplex(A, "linalg.cholesky");

@@ -207,3 +207,15 @@ def test_complex_matrices_run_on_the_cpu():
     torch_pjrt.reset_metrics()
     assert_close(torch.linalg.det(a.to("pjrt")), torch.linalg.det(a), **F32)
     assert "aten::_linalg_det" in torch_pjrt.metrics()["fallback_ops"]
+
+
+def test_legacy_triangular_solve(mode):
+    a = torch.randn(2, 4, 4, generator=seeded(6)).triu() + 3 * torch.eye(4)
+    b = randn(3, 1, 4, 2, seed=7)
+    for upper in [True, False]:
+        for transpose in [False, True]:
+            got = on_pjrt(lambda x, y: torch.triangular_solve(x, y, upper=upper, transpose=transpose), b, a)
+            expected = torch.triangular_solve(b, a, upper=upper, transpose=transpose)
+            for g, e in zip(got, expected):
+                assert g.stride() == e.stride()
+                assert_close(g, e, **F32)

@@ -1,5 +1,6 @@
 """Long-tail ops composed on the device as rows of `csrc/hand_written_kernels.py`: `nansum`,
-`nanmedian`, `take` and `put_` (so `put` and `take`'s gradient), `addbmm` and `renorm`, with the in-place and
+`nanmedian`, `take` and `put_` (so `put` and `take`'s gradient), `addbmm`, `renorm`, `polygamma` of orders 0 and 1,
+and `max_unpool2d`/`max_unpool3d`, with the in-place and
 `out=` forms the generator derives. Values and gradients against the CPU in every eager mode,
 and the CPU's errors. Nothing may fall back to the CPU (the `mode` fixture checks)."""
 
@@ -7,6 +8,8 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
+import torch_pjrt
 
 from conftest import assert_close, check_against_cpu as check, seeded
 
@@ -141,3 +144,48 @@ def test_nanmedian_skips_nans(mode):
     check(lambda t: t.nanmedian(1).values, (torch.where(rows.isnan(), rows, rows + randn(3, 3)),))
     with pytest.raises(IndexError, match="Expected reduction dim 1 to have non-zero size"):
         torch.zeros(2, 0, device="pjrt").nanmedian(1)
+
+
+def test_polygamma_orders_zero_and_one_on_the_device(mode):
+    # Below zero trigamma is reflected (pi^2 / sin^2(pi x) - psi1(1 - x)), as PyTorch's kernel.
+    x = torch.tensor([-8.4784, -2.5, -0.1, 0.3, 2.0, 17.5])
+    for n in [0, 1]:
+        assert_close(torch.polygamma(n, x.to("pjrt")), torch.polygamma(n, x), rtol=1e-5, atol=1e-5)
+    assert_close(torch.polygamma(1, x.to("pjrt", torch.bfloat16)), torch.polygamma(1, x.bfloat16()))
+    assert_close(torch.polygamma(1, torch.arange(1, 5).to("pjrt")), torch.polygamma(1, torch.arange(1, 5)))
+    # digamma's gradient is trigamma: the second derivative of lgamma.
+    check(lambda t: torch.polygamma(0, t), (torch.rand(6, generator=seeded(3)) * 4 + 0.2,), rtol=1e-4, atol=1e-4)
+    with pytest.raises(RuntimeError, match="does not support negative n"):
+        torch.polygamma(-1, x.to("pjrt"))
+
+
+def test_higher_polygamma_orders_run_on_the_cpu():
+    x = torch.tensor([-2.5, 0.3, 2.0])
+    torch_pjrt.reset_metrics()
+    assert_close(torch.polygamma(3, x.to("pjrt")), torch.polygamma(3, x))
+    assert "aten::polygamma" in torch_pjrt.metrics()["fallback_ops"]
+
+
+@pytest.mark.parametrize("dims", [2, 3])
+def test_max_unpool_writes_each_value_at_its_index(mode, dims):
+    pool, unpool = {2: (F.max_pool2d, F.max_unpool2d), 3: (F.max_pool3d, F.max_unpool3d)}[dims]
+    x = randn(2, 3, *([6] * dims), seed=4)
+    values, indices = pool(x, 2, return_indices=True)
+    assert_close(unpool(values.to("pjrt"), indices.to("pjrt"), 2), unpool(values, indices, 2))
+    size = (7,) * dims
+    assert_close(unpool(values[0].to("pjrt"), indices[0].to("pjrt"), 2, output_size=size),
+                 unpool(values[0], indices[0], 2, output_size=size))
+    check(lambda v: unpool(v, indices.to(v.device), 2) * 3, (values,))
+
+
+def test_max_unpool_keeps_channels_last_and_checks_its_arguments(mode):
+    x = randn(1, 4, 4, 4, seed=5).contiguous(memory_format=torch.channels_last)
+    values, indices = F.max_pool2d(x, 2, return_indices=True)
+    got = F.max_unpool2d(values.to("pjrt"), indices.to("pjrt"), 2)
+    expected = F.max_unpool2d(values, indices, 2)
+    assert got.stride() == expected.stride()
+    assert_close(got, expected)
+    with pytest.raises(RuntimeError, match="elements in indices should be type int64"):
+        torch.ops.aten.max_unpool2d(values.to("pjrt"), indices.int().to("pjrt"), [4, 4])
+    with pytest.raises(RuntimeError, match="Expected shape of indices to be same"):
+        torch.ops.aten.max_unpool2d(values.to("pjrt"), indices[:, :, :1].to("pjrt"), [4, 4])

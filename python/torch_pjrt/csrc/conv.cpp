@@ -143,6 +143,42 @@ at::Tensor pjrt_col2im(
   return self.dim() == 3 ? out : out.squeeze(0);
 }
 
+// `max_unpool2d`/`max_unpool3d`: each value written at its flat index into its plane of the
+// output (zeros elsewhere), one scatter over the flattened spatial dims.
+at::Tensor pjrt_max_unpool(const at::Tensor& self, const at::Tensor& indices, std::vector<int64_t> output_size, int64_t dims) {
+  const char* name = dims == 2 ? "max_unpooling2d" : "max_unpooling3d";
+  TORCH_CHECK(
+      indices.scalar_type() == at::kLong, "elements in indices should be type int64 but got: ", indices.scalar_type());
+  TORCH_CHECK(
+      static_cast<int64_t>(output_size.size()) == dims, "There should be exactly ", dims,
+      " elements in output_size, but got ", output_size.size(), " elements.");
+  TORCH_CHECK(
+      self.dim() == dims + 1 || self.dim() == dims + 2, "Input to ", name, " should be a ", dims + 1, "d or ",
+      dims + 2, "d Tensor, but got a tensor with ", self.dim(), " dimensions.");
+  TORCH_CHECK(
+      self.sizes() == indices.sizes(), "Expected shape of indices to be same as that of the input tensor (",
+      self.sizes(), ") but got indices tensor with shape: ", indices.sizes());
+  for (int64_t i = 1; i < self.dim(); ++i) {
+    TORCH_CHECK(
+        self.size(i) > 0, name, "_forward_out_cpu(): Expected input to have non-zero size for non-batch dimensions, but got ",
+        self.sizes(), " with dimension ", i, " being empty.");
+  }
+  const int64_t lead = self.dim() - dims;
+  std::vector<int64_t> shape(self.sizes().begin(), self.sizes().begin() + lead);
+  int64_t plane = 1;
+  for (int64_t s : output_size) {
+    plane *= s;
+  }
+  std::vector<int64_t> flat_shape = shape;
+  flat_shape.push_back(plane);
+  std::vector<int64_t> out_shape = shape;
+  out_shape.insert(out_shape.end(), output_size.begin(), output_size.end());
+  at::Tensor out = at::zeros(flat_shape, self.options());
+  out = out.scatter(-1, indices.flatten(lead), self.flatten(lead));
+  // The CPU's output takes the input's memory format (channels-last stays channels-last).
+  return out.view(out_shape).contiguous(self.suggest_memory_format());
+}
+
 }  // namespace
 
 // Kernel registrations, generated from the rows of hand_written_kernels.py.

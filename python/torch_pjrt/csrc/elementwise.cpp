@@ -315,6 +315,31 @@ at::Tensor pjrt_special_i1(const at::Tensor& self) {
   return (at::special_i1e(x) * at::exp(x.abs())).to(dtype);
 }
 
+// `polygamma(n, x)` for n = 0 (digamma) and n = 1 (trigamma: zeta(2, x), reflected below zero
+// as PyTorch's kernel does, since the Hurwitz zeta of a negative argument is not accurate). Higher
+// orders run on the CPU: their reflection needs higher derivatives of cot.
+at::Tensor pjrt_polygamma(int64_t n, const at::Tensor& self) {
+  TORCH_CHECK(n >= 0, "polygamma(n, x) does not support negative n.");
+  if (n > 1) {
+    return run_on_cpu<at::_ops::polygamma>(n, self);
+  }
+  const at::Tensor x = at::isIntegralType(self.scalar_type(), /*includeBool=*/true)
+      ? self.to(c10::typeMetaToScalarType(c10::get_default_dtype()))
+      : self;
+  if (n == 0) {
+    return at::digamma(x);
+  }
+  // psi1(x) = pi^2 / sin^2(pi x) - psi1(1 - x), reduced floats computed in float32 as the CPU's.
+  const at::ScalarType dtype = x.scalar_type();
+  const at::Tensor y = at::isReducedFloatingType(dtype) ? x.to(at::kFloat) : x;
+  const at::Tensor negative = y < 0;
+  const at::Tensor argument = at::where(negative, 1 - y, y);
+  const at::Tensor series = at::special_zeta(at::Scalar(2.0), argument);
+  const at::Tensor sine = at::sin(y * M_PI);
+  const at::Tensor reflected = (M_PI * M_PI) / (sine * sine) - series;
+  return at::where(negative, reflected, series).to(dtype);
+}
+
 }  // namespace
 
 // Kernel registrations, generated from the rows of hand_written_kernels.py.

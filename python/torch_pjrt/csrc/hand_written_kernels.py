@@ -111,6 +111,7 @@ HAND_WRITTEN["elementwise"] = [
     ("special_xlog1py", "pjrt_special_xlog1py", ""),
     ("special_entr", "pjrt_special_entr", ""),
     ("special_i1", "pjrt_special_i1", ""),
+    ("polygamma", "pjrt_polygamma", "real"),
 ]
 
 HAND_WRITTEN["reduce"] = [
@@ -166,6 +167,7 @@ HAND_WRITTEN["linalg"] = [
     ("_linalg_slogdet", "pjrt_linalg_slogdet", "real"),
     ("linalg_qr", "pjrt_linalg_qr", "real"),
     ("_linalg_eigh", "pjrt_linalg_eigh", "real"),
+    ("triangular_solve", "pjrt_triangular_solve", "real"),
 ]
 
 HAND_WRITTEN["norm"] = [
@@ -190,6 +192,8 @@ HAND_WRITTEN["conv"] = [
     ("unfold", "at::native::unfold", ""),
     ("im2col", "pjrt_im2col", ""),
     ("col2im", "pjrt_col2im(self, ints(output_size), kernel_size, dilation, padding, stride)", ""),
+    ("max_unpool2d", "pjrt_max_unpool(self, indices, ints(output_size), 2)", ""),
+    ("max_unpool3d", "pjrt_max_unpool(self, indices, ints(output_size), 3)", ""),
 ]
 
 HAND_WRITTEN["creation"] = [

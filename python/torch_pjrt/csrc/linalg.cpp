@@ -805,6 +805,28 @@ std::tuple<at::Tensor, at::Tensor> pjrt_linalg_eigh(const at::Tensor& A, c10::st
   return std::make_tuple(std::move(r[0]), column_major(r[1]));
 }
 
+// The legacy `triangular_solve(b, A)`: `A X = b` (or `A^T X = b`), and a copy of `A`, both
+// broadcast over the batch and column-major.
+std::tuple<at::Tensor, at::Tensor> pjrt_triangular_solve(
+    const at::Tensor& self,
+    const at::Tensor& A,
+    bool upper,
+    bool transpose,
+    bool unitriangular) {
+  TORCH_CHECK(
+      self.dim() >= 2, "torch.triangular_solve: Expected b to have at least 2 dimensions, but it has ", self.dim(),
+      " dimensions instead");
+  TORCH_CHECK(
+      A.dim() >= 2, "torch.triangular_solve: Expected A to have at least 2 dimensions, but it has ", A.dim(),
+      " dimensions instead");
+  at::native::checkInputsSolver(A, self, /*left=*/true, "triangular_solve");
+  auto [b_b, A_b] = at::native::_linalg_broadcast_batch_dims(self, A, "triangular_solve");
+  const at::Tensor coefficient = transpose ? A_b.mT() : A_b;
+  at::Tensor solution = pjrt_linalg_solve_triangular(coefficient, b_b, upper != transpose, /*left=*/true, unitriangular);
+  at::Tensor copy = A_b.mT().clone(at::MemoryFormat::Contiguous).mT();
+  return std::make_tuple(std::move(solution), std::move(copy));
+}
+
 }  // namespace
 
 // Kernel registrations, generated from the rows of hand_written_kernels.py.

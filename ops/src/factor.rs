@@ -554,6 +554,93 @@ fn identity_columns(e: &mut Emitter, ty: &TensorType) -> Value {
     e.select(on, one, zero)
 }
 
+/// `geqrf`: LAPACK's packed QR (R on and above the diagonal, the Householder vectors below it)
+/// and the reflectors' scalars, from XLA's `Qr` custom call.
+pub(crate) struct Geqrf;
+
+impl OpRule for Geqrf {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        a.expect_counts(1..=1, 0..=0)?;
+        let x = &a.inputs[0];
+        check_matrices("torch.geqrf", "geqrf", x, false)?;
+        let (batch, _, m, n) = split_batch(&x.shape);
+        Ok(Meta::of_outputs(MetaOutputs::from_vec(vec![
+            x.clone(),
+            TensorType::new(x.dtype, &with_dims(&batch, &[m.min(n)])),
+        ])))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let x = a.inputs[0];
+        if a.out(1).shape.last() == Some(&0) {
+            let taus = e.constant(a.out(1).clone(), ScalarValue::Float(0.0));
+            return Ok(vec![x, taus]);
+        }
+        let r = e.op_with_regions(
+            "stablehlo.custom_call",
+            &[x],
+            &[],
+            "call_target_name = \"Qr\"",
+            vec![a.out(0).clone(), a.out(1).clone()],
+        );
+        Ok(vec![r[0], r[1]])
+    }
+}
+
+/// `linalg_householder_product`: `H_1 ... H_k` of the `k` reflectors packed in `input`'s
+/// columns (`m x n`, `m >= n >= k`), its first `n` columns; XLA's
+/// `ProductOfElementaryHouseholderReflectors`.
+pub(crate) struct HouseholderProduct;
+
+impl OpRule for HouseholderProduct {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        a.expect_counts(2..=2, 0..=0)?;
+        let (x, tau) = (&a.inputs[0], &a.inputs[1]);
+        check_matrices(
+            "torch.linalg.householder_product",
+            "linalg_householder_product",
+            x,
+            false,
+        )?;
+        let (batch, _, m, n) = split_batch(&x.shape);
+        ensure!(
+            m >= n,
+            "torch.linalg.householder_product: input.shape[-2] must be greater than or equal to input.shape[-1]"
+        );
+        ensure!(
+            tau.rank() == x.rank() - 1 && tau.shape[..tau.rank() - 1] == batch[..],
+            "torch.linalg.householder_product: Expected batch dimensions of tau to be equal to input.shape[:-2], but got {:?}",
+            tau.shape.as_slice()
+        );
+        ensure!(
+            tau.shape[tau.rank() - 1] <= n,
+            "torch.linalg.householder_product: input.shape[-1] must be greater than or equal to tau.shape[-1]"
+        );
+        ensure!(
+            tau.dtype == x.dtype,
+            "torch.linalg.householder_product: tau dtype {} does not match input dtype {}",
+            tau.dtype,
+            x.dtype
+        );
+        crate::single(x.clone())
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let (x, tau) = (a.inputs[0], a.inputs[1]);
+        let out = a.out(0).clone();
+        let k = *e.shape(tau).last().unwrap_or(&0);
+        if k == 0 || out.shape.contains(&0) {
+            return Ok(vec![identity_columns(e, &out)]);
+        }
+        Ok(vec![e.op(
+            "stablehlo.custom_call",
+            &[x, tau],
+            "call_target_name = \"ProductOfElementaryHouseholderReflectors\"",
+            out,
+        )])
+    }
+}
+
 // ----- symmetric eigendecomposition --------------------------------------------------------------
 
 /// `_linalg_eigh`: the eigenvalues (ascending) and eigenvectors (columns) of each symmetric

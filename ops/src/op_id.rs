@@ -604,6 +604,10 @@ op_catalogue! {
     Qr = "linalg_qr", family: Linalg, rule: factor::Qr, inputs: "A", scalars: "", params: Qr;
     /// Eigenvalues and eigenvectors of symmetric matrices.
     Eigh = "_linalg_eigh", family: Linalg, rule: factor::Eigh, inputs: "A", scalars: "", params: Eigh;
+    /// LAPACK's `geqrf`: the Householder vectors below R's diagonal, and their scalars.
+    Geqrf = "geqrf", family: Linalg, rule: factor::Geqrf, inputs: "self", scalars: "", params: None;
+    /// LAPACK's `orgqr`: the product of the Householder reflectors `geqrf` packs.
+    HouseholderProduct = "linalg_householder_product", family: Linalg, rule: factor::HouseholderProduct, inputs: "input, tau", scalars: "", params: None;
 }
 
 impl OpId {

@@ -459,6 +459,8 @@ fn along(op: OpId, params: &[i64], input: usize, rank: usize, dim: usize) -> Alo
         | LuPermutation
         | Qr
         | Eigh
+        | Geqrf
+        | HouseholderProduct
         | Stack
         | Flip
         | Roll

@@ -427,3 +427,10 @@ snapshot!(
     [],
     [0, 1]
 );
+snapshot!(
+    householder_product_batch,
+    OpId::HouseholderProduct,
+    [t(DType::F32, &[2, 4, 3]), t(DType::F32, &[2, 2])],
+    [],
+    []
+);

@@ -219,3 +219,17 @@ def test_legacy_triangular_solve(mode):
             for g, e in zip(got, expected):
                 assert g.stride() == e.stride()
                 assert_close(g, e, **F32)
+
+
+def test_packed_qr_and_its_reflectors(mode):
+    a = randn(2, 5, 3, seed=8)
+    packed, tau = on_pjrt(torch.geqrf, a)
+    expected_packed, expected_tau = torch.geqrf(a)
+    assert packed.stride() == expected_packed.stride()
+    assert_close(packed, expected_packed, **F32)
+    assert_close(tau, expected_tau, **F32)
+    assert_close(torch.linalg.householder_product(packed, tau), torch.linalg.householder_product(expected_packed, expected_tau), **F32)
+    c = randn(2, 5, 2, seed=9)
+    for left, transpose, other in [(True, False, c), (True, True, c), (False, False, c.mT), (False, True, c.mT)]:
+        got = torch.ormqr(packed, tau, other.to("pjrt"), left=left, transpose=transpose)
+        assert_close(got, torch.ormqr(expected_packed, expected_tau, other, left=left, transpose=transpose), **F32)

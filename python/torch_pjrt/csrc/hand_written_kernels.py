@@ -168,6 +168,9 @@ HAND_WRITTEN["linalg"] = [
     ("linalg_qr", "pjrt_linalg_qr", "real"),
     ("_linalg_eigh", "pjrt_linalg_eigh", "real"),
     ("triangular_solve", "pjrt_triangular_solve", "real"),
+    ("geqrf", "pjrt_geqrf", "real"),
+    ("linalg_householder_product", "pjrt_householder_product", "real"),
+    ("ormqr", "pjrt_ormqr", "real"),
 ]
 
 HAND_WRITTEN["norm"] = [

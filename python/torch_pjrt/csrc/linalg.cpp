@@ -805,6 +805,51 @@ std::tuple<at::Tensor, at::Tensor> pjrt_linalg_eigh(const at::Tensor& A, c10::st
   return std::make_tuple(std::move(r[0]), column_major(r[1]));
 }
 
+std::tuple<at::Tensor, at::Tensor> pjrt_geqrf(const at::Tensor& self) {
+  TORCH_CHECK(self.dim() >= 2, "torch.geqrf: input must have at least 2 dimensions.");
+  at::native::checkFloatingOrComplex(self, "torch.geqrf");
+  static const auto op = engine_op(ops::geqrf);
+  OpCall c(op, "aten::geqrf");
+  c.input(self);
+  std::vector<at::Tensor> r = c.run_functional_n(2);
+  return std::make_tuple(column_major(r[0]), std::move(r[1]));
+}
+
+at::Tensor pjrt_householder_product(const at::Tensor& input, const at::Tensor& tau) {
+  TORCH_CHECK(
+      input.dim() >= 2, "torch.linalg.householder_product: input must have at least 2 dimensions.");
+  at::native::checkFloatingOrComplex(input, "torch.linalg.householder_product");
+  static const auto op = engine_op(ops::linalg_householder_product);
+  OpCall c(op, "aten::linalg_householder_product");
+  c.input(input);
+  c.input(tau);
+  return column_major(c.run_functional());
+}
+
+// `ormqr`: `Q C`, `Q^T C`, `C Q` or `C Q^T` for the `Q` (square, of C's rows or columns) that
+// `geqrf`'s reflectors make, from their product with the vectors zero-padded to square.
+at::Tensor pjrt_ormqr(const at::Tensor& input, const at::Tensor& tau, const at::Tensor& other, bool left, bool transpose) {
+  TORCH_CHECK(input.dim() >= 2, "torch.ormqr: input must have at least 2 dimensions.");
+  TORCH_CHECK(other.dim() >= 2, "torch.ormqr: other must have at least 2 dimensions.");
+  const int64_t size = left ? other.size(-2) : other.size(-1);
+  TORCH_CHECK(
+      input.size(-2) == size, "torch.ormqr: other.shape[", left ? -2 : -1, "] must be equal to input.shape[-2]");
+  TORCH_CHECK(
+      tau.size(-1) <= input.size(-1), "torch.ormqr: tau.shape[-1] must be less than or equal to input.shape[-1]");
+  TORCH_CHECK(
+      input.scalar_type() == tau.scalar_type() && input.scalar_type() == other.scalar_type(),
+      "torch.ormqr: Expected input, tau and other to have the same dtype, but got ", input.scalar_type(), ", ",
+      tau.scalar_type(), " and ", other.scalar_type());
+  const int64_t columns = std::min(input.size(-1), size);
+  at::Tensor vectors = input.narrow(-1, 0, columns);
+  if (columns < size) {
+    vectors = at::constant_pad_nd(vectors, {0, size - columns});
+  }
+  const at::Tensor q = pjrt_householder_product(vectors, tau.narrow(-1, 0, std::min(tau.size(-1), columns)));
+  const at::Tensor applied = transpose ? q.mH() : q;
+  return column_major(left ? at::matmul(applied, other) : at::matmul(other, applied));
+}
+
 // The legacy `triangular_solve(b, A)`: `A X = b` (or `A^T X = b`), and a copy of `A`, both
 // broadcast over the batch and column-major.
 std::tuple<at::Tensor, at::Tensor> pjrt_triangular_solve(

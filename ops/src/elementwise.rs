@@ -81,6 +81,8 @@ fn is_float_unary(op: OpId) -> bool {
             | Erf
             | Erfc
             | SpecialI1e
+            | I0
+            | SpecialI0e
             | Erfinv
             | Lgamma
             | Digamma
@@ -873,6 +875,57 @@ fn digamma(e: &mut Emitter, x: Value) -> Value {
     e.select(zero, at_zero, d)
 }
 
+/// Where the power series of `I0` gives way to the asymptotic expansion: below it 50 terms of
+/// the series reach float64's precision, above it 30 terms of the expansion do.
+const BESSEL_I0_SERIES_LIMIT: f64 = 20.0;
+
+/// `I0(x)`, or `exp(-|x|) I0(x)` when `scaled`: `sum (x^2/4)^n / (n!)^2` for `|x| <= 20`, and
+/// `exp(|x|) / sqrt(2 pi |x|) * sum c_j / |x|^j` (`c_j = c_{j-1} (2j-1)^2 / (8j)`) above.
+fn bessel_i0(e: &mut Emitter, x: Value, scaled: bool) -> Value {
+    let ax = e.abs(x);
+    let one = k(e, x, 1.0);
+    let quarter = k(e, x, 0.25);
+    let squared = e.mul(ax, ax);
+    let q = e.mul(squared, quarter);
+    // Nested (Horner) form, `1 + q/1^2 (1 + q/2^2 (1 + ...))`: a running product of terms lets
+    // XLA's simplifier gather the constants into one, `1/(50!)^2`, which underflows to zero in
+    // float32 (and `q^50` overflows), giving 0 * inf.
+    let mut series = one;
+    for n in (1..=50).rev() {
+        let factor = k(e, x, 1.0 / (n * n) as f64);
+        let step = e.mul(q, factor);
+        let scaled = e.mul(step, series);
+        series = e.add(one, scaled);
+    }
+    let inverse = e.div(one, ax);
+    let mut expansion = one;
+    for j in (1..=30).rev() {
+        let factor = k(e, x, ((2 * j - 1) * (2 * j - 1)) as f64 / (8 * j) as f64);
+        let step = e.mul(inverse, factor);
+        let scaled = e.mul(step, expansion);
+        expansion = e.add(one, scaled);
+    }
+    let two_pi = k(e, x, 2.0 * std::f64::consts::PI);
+    let spread = e.mul(two_pi, ax);
+    let large = e.compare_const(Cmp::Gt, ax, BESSEL_I0_SERIES_LIMIT);
+    if scaled {
+        let root = e.sqrt(spread);
+        let expansion = e.div(expansion, root);
+        let neg = e.neg(ax);
+        let decay = e.exp(neg);
+        let series = e.mul(series, decay);
+        e.select(large, expansion, series)
+    } else {
+        // exp(|x|) times the scaled value, as PyTorch's kernel computes it: it overflows where
+        // exp(|x|) does (float32 past 88.7), and at infinity is inf * 0, NaN.
+        let root = e.sqrt(spread);
+        let expansion = e.div(expansion, root);
+        let growth = e.exp(ax);
+        let expansion = e.mul(growth, expansion);
+        e.select(large, expansion, series)
+    }
+}
+
 fn lower_unary(e: &mut Emitter, a: &LowerArgs) -> Result<Value, OpError> {
     use OpId::*;
     let x = a.inputs[0];
@@ -976,6 +1029,8 @@ fn unary_float(e: &mut Emitter, a: &LowerArgs, x: Value) -> Result<Value, OpErro
         Erf => erf(e, x),
         Erfc => e.unary("chlo.erfc", x),
         SpecialI1e => e.unary("chlo.bessel_i1e", x),
+        I0 => bessel_i0(e, x, false),
+        SpecialI0e => bessel_i0(e, x, true),
         Erfinv => e.unary("chlo.erf_inv", x),
         Lgamma => e.unary("chlo.lgamma", x),
         Digamma => digamma(e, x),

@@ -608,6 +608,12 @@ op_catalogue! {
     Geqrf = "geqrf", family: Linalg, rule: factor::Geqrf, inputs: "self", scalars: "", params: None;
     /// LAPACK's `orgqr`: the product of the Householder reflectors `geqrf` packs.
     HouseholderProduct = "linalg_householder_product", family: Linalg, rule: factor::HouseholderProduct, inputs: "input, tau", scalars: "", params: None;
+
+    // ---- unary elementwise, continued --------------------------------------------------
+    /// The modified Bessel function of the first kind, order zero.
+    I0 = "i0", family: Elementwise, rule: elementwise::Unary, inputs: "self", scalars: "", params: None;
+    /// `exp(-|x|) I0(x)`.
+    SpecialI0e = "special_i0e", family: Elementwise, rule: elementwise::Unary, inputs: "self", scalars: "", params: None;
 }
 
 impl OpId {

@@ -434,3 +434,11 @@ snapshot!(
     [],
     []
 );
+// The power series below |x| = 20 and the asymptotic expansion above, unrolled.
+snapshot!(
+    special_i0e_f32,
+    OpId::SpecialI0e,
+    [t(DType::F32, &[3])],
+    [],
+    []
+);

@@ -1,5 +1,5 @@
 """Ops pjrt runs natively instead of falling back to the CPU: erfc, erfinv, lgamma and digamma,
-and special.i1e, i1, zeta, entr and xlog1py, and nextafter; the
+and special.i1e, i1, i0e (with i0 and modified_bessel_i0), zeta, entr and xlog1py, and nextafter; the
 scans cumprod and logcumsumexp; the distributions exponential_, geometric_, log_normal_ and
 cauchy_ and multinomial; searchsorted and bucketize; signbit, copysign, logit, sinc, heaviside,
 count_nonzero, aminmax, linalg.cross, isposinf and isneginf. Values (and gradients where PyTorch has them) against
@@ -95,7 +95,7 @@ def _close_with_nans(actual, expected, dtype):
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
-@pytest.mark.parametrize("name", ["i1e", "i1", "entr"])
+@pytest.mark.parametrize("name", ["i1e", "i1", "i0e", "i0", "entr"])
 def test_special_unary_functions_match_the_cpu(mode, name, dtype):
     fn = getattr(torch.special, name)
     x = BESSEL_X.to(dtype)
@@ -429,3 +429,15 @@ def test_cdist_refuses_what_the_cpu_refuses(mode):
     with pytest.raises(RuntimeError, match="X1 and X2 must have the same number of columns"):
         torch.cdist(torch.zeros(2, 3, device="pjrt"), torch.zeros(2, 4, device="pjrt"))
     torch.pjrt.synchronize()
+
+
+def test_i0_across_its_series_and_expansion_and_as_i1s_gradient(mode):
+    # Both sides of |x| = 20, where the series gives way to the asymptotic expansion, one
+    # element alone (XLA once folded the series' constants into an underflow there), and i1's
+    # gradient, which reads i0.
+    x = torch.tensor([-30.0, -20.5, -19.5, -8.3, 0.0, 5.0, 19.99, 20.01, 60.0], dtype=torch.float64)
+    for fn in [torch.i0, torch.special.i0e, torch.special.modified_bessel_i0]:
+        assert_close(fn(x.to("pjrt")), fn(x), rtol=1e-13, atol=0)
+        assert_close(fn(x[3:4].float().to("pjrt")), fn(x[3:4].float()), rtol=1e-6, atol=0)
+    check(torch.special.i1, (x[2:8],), rtol=1e-10, atol=1e-10)
+    check(torch.special.i0e, (x[2:8],), rtol=1e-10, atol=1e-10)

@@ -65,7 +65,7 @@ LAYOUTS_FILE = os.path.join(HERE, "param_layouts.json")
 
 UNARY = [
     "neg", "abs", "exp", "exp2", "log", "log2", "log10", "log1p", "expm1", "sqrt", "rsqrt",
-    "sin", "cos", "tan", "tanh", "sigmoid", "silu", "erf", "erfc", "special_i1e", "erfinv", "lgamma", "digamma", "floor", "ceil", "trunc", "sign",
+    "sin", "cos", "tan", "tanh", "sigmoid", "silu", "erf", "erfc", "special_i1e", "i0", "special_i0e", "erfinv", "lgamma", "digamma", "floor", "ceil", "trunc", "sign",
     "reciprocal", "logical_not", "bitwise_not", "relu", "isnan", "isinf",
 ]
 BINARY = [
@@ -82,6 +82,7 @@ TABLE += [(name, name, "t self") for name in UNARY]
 TABLE += [
     ("gelu", "gelu", "t self; p approximate = enc::gelu_approx(approximate)"),
     ("round", "round", "t self"),
+    ("special_modified_bessel_i0", "i0", "t self"),
     ("round.decimals", "round", "t self; p decimals"),
     ("nan_to_num", "nan_to_num",
      "t self; pl given, nan, posinf, neginf = enc::nan_to_num(nan, posinf, neginf)"),

@@ -336,7 +336,7 @@ def test_a_functional_row_brings_its_out_and_in_place_forms(schemas):
     assert "return write_out(pjrt_hardtanh(self, min_val, max_val), out);" in code["hardtanh.out"]
     # Several results: each written into its own out tensor.
     code = kernels_by_overload(schemas, {"reduce": [("max.dim", "pjrt_max_dim", "")]})
-    assert "write_out(std::get<1>(result), max_values);" in code["max.dim_max"]
+    assert "write_out(std::get<1>(computed), max_values);" in code["max.dim_max"]
     assert "return ::std::tuple<at::Tensor &,at::Tensor &>(max, max_values);" in code["max.dim_max"]
 
 

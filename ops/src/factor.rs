@@ -90,20 +90,20 @@ fn transpose_last(e: &mut Emitter, v: Value) -> Value {
 /// `v[..., i]` of a `[B, m]` (or `[B, m, n]` along `dim`) value, for a 0-d `i64` index `i`:
 /// a masked sum, exact since every other term is zero.
 fn pick(e: &mut Emitter, v: Value, dim: usize, i: Value) -> Value {
-    let shape = e.shape(v).to_vec();
-    let positions = e.iota(TensorType::new(DType::I64, &shape), dim);
-    let at = e.broadcast_in_dim(i, &shape, &[]);
-    let hit = e.compare(Cmp::Eq, positions, at);
-    let zero = e.full_like(v, 0.0);
-    let kept = e.select(hit, v, zero);
-    e.reduce_sum(kept, &[dim])
+    masked_pick(e, v, dim, i, &[])
 }
 
 /// Like [`pick`], with one index per batch row: `index` is `[B]`.
 fn pick_per_batch(e: &mut Emitter, v: Value, dim: usize, index: Value) -> Value {
+    masked_pick(e, v, dim, index, &[0])
+}
+
+/// The elements of `v` whose position along `dim` equals `index` (broadcast along
+/// `index_dims`), summed over `dim`.
+fn masked_pick(e: &mut Emitter, v: Value, dim: usize, index: Value, index_dims: &[usize]) -> Value {
     let shape = e.shape(v).to_vec();
     let positions = e.iota(TensorType::new(DType::I64, &shape), dim);
-    let at = e.broadcast_in_dim(index, &shape, &[0]);
+    let at = e.broadcast_in_dim(index, &shape, index_dims);
     let hit = e.compare(Cmp::Eq, positions, at);
     let zero = e.full_like(v, 0.0);
     let kept = e.select(hit, v, zero);
@@ -504,17 +504,7 @@ impl OpRule for Qr {
         let nr = batch.len();
         let taus_shape = with_dims(&batch, &[k]);
         // LAPACK's geqrf: R on and above the diagonal, the reflectors' vectors below it.
-        let packed = e.op_with_regions(
-            "stablehlo.custom_call",
-            &[x],
-            &[],
-            "call_target_name = \"Qr\"",
-            vec![
-                TensorType::new(dtype, &full),
-                TensorType::new(dtype, &taus_shape),
-            ],
-        );
-        let (h, taus) = (packed[0], packed[1]);
+        let (h, taus) = packed_qr(e, x, TensorType::new(dtype, &taus_shape));
         let r_rows = if mode == 1 { m } else { k };
         let r = e.slice_dim(h, nr, 0, r_rows, 1);
         let r = keep_triangle(e, r, true, 0);
@@ -540,6 +530,20 @@ impl OpRule for Qr {
         );
         Ok(vec![q, r])
     }
+}
+
+/// XLA's `Qr` custom call, LAPACK's `geqrf`: R on and above the diagonal and the reflectors'
+/// vectors below it (`x`'s type), and the reflectors' scalars (`taus`).
+fn packed_qr(e: &mut Emitter, x: Value, taus: TensorType) -> (Value, Value) {
+    let packed = e.ty(x).clone();
+    let r = e.op_with_regions(
+        "stablehlo.custom_call",
+        &[x],
+        &[],
+        "call_target_name = \"Qr\"",
+        vec![packed, taus],
+    );
+    (r[0], r[1])
 }
 
 /// The first columns of an identity matrix, in each matrix of `ty`.
@@ -576,14 +580,8 @@ impl OpRule for Geqrf {
             let taus = e.constant(a.out(1).clone(), ScalarValue::Float(0.0));
             return Ok(vec![x, taus]);
         }
-        let r = e.op_with_regions(
-            "stablehlo.custom_call",
-            &[x],
-            &[],
-            "call_target_name = \"Qr\"",
-            vec![a.out(0).clone(), a.out(1).clone()],
-        );
-        Ok(vec![r[0], r[1]])
+        let (packed, taus) = packed_qr(e, x, a.out(1).clone());
+        Ok(vec![packed, taus])
     }
 }
 

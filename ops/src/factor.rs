@@ -484,52 +484,61 @@ impl OpRule for Qr {
 
     fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
         let mode = layout::Qr::decode(&a.params)?.mode;
-        let x = a.inputs[0];
-        let dtype = e.dtype(x);
-        let full = e.shape(x).to_vec();
-        let (batch, _, m, n) = split_batch(&full);
-        let k = m.min(n);
-        if k == 0 {
-            // Nothing to factor: Q is the identity's first columns, R is zeros.
-            let r_ty = a.out(1).clone();
-            let r = e.constant(r_ty, ScalarValue::Float(0.0));
-            let q_ty = a.out(0).clone();
-            let q = if mode == 2 {
-                e.constant(q_ty, ScalarValue::Float(0.0))
-            } else {
-                identity_columns(e, &q_ty)
-            };
-            return Ok(vec![q, r]);
-        }
-        let nr = batch.len();
-        let taus_shape = with_dims(&batch, &[k]);
-        // LAPACK's geqrf: R on and above the diagonal, the reflectors' vectors below it.
-        let (h, taus) = packed_qr(e, x, TensorType::new(dtype, &taus_shape));
-        let r_rows = if mode == 1 { m } else { k };
-        let r = e.slice_dim(h, nr, 0, r_rows, 1);
-        let r = keep_triangle(e, r, true, 0);
-        if mode == 2 {
-            let q = e.constant(a.out(0).clone(), ScalarValue::Float(0.0));
-            return Ok(vec![q, r]);
-        }
-        let q_cols = if mode == 1 { m } else { k };
-        // The reflectors, as many columns as Q has: cut to k, or zero-padded to m.
-        let vectors = if q_cols <= n {
-            e.slice_dim(h, nr + 1, 0, q_cols, 1)
-        } else {
-            let zero = float(e, dtype, &[], 0.0);
-            let mut high = vec![0; nr + 2];
-            high[nr + 1] = q_cols - n;
-            e.pad(h, zero, &vec![0; nr + 2], &high, &vec![0; nr + 2])
-        };
-        let q = e.op(
-            "stablehlo.custom_call",
-            &[vectors, taus],
-            "call_target_name = \"ProductOfElementaryHouseholderReflectors\"",
-            TensorType::new(dtype, &with_dims(&batch, &[m, q_cols])),
-        );
+        let (q, r) = householder_qr(e, a.inputs[0], mode, a.out(0).clone(), a.out(1).clone());
         Ok(vec![q, r])
     }
+}
+
+/// `linalg_qr`'s factors of `x` in `mode` (see [`Qr`]); `q_ty` and `r_ty` are their types.
+fn householder_qr(
+    e: &mut Emitter,
+    x: Value,
+    mode: i64,
+    q_ty: TensorType,
+    r_ty: TensorType,
+) -> (Value, Value) {
+    let dtype = e.dtype(x);
+    let full = e.shape(x).to_vec();
+    let (batch, _, m, n) = split_batch(&full);
+    let k = m.min(n);
+    if k == 0 {
+        // Nothing to factor: Q is the identity's first columns, R is zeros.
+        let r = e.constant(r_ty, ScalarValue::Float(0.0));
+        let q = if mode == 2 {
+            e.constant(q_ty, ScalarValue::Float(0.0))
+        } else {
+            identity_columns(e, &q_ty)
+        };
+        return (q, r);
+    }
+    let nr = batch.len();
+    let taus_shape = with_dims(&batch, &[k]);
+    // LAPACK's geqrf: R on and above the diagonal, the reflectors' vectors below it.
+    let (h, taus) = packed_qr(e, x, TensorType::new(dtype, &taus_shape));
+    let r_rows = if mode == 1 { m } else { k };
+    let r = e.slice_dim(h, nr, 0, r_rows, 1);
+    let r = keep_triangle(e, r, true, 0);
+    if mode == 2 {
+        let q = e.constant(q_ty, ScalarValue::Float(0.0));
+        return (q, r);
+    }
+    let q_cols = if mode == 1 { m } else { k };
+    // The reflectors, as many columns as Q has: cut to k, or zero-padded to m.
+    let vectors = if q_cols <= n {
+        e.slice_dim(h, nr + 1, 0, q_cols, 1)
+    } else {
+        let zero = float(e, dtype, &[], 0.0);
+        let mut high = vec![0; nr + 2];
+        high[nr + 1] = q_cols - n;
+        e.pad(h, zero, &vec![0; nr + 2], &high, &vec![0; nr + 2])
+    };
+    let q = e.op(
+        "stablehlo.custom_call",
+        &[vectors, taus],
+        "call_target_name = \"ProductOfElementaryHouseholderReflectors\"",
+        TensorType::new(dtype, &with_dims(&batch, &[m, q_cols])),
+    );
+    (q, r)
 }
 
 /// XLA's `Qr` custom call, LAPACK's `geqrf`: R on and above the diagonal and the reflectors'
@@ -767,4 +776,202 @@ fn refine_eigenvectors(e: &mut Emitter, a: Value, v: Value) -> (Value, Value) {
     let step = e.select(keep, step, zero);
     let turn = e.dot_general(v, step, &batch_dims, &batch_dims, &[last], &[row], dtype);
     (e.add(v, turn), values)
+}
+
+// ----- singular value decomposition --------------------------------------------------------------
+
+/// `_linalg_svd`: `A = U diag(S) Vh` with the singular values descending; `U` and `Vh` are
+/// `m x k` and `k x n` (`k = min(m, n)`), or square with `full_matrices`, or empty tensors
+/// without `compute_uv`, as PyTorch's. Singular vectors are unique only up to sign.
+///
+/// XLA has no SVD expander, so it is built on the symmetric eigensolver (RFC 0052): a wide
+/// matrix is transposed and a tall one reduced to its square `R` by QR (`U = Q U_R`); the
+/// eigenvalues of `[[0, R], [R^T, 0]]` are `±σ` with eigenvectors `[u; ±v] / √2`. This keeps
+/// the Jacobi solver's backward stability, where the eigenvalues of `A^T A` would square `A`'s
+/// condition number.
+pub(crate) struct Svd;
+
+impl OpRule for Svd {
+    fn meta(&self, a: &MetaArgs) -> Result<Meta, OpError> {
+        a.expect_counts(1..=1, 0..=0)?;
+        let l = layout::Svd::decode(&a.params)?;
+        let x = &a.inputs[0];
+        check_matrices("linalg.svd", "linalg_svd", x, false)?;
+        let (batch, _, m, n) = split_batch(&x.shape);
+        let k = m.min(n);
+        let (u, vh) = if !l.compute_uv {
+            (Shape::from_slice(&[0]), Shape::from_slice(&[0]))
+        } else if l.full_matrices {
+            (with_dims(&batch, &[m, m]), with_dims(&batch, &[n, n]))
+        } else {
+            (with_dims(&batch, &[m, k]), with_dims(&batch, &[k, n]))
+        };
+        Ok(Meta::of_outputs(MetaOutputs::from_vec(vec![
+            TensorType::new(x.dtype, &u),
+            TensorType::new(x.dtype, &with_dims(&batch, &[k])),
+            TensorType::new(x.dtype, &vh),
+        ])))
+    }
+
+    fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
+        let l = layout::Svd::decode(&a.params)?;
+        let x = a.inputs[0];
+        let (u_ty, s_ty, vh_ty) = (a.out(0).clone(), a.out(1).clone(), a.out(2).clone());
+        let dtype = e.dtype(x);
+        let full = e.shape(x).to_vec();
+        let (batch, _, m, n) = split_batch(&full);
+        let k = m.min(n);
+        let nr = batch.len();
+        if k == 0 {
+            let s = e.constant(s_ty, ScalarValue::Float(0.0));
+            let (u, vh) = if l.compute_uv {
+                (identity_columns(e, &u_ty), identity_columns(e, &vh_ty))
+            } else {
+                let u = e.constant(u_ty, ScalarValue::Float(0.0));
+                (u, e.constant(vh_ty, ScalarValue::Float(0.0)))
+            };
+            return Ok(vec![u, s, vh]);
+        }
+        // `t` is tall (`p x k`): `A` or its transpose.
+        let wide = m < n;
+        let p = m.max(n);
+        let t = if wide { transpose_last(e, x) } else { x };
+        let (q, r) = if p > k {
+            // Complete Q only when its extra columns are asked for; R alone without vectors.
+            let mode = match (l.compute_uv, l.full_matrices) {
+                (false, _) => 2,
+                (true, true) => 1,
+                (true, false) => 0,
+            };
+            let q_shape = match mode {
+                2 => Shape::from_slice(&[0]),
+                1 => with_dims(&batch, &[p, p]),
+                _ => with_dims(&batch, &[p, k]),
+            };
+            let r_rows = if mode == 1 { p } else { k };
+            let (q, r) = householder_qr(
+                e,
+                t,
+                mode,
+                TensorType::new(dtype, &q_shape),
+                TensorType::new(dtype, &with_dims(&batch, &[r_rows, k])),
+            );
+            let r = if r_rows > k {
+                e.slice_dim(r, nr, 0, k, 1)
+            } else {
+                r
+            };
+            (Some(q), r)
+        } else {
+            (None, t)
+        };
+        let (s, vectors) = square_svd(e, r, l.compute_uv);
+        let Some((ur, vr)) = vectors else {
+            let u = e.constant(u_ty, ScalarValue::Float(0.0));
+            let vh = e.constant(vh_ty, ScalarValue::Float(0.0));
+            return Ok(vec![u, s, vh]);
+        };
+        // `t = U_t diag(S) V_t^T`.
+        let u_t = match q {
+            Some(q) => {
+                let batch_dims: Vec<usize> = (0..nr).collect();
+                let leading = e.slice_dim(q, nr + 1, 0, k, 1);
+                let product = e.dot_general(
+                    leading,
+                    ur,
+                    &batch_dims,
+                    &batch_dims,
+                    &[nr + 1],
+                    &[nr],
+                    dtype,
+                );
+                if l.full_matrices {
+                    let rest = e.slice_dim(q, nr + 1, k, p, 1);
+                    e.concatenate(&[product, rest], nr + 1)
+                } else {
+                    product
+                }
+            }
+            None => ur,
+        };
+        // A tall A's U is `U_t`; a wide one's is `V_t`, and its `Vh` is `U_t^T`.
+        let (u, v) = if wide { (vr, u_t) } else { (u_t, vr) };
+        let vh = transpose_last(e, v);
+        Ok(vec![u, s, vh])
+    }
+}
+
+/// The singular values (descending) of the square matrices `r`, and with `compute_uv` their
+/// left and right singular vectors (columns), from the eigendecomposition of
+/// `[[0, R], [R^T, 0]]`.
+fn square_svd(e: &mut Emitter, r: Value, compute_uv: bool) -> (Value, Option<(Value, Value)>) {
+    let dtype = e.dtype(r);
+    let shape = e.shape(r).to_vec();
+    let nr = shape.len() - 2;
+    let k = shape[nr];
+    let zeros = e.full_like(r, 0.0);
+    let rt = transpose_last(e, r);
+    let top = e.concatenate(&[zeros, r], nr + 1);
+    let bottom = e.concatenate(&[rt, zeros], nr + 1);
+    let joined = e.concatenate(&[top, bottom], nr);
+    let (vectors, values) = jacobi_eigh(e, joined, true);
+    let (vectors, values) = if dtype == DType::F64 {
+        // As for `eigh` (RFC 0051): float64 Jacobi vectors are refined once.
+        refine_eigenvectors(e, joined, vectors)
+    } else {
+        (vectors, values)
+    };
+    // The k largest eigenvalues, descending: the singular values. Zero ones may come out as
+    // tiny negatives.
+    let largest = e.slice_dim(values, nr, k, 2 * k, 1);
+    let largest = e.reverse(largest, &[nr]);
+    let s = e.abs(largest);
+    if !compute_uv {
+        return (s, None);
+    }
+    let columns = e.slice_dim(vectors, nr + 1, k, 2 * k, 1);
+    let columns = e.reverse(columns, &[nr + 1]);
+    let scale = float(e, dtype, &shape, std::f64::consts::SQRT_2);
+    let u = e.slice_dim(columns, nr, 0, k, 1);
+    let u = e.mul(u, scale);
+    let v = e.slice_dim(columns, nr, k, 2 * k, 1);
+    let v = e.mul(v, scale);
+    (
+        s,
+        Some((orthonormal_columns(e, u), orthonormal_columns(e, v))),
+    )
+}
+
+/// The columns of the square matrices `y`, made exactly orthonormal by Householder QR with each
+/// column's sign kept (`Q` times the signs of `R`'s diagonal). Columns that are already
+/// orthonormal come back as they are, to rounding; for a zero singular value, whose vectors
+/// the eigensolver leaves as any mix of the null spaces, this picks an orthonormal completion.
+fn orthonormal_columns(e: &mut Emitter, y: Value) -> Value {
+    let dtype = e.dtype(y);
+    let shape = e.shape(y).to_vec();
+    let nr = shape.len() - 2;
+    let k = shape[nr];
+    let taus_ty = TensorType::new(dtype, &with_dims(&shape[..nr], &[k]));
+    let (packed, taus) = packed_qr(e, y, taus_ty);
+    let q = e.op(
+        "stablehlo.custom_call",
+        &[packed, taus],
+        "call_target_name = \"ProductOfElementaryHouseholderReflectors\"",
+        TensorType::new(dtype, &shape),
+    );
+    let idx = TensorType::new(DType::I64, &shape);
+    let rows = e.iota(idx.clone(), nr);
+    let cols = e.iota(idx, nr + 1);
+    let on_diag = e.compare(Cmp::Eq, rows, cols);
+    let zero = e.full_like(packed, 0.0);
+    let diagonal = e.select(on_diag, packed, zero);
+    let diagonal = e.reduce_sum(diagonal, &[nr]);
+    let negative = e.compare_const(Cmp::Lt, diagonal, 0.0);
+    let minus = e.full_like(diagonal, -1.0);
+    let plus = e.full_like(diagonal, 1.0);
+    let sign = e.select(negative, minus, plus);
+    let mut dims: Vec<usize> = (0..nr).collect();
+    dims.push(nr + 1);
+    let sign = e.broadcast_in_dim(sign, &shape, &dims);
+    e.mul(q, sign)
 }

@@ -614,6 +614,10 @@ op_catalogue! {
     I0 = "i0", family: Elementwise, rule: elementwise::Unary, inputs: "self", scalars: "", params: None;
     /// `exp(-|x|) I0(x)`.
     SpecialI0e = "special_i0e", family: Elementwise, rule: elementwise::Unary, inputs: "self", scalars: "", params: None;
+
+    // ---- matrix factorizations, continued ----------------------------------------------
+    /// The singular value decomposition `A = U diag(S) Vh`, singular values descending.
+    Svd = "_linalg_svd", family: Linalg, rule: factor::Svd, inputs: "A", scalars: "", params: Svd;
 }
 
 impl OpId {

@@ -461,6 +461,7 @@ fn along(op: OpId, params: &[i64], input: usize, rank: usize, dim: usize) -> Alo
         | LuPermutation
         | Qr
         | Eigh
+        | Svd
         | Geqrf
         | HouseholderProduct
         | Stack

@@ -583,6 +583,7 @@ param_layouts! {
     /// 0 = "reduced", 1 = "complete", 2 = "r".
     Qr { mode: Int }
     Eigh { upper: Flag, compute_v: Flag }
+    Svd { full_matrices: Flag, compute_uv: Flag }
 
     // ---- shapes and indexing -----------------------------------------------------------
     Dim { dim: Int }

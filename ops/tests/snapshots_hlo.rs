@@ -428,6 +428,20 @@ snapshot!(
     [0, 1]
 );
 snapshot!(
+    svd_wide_reduced,
+    OpId::Svd,
+    [t(DType::F32, &[2, 3, 5])],
+    [],
+    [0, 1]
+);
+snapshot!(
+    svd_tall_values_only,
+    OpId::Svd,
+    [t(DType::F64, &[4, 2])],
+    [],
+    [0, 0]
+);
+snapshot!(
     householder_product_batch,
     OpId::HouseholderProduct,
     [t(DType::F32, &[2, 4, 3]), t(DType::F32, &[2, 2])],

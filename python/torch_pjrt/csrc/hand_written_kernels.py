@@ -167,6 +167,8 @@ HAND_WRITTEN["linalg"] = [
     ("_linalg_slogdet", "pjrt_linalg_slogdet", "real"),
     ("linalg_qr", "pjrt_linalg_qr", "real"),
     ("_linalg_eigh", "pjrt_linalg_eigh", "real"),
+    ("_linalg_svd", "pjrt_linalg_svd", "real"),
+    ("linalg_lstsq", "pjrt_linalg_lstsq", "real"),
     ("triangular_solve", "pjrt_triangular_solve", "real"),
     ("geqrf", "pjrt_geqrf", "real"),
     ("linalg_householder_product", "pjrt_householder_product", "real"),

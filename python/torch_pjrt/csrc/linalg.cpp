@@ -531,7 +531,13 @@ at::Tensor pjrt_addbmm(
 // LAPACK's layout, which PyTorch's results keep on every device: each matrix column-major
 // (`batched_matrix_contiguous_strides(..., f_contig=true)`).
 at::Tensor column_major(const at::Tensor& t) {
-  return t.dim() < 2 ? t : t.mT().contiguous().mT();
+  if (t.dim() < 2) {
+    return t;
+  }
+  const auto strides = at::native::batched_matrix_contiguous_strides(t.sizes(), /*f_contig=*/true);
+  at::Tensor r = t.mT().contiguous().mT();
+  // With sizes of 1 several stride sets are contiguous; PyTorch's results carry LAPACK's.
+  return r.strides() == c10::IntArrayRef(strides) ? r : r.as_strided(r.sizes(), strides, r.storage_offset());
 }
 
 at::Tensor pjrt_linalg_solve_triangular(
@@ -803,6 +809,113 @@ std::tuple<at::Tensor, at::Tensor> pjrt_linalg_eigh(const at::Tensor& A, c10::st
   c.input(A);
   std::vector<at::Tensor> r = c.run_functional_n(2);
   return std::make_tuple(std::move(r[0]), column_major(r[1]));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> pjrt_linalg_svd(
+    const at::Tensor& A,
+    bool full_matrices,
+    bool compute_uv,
+    std::optional<c10::string_view> driver) {
+  at::native::checkIsMatrix(A, "linalg.svd");
+  at::native::checkFloatingOrComplex(A, "linalg.svd");
+  TORCH_CHECK(
+      !driver.has_value(),
+      "torch.linalg.svd: keyword argument `driver=` is only supported on CUDA inputs with cuSOLVER backend.");
+  static const auto op = engine_op(ops::_linalg_svd);
+  OpCall c(op, "aten::_linalg_svd", {.full_matrices = full_matrices, .compute_uv = compute_uv});
+  c.input(A);
+  std::vector<at::Tensor> r = c.run_functional_n(3);
+  if (!compute_uv) {
+    return std::make_tuple(std::move(r[0]), std::move(r[1]), std::move(r[2]));
+  }
+  return std::make_tuple(column_major(r[0]), std::move(r[1]), column_major(r[2]));
+}
+
+// `linalg_lstsq` from the SVD: the minimum-norm least-squares solution, singular values at or
+// below `rcond` times the largest counted as zero, which is what every LAPACK driver returns
+// for the full-rank problems `gels` assumes, and what `gelsy`, `gelsd` and `gelss` return for
+// any rank. What each driver reports beside the solution is PyTorch's: `rank` except for
+// `gels`, singular values for `gelsd` and `gelss`, residuals for tall problems except with
+// `gelsy` (and with `gelsd`/`gelss` only when every matrix has full rank).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> pjrt_linalg_lstsq(
+    const at::Tensor& A,
+    const at::Tensor& B,
+    std::optional<double> rcond,
+    std::optional<c10::string_view> driver) {
+  TORCH_CHECK(A.dim() >= 2, "torch.linalg.lstsq: input must have at least 2 dimensions.");
+  TORCH_CHECK(B.dim() >= 1, "torch.linalg.lstsq: other must have at least 1 dimension.");
+  TORCH_CHECK(
+      A.scalar_type() == B.scalar_type(),
+      "torch.linalg.lstsq: Expected input and other to have the same dtype, but got input's dtype ",
+      A.scalar_type(), " and other's dtype ", B.scalar_type());
+  const int64_t dim_diff = A.dim() - B.dim();
+  TORCH_CHECK(
+      0 <= dim_diff && dim_diff <= 1,
+      "torch.linalg.lstsq: input.dim() must be greater or equal to other.dim() and (input.dim() - other.dim()) <= 1");
+  const bool vector_case = dim_diff == 1;
+  const at::Tensor B2 = vector_case ? B.unsqueeze(-1) : B;
+  TORCH_CHECK(
+      A.size(-2) == B2.size(-2),
+      vector_case ? "torch.linalg.lstsq: input.size(-2) should match other.size(-1)"
+                  : "torch.linalg.lstsq: input.size(-2) should match other.size(-2)");
+  at::native::checkFloatingOrComplex(A, "torch.linalg.lstsq");
+  std::string driver_name = driver.has_value() ? std::string(*driver) : "gelsy";
+  std::transform(driver_name.begin(), driver_name.end(), driver_name.begin(), [](unsigned char ch) {
+    return std::tolower(ch);
+  });
+  TORCH_CHECK(
+      driver_name == "gels" || driver_name == "gelsy" || driver_name == "gelsd" || driver_name == "gelss",
+      "torch.linalg.lstsq: parameter `driver` should be one of (gels, gelsy, gelsd, gelss)");
+  // The solution broadcasts the batches; the rank and singular values are A's own.
+  at::infer_size(A.sizes().slice(0, A.dim() - 2), B2.sizes().slice(0, B2.dim() - 2));
+  const int64_t m = A.size(-2);
+  const int64_t n = A.size(-1);
+  const int64_t k = std::min(m, n);
+  const double epsilon = A.scalar_type() == at::kDouble ? std::numeric_limits<double>::epsilon()
+                                                        : std::numeric_limits<float>::epsilon();
+  const double rcond_value = rcond.has_value() && *rcond >= 0 ? *rcond : epsilon * std::max(m, n);
+
+  auto [U, S, Vh] = at::_linalg_svd(A, /*full_matrices=*/false, /*compute_uv=*/true);
+  const at::Tensor projected = at::matmul(U.mT(), B2);
+  const at::Tensor threshold = k > 0 ? S.narrow(-1, 0, 1) * rcond_value : at::zeros_like(S);
+  const at::Tensor kept = S > threshold;
+  const at::Tensor inverse = at::where(kept, S.reciprocal(), at::zeros_like(S));
+  at::Tensor solution = at::matmul(Vh.mT(), inverse.unsqueeze(-1) * projected);
+
+  const auto empty_long = A.options().dtype(at::kLong);
+  at::Tensor rank = driver_name == "gels" ? at::empty({0}, empty_long) : kept.sum(-1);
+  at::Tensor singular_values =
+      (driver_name == "gelsd" || driver_name == "gelss") ? S : at::empty({0}, A.options());
+  at::Tensor residuals = at::empty({0}, A.options());
+  if (m > n && driver_name != "gelsy") {
+    bool full_rank = true;
+    if (driver_name != "gels") {
+      full_rank = rank.eq(n).all().item<bool>();
+    }
+    if (full_rank) {
+      // B's part outside A's column space.
+      const at::Tensor outside = B2 - at::matmul(U, projected);
+      residuals = (outside * outside).sum(-2);
+    }
+  }
+  // LAPACK leaves the solution in a column-major buffer of max(m, n) rows; PyTorch returns its
+  // first n rows.
+  if (m > n) {
+    solution = column_major(at::cat({solution, at::zeros_like(solution).narrow(-2, 0, 1).expand(
+                                                   [&] {
+                                                     auto sizes = solution.sizes().vec();
+                                                     sizes[sizes.size() - 2] = m - n;
+                                                     return sizes;
+                                                   }())},
+                                    -2))
+                   .narrow(-2, 0, n);
+  } else {
+    solution = column_major(solution);
+  }
+  if (vector_case) {
+    solution = solution.squeeze(-1);
+  }
+  return std::make_tuple(std::move(solution), std::move(residuals), std::move(rank), std::move(singular_values));
 }
 
 std::tuple<at::Tensor, at::Tensor> pjrt_geqrf(const at::Tensor& self) {

@@ -1,5 +1,5 @@
 """Long-tail ops composed on the device as rows of `csrc/hand_written_kernels.py`: `nansum`,
-`nanmedian`, `take` and `put_` (so `put` and `take`'s gradient), `addbmm`, `renorm`, `polygamma` of orders 0 and 1,
+`nanmedian`, `take` and `put_` (so `put` and `take`'s gradient), `addbmm`, `renorm`, `polygamma` of every order,
 and `max_unpool2d`/`max_unpool3d`, with the in-place and
 `out=` forms the generator derives. Values and gradients against the CPU in every eager mode,
 and the CPU's errors. Nothing may fall back to the CPU (the `mode` fixture checks)."""
@@ -146,24 +146,28 @@ def test_nanmedian_skips_nans(mode):
         torch.zeros(2, 0, device="pjrt").nanmedian(1)
 
 
-def test_polygamma_orders_zero_and_one_on_the_device(mode):
-    # Below zero trigamma is reflected (pi^2 / sin^2(pi x) - psi1(1 - x)), as PyTorch's kernel.
-    x = torch.tensor([-8.4784, -2.5, -0.1, 0.3, 2.0, 17.5])
-    for n in [0, 1]:
+def test_polygamma_of_every_order_on_the_device(mode):
+    # Below zero trigamma is reflected (pi^2 / sin^2(pi x) - psi1(1 - x)), as PyTorch's kernel;
+    # higher orders reflect through the derivatives of cot(pi x), where PyTorch's Hurwitz zeta
+    # sums its series from the negative argument up: the same values.
+    x = torch.tensor([-8.4784, -2.5, -1.001, -0.1, 0.3, 2.0, 17.5])
+    x64 = torch.linspace(-6.3, 6.3, 41, dtype=torch.float64)
+    for n in [0, 1, 2, 3, 4, 7]:
         assert_close(torch.polygamma(n, x.to("pjrt")), torch.polygamma(n, x), rtol=1e-5, atol=1e-5)
+        assert_close(torch.polygamma(n, x64.to("pjrt")), torch.polygamma(n, x64), rtol=1e-9, atol=1e-9)
+    # The non-positive integers are poles of every order above 1, with the CPU's signs.
+    poles = torch.tensor([0.0, -1.0, -3.0])
+    for n in [2, 3]:
+        assert_close(torch.polygamma(n, poles.to("pjrt")), torch.polygamma(n, poles))
     assert_close(torch.polygamma(1, x.to("pjrt", torch.bfloat16)), torch.polygamma(1, x.bfloat16()))
+    assert_close(torch.polygamma(3, x.to("pjrt", torch.bfloat16)), torch.polygamma(3, x.bfloat16()))
     assert_close(torch.polygamma(1, torch.arange(1, 5).to("pjrt")), torch.polygamma(1, torch.arange(1, 5)))
-    # digamma's gradient is trigamma: the second derivative of lgamma.
-    check(lambda t: torch.polygamma(0, t), (torch.rand(6, generator=seeded(3)) * 4 + 0.2,), rtol=1e-4, atol=1e-4)
+    # The gradient of order n is order n + 1.
+    positive = torch.rand(6, generator=seeded(3)) * 4 + 0.2
+    for n in [0, 2]:
+        check(lambda t: torch.polygamma(n, t), (positive,), rtol=1e-4, atol=1e-4)
     with pytest.raises(RuntimeError, match="does not support negative n"):
         torch.polygamma(-1, x.to("pjrt"))
-
-
-def test_higher_polygamma_orders_run_on_the_cpu():
-    x = torch.tensor([-2.5, 0.3, 2.0])
-    torch_pjrt.reset_metrics()
-    assert_close(torch.polygamma(3, x.to("pjrt")), torch.polygamma(3, x))
-    assert "aten::polygamma" in torch_pjrt.metrics()["fallback_ops"]
 
 
 @pytest.mark.parametrize("dims", [2, 3])

@@ -315,28 +315,71 @@ at::Tensor pjrt_special_i1(const at::Tensor& self) {
   return (at::special_i1e(x) * at::exp(x.abs())).to(dtype);
 }
 
-// `polygamma(n, x)` for n = 0 (digamma) and n = 1 (trigamma: zeta(2, x), reflected below zero
-// as PyTorch's kernel does, since the Hurwitz zeta of a negative argument is not accurate). Higher
-// orders run on the CPU: their reflection needs higher derivatives of cot.
+// The coefficients (constant term first) of the polynomial P_n with
+// d^n/dx^n cot(pi x) = pi^n P_n(cot(pi x)): P_0(c) = c and P_{k+1}(c) = -(1 + c^2) P_k'(c).
+std::vector<double> cot_derivative_polynomial(int64_t n) {
+  std::vector<double> p = {0.0, 1.0};
+  for (int64_t k = 0; k < n; ++k) {
+    std::vector<double> next(p.size() + 1, 0.0);
+    for (size_t i = 1; i < p.size(); ++i) {
+      const double derivative = static_cast<double>(i) * p[i];  // of c^(i-1)
+      next[i - 1] -= derivative;
+      next[i + 1] -= derivative;
+    }
+    p = std::move(next);
+  }
+  return p;
+}
+
+// `polygamma(n, x)`: digamma for n = 0; above it (-1)^(n+1) n! zeta(n+1, x), as PyTorch's kernel,
+// for x >= 0. The Hurwitz zeta of a negative argument is not accurate, so below zero the
+// reflection psi_n(x) = (-1)^n psi_n(1 - x) - pi^(n+1) P_n(cot(pi x)) gives the same values
+// (PyTorch's trigamma kernel reflects the same way); the non-positive integers are poles. Reduced
+// floats compute in float32, as the CPU's.
 at::Tensor pjrt_polygamma(int64_t n, const at::Tensor& self) {
   TORCH_CHECK(n >= 0, "polygamma(n, x) does not support negative n.");
-  if (n > 1) {
-    return run_on_cpu<at::_ops::polygamma>(n, self);
-  }
   const at::Tensor x = at::isIntegralType(self.scalar_type(), /*includeBool=*/true)
       ? self.to(c10::typeMetaToScalarType(c10::get_default_dtype()))
       : self;
   if (n == 0) {
     return at::digamma(x);
   }
-  // psi1(x) = pi^2 / sin^2(pi x) - psi1(1 - x), reduced floats computed in float32 as the CPU's.
   const at::ScalarType dtype = x.scalar_type();
   const at::Tensor y = at::isReducedFloatingType(dtype) ? x.to(at::kFloat) : x;
   const at::Tensor negative = y < 0;
   const at::Tensor argument = at::where(negative, 1 - y, y);
-  const at::Tensor series = at::special_zeta(at::Scalar(2.0), argument);
-  const at::Tensor sine = at::sin(y * M_PI);
-  const at::Tensor reflected = (M_PI * M_PI) / (sine * sine) - series;
+  const double signed_factorial = (n % 2 ? 1.0 : -1.0) * std::exp(std::lgamma(static_cast<double>(n) + 1.0));
+  const at::Tensor series = at::special_zeta(at::Scalar(static_cast<double>(n + 1)), argument) * signed_factorial;
+  at::Tensor reflected;
+  if (n == 1) {
+    // As PyTorch's trigamma kernel: sin(pi x) unreduced, so its negative integers are large
+    // but finite.
+    const at::Tensor sine = at::sin(y * M_PI);
+    reflected = (M_PI * M_PI) / (sine * sine) - series;
+    // PyTorch's trigamma kernel gives 0 at +inf (the series' limit).
+    return at::where(y == std::numeric_limits<double>::infinity(), at::zeros_like(y), at::where(negative, reflected, series))
+        .to(dtype);
+  } else {
+    // cot(pi x) has period 1: reduced to |r| <= 1/2 first, pi r keeps its relative precision
+    // next to the poles, where pi x would not (PyTorch's zeta is accurate there). Past
+    // |r| = 1/4 it is tan(pi (1/2 - |r|)) (an exact difference), accurate next to its zero,
+    // where cot's terms cancel against psi_n(1 - x).
+    const at::Tensor reduced = y - at::round(y);
+    const at::Tensor magnitude = reduced.abs();
+    const at::Tensor cotangent = at::where(
+        magnitude <= 0.25,
+        at::cos(reduced * M_PI) / at::sin(reduced * M_PI),
+        at::sign(reduced) * at::tan((0.5 - magnitude) * M_PI));
+    const std::vector<double> coefficients = cot_derivative_polynomial(n);
+    at::Tensor polynomial = at::full_like(y, coefficients.back());
+    for (size_t i = coefficients.size() - 1; i-- > 0;) {
+      polynomial = polynomial * cotangent + coefficients[i];
+    }
+    const at::Tensor mirrored = n % 2 ? -series : series;
+    reflected = mirrored - std::pow(M_PI, static_cast<double>(n + 1)) * polynomial;
+    const at::Tensor pole = negative & (y == at::floor(y));
+    reflected = at::where(pole, at::full_like(y, signed_factorial * std::numeric_limits<double>::infinity()), reflected);
+  }
   return at::where(negative, reflected, series).to(dtype);
 }
 

@@ -1,6 +1,6 @@
 """Long-tail ops composed on the device as rows of `csrc/hand_written_kernels.py`: `nansum`,
 `nanmedian`, `take` and `put_` (so `put` and `take`'s gradient), `addbmm`, `renorm`, `polygamma` of every order,
-and `max_unpool2d`/`max_unpool3d`, with the in-place and
+`max_unpool2d`/`max_unpool3d` and `mode`, with the in-place and
 `out=` forms the generator derives. Values and gradients against the CPU in every eager mode,
 and the CPU's errors. Nothing may fall back to the CPU (the `mode` fixture checks)."""
 
@@ -193,3 +193,47 @@ def test_max_unpool_keeps_channels_last_and_checks_its_arguments(mode):
         torch.ops.aten.max_unpool2d(values.to("pjrt"), indices.int().to("pjrt"), [4, 4])
     with pytest.raises(RuntimeError, match="Expected shape of indices to be same"):
         torch.ops.aten.max_unpool2d(values.to("pjrt"), indices[:, :, :1].to("pjrt"), [4, 4])
+
+
+def test_mode_finds_the_smallest_most_frequent_value_and_its_last_index(mode):
+    g = seeded(11)
+    cases = [torch.randint(0, 4, (6, 9), generator=g).float(), torch.randint(0, 3, (3, 4, 5), generator=g),
+             torch.tensor([3.0, 1, 3, 1, 2, 2]), torch.tensor([[1.0, nan, nan, 2]]),
+             torch.randint(0, 2, (4, 7), generator=g).bool(), torch.tensor(5.0)]
+    for x in cases:
+        for dim in range(-1, max(x.dim(), 1)):
+            for keepdim in [False, True]:
+                values, indices = torch.mode(x.to("pjrt"), dim, keepdim)
+                expected = torch.mode(x, dim, keepdim)
+                assert_close(values, expected.values, equal_nan=True)
+                assert_close(indices, expected.indices)
+    values, indices = torch.empty(0, device="pjrt"), torch.empty(0, dtype=torch.long, device="pjrt")
+    torch.mode(cases[0].to("pjrt"), 0, out=(values, indices))
+    assert_close(values, torch.mode(cases[0], 0).values)
+    check(lambda t: t.mode(1).values, (cases[0] + torch.rand(6, 9, generator=g) * 0.01,))
+    with pytest.raises(IndexError, match="Expected reduction dim 1 to have non-zero size"):
+        torch.zeros(2, 0, device="pjrt").mode(1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_frexp_reads_the_bits_exactly(mode, dtype):
+    info = torch.finfo(dtype)
+    x = torch.cat([
+        (torch.randn(200, generator=seeded(4), dtype=torch.float64) * 1000).to(dtype),
+        # Subnormals of either sign: XLA's CPU compiler treats them as zero in arithmetic.
+        torch.tensor([1.5, -3.0, 0.0, -0.0, info.tiny, info.tiny / 8, -info.tiny / 3, info.max, -info.max,
+                      info.eps, 0.5, inf, -inf, nan], dtype=dtype),
+    ])
+    mantissa, exponent = torch.frexp(x.to("pjrt"))
+    expected = torch.frexp(x)
+    bits = {torch.float64: torch.int64, torch.float32: torch.int32}.get(dtype, torch.int16)
+    assert torch.equal(mantissa.cpu()[:-1].view(bits), expected.mantissa[:-1].view(bits))
+    assert mantissa.cpu()[-1].isnan()
+    assert_close(exponent, expected.exponent)
+    out = (torch.empty(0, dtype=dtype, device="pjrt"), torch.empty(0, dtype=torch.int32, device="pjrt"))
+    torch.frexp(x.to("pjrt"), out=out)
+    assert_close(out[1], expected.exponent)
+    if dtype == torch.float32:
+        check(lambda t: torch.frexp(t).mantissa, (x[:50],))
+        with pytest.raises(RuntimeError, match="only supports floating-point dtypes"):
+            torch.frexp(torch.arange(3, device="pjrt"))

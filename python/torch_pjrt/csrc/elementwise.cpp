@@ -304,6 +304,47 @@ at::Tensor pjrt_special_entr(const at::Tensor& self) {
   return at::where((x > 0) | at::isnan(x), positive, rest);
 }
 
+// `frexp`: x = mantissa * 2^exponent with |mantissa| in [0.5, 1), read from the bits as C's
+// frexp does, so it is exact. A subnormal's fraction bits, converted to a (normal) float, give
+// its mantissa, the exponent shifted by the format's smallest; zero, infinity and NaN keep
+// their value with exponent 0. Reduced floats go through float32, where they are normal.
+std::tuple<at::Tensor, at::Tensor> pjrt_frexp(const at::Tensor& self) {
+  TORCH_CHECK(
+      at::isFloatingType(self.scalar_type()),
+      "torch.frexp() only supports floating-point dtypes");
+  const at::ScalarType dtype = self.scalar_type();
+  const at::Tensor x = at::isReducedFloatingType(dtype) ? self.to(at::kFloat) : self;
+  const bool wide = x.scalar_type() == at::kDouble;
+  const at::ScalarType bits_type = wide ? at::kLong : at::kInt;
+  const int64_t fraction_bits = wide ? 52 : 23;
+  const int64_t exponent_mask = wide ? 0x7ff : 0xff;
+  const int64_t half_bias = wide ? 1022 : 126;  // the biased exponent of 0.5
+  const int64_t subnormal_scale = wide ? 1074 : 149;  // a subnormal is its fraction times 2^-this
+  const int64_t fraction_mask = (int64_t{1} << fraction_bits) - 1;
+  const int64_t exponent_field = exponent_mask << fraction_bits;
+  // A normal number's mantissa (its exponent field set to 0.5's) and exponent.
+  auto split_normal = [&](const at::Tensor& v) {
+    const at::Tensor bits = v.view(bits_type);
+    const at::Tensor biased = at::bitwise_and(at::bitwise_right_shift(bits, fraction_bits), exponent_mask);
+    const at::Tensor mantissa =
+        at::bitwise_or(at::bitwise_and(bits, ~exponent_field), half_bias << fraction_bits).view(v.scalar_type());
+    return std::make_tuple(mantissa, biased - half_bias, biased);
+  };
+  auto [mantissa, exponent, biased] = split_normal(x);
+  const at::Tensor fraction = at::bitwise_and(x.view(bits_type), fraction_mask);
+  const at::Tensor magnitude = fraction.to(x.scalar_type());
+  // The sign bit, not `x < 0`: XLA's CPU compiler treats subnormal operands as zero.
+  const at::Tensor negative = x.view(bits_type) < 0;
+  auto [sub_mantissa, sub_exponent, unused] = split_normal(at::where(negative, -magnitude, magnitude));
+  const at::Tensor zero_or_subnormal = biased == 0;
+  const at::Tensor special = at::logical_or(at::logical_and(zero_or_subnormal, fraction == 0), biased == exponent_mask);
+  mantissa = at::where(zero_or_subnormal, sub_mantissa, mantissa);
+  exponent = at::where(zero_or_subnormal, sub_exponent - subnormal_scale, exponent);
+  mantissa = at::where(special, x, mantissa).to(dtype);
+  exponent = at::where(special, at::zeros_like(exponent), exponent).to(at::kInt);
+  return std::make_tuple(std::move(mantissa), std::move(exponent));
+}
+
 // `special.i1`: the scaled function times exp(|x|), which overflows where PyTorch's kernel's own
 // exp(|x|) does. A reduced float computes in float32 and rounds once.
 at::Tensor pjrt_special_i1(const at::Tensor& self) {

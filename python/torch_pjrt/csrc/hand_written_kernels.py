@@ -110,6 +110,7 @@ HAND_WRITTEN["elementwise"] = [
     ("isneginf", "pjrt_isinf_signed(self, \"isneginf\", -1)", ""),
     ("special_xlog1py", "pjrt_special_xlog1py", ""),
     ("special_entr", "pjrt_special_entr", ""),
+    ("frexp.Tensor", "pjrt_frexp", ""),
     ("special_i1", "pjrt_special_i1", ""),
     ("polygamma", "pjrt_polygamma", "real"),
 ]
@@ -136,6 +137,7 @@ HAND_WRITTEN["reduce"] = [
     ("nansum", "pjrt_nansum", ""),
     ("nanmedian.dim", "pjrt_nanmedian_dim", ""),
     ("nanmedian", "pjrt_nanmedian", ""),
+    ("mode", "pjrt_mode", ""),
 ]
 
 HAND_WRITTEN["linalg"] = [

@@ -172,6 +172,39 @@ at::Tensor pjrt_nanmedian(const at::Tensor& self) {
   return std::get<0>(pjrt_nanmedian_dim(self.reshape({-1}), 0, false));
 }
 
+// The most frequent value along `dim` (the smallest of the most frequent) and the index of its
+// last occurrence, as PyTorch's CPU kernel finds them: in the row sorted stably each run of
+// equal values ends at its last occurrence, and a run's length is its end less its start. A NaN,
+// equal to nothing, is a run of one.
+std::tuple<at::Tensor, at::Tensor> pjrt_mode(const at::Tensor& self, int64_t dim, bool keepdim) {
+  const int64_t wrapped = at::maybe_wrap_dim(dim, self.dim());
+  if (self.dim() == 0) {
+    return {self.clone(), at::zeros({}, self.options().dtype(at::kLong))};
+  }
+  const int64_t n = self.size(wrapped);
+  TORCH_CHECK_INDEX(n > 0, "mode(): Expected reduction dim ", wrapped, " to have non-zero size.");
+  auto [sorted, order] = at::sort(self, /*stable=*/true, wrapped, /*descending=*/false);
+  std::vector<int64_t> along(self.dim(), 1);
+  along[wrapped] = n;
+  const at::Tensor positions = at::arange(n, self.options().dtype(at::kLong)).view(along);
+  const at::Tensor edge = at::ones_like(sorted.narrow(wrapped, 0, 1), self.options().dtype(at::kBool));
+  const at::Tensor differs = at::ne(sorted.narrow(wrapped, 1, n - 1), sorted.narrow(wrapped, 0, n - 1));
+  const at::Tensor starts = at::cat({edge, differs}, wrapped);
+  const at::Tensor ends = at::cat({differs, edge}, wrapped);
+  const at::Tensor run_start = std::get<0>(at::cummax(at::where(starts, positions, 0), wrapped));
+  const at::Tensor length = at::where(ends, positions - run_start + 1, 0);
+  const at::Tensor longest = length.amax(wrapped, /*keepdim=*/true);
+  // argmax takes the first: the smallest of the most frequent values.
+  const at::Tensor pick = at::eq(length, longest).to(at::kByte).argmax(wrapped, /*keepdim=*/true);
+  at::Tensor value = sorted.gather(wrapped, pick);
+  at::Tensor index = order.gather(wrapped, pick);
+  if (!keepdim) {
+    value = value.squeeze(wrapped);
+    index = index.squeeze(wrapped);
+  }
+  return {value.contiguous(), index.contiguous()};
+}
+
 at::Tensor pjrt_median(const at::Tensor& self) {
   TORCH_CHECK(
       self.numel() > 0,

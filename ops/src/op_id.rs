@@ -319,7 +319,7 @@ op_catalogue! {
     Var = "var", family: Reduce, rule: reduce::VarStd, inputs: "self", scalars: "", params: ReduceCorrectionDims;
     Std = "std", family: Reduce, rule: reduce::VarStd, inputs: "self", scalars: "", params: ReduceCorrectionDims;
     Logsumexp = "logsumexp", family: Reduce, rule: reduce::Logsumexp, inputs: "self", scalars: "", params: ReduceDims;
-    Norm = "linalg_vector_norm", family: Reduce, rule: reduce::VectorNorm, inputs: "self", scalars: "", params: VectorNorm;
+    Norm = "linalg_vector_norm", family: Reduce, rule: reduce::VectorNorm, inputs: "self", scalars: "", params: VectorNorm, facts: { complex: true };
     Softmax = "_softmax", family: Reduce, rule: reduce::Softmax, inputs: "self", scalars: "", params: SoftmaxDim;
     LogSoftmax = "_log_softmax", family: Reduce, rule: reduce::Softmax, inputs: "self", scalars: "", params: SoftmaxDim;
 
@@ -451,7 +451,7 @@ op_catalogue! {
     Cumprod = "cumprod", family: Reduce, rule: reduce::Cumulative, inputs: "self", scalars: "", params: DimDtype;
     Logcumsumexp = "logcumsumexp", family: Reduce, rule: reduce::Logcumsumexp, inputs: "self", scalars: "", params: Dim;
     MaskedFill = "masked_fill", family: Elementwise, rule: elementwise::MaskedFill, inputs: "self, mask, value? (0-d tensor)",
-        scalars: "value (when not an input)", params: None;
+        scalars: "value (when not an input)", params: None, facts: { complex: true };
 
     // ---- attention, sorting, indexing and optimizer ops --------------------------------
     // Sorting and advanced indexing. A result size that depends on the data (`count`) is read

@@ -259,18 +259,27 @@ impl OpRule for VectorNorm {
         let l = layout::VectorNorm::decode(&a.params)?;
         let dims = wrap_dims(l.dims, x.rank());
         ensure!(
-            x.dtype.is_float(),
+            x.dtype.is_float() || x.dtype.is_complex(),
             "linalg.vector_norm: Expected a floating point or complex tensor as input. Got {}",
             x.dtype.scalar_type_name()
         );
         if let Some(d) = l.dtype {
             ensure!(
-                d.is_float(),
+                d.is_float() || d.is_complex(),
                 "linalg.vector_norm: dtype should be floating point or complex. Got {}",
                 d.scalar_type_name()
             );
+            let kind = |complex: bool| if complex { "complex" } else { "real" };
+            ensure!(
+                d.is_complex() == x.dtype.is_complex(),
+                "linalg.vector_norm: dtype should be {} for {} inputs, but got {}",
+                kind(x.dtype.is_complex()),
+                kind(x.dtype.is_complex()),
+                d.scalar_type_name()
+            );
         }
-        let out = l.dtype.unwrap_or(x.dtype);
+        // A complex input's norm is its magnitudes' norm, in the parts' dtype.
+        let out = l.dtype.unwrap_or(x.dtype).real_part();
         let dims = dims?;
         check_norm_empty(x, &dims, l.ord, l.dims.is_empty())?;
         Ok(reduced_meta(x, out, &dims, l.keepdim))
@@ -279,7 +288,14 @@ impl OpRule for VectorNorm {
     fn lower(&self, e: &mut Emitter, a: &LowerArgs) -> Result<Vec<Value>, OpError> {
         let l = layout::VectorNorm::decode(&a.params)?;
         lower_reduction(e, a, l.dims, |e, x, dims, out| {
-            let xc = e.cast(x, out);
+            let xc = if e.dtype(x).is_complex() {
+                let complex = l.dtype.unwrap_or(e.dtype(x)).compute_dtype();
+                let xc = e.cast(x, complex);
+                let real = TensorType::new(complex.real_part(), e.shape(xc));
+                e.op("stablehlo.abs", &[xc], "", real)
+            } else {
+                e.cast(x, out)
+            };
             let xc = e.cast(xc, out.compute_dtype());
             vector_norm(e, xc, dims, l.ord)
         })

@@ -384,6 +384,30 @@ def test_real_compositions_run_complex_values_on_the_cpu_in_every_form(name, dty
             assert str(on_pjrt.value) == str(on_cpu.value)
 
 
+@pytest.mark.parametrize("dtype", COMPLEX)
+def test_vector_norms_and_masked_fill(strict_or_fused_mode, dtype):
+    # A complex norm is its magnitudes' norm, in the parts' dtype (so complex gradients of
+    # `norm`, whose backward masks the zeros with `masked_fill`, stay on the device too).
+    x = sample(dtype, 3, 4, seed=21)
+    real = {torch.complex64: torch.float32, torch.complex128: torch.float64}[dtype]
+    for ord in [2, 1, 3, 0, float("inf"), -float("inf"), -1]:
+        same(torch.linalg.vector_norm(x.to("pjrt"), ord, dim=1), torch.linalg.vector_norm(x, ord, dim=1),
+             **TOL[dtype])
+    same(torch.linalg.vector_norm(x.to("pjrt"), dtype=torch.complex128),
+         torch.linalg.vector_norm(x, dtype=torch.complex128))
+    assert torch.linalg.vector_norm(x.to("pjrt")).dtype == real
+    with pytest.raises(RuntimeError, match="dtype should be complex for complex inputs"):
+        torch.linalg.vector_norm(x.to("pjrt"), dtype=torch.float64)
+    mask = torch.rand(3, 4, generator=seeded(22)) > 0.5
+    for value in [0, -2.5, torch.tensor(1 + 2j, dtype=dtype)]:
+        device_value = value.to("pjrt") if isinstance(value, torch.Tensor) else value
+        same(x.to("pjrt").masked_fill(mask.to("pjrt"), device_value), x.masked_fill(mask, value))
+    leaf = x.clone().requires_grad_()
+    expected = torch.autograd.grad(torch.linalg.vector_norm(leaf), leaf)[0]
+    on_device = x.to("pjrt").requires_grad_()
+    same(torch.autograd.grad(torch.linalg.vector_norm(on_device), on_device)[0], expected)
+
+
 def test_ops_not_lowered_for_complex_values_run_on_the_cpu():
     x = sample(torch.complex64, 5, seed=18)
     p = x.to("pjrt")

@@ -90,6 +90,26 @@ def test_batch_norm_eval_and_without_affine_or_stats(mode):
     _check_fwd_bwd(mode, lambda x: F.batch_norm(x, None, None, training=True), x)
 
 
+def test_batch_norm_with_and_without_update(mode):
+    # The forms functionalized and exported graphs call, with their backward (batch_norm_backward).
+    x, w, b = torch.randn(4, 3, 5, 5) * 2 + 0.5, torch.randn(3), torch.randn(3)
+    rm, rv = torch.randn(3), torch.rand(3) + 0.5
+    rm_d, rv_d = rm.to(mode), rv.to(mode)
+    expected_rm, expected_rv = rm.clone(), rv.clone()
+
+    def with_update(x, w, b):
+        stats = (expected_rm, expected_rv) if x.device.type == "cpu" else (rm_d, rv_d)
+        return A._batch_norm_with_update(x, w, b, *stats, 0.3, 1e-5)[:3]
+
+    _check_fwd_bwd(mode, with_update, x, w, b)
+    assert_close(rm_d, expected_rm, **TOL)
+    assert_close(rv_d, expected_rv, **TOL)
+    reserve = A._batch_norm_with_update(x.to(mode), w.to(mode), b.to(mode), rm_d, rv_d, 0.3, 1e-5)[3]
+    assert reserve.shape == (0,) and reserve.dtype == torch.uint8
+    _check_fwd_bwd(mode, lambda x, w, b: A._batch_norm_no_update(x, w, b, rm.to(x.device), rv.to(x.device), 0.3,
+                                                                 1e-5)[0], x, w, b)
+
+
 # ---- layer, group and RMS norm ----------------------------------------------------------------------
 
 

@@ -1651,6 +1651,60 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> pjrt_batch_norm_legit_no_stats(
       training, momentum, eps);
 }
 
+// `_batch_norm_with_update`: training batch norm that updates the running statistics (what
+// functionalized and exported graphs call); its fourth result is the CPU's empty reserve.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> pjrt_batch_norm_with_update(
+    const at::Tensor& input,
+    const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias,
+    at::Tensor& running_mean,
+    at::Tensor& running_var,
+    double momentum,
+    double eps) {
+  auto [out, mean, invstd] = batch_norm_impl(
+      "aten::_batch_norm_with_update", input, weight, bias, running_mean, running_var,
+      /*training=*/true, momentum, eps);
+  return std::make_tuple(
+      std::move(out), std::move(mean), std::move(invstd), at::empty({0}, input.options().dtype(at::kByte)));
+}
+
+// `_batch_norm_no_update`: batch norm without touching the running statistics (evaluation,
+// where they are given); PyTorch's own kernel is the CPU's.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> pjrt_batch_norm_no_update(
+    const at::Tensor& input,
+    const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias,
+    const std::optional<at::Tensor>& running_mean,
+    const std::optional<at::Tensor>& running_var,
+    double momentum,
+    double eps) {
+  const bool batch_statistics = !present(running_mean) || !present(running_var);
+  auto [out, mean, invstd] = batch_norm_impl(
+      "aten::_batch_norm_no_update", input, weight, bias, running_mean, running_var, batch_statistics,
+      momentum, eps);
+  return std::make_tuple(
+      std::move(out), std::move(mean), std::move(invstd), at::empty({0}, input.options().dtype(at::kByte)));
+}
+
+// `batch_norm_backward`, the backward of `_batch_norm_with_update` and `_batch_norm_no_update`:
+// `native_batch_norm_backward`'s, the reserve unused (as on the CPU).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> pjrt_batch_norm_backward(
+    const at::Tensor& grad_out,
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    const std::optional<at::Tensor>& running_mean,
+    const std::optional<at::Tensor>& running_var,
+    const std::optional<at::Tensor>& save_mean,
+    const std::optional<at::Tensor>& save_var,
+    bool update,
+    double eps,
+    std::array<bool, 3> output_mask,
+    const at::Tensor& reserve) {
+  (void)reserve;
+  return at::native_batch_norm_backward(
+      grad_out, input, weight, running_mean, running_var, save_mean, save_var, update, eps, output_mask);
+}
+
 }  // namespace
 
 // Kernel registrations, generated from the rows of hand_written_kernels.py.

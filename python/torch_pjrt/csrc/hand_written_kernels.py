@@ -60,6 +60,9 @@ HAND_WRITTEN["backend"] = [
     ("native_batch_norm", "pjrt_native_batch_norm", "only"),
     ("_native_batch_norm_legit", "pjrt_batch_norm_legit", "only"),
     ("_native_batch_norm_legit.no_stats", "pjrt_batch_norm_legit_no_stats", "only"),
+    ("_batch_norm_with_update", "pjrt_batch_norm_with_update", "only"),
+    ("_batch_norm_no_update", "pjrt_batch_norm_no_update", "only"),
+    ("batch_norm_backward", "pjrt_batch_norm_backward", ""),
 ]
 
 HAND_WRITTEN["activation"] = [

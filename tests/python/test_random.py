@@ -109,6 +109,16 @@ def test_distributions(pjrt):
     torch.testing.assert_close(hits, torch.linspace(0, 1, 11), atol=0.04, rtol=0)
     coin = torch.empty(n, dtype=torch.bool, device=pjrt).bernoulli_(0.5).cpu()
     assert abs(coin.float().mean() - 0.5) < 0.02
+    # Means and standard deviations both tensors, broadcast together.
+    mean = torch.tensor([-3.0, 0.0, 5.0], dtype=torch.float64, device=pjrt)
+    std = torch.tensor([[0.5], [2.0]], device=pjrt).expand(2, 3).repeat(n // 4, 1)
+    w = torch.normal(mean, std)
+    assert w.shape == (n // 2, 3) and w.dtype == torch.float64
+    standardized = ((w - mean) / std).cpu()
+    assert abs(standardized.mean()) < 0.02 and abs(standardized.std() - 1) < 0.02
+    assert ks_statistic(standardized.flatten().tolist()[:n], normal_cdf) < 1.63 / math.sqrt(n)
+    with pytest.raises(RuntimeError, match="normal expects all elements of std >= 0.0"):
+        torch.normal(mean, -std)
     assert torch_pjrt.metrics()["fallback_ops"] == {}
 
 

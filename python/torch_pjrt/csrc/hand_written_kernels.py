@@ -281,6 +281,7 @@ HAND_WRITTEN["indexing"] = [
 HAND_WRITTEN["random"] = [
     ("uniform_", "pjrt_uniform_", ""),
     ("normal_", "pjrt_normal_", ""),
+    ("normal.Tensor_Tensor", "pjrt_normal_tensor_tensor", ""),
     ("random_", "pjrt_random_", ""),
     ("random_.to", "pjrt_random_to", ""),
     ("random_.from", "pjrt_random_from", ""),

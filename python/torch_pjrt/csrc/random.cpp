@@ -173,6 +173,16 @@ at::Tensor& pjrt_normal_(
   return draw_into(self, c);
 }
 
+// `normal(mean, std)` of two tensors: standard normals drawn in the broadcast shape (mean's
+// dtype), scaled and shifted, after PyTorch's checks of std.
+at::Tensor pjrt_normal_tensor_tensor(const at::Tensor& mean, const at::Tensor& std, std::optional<at::Generator> gen) {
+  TORCH_CHECK(!std.is_complex(), "normal expects standard deviation to be non-complex");
+  TORCH_CHECK(std.numel() == 0 || std.min().ge(0).item<bool>(), "normal expects all elements of std >= 0.0");
+  at::Tensor out = at::empty(at::infer_size(mean.sizes(), std.sizes()), mean.options());
+  pjrt_normal_(out, 0.0, 1.0, std::move(gen));
+  return out.mul_(std).add_(mean);
+}
+
 // `random_` with an exclusive upper bound `to` (none: the dtype's own range, as PyTorch).
 at::Tensor& random_between(
     at::Tensor& self, int64_t from, std::optional<int64_t> to, std::optional<at::Generator> gen) {

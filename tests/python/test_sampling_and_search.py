@@ -1,5 +1,5 @@
 """Ops pjrt runs natively instead of falling back to the CPU: erfc, erfinv, lgamma and digamma,
-and special.i1e, i1, i0e (with i0 and modified_bessel_i0), zeta, entr and xlog1py, and nextafter; the
+and special.i1e, i1, i0e (with i0 and modified_bessel_i0), modified_bessel_i1, spherical_bessel_j0, zeta, entr and xlog1py, and nextafter; the
 scans cumprod and logcumsumexp; the distributions exponential_, geometric_, log_normal_ and
 cauchy_ and multinomial; searchsorted and bucketize; signbit, copysign, logit, sinc, heaviside,
 count_nonzero, aminmax, linalg.cross, isposinf and isneginf. Values (and gradients where PyTorch has them) against
@@ -108,6 +108,23 @@ def test_special_unary_functions_match_the_cpu(mode, name, dtype):
     assert_close(fn(ints.to("pjrt")), fn(ints), rtol=1e-5, atol=0)
     half = torch.tensor([0.5, -2.0, 6.0], dtype=torch.bfloat16)
     assert_close(fn(half.to("pjrt")), fn(half))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", ["modified_bessel_i1", "spherical_bessel_j0"])
+def test_float_only_special_functions(mode, name, dtype):
+    # Float32 and float64 (integers promoted), as PyTorch's CPU and CUDA kernels; reduced floats
+    # refuse as theirs do. spherical_bessel_j0 switches from its series to sin(x)/x at 1/2.
+    fn = getattr(torch.special, name)
+    x = torch.cat([BESSEL_X, torch.tensor([0.49, 0.51, -0.3, 1e-20, 25.0, inf, -inf])]).to(dtype)
+    _close_with_nans(fn(x.to("pjrt")), fn(x), dtype)
+    out = torch.empty(0, dtype=dtype, device="pjrt")
+    fn(x.to("pjrt"), out=out)
+    _close_with_nans(out, fn(x), dtype)
+    ints = torch.tensor([0, 1, -3, 7])
+    assert_close(fn(ints.to("pjrt")), fn(ints), rtol=1e-5, atol=0)
+    with pytest.raises(NotImplementedError, match="not implemented for 'BFloat16'"):
+        fn(torch.ones(2, dtype=torch.bfloat16, device="pjrt"))
 
 
 # zeta: poles (x = 1), x < 1, q at and below zero, integer and not, and x = +inf

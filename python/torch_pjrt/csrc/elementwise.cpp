@@ -372,6 +372,37 @@ std::vector<double> cot_derivative_polynomial(int64_t n) {
   return p;
 }
 
+// The special functions whose CPU and CUDA kernels take float32 and float64 only (and integers,
+// promoted) refuse the reduced floats as those do.
+void check_not_reduced(const at::Tensor& self, const char* name) {
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      !at::isReducedFloatingType(self.scalar_type()),
+      "\"", name, "\" not implemented for '", c10::toString(self.scalar_type()), "'");
+}
+
+// `special.modified_bessel_i1`: the same function as `special.i1`.
+at::Tensor pjrt_special_modified_bessel_i1(const at::Tensor& self) {
+  check_not_reduced(self, "modified_bessel_i1");
+  return pjrt_special_i1(self);
+}
+
+// `special.spherical_bessel_j0`: sin(x) / x, from its Taylor series (nested) below |x| = 1/2,
+// where the quotient loses precision, and 0 at the infinities, as PyTorch's kernel.
+at::Tensor pjrt_special_spherical_bessel_j0(const at::Tensor& self) {
+  check_not_reduced(self, "spherical_bessel_j0");
+  const at::Tensor y = as_floating(self);
+  const at::ScalarType dtype = y.scalar_type();
+  const at::Tensor square = y * y;
+  // sin(x)/x = 1 - x^2/(2*3) (1 - x^2/(4*5) (1 - x^2/(6*7) (...))).
+  at::Tensor series = at::ones_like(y);
+  for (int k = 7; k >= 1; --k) {
+    series = 1 - square / static_cast<double>((2 * k) * (2 * k + 1)) * series;
+  }
+  at::Tensor result = at::where(y.abs() < 0.5, series, at::sin(y) / y);
+  result = at::where(at::isinf(y), at::zeros_like(y), result);
+  return result.to(dtype);
+}
+
 // `polygamma(n, x)`: digamma for n = 0; above it (-1)^(n+1) n! zeta(n+1, x), as PyTorch's kernel,
 // for x >= 0. The Hurwitz zeta of a negative argument is not accurate, so below zero the
 // reflection psi_n(x) = (-1)^n psi_n(1 - x) - pi^(n+1) P_n(cot(pi x)) gives the same values

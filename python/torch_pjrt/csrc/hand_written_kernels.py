@@ -115,6 +115,8 @@ HAND_WRITTEN["elementwise"] = [
     ("special_entr", "pjrt_special_entr", ""),
     ("frexp.Tensor", "pjrt_frexp", ""),
     ("special_i1", "pjrt_special_i1", ""),
+    ("special_modified_bessel_i1", "pjrt_special_modified_bessel_i1", ""),
+    ("special_spherical_bessel_j0", "pjrt_special_spherical_bessel_j0", ""),
     ("polygamma", "pjrt_polygamma", "real"),
 ]
 

@@ -358,6 +358,17 @@ fn binary_meta(a: &MetaArgs) -> Result<Meta, OpError> {
             common
         }
         Atan2 | SpecialZeta => to_float(common),
+        // PyTorch's kernels take float32 and float64 only (integers promoted).
+        op if crate::orthogonal::is_orthogonal_polynomial(op) => {
+            let float = to_float(common);
+            if float.is_reduced_float() {
+                return Err(not_implemented_for(
+                    &format!("{}_cpu", op.name().trim_start_matches("special_")),
+                    float,
+                ));
+            }
+            float
+        }
         // PyTorch's kernel takes floating-point values only.
         Nextafter if !common.is_float() => {
             return Err(not_implemented_for("nextafter_cpu", common))
@@ -1249,6 +1260,9 @@ fn lower_binary(e: &mut Emitter, a: &LowerArgs) -> Result<Value, OpError> {
         }
         Atan2 => e.binary("stablehlo.atan2", xc, yc),
         SpecialZeta => zeta(e, xc, yc),
+        op if crate::orthogonal::is_orthogonal_polynomial(op) => {
+            crate::orthogonal::orthogonal_polynomial(e, op, xc, yc)
+        }
         Nextafter => e.binary("chlo.next_after", xc, yc),
         BitwiseAnd => e.and(xc, yc),
         BitwiseOr => e.or(xc, yc),

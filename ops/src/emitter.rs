@@ -464,6 +464,26 @@ impl Emitter {
     // ---- constants -----------------------------------------------------------------------
 
     /// A constant of type `ty` with every element `value` (converted to `ty.dtype`).
+    /// A `stablehlo.while` whose carried values start as `init`; `cond` and `body` see the
+    /// carried values (constants they need are made inside, so nothing is captured from outside).
+    pub fn while_loop(
+        &mut self,
+        init: &[Value],
+        cond: impl FnOnce(&mut Emitter, &[Value]) -> Value,
+        body: impl FnOnce(&mut Emitter, &[Value]) -> Vec<Value>,
+    ) -> Vec<Value> {
+        let types: Vec<TensorType> = init.iter().map(|&v| self.ty(v).clone()).collect();
+        let cond_region = self.region(&types, |e, args| vec![cond(e, args)]);
+        let body_region = self.region(&types, body);
+        self.op_with_regions(
+            "stablehlo.while",
+            init,
+            &[cond_region, body_region],
+            "",
+            types,
+        )
+    }
+
     pub fn constant(&mut self, ty: TensorType, value: ScalarValue) -> Value {
         let attr = format!(
             "value = dense<{}> : {}",

@@ -110,26 +110,6 @@ fn masked_pick(e: &mut Emitter, v: Value, dim: usize, index: Value, index_dims: 
     e.reduce_sum(kept, &[dim])
 }
 
-/// A `stablehlo.while` whose carried values start as `init`; `cond` and `body` see the carried
-/// values (constants they need are made inside, so nothing is captured from outside).
-fn while_loop(
-    e: &mut Emitter,
-    init: &[Value],
-    cond: impl FnOnce(&mut Emitter, &[Value]) -> Value,
-    body: impl FnOnce(&mut Emitter, &[Value]) -> Vec<Value>,
-) -> Vec<Value> {
-    let types: Vec<TensorType> = init.iter().map(|&v| e.ty(v).clone()).collect();
-    let cond_region = e.region(&types, |e, args| vec![cond(e, args)]);
-    let body_region = e.region(&types, body);
-    e.op_with_regions(
-        "stablehlo.while",
-        init,
-        &[cond_region, body_region],
-        "",
-        types,
-    )
-}
-
 /// `counter < limit` for a 0-d `i64` loop counter.
 fn counter_below(e: &mut Emitter, counter: Value, limit: i64) -> Value {
     let limit = int(e, DType::I64, &[], limit);
@@ -203,8 +183,7 @@ fn cholesky_info(e: &mut Emitter, source: Value, factor: Value) -> Value {
     let failed = e.compare(Cmp::Eq, all_finite, zero_b);
     let counter = int(e, DType::I64, &[], 0);
     let info = int(e, DType::I32, &[b], 0);
-    let done = while_loop(
-        e,
+    let done = e.while_loop(
         &[counter, symmetric, info, failed],
         |e, c| {
             let (i, info, failed) = (c[0], c[2], c[3]);
@@ -286,8 +265,7 @@ impl OpRule for LuFactor {
         let counter = int(e, DType::I64, &[], 0);
         let pivots = int(e, DType::I32, &[b, k], 0);
         let info = int(e, DType::I32, &[b], 0);
-        let done = while_loop(
-            e,
+        let done = e.while_loop(
             &[counter, flat, pivots, info],
             |e, c| counter_below(e, c[0], k),
             |e, c| {
@@ -428,8 +406,7 @@ impl OpRule for LuPermutation {
         let targets = e.sub(flat, one);
         let order = e.iota(TensorType::new(DType::I64, &[b, m]), 1);
         let counter = int(e, DType::I64, &[], 0);
-        let done = while_loop(
-            e,
+        let done = e.while_loop(
             &[counter, order, targets],
             |e, c| counter_below(e, c[0], k),
             |e, c| {

@@ -23,6 +23,7 @@ mod loss;
 mod norm;
 pub mod op_id;
 mod optim;
+mod orthogonal;
 pub mod padding;
 pub mod param_layout;
 pub mod params;

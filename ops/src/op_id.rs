@@ -618,6 +618,32 @@ op_catalogue! {
     // ---- matrix factorizations, continued ----------------------------------------------
     /// The singular value decomposition `A = U diag(S) Vh`, singular values descending.
     Svd = "_linalg_svd", family: Linalg, rule: factor::Svd, inputs: "A", scalars: "", params: Svd;
+
+    // ---- orthogonal polynomials (binary elementwise: points and degrees) ----------------
+    /// Chebyshev polynomials of the first kind `T_n(x)`.
+    SpecialChebyshevPolynomialT = "special_chebyshev_polynomial_t", family: Elementwise, rule: elementwise::Binary, inputs: "x, n", scalars: "n (when not an input)", params: None, facts: { pointwise: false };
+    /// Chebyshev polynomials of the second kind `U_n(x)`.
+    SpecialChebyshevPolynomialU = "special_chebyshev_polynomial_u", family: Elementwise, rule: elementwise::Binary, inputs: "x, n", scalars: "n (when not an input)", params: None, facts: { pointwise: false };
+    /// Chebyshev polynomials of the third kind `V_n(x)`.
+    SpecialChebyshevPolynomialV = "special_chebyshev_polynomial_v", family: Elementwise, rule: elementwise::Binary, inputs: "x, n", scalars: "n (when not an input)", params: None, facts: { pointwise: false };
+    /// Chebyshev polynomials of the fourth kind `W_n(x)`.
+    SpecialChebyshevPolynomialW = "special_chebyshev_polynomial_w", family: Elementwise, rule: elementwise::Binary, inputs: "x, n", scalars: "n (when not an input)", params: None, facts: { pointwise: false };
+    /// `T_n(2x - 1)`.
+    SpecialShiftedChebyshevPolynomialT = "special_shifted_chebyshev_polynomial_t", family: Elementwise, rule: elementwise::Binary, inputs: "x, n", scalars: "n (when not an input)", params: None, facts: { pointwise: false };
+    /// `U_n(2x - 1)`.
+    SpecialShiftedChebyshevPolynomialU = "special_shifted_chebyshev_polynomial_u", family: Elementwise, rule: elementwise::Binary, inputs: "x, n", scalars: "n (when not an input)", params: None, facts: { pointwise: false };
+    /// `V_n(2x - 1)`.
+    SpecialShiftedChebyshevPolynomialV = "special_shifted_chebyshev_polynomial_v", family: Elementwise, rule: elementwise::Binary, inputs: "x, n", scalars: "n (when not an input)", params: None, facts: { pointwise: false };
+    /// `W_n(2x - 1)`.
+    SpecialShiftedChebyshevPolynomialW = "special_shifted_chebyshev_polynomial_w", family: Elementwise, rule: elementwise::Binary, inputs: "x, n", scalars: "n (when not an input)", params: None, facts: { pointwise: false };
+    /// The physicists' Hermite polynomials `H_n(x)`.
+    SpecialHermitePolynomialH = "special_hermite_polynomial_h", family: Elementwise, rule: elementwise::Binary, inputs: "x, n", scalars: "n (when not an input)", params: None, facts: { pointwise: false };
+    /// The probabilists' Hermite polynomials `He_n(x)`.
+    SpecialHermitePolynomialHe = "special_hermite_polynomial_he", family: Elementwise, rule: elementwise::Binary, inputs: "x, n", scalars: "n (when not an input)", params: None, facts: { pointwise: false };
+    /// Laguerre polynomials `L_n(x)`.
+    SpecialLaguerrePolynomialL = "special_laguerre_polynomial_l", family: Elementwise, rule: elementwise::Binary, inputs: "x, n", scalars: "n (when not an input)", params: None, facts: { pointwise: false };
+    /// Legendre polynomials `P_n(x)`.
+    SpecialLegendrePolynomialP = "special_legendre_polynomial_p", family: Elementwise, rule: elementwise::Binary, inputs: "x, n", scalars: "n (when not an input)", params: None, facts: { pointwise: false };
 }
 
 impl OpId {

@@ -431,17 +431,87 @@ fn along(op: OpId, params: &[i64], input: usize, rank: usize, dim: usize) -> Alo
         },
         // Pointwise ops, which the guard above answers: listed so that every op is placed
         // here, a new one included.
-        Neg | Abs | Exp | Exp2 | Log | Log2 | Log10 | Log1p | Expm1 | Sqrt | Rsqrt | Sin | Cos
-        | Tan | Tanh | Sigmoid | Relu | Gelu | Silu | Erf | Erfc | SpecialI1e | I0 | SpecialI0e
-        | Erfinv | Lgamma | Digamma | Floor | Ceil | Round | Trunc | Sign | Reciprocal
-        | LogicalNot | BitwiseNot | IsNan | IsInf | NanToNum | Add | Sub | Rsub | Mul | Div
-        | Remainder | Fmod | Pow | PowScalarBase | Maximum | Minimum | Atan2 | SpecialZeta
-        | Nextafter | Eq | Ne | Lt | Le | Gt | Ge | LogicalAnd | LogicalOr | LogicalXor
-        | BitwiseAnd | BitwiseOr | BitwiseXor | BitwiseLeftShift | BitwiseRightShift | Where
-        | Clamp | Lerp | Addcmul | Addcdiv | Convert | Clone | Copy | ThresholdBackward
-        | MaskedFill | GeluBackward | TanhBackward | SigmoidBackward | Complex | ConjPhysical => {
-            Along::Independent
-        }
+        Neg
+        | Abs
+        | Exp
+        | Exp2
+        | Log
+        | Log2
+        | Log10
+        | Log1p
+        | Expm1
+        | Sqrt
+        | Rsqrt
+        | Sin
+        | Cos
+        | Tan
+        | Tanh
+        | Sigmoid
+        | Relu
+        | Gelu
+        | Silu
+        | Erf
+        | Erfc
+        | SpecialI1e
+        | I0
+        | SpecialI0e
+        | Erfinv
+        | Lgamma
+        | Digamma
+        | Floor
+        | Ceil
+        | Round
+        | Trunc
+        | Sign
+        | Reciprocal
+        | LogicalNot
+        | BitwiseNot
+        | IsNan
+        | IsInf
+        | NanToNum
+        | Add
+        | Sub
+        | Rsub
+        | Mul
+        | Div
+        | Remainder
+        | Fmod
+        | Pow
+        | PowScalarBase
+        | Maximum
+        | Minimum
+        | Atan2
+        | SpecialZeta
+        | Nextafter
+        | Eq
+        | Ne
+        | Lt
+        | Le
+        | Gt
+        | Ge
+        | LogicalAnd
+        | LogicalOr
+        | LogicalXor
+        | BitwiseAnd
+        | BitwiseOr
+        | BitwiseXor
+        | BitwiseLeftShift
+        | BitwiseRightShift
+        | Where
+        | Clamp
+        | Lerp
+        | Addcmul
+        | Addcdiv
+        | Convert
+        | Clone
+        | Copy
+        | ThresholdBackward
+        | MaskedFill
+        | GeluBackward
+        | TanhBackward
+        | SigmoidBackward
+        | Complex
+        | ConjPhysical => Along::Independent,
         // The other inputs of the ops above, and the ops a padded extent does not pass
         // through yet.
         Fill
@@ -462,6 +532,12 @@ fn along(op: OpId, params: &[i64], input: usize, rank: usize, dim: usize) -> Alo
         | Qr
         | Eigh
         | Svd
+        // A loop to the largest degree, padding's included.
+        | SpecialChebyshevPolynomialT | SpecialChebyshevPolynomialU | SpecialChebyshevPolynomialV
+        | SpecialChebyshevPolynomialW | SpecialShiftedChebyshevPolynomialT
+        | SpecialShiftedChebyshevPolynomialU | SpecialShiftedChebyshevPolynomialV
+        | SpecialShiftedChebyshevPolynomialW | SpecialHermitePolynomialH | SpecialHermitePolynomialHe
+        | SpecialLaguerrePolynomialL | SpecialLegendrePolynomialP
         | Geqrf
         | HouseholderProduct
         | Stack

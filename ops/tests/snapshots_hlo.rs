@@ -427,6 +427,14 @@ snapshot!(
     [],
     [0, 1]
 );
+// float32 points recur in float64, to the largest degree.
+snapshot!(
+    laguerre_polynomial_float32,
+    OpId::SpecialLaguerrePolynomialL,
+    [t(DType::F32, &[3]), t(DType::F32, &[3])],
+    [],
+    []
+);
 snapshot!(
     svd_wide_reduced,
     OpId::Svd,

@@ -26,7 +26,7 @@ pub use devices::{Collective, Reduction};
 type FlushedValues = smallvec::SmallVec<[DeviceValue; 2]>;
 
 /// The engine version: part of every cache key and cache directory name.
-pub const ENGINE_VERSION: &str = concat!("torch-pjrt-", env!("CARGO_PKG_VERSION"), "+hlo27");
+pub const ENGINE_VERSION: &str = concat!("torch-pjrt-", env!("CARGO_PKG_VERSION"), "+hlo28");
 
 /// Above this many pending ops DeferAndFuse flushes on its own. Compile time grows ~0.7 ms per op
 /// past a hundred on the CPU plugin (0.5 s at 1,500 ops), so a cap near a thousand keeps any

@@ -88,6 +88,14 @@ TABLE += [
      "t self; pl given, nan, posinf, neginf = enc::nan_to_num(nan, posinf, neginf)"),
 ]
 TABLE += [(name, name, "t self; ts other") for name in BINARY]
+# The orthogonal polynomials of `torch.special`, at points x and degrees n.
+POLYNOMIALS = [
+    f"special_{kind}_polynomial_{letter}"
+    for kind, letters in [("chebyshev", "tuvw"), ("shifted_chebyshev", "tuvw"), ("hermite", ["h", "he"]),
+                          ("laguerre", "l"), ("legendre", "p")]
+    for letter in letters
+]
+TABLE += [(name, name, "t x; ts n") for name in POLYNOMIALS]
 for name in BINARY_TENSOR_SCALAR:
     TABLE += [(f"{name}.Tensor", name, "t self; ts other"), (f"{name}.Scalar", name, "t self; s other")]
 # Shifts: `bitwise_*_shift.Tensor` brings its in-place and out= forms; the dunder forms are separate

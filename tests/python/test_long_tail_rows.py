@@ -1,6 +1,6 @@
 """Long-tail ops composed on the device as rows of `csrc/hand_written_kernels.py`: `nansum`,
 `nanmedian`, `take` and `put_` (so `put` and `take`'s gradient), `addbmm`, `renorm`, `polygamma` of every order,
-`max_unpool2d`/`max_unpool3d` and `mode`, with the in-place and
+`max_unpool2d`/`max_unpool3d`, `mode`, `frexp`, `pdist` and `unique_consecutive`, with the in-place and
 `out=` forms the generator derives. Values and gradients against the CPU in every eager mode,
 and the CPU's errors. Nothing may fall back to the CPU (the `mode` fixture checks)."""
 
@@ -237,3 +237,25 @@ def test_frexp_reads_the_bits_exactly(mode, dtype):
         check(lambda t: torch.frexp(t).mantissa, (x[:50],))
         with pytest.raises(RuntimeError, match="only supports floating-point dtypes"):
             torch.frexp(torch.arange(3, device="pjrt"))
+
+
+@pytest.mark.parametrize("p", [0.0, 1.0, 2.0, 3.0, inf, 0.5])
+def test_pdist_values_and_gradients(mode, p):
+    x = torch.randn(6, 3, generator=seeded(8), dtype=torch.float64)
+    x[3] = x[1]  # a zero distance: its gradient is zero, as PyTorch's _pdist_backward gives
+    check(lambda t: F.pdist(t, p), (x,), rtol=1e-10, atol=1e-10)
+    assert F.pdist(torch.randn(1, 3, device="pjrt")).shape == (0,)
+    with pytest.raises(RuntimeError, match="requires contiguous input"):
+        torch.ops.aten._pdist_forward(x.to("pjrt").t(), p)
+
+
+def test_unique_consecutive_runs(mode):
+    x = torch.tensor([[1, 1, 2], [1, 1, 2], [3, 3, 3], [1, 1, 2]])
+    cases = [(x, None), (x, 0), (x, 1), (x, -1), (torch.zeros(0, 3), None), (torch.zeros(0, 3), 0),
+             (torch.tensor([1.0, nan, nan, 2.0, 2.0]), None), (torch.tensor(5), None)]
+    for t, dim in cases:
+        got = torch.unique_consecutive(t.to("pjrt"), return_inverse=True, return_counts=True, dim=dim)
+        expected = torch.unique_consecutive(t, return_inverse=True, return_counts=True, dim=dim)
+        for g, e in zip(got, expected):
+            assert_close(g, e, equal_nan=True)
+    assert_close(torch.unique_consecutive(x.to("pjrt")), torch.unique_consecutive(x))

@@ -127,6 +127,7 @@ HAND_WRITTEN["reduce"] = [
     ("median.dim", "pjrt_median_dim", ""),
     ("median", "pjrt_median", ""),
     ("_unique2", "pjrt_unique2", ""),
+    ("unique_consecutive", "pjrt_unique_consecutive", ""),
     ("bincount", "pjrt_bincount", ""),
     ("histc", "pjrt_histc", ""),
     ("var_mean.correction", "pjrt_var_mean", ""),
@@ -148,6 +149,7 @@ HAND_WRITTEN["reduce"] = [
 HAND_WRITTEN["linalg"] = [
     ("addmv", "pjrt_addmv", ""),
     ("linalg_cross", "pjrt_linalg_cross", ""),
+    ("_pdist_forward", "pjrt_pdist_forward", "autograd"),
     ("_cdist_forward", "pjrt_cdist_forward", ""),
     ("_cdist_backward", "pjrt_cdist_backward", ""),
     ("_grouped_mm", "pjrt_grouped_mm", ""),

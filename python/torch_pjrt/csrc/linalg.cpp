@@ -114,6 +114,27 @@ void check_cdist(const at::Tensor& x1, const at::Tensor& x2, double p) {
 // The p-norm distance of every row of x1 to every row of x2, from the differences (the direct
 // computation PyTorch's `_cdist_forward` makes; the matrix-product form for p = 2 and large
 // inputs is decided earlier, in `cdist`, and composes from other ops).
+// `_pdist_forward`: the p-norm distance of every pair of rows i < j, pairs in row-major order.
+// Registered above autograd: the gradient follows the row gather and the norm, zero where two
+// rows are equal, as PyTorch's `_pdist_backward`.
+at::Tensor pjrt_pdist_forward(const at::Tensor& self, double p) {
+  TORCH_CHECK(self.is_contiguous(), "_pdist_forward requires contiguous input");
+  const int64_t n = self.size(0);
+  if (n <= 1) {
+    return at::empty({0}, self.options());
+  }
+  const at::Tensor pairs = at::triu_indices(n, n, 1, self.options().dtype(at::kLong));
+  const at::Tensor gap = self.index_select(0, pairs[0]) - self.index_select(0, pairs[1]);
+  const at::Tensor distance = at::linalg_vector_norm(gap, p, at::IntArrayRef{1});
+  if (p == 0) {
+    // The count of differing coordinates has a zero gradient, which `vector_norm` leaves
+    // undefined: routed through a `where` that never takes the other side, it is zeros.
+    const at::Tensor never = at::zeros_like(distance, distance.options().dtype(at::kBool));
+    return at::where(never, gap.sum(1), distance);
+  }
+  return distance;
+}
+
 at::Tensor pjrt_cdist_forward(
     const at::Tensor& x1, const at::Tensor& x2, double p, std::optional<int64_t> compute_mode) {
   check_cdist(x1, x2, p);

@@ -256,6 +256,44 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> pjrt_unique2(
   return {distinct, inverse, counts};
 }
 
+// `torch.unique_consecutive`: each element (or slice along `dim`) that differs from the one
+// before starts a run. The number of runs is read to the host (the result's length), as on the
+// CPU; NaNs differ from everything, as on the CPU.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> pjrt_unique_consecutive(
+    const at::Tensor& self,
+    bool return_inverse,
+    bool return_counts,
+    std::optional<int64_t> dim) {
+  const at::TensorOptions longs = self.options().dtype(at::kLong);
+  const at::Tensor none = at::empty({0}, longs);
+  const bool whole = !dim.has_value();
+  const at::Tensor source = whole ? self.reshape({-1}) : self;
+  const int64_t d = whole ? 0 : at::maybe_wrap_dim(*dim, self.dim());
+  const int64_t n = source.dim() == 0 ? 1 : source.size(d);
+  if (n == 0) {
+    at::Tensor inverse = return_inverse ? (whole ? at::zeros(self.sizes(), longs) : none) : none;
+    return {source.clone(), inverse, none};
+  }
+  // Slices along `d` that differ from the one before, any element counting.
+  at::Tensor differs = at::ne(source.narrow(d, 1, n - 1), source.narrow(d, 0, n - 1));
+  if (!whole) {
+    differs = differs.movedim(d, 0).reshape({n - 1, -1}).any(1);
+  }
+  const at::Tensor is_new = at::cat({at::ones({1}, self.options().dtype(at::kBool)), differs});
+  const at::Tensor starts = is_new.nonzero().squeeze(1);
+  const at::Tensor values = whole ? source.index({starts}) : source.index_select(d, starts);
+  at::Tensor inverse = none;
+  if (return_inverse) {
+    inverse = is_new.to(at::kLong).cumsum(0) - 1;
+    inverse = whole ? inverse.view(self.sizes()) : inverse;
+  }
+  at::Tensor counts = none;
+  if (return_counts) {
+    counts = at::cat({starts.slice(0, 1), at::full({1}, n, longs)}) - starts;
+  }
+  return {values, inverse, counts};
+}
+
 // ----- counting --------------------------------------------------------------------------------
 
 // `torch.bincount` reads the largest value (and checks the smallest) on the host, as PyTorch's

@@ -1,7 +1,7 @@
 """Matrix factorizations on the device and what composes from them: Cholesky (`cholesky`,
 `cholesky_solve`, `cholesky_inverse`), LU with partial pivoting (`lu_factor`, `lu_solve`,
 `lu_unpack`, `linalg.lu`, so `solve`, `inv`, `det`, `slogdet`, `logdet`, `matrix_power`), QR and
-the symmetric eigendecomposition (`eigh`, `eigvalsh`). Values and gradients against the CPU in
+the symmetric eigendecomposition (`eigh`, `eigvalsh`), and `matrix_exp` (scaling and squaring). Values and gradients against the CPU in
 every eager mode, LAPACK's `info` and PyTorch's errors, LAPACK's column-major result layout, and
 nothing falling back to the CPU (the `mode` fixture checks). Complex matrices run on the CPU."""
 
@@ -233,3 +233,25 @@ def test_packed_qr_and_its_reflectors(mode):
     for left, transpose, other in [(True, False, c), (True, True, c), (False, False, c.mT), (False, True, c.mT)]:
         got = torch.ormqr(packed, tau, other.to("pjrt"), left=left, transpose=transpose)
         assert_close(got, torch.ormqr(expected_packed, expected_tau, other, left=left, transpose=transpose), **F32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_matrix_exp_scales_and_squares(mode, dtype):
+    # Norms below theta_13 (no squaring), well above it, and a batch whose matrices need
+    # different numbers of squarings.
+    tol = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 1e-12, "atol": 1e-12}
+    for shape, scale in [((3, 3), 1.0), ((2, 4, 4), 0.1), ((5, 5), 6.0), ((6, 6), 1e-3)]:
+        a = randn(*shape, seed=int(scale * 10) + len(shape), dtype=torch.float64) * scale
+        batch = torch.stack([a.reshape(-1, *shape[-2:])[0], a.reshape(-1, *shape[-2:])[0] * 0.01])
+        for x in [a, batch]:
+            expected = torch.linalg.matrix_exp(x)
+            got = on_pjrt(torch.linalg.matrix_exp, x.to(dtype))
+            torch.testing.assert_close(got.cpu().double(), expected, **tol)
+    check(torch.linalg.matrix_exp, (randn(2, 3, 3, seed=4, dtype=dtype),), **(F32 if dtype == torch.float32 else {}))
+    assert on_pjrt(torch.linalg.matrix_exp, torch.zeros(2, 0, 0)).shape == (2, 0, 0)
+    assert_close(on_pjrt(torch.linalg.matrix_exp, torch.full((1, 1), 0.5)), torch.full((1, 1), 0.5).exp())
+    # bfloat16 computes in float32 and rounds once (the CPU's bfloat16 kernel overflows here).
+    half = randn(3, 3, seed=9).bfloat16()
+    assert_close(on_pjrt(torch.linalg.matrix_exp, half), torch.linalg.matrix_exp(half.float()).bfloat16())
+    with pytest.raises(RuntimeError, match="A must be batches of square matrices"):
+        on_pjrt(torch.linalg.matrix_exp, torch.zeros(2, 3))

@@ -178,6 +178,7 @@ HAND_WRITTEN["linalg"] = [
     ("_linalg_eigh", "pjrt_linalg_eigh", "real"),
     ("_linalg_svd", "pjrt_linalg_svd", "real"),
     ("linalg_lstsq", "pjrt_linalg_lstsq", "real"),
+    ("linalg_matrix_exp", "pjrt_linalg_matrix_exp", "real"),
     ("triangular_solve", "pjrt_triangular_solve", "real"),
     ("geqrf", "pjrt_geqrf", "real"),
     ("linalg_householder_product", "pjrt_householder_product", "real"),

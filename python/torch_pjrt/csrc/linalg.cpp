@@ -135,6 +135,55 @@ at::Tensor pjrt_pdist_forward(const at::Tensor& self, double p) {
   return distance;
 }
 
+// `linalg_matrix_exp` by scaling and squaring with the [13/13] Padé approximant (Higham's
+// method): each matrix scaled by 2^-s so its 1-norm is at most theta_13, the approximant
+// (V - U)^-1 (V + U) from one solve, then squared s times. Each matrix's s is computed on the
+// device; only the largest is read to the host (the number of squaring steps; a matrix with a
+// smaller s keeps its value in the extra steps), as PyTorch's own kernels read their norms.
+// Reduced floats compute in float32.
+at::Tensor pjrt_linalg_matrix_exp(const at::Tensor& self) {
+  at::native::squareCheckInputs(self, "linalg.matrix_exp");
+  at::native::checkFloatingOrComplex(self, "linalg.matrix_exp");
+  const int64_t n = self.size(-1);
+  if (self.numel() == 0) {
+    return self.clone(at::MemoryFormat::Contiguous);
+  }
+  if (n == 1) {
+    return self.exp();
+  }
+  const at::ScalarType dtype = self.scalar_type();
+  const at::Tensor A = at::isReducedFloatingType(dtype) ? self.to(at::kFloat) : self;
+  // b_j = (26 - j)! 13! / (26! j! (13 - j)!), the approximant's coefficients.
+  std::array<double, 14> b{};
+  for (int j = 0; j <= 13; ++j) {
+    b[j] = std::exp(
+        std::lgamma(27.0 - j) + std::lgamma(14.0) - std::lgamma(27.0) - std::lgamma(j + 1.0) -
+        std::lgamma(14.0 - j));
+  }
+  constexpr double theta_13 = 5.371920351148152;
+  const at::Tensor norm = A.abs().sum(-2).amax(-1);
+  at::Tensor steps = at::clamp_min(at::ceil(at::log2(norm / theta_13)), 0);
+  // A norm that is not finite gives a result that is not either; it takes no steps.
+  steps = at::where(at::isfinite(steps), steps, at::zeros_like(steps));
+  const int64_t squarings = steps.max().item<int64_t>();
+  const at::Tensor scaled = A * at::exp2(-steps).unsqueeze(-1).unsqueeze(-1);
+  const at::Tensor identity = at::eye(n, A.options()).expand_as(A);
+  const at::Tensor A2 = at::matmul(scaled, scaled);
+  const at::Tensor A4 = at::matmul(A2, A2);
+  const at::Tensor A6 = at::matmul(A4, A2);
+  const at::Tensor U = at::matmul(
+      scaled,
+      at::matmul(A6, b[13] * A6 + b[11] * A4 + b[9] * A2) + b[7] * A6 + b[5] * A4 + b[3] * A2 + b[1] * identity);
+  const at::Tensor V =
+      at::matmul(A6, b[12] * A6 + b[10] * A4 + b[8] * A2) + b[6] * A6 + b[4] * A4 + b[2] * A2 + b[0] * identity;
+  at::Tensor result = at::linalg_solve(V - U, V + U);
+  for (int64_t k = 0; k < squarings; ++k) {
+    const at::Tensor more = (steps > static_cast<double>(k)).unsqueeze(-1).unsqueeze(-1);
+    result = at::where(more, at::matmul(result, result), result);
+  }
+  return result.to(dtype).contiguous();
+}
+
 at::Tensor pjrt_cdist_forward(
     const at::Tensor& x1, const at::Tensor& x2, double p, std::optional<int64_t> compute_mode) {
   check_cdist(x1, x2, p);

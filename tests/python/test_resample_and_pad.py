@@ -1,4 +1,5 @@
-"""Upsampling (nearest, nearest-exact, linear, bilinear, trilinear, bicubic), reflection/replication
+"""Upsampling (nearest, nearest-exact, linear, bilinear, trilinear, bicubic, antialiased bilinear and
+bicubic), reflection/replication
 padding and grid sampling (`F.grid_sample` on 4-d inputs) on pjrt against the CPU, in every eager
 mode: values and input gradients (and the grid's), odd and fractional scales, align_corners,
 bfloat16, PyTorch's errors, and a U-Net-style block that fuses into one region. Nothing may fall
@@ -31,6 +32,7 @@ def check(fn, x, **tol):
 X1 = torch.randn(2, 3, 7, generator=seeded(0))
 X2 = torch.randn(2, 3, 5, 6, generator=seeded(1))
 X3 = torch.randn(1, 2, 3, 4, 5, generator=seeded(2))
+XL = torch.randn(2, 3, 31, 20, generator=seeded(3))
 
 RESAMPLE = {
     "nearest_2x": (X2, lambda x: F.interpolate(x, scale_factor=2, mode="nearest")),
@@ -49,6 +51,15 @@ RESAMPLE = {
     "bicubic": (X2, lambda x: F.interpolate(x, scale_factor=2, mode="bicubic")),
     "bicubic_down": (X2, lambda x: F.interpolate(x, size=(3, 4), mode="bicubic")),
     "bicubic_corners": (X2, lambda x: F.interpolate(x, size=(8, 11), mode="bicubic", align_corners=True)),
+    # Antialiased (PIL-style) resizes: shrinking stretches the filter over every input pixel.
+    "bilinear_antialias_down": (XL, lambda x: F.interpolate(x, size=(7, 5), mode="bilinear", antialias=True)),
+    "bilinear_antialias_up": (X2, lambda x: F.interpolate(x, size=(9, 13), mode="bilinear", antialias=True)),
+    "bilinear_antialias_corners": (XL, lambda x: F.interpolate(x, size=(5, 6), mode="bilinear", antialias=True,
+                                                              align_corners=True)),
+    "bilinear_antialias_fraction": (XL, lambda x: F.interpolate(x, scale_factor=0.37, mode="bilinear",
+                                                               antialias=True)),
+    "bicubic_antialias_down": (XL, lambda x: F.interpolate(x, size=(6, 9), mode="bicubic", antialias=True)),
+    "bicubic_antialias_up": (X2, lambda x: F.interpolate(x, size=(8, 8), mode="bicubic", antialias=True)),
 }
 
 

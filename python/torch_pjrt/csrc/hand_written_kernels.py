@@ -258,6 +258,13 @@ def _upsample_rows() -> list[tuple[str, str, str]]:
 
 HAND_WRITTEN["resample"] = _upsample_rows() + [
     ("grid_sampler_2d", "pjrt_grid_sampler_2d", "autograd"),
+    # Antialiased resizes (torchvision's `Resize(antialias=True)` on float images).
+    ("_upsample_bilinear2d_aa", "pjrt_upsample_bilinear2d_aa", ""),
+    ("_upsample_bicubic2d_aa", "pjrt_upsample_bicubic2d_aa", ""),
+    ("_upsample_bilinear2d_aa_backward",
+     "upsample_antialias_backward(grad_output, ints(input_size), align_corners, {scales_h, scales_w}, false)", ""),
+    ("_upsample_bicubic2d_aa_backward",
+     "upsample_antialias_backward(grad_output, ints(input_size), align_corners, {scales_h, scales_w}, true)", ""),
 ]
 
 HAND_WRITTEN["indexing"] = [

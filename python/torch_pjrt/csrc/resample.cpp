@@ -366,6 +366,138 @@ at::Tensor pjrt_upsample_bicubic2d(
   return upsample_linear("upsample_bicubic2d", self, ints(size), align_corners, {h, w}, true);
 }
 
+// ----- antialiased (PIL-style) resampling ------------------------------------------------------
+
+// The taps of an antialiased resize along one dim, as PyTorch's `_upsample_*_aa` kernels
+// define them: output i is centred at scale * (i + 1/2) in the input; when shrinking
+// (scale >= 1) the filter is stretched by the scale, so every input pixel under it counts. The
+// weights are the filter at each input pixel's centre, normalized to sum to one; a pixel past
+// an output's window takes weight 0. They depend only on the sizes, so they are made on the host.
+Taps antialias_taps(
+    int64_t input_size,
+    int64_t output_size,
+    bool align_corners,
+    std::optional<double> scale_factor,
+    const at::Tensor& like,
+    bool cubic) {
+  double scale;
+  if (align_corners) {
+    scale = output_size > 1 ? static_cast<double>(input_size - 1) / static_cast<double>(output_size - 1) : 0.0;
+  } else {
+    scale = (scale_factor.has_value() && *scale_factor > 0.0)
+        ? 1.0 / *scale_factor
+        : static_cast<double>(input_size) / static_cast<double>(output_size);
+  }
+  const double half_width = cubic ? 2.0 : 1.0;
+  const double support = scale >= 1.0 ? half_width * scale : half_width;
+  const double inverse = scale >= 1.0 ? 1.0 / scale : 1.0;
+  // Triangle (bilinear), or Keys' cubic with a = -1/2 (what PIL uses).
+  auto filter = [cubic](double x) {
+    x = std::abs(x);
+    if (!cubic) {
+      return x < 1.0 ? 1.0 - x : 0.0;
+    }
+    constexpr double a = -0.5;
+    if (x < 1.0) {
+      return ((a + 2) * x - (a + 3)) * x * x + 1;
+    }
+    if (x < 2.0) {
+      return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a;
+    }
+    return 0.0;
+  };
+  std::vector<int64_t> first(output_size), count(output_size);
+  int64_t width = 1;
+  for (int64_t i = 0; i < output_size; ++i) {
+    const double center = scale * (static_cast<double>(i) + 0.5);
+    first[i] = std::max<int64_t>(static_cast<int64_t>(center - support + 0.5), 0);
+    count[i] = std::min<int64_t>(static_cast<int64_t>(center + support + 0.5), input_size) - first[i];
+    width = std::max(width, count[i]);
+  }
+  std::vector<std::vector<int64_t>> index(width, std::vector<int64_t>(output_size));
+  std::vector<std::vector<double>> weight(width, std::vector<double>(output_size, 0.0));
+  for (int64_t i = 0; i < output_size; ++i) {
+    const double center = scale * (static_cast<double>(i) + 0.5);
+    double total = 0.0;
+    for (int64_t j = 0; j < width; ++j) {
+      index[j][i] = j < count[i] ? first[i] + j : std::max<int64_t>(first[i], 0);
+      if (j < count[i]) {
+        weight[j][i] = filter((static_cast<double>(j + first[i]) - center + 0.5) * inverse);
+        total += weight[j][i];
+      }
+    }
+    if (total != 0.0) {
+      for (int64_t j = 0; j < count[i]; ++j) {
+        weight[j][i] /= total;
+      }
+    }
+  }
+  const at::ScalarType type = interpolation_type(like);
+  Taps taps;
+  for (int64_t j = 0; j < width; ++j) {
+    taps.index.push_back(at::tensor(index[j], at::kLong).to(like.device()));
+    taps.weight.push_back(at::tensor(weight[j], at::kDouble).to(type).to(like.device()));
+  }
+  return taps;
+}
+
+at::Tensor upsample_antialias(
+    const char* op,
+    const at::Tensor& self,
+    at::IntArrayRef output_size,
+    bool align_corners,
+    const std::vector<std::optional<double>>& scales,
+    bool cubic) {
+  check_resample(op, self, 2, output_size);
+  at::Tensor result = self.to(interpolation_type(self));
+  for (int64_t i = 1; i >= 0; --i) {
+    const int64_t dim = i + 2;
+    result = interpolate(
+        result, dim, antialias_taps(self.size(dim), output_size[i], align_corners, scales[i], self, cubic));
+  }
+  return result.to(self.scalar_type()).contiguous(self.suggest_memory_format());
+}
+
+at::Tensor upsample_antialias_backward(
+    const at::Tensor& grad_output,
+    at::IntArrayRef input_size,
+    bool align_corners,
+    const std::vector<std::optional<double>>& scales,
+    bool cubic) {
+  TORCH_CHECK(
+      input_size.size() == 4 && grad_output.dim() == 4,
+      "upsample antialias backward: expected a 4-D gradient and input size, but got a gradient of shape ",
+      grad_output.sizes(), " and input size ", input_size);
+  at::Tensor grad = grad_output.to(interpolation_type(grad_output));
+  for (int64_t i = 0; i < 2; ++i) {
+    const int64_t dim = i + 2;
+    const int64_t in = input_size[dim];
+    grad = interpolate_backward(
+        grad, dim, in, antialias_taps(in, grad_output.size(dim), align_corners, scales[i], grad_output, cubic));
+  }
+  return grad.to(grad_output.scalar_type());
+}
+
+at::Tensor pjrt_upsample_bilinear2d_aa(
+    const at::Tensor& self, c10::SymIntArrayRef size, bool align_corners, Scale h, Scale w) {
+  if (!at::isFloatingType(self.scalar_type())) {
+    return linear_on_the_cpu("_upsample_bilinear2d_aa", self, [&](const at::Tensor& x) {
+      return at::_upsample_bilinear2d_aa_symint(x, size, align_corners, h, w);
+    });
+  }
+  return upsample_antialias("_upsample_bilinear2d_aa", self, ints(size), align_corners, {h, w}, false);
+}
+
+at::Tensor pjrt_upsample_bicubic2d_aa(
+    const at::Tensor& self, c10::SymIntArrayRef size, bool align_corners, Scale h, Scale w) {
+  if (!at::isFloatingType(self.scalar_type())) {
+    return linear_on_the_cpu("_upsample_bicubic2d_aa", self, [&](const at::Tensor& x) {
+      return at::_upsample_bicubic2d_aa_symint(x, size, align_corners, h, w);
+    });
+  }
+  return upsample_antialias("_upsample_bicubic2d_aa", self, ints(size), align_corners, {h, w}, true);
+}
+
 constexpr int64_t kBilinear = 0, kNearest = 1, kBicubic = 2;
 constexpr int64_t kZeros = 0, kBorder = 1, kReflection = 2;
 

@@ -1,6 +1,6 @@
 """Long-tail ops composed on the device as rows of `csrc/hand_written_kernels.py`: `nansum`,
 `nanmedian`, `take` and `put_` (so `put` and `take`'s gradient), `addbmm`, `renorm`, `polygamma` of every order,
-`max_unpool2d`/`max_unpool3d`, `mode`, `frexp`, `pdist` and `unique_consecutive`, with the in-place and
+`max_unpool2d`/`max_unpool3d`, `mode`, `frexp`, `pdist`, `unique_consecutive` and `nonzero_static`, with the in-place and
 `out=` forms the generator derives. Values and gradients against the CPU in every eager mode,
 and the CPU's errors. Nothing may fall back to the CPU (the `mode` fixture checks)."""
 
@@ -259,3 +259,21 @@ def test_unique_consecutive_runs(mode):
         for g, e in zip(got, expected):
             assert_close(g, e, equal_nan=True)
     assert_close(torch.unique_consecutive(x.to("pjrt")), torch.unique_consecutive(x))
+
+
+def test_nonzero_static_reads_nothing_to_the_host(mode):
+    g = seeded(12)
+    cases = [(torch.tensor([[0, 1, 0], [2, 0, 3]]), 5, -1), (torch.tensor([[0, 1, 0], [2, 0, 3]]), 2, 7),
+             (torch.tensor(3), 2, -1), (torch.zeros(0, 3), 2, -1), (torch.rand(3, 4, 5, generator=g) > 0.6, 20, -1),
+             (torch.tensor([0.5, 0.0, -1.0]), 4, 0)]
+    for x, size, fill in cases:
+        expected = torch.nonzero_static(x, size=size, fill_value=fill)
+        device_x = x.to("pjrt")
+        torch_pjrt.sync()
+        reads = torch_pjrt.metrics()["device_to_host"]
+        got = torch.nonzero_static(device_x, size=size, fill_value=fill)
+        assert torch_pjrt.metrics()["device_to_host"] == reads
+        assert got.stride() == expected.stride()
+        assert_close(got, expected)
+    with pytest.raises(RuntimeError, match="'size' must be an non-negative integer"):
+        torch.nonzero_static(torch.ones(2, device="pjrt"), size=-1)

@@ -273,6 +273,7 @@ HAND_WRITTEN["indexing"] = [
     ("_index_put_impl_", "pjrt_index_put_impl_", ""),
     ("nonzero", "pjrt_nonzero", ""),
     ("nonzero.out", "pjrt_nonzero_out", ""),
+    ("nonzero_static", "pjrt_nonzero_static", ""),
     ("masked_select", "pjrt_masked_select", ""),
     ("masked_select.out", "pjrt_masked_select_out", ""),
     ("masked_scatter_", "pjrt_masked_scatter_", ""),

@@ -47,6 +47,37 @@ at::Tensor pjrt_nonzero(const at::Tensor& self) {
   return nonzero_counted(self, count_true(self));
 }
 
+// `nonzero_static`: the first `size` nonzero positions, rows of `fill_value` past the last. The
+// result's shape is known, so nothing is read to the host: each nonzero element's row is its
+// running count, its flat index is scattered there, and unravelled into coordinates.
+at::Tensor pjrt_nonzero_static(const at::Tensor& self, c10::SymInt size_sym, int64_t fill_value) {
+  const int64_t size = size_sym.expect_int();
+  TORCH_CHECK(size >= 0, "nonzero_static: 'size' must be an non-negative integer");
+  const at::TensorOptions longs = self.options().dtype(at::kLong);
+  const int64_t rank = self.dim();
+  if (rank == 0) {
+    return at::empty({size, 0}, longs);
+  }
+  if (self.numel() == 0 || size == 0) {
+    return at::full({size, rank}, fill_value, longs);
+  }
+  const at::Tensor flags = (self.scalar_type() == at::kBool ? self : self.ne(0)).reshape({-1});
+  const at::Tensor row = flags.to(at::kLong).cumsum(0) - 1;
+  // Elements past the first `size` nonzero ones, and zeros, all land in one spare row.
+  const at::Tensor target = at::where(flags.logical_and(row < size), row, size);
+  const at::Tensor flat = at::full({size + 1}, -1, longs)
+                              .scatter(0, target, at::arange(flags.numel(), longs))
+                              .narrow(0, 0, size);
+  std::vector<at::Tensor> coordinates;
+  int64_t stride = self.numel();
+  for (int64_t d = 0; d < rank; ++d) {
+    stride /= self.size(d);
+    coordinates.push_back(flat.div(stride, "floor").remainder(self.size(d)));
+  }
+  const at::Tensor positions = at::stack(coordinates, 1);
+  return at::where(flat.unsqueeze(1) >= 0, positions, fill_value);
+}
+
 at::Tensor& pjrt_nonzero_out(const at::Tensor& self, at::Tensor& out) {
   TORCH_CHECK(
       out.scalar_type() == at::kLong,

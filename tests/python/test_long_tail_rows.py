@@ -1,6 +1,6 @@
 """Long-tail ops composed on the device as rows of `csrc/hand_written_kernels.py`: `nansum`,
 `nanmedian`, `take` and `put_` (so `put` and `take`'s gradient), `addbmm`, `renorm`, `polygamma` of every order,
-`max_unpool2d`/`max_unpool3d`, `mode`, `frexp`, `pdist`, `unique_consecutive` and `nonzero_static`, with the in-place and
+`max_unpool2d`/`max_unpool3d`, `mode`, `frexp`, `pdist`, `unique_consecutive`, `nonzero_static` and `histogram`, with the in-place and
 `out=` forms the generator derives. Values and gradients against the CPU in every eager mode,
 and the CPU's errors. Nothing may fall back to the CPU (the `mode` fixture checks)."""
 
@@ -277,3 +277,30 @@ def test_nonzero_static_reads_nothing_to_the_host(mode):
         assert_close(got, expected)
     with pytest.raises(RuntimeError, match="'size' must be an non-negative integer"):
         torch.nonzero_static(torch.ones(2, device="pjrt"), size=-1)
+
+
+def test_histogram_bins_values_as_the_cpu(mode):
+    g = seeded(13)
+    x = torch.tensor([1.0, 2, 1, 4, 2.5, 4])
+    weight = torch.rand(6, generator=g)
+    cases = [
+        (x, dict(bins=3)), (x, dict(bins=3, range=(0.0, 3.0))), (x, dict(bins=7, range=(0.5, 3.7))),
+        (x, dict(bins=3, weight=weight, density=True)),
+        (x, dict(bins=torch.tensor([0.0, 1.5, 2.0, 5.0]), density=True)),
+        (x, dict(bins=torch.tensor([0.0, 1.5, 2.0, 5.0]), weight=weight)),
+        # Every value equal (the range widened by 1/2), no values, and NaN and inf outside a range.
+        (torch.tensor([2.0, 2.0]), dict(bins=2)), (torch.tensor([]), dict(bins=2)),
+        (torch.tensor([1.0, nan, inf, 3.0]), dict(bins=2, range=(0.0, 4.0))),
+        (torch.randn(1000, generator=g, dtype=torch.float64), dict(bins=37)),
+        (torch.randn(10, 20, generator=g), dict(bins=13, range=(-1.0, 1.0))),
+    ]
+    for t, kw in cases:
+        expected = torch.histogram(t, **kw)
+        on_device = {k: (v.to("pjrt") if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+        got = torch.histogram(t.to("pjrt"), **on_device)
+        assert_close(got.hist, expected.hist)
+        assert_close(got.bin_edges, expected.bin_edges)
+    with pytest.raises(RuntimeError, match="min should not exceed max"):
+        torch.histogram(x.to("pjrt"), bins=3, range=(3.0, 1.0))
+    with pytest.raises(RuntimeError, match="range \\[nan, nan\\] is not finite"):
+        torch.histogram(torch.tensor([1.0, nan], device="pjrt"), bins=2)

@@ -130,6 +130,8 @@ HAND_WRITTEN["reduce"] = [
     ("unique_consecutive", "pjrt_unique_consecutive", ""),
     ("bincount", "pjrt_bincount", ""),
     ("histc", "pjrt_histc", ""),
+    ("histogram.bin_ct", "pjrt_histogram_bin_ct", ""),
+    ("histogram.bins_tensor", "pjrt_histogram_bins_tensor", ""),
     ("var_mean.correction", "pjrt_var_mean", ""),
     ("equal", "pjrt_equal", ""),
     ("_cummax_helper", "pjrt_cummax_helper", ""),

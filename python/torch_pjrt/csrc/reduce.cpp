@@ -322,6 +322,106 @@ at::Tensor pjrt_bincount(const at::Tensor& self, const std::optional<at::Tensor>
   return at::zeros({length}, counts.options()).index_add(0, self.to(at::kLong), counts);
 }
 
+// `torch.histogram`'s counts (or summed weights) of `self` in the bins `edges` delimits: each
+// bin holds [edge_k, edge_k+1), the last one its right edge too, exactly as PyTorch's kernel
+// places values against the edges (a search over them, not a division); values outside the
+// edges, and NaNs, are not counted. `density` divides by the total and the bins' widths.
+at::Tensor histogram_of(
+    const at::Tensor& self,
+    const at::Tensor& edges,
+    const std::optional<at::Tensor>& weight,
+    bool density) {
+  const int64_t bins = edges.size(0) - 1;
+  const at::Tensor flat = self.reshape({-1});
+  const at::Tensor inside = at::logical_and(flat >= edges.narrow(0, 0, 1), flat <= edges.narrow(0, bins, 1));
+  const at::Tensor bin = (at::searchsorted(edges, flat, /*out_int32=*/false, /*right=*/true) - 1).clamp(0, bins - 1);
+  const at::Tensor amounts = present(weight) ? weight->reshape({-1}) : at::ones_like(flat);
+  at::Tensor hist = at::zeros({bins}, self.options())
+                        .index_add(0, bin, at::where(inside, amounts, at::zeros_like(amounts)));
+  if (density) {
+    hist = hist / (hist.sum() * (edges.narrow(0, 1, bins) - edges.narrow(0, 0, bins)));
+  }
+  return hist;
+}
+
+void check_histogram(const at::Tensor& self, const std::optional<at::Tensor>& weight) {
+  TORCH_CHECK(
+      at::isFloatingType(self.scalar_type()),
+      "torch.histogramdd: input tensor should have a floating-point dtype, but got ", self.scalar_type());
+  if (present(weight)) {
+    TORCH_CHECK(
+        weight->scalar_type() == self.scalar_type(),
+        "torch.histogramdd: if weight tensor is provided, it should have the same dtype as the input tensor");
+    TORCH_CHECK(
+        weight->sizes() == self.sizes(),
+        "torch.histogramdd: if weight tensor is provided it should have the same shape as the input tensor");
+  }
+}
+
+// `torch.histogram` with a bin count: equal bins over `range`, or over the data's range (read
+// to the host, as PyTorch's kernel reads it: it fixes the edges), widened by 1/2 each way when
+// every value is the same, and [0, 1] for no values.
+std::tuple<at::Tensor, at::Tensor> pjrt_histogram_bin_ct(
+    const at::Tensor& self,
+    int64_t bins,
+    at::OptionalArrayRef<double> range,
+    const std::optional<at::Tensor>& weight,
+    bool density) {
+  check_histogram(self, weight);
+  TORCH_CHECK(bins > 0, "torch.histogramdd(): bins must be > 0, but got ", bins, " for dimension 0");
+  double left = 0.0, right = 1.0;
+  if (range.has_value()) {
+    TORCH_CHECK(
+        range->size() == 2,
+        "torch.histogramdd: for a 1-dimensional histogram range should have 2 elements, but got ",
+        range->size());
+    left = (*range)[0];
+    right = (*range)[1];
+  } else if (self.numel() > 0) {
+    auto [low, high] = at::aminmax(self);
+    const at::Tensor both = at::stack({low, high}).to(at::kDouble).cpu();
+    left = both[0].item<double>();
+    right = both[1].item<double>();
+  }
+  TORCH_CHECK(
+      std::isfinite(left) && std::isfinite(right),
+      "torch.histogramdd: dimension 0's range [", left, ", ", right, "] is not finite");
+  TORCH_CHECK(
+      left <= right, "torch.histogramdd: min should not exceed max, but got min ", left, " max ", right,
+      " for dimension 0");
+  if (left == right) {
+    left -= 0.5;
+    right += 0.5;
+  }
+  const at::Tensor edges = at::linspace(left, right, bins + 1, self.options());
+  return {histogram_of(self, edges, weight, density), edges};
+}
+
+// `torch.histogram` with the edges given (increasing).
+std::tuple<at::Tensor, at::Tensor> pjrt_histogram_bins_tensor(
+    const at::Tensor& self,
+    const at::Tensor& bins,
+    const std::optional<at::Tensor>& weight,
+    bool density) {
+  check_histogram(self, weight);
+  TORCH_CHECK(
+      bins.dim() == 1, "torch.histogramdd: bins tensor should have one dimension, but got ", bins.dim(),
+      " dimensions in the bins tensor for dimension 0");
+  TORCH_CHECK(
+      bins.scalar_type() == self.scalar_type(),
+      "torch.histogramdd: input tensor and bins tensors should have the same dtype, but got input ",
+      self.scalar_type(), " and bins for dimension 0 ", bins.scalar_type());
+  TORCH_CHECK(
+      bins.numel() > 0,
+      "torch.histogramdd: bins tensor should have at least 1 element, but got ", bins.numel(),
+      " elements for dimension 0");
+  const at::Tensor edges = bins.contiguous().clone();
+  if (edges.numel() == 1) {
+    return {at::zeros({0}, self.options()), edges};
+  }
+  return {histogram_of(self, edges, weight, density), edges};
+}
+
 // `torch.histc`: `bins` equal bins over [min, max] (the data's range when both are 0); values
 // outside are not counted, and `max` itself falls in the last bin. Integer inputs are counted as
 // CUDA counts them (mixture-of-experts routing counts expert ids so): the bounds truncated to

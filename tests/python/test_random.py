@@ -182,6 +182,33 @@ def test_dropout_forward_and_backward(pjrt, mode):
     assert torch_pjrt.metrics()["fallback_ops"] == {}
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_rrelu_draws_slopes_in_training(pjrt, mode):
+    with torch_pjrt.eager_mode(mode):
+        torch.manual_seed(6)
+        x = torch.randn(4000).to(pjrt).requires_grad_()
+        y = torch.nn.functional.rrelu(x, 0.1, 0.3, training=True)
+        y.backward(torch.ones(4000, device=pjrt))
+        out, grad, xc = y.detach().cpu(), x.grad.cpu(), x.detach().cpu()
+        inplace = xc.to(pjrt)
+        torch.nn.functional.rrelu_(inplace, 0.1, 0.3, training=True)
+        inplace = inplace.cpu()
+    scaled = xc <= 0
+    slopes = out[scaled] / xc[scaled]
+    # Uniform on [0.1, 0.3]: mean 0.2, variance 0.04 / 12.
+    assert slopes.min() >= 0.1 - 1e-6 and slopes.max() <= 0.3 + 1e-6
+    assert abs(slopes.mean() - 0.2) < 0.01 and abs(slopes.var() - 0.04 / 12) < 0.001
+    torch.testing.assert_close(out[~scaled], xc[~scaled], rtol=0, atol=0)
+    # The gradient is the drawn slope (1 elsewhere).
+    torch.testing.assert_close(grad[scaled], slopes)
+    torch.testing.assert_close(grad[~scaled], torch.ones(int((~scaled).sum())))
+    assert bool(((inplace[scaled] / xc[scaled]) >= 0.1 - 1e-6).all())
+    # Evaluation is leaky_relu with the mean slope.
+    evaluated = torch.nn.functional.rrelu(x.detach(), 0.1, 0.3, training=False).cpu()
+    torch.testing.assert_close(evaluated, torch.nn.functional.leaky_relu(xc, 0.2))
+    assert torch_pjrt.metrics()["fallback_ops"] == {}
+
+
 def test_draws_never_recompile(pjrt):
     with torch_pjrt.eager_mode("defer_and_fuse"):
         for _ in range(3):

@@ -183,6 +183,52 @@ at::Tensor pjrt_normal_tensor_tensor(const at::Tensor& mean, const at::Tensor& s
   return out.mul_(std).add_(mean);
 }
 
+// `rrelu_with_noise`: in training every element at or below zero is scaled by a slope drawn
+// uniformly from [lower, upper], which `noise` records (1 for the other elements); in evaluation
+// `leaky_relu` with the mean slope, `noise` untouched. As PyTorch's kernels.
+at::Tensor pjrt_rrelu_with_noise(
+    const at::Tensor& self,
+    at::Tensor& noise,
+    const at::Scalar& lower,
+    const at::Scalar& upper,
+    bool training,
+    std::optional<at::Generator> gen) {
+  if (!training) {
+    return at::leaky_relu(self, (lower.toDouble() + upper.toDouble()) / 2);
+  }
+  at::Tensor slopes = at::empty_like(self, at::MemoryFormat::Contiguous);
+  pjrt_uniform_(slopes, lower.toDouble(), upper.toDouble(), std::move(gen));
+  const at::Tensor scaled = self <= 0;
+  noise.copy_(at::where(scaled, slopes, at::ones_like(slopes)));
+  return at::where(scaled, self * slopes, self);
+}
+
+at::Tensor& pjrt_rrelu_with_noise_(
+    at::Tensor& self,
+    at::Tensor& noise,
+    const at::Scalar& lower,
+    const at::Scalar& upper,
+    bool training,
+    std::optional<at::Generator> gen) {
+  return self.copy_(pjrt_rrelu_with_noise(self, noise, lower, upper, training, std::move(gen)));
+}
+
+// Its gradient: the recorded slopes in training (when the range is not a single slope),
+// `leaky_relu`'s with the mean slope otherwise, as PyTorch's kernel.
+at::Tensor pjrt_rrelu_with_noise_backward(
+    const at::Tensor& grad_output,
+    const at::Tensor& self,
+    const at::Tensor& noise,
+    const at::Scalar& lower,
+    const at::Scalar& upper,
+    bool training,
+    bool self_is_result) {
+  if (training && upper.toDouble() - lower.toDouble() > 1e-6) {
+    return grad_output * noise;
+  }
+  return at::leaky_relu_backward(grad_output, self, (lower.toDouble() + upper.toDouble()) / 2, self_is_result);
+}
+
 // `random_` with an exclusive upper bound `to` (none: the dtype's own range, as PyTorch).
 at::Tensor& random_between(
     at::Tensor& self, int64_t from, std::optional<int64_t> to, std::optional<at::Generator> gen) {

@@ -1,6 +1,6 @@
 """Long-tail ops composed on the device as rows of `csrc/hand_written_kernels.py`: `nansum`,
 `nanmedian`, `take` and `put_` (so `put` and `take`'s gradient), `addbmm`, `renorm`, `polygamma` of every order,
-`max_unpool2d`/`max_unpool3d`, `mode`, `frexp`, `pdist`, `unique_consecutive`, `nonzero_static` and `histogram`, with the in-place and
+`max_unpool2d`/`max_unpool3d`, `mode`, `frexp`, `pdist`, `unique_consecutive`, `nonzero_static`, `histogram` and fractional max pooling, with the in-place and
 `out=` forms the generator derives. Values and gradients against the CPU in every eager mode,
 and the CPU's errors. Nothing may fall back to the CPU (the `mode` fixture checks)."""
 
@@ -304,3 +304,26 @@ def test_histogram_bins_values_as_the_cpu(mode):
         torch.histogram(x.to("pjrt"), bins=3, range=(3.0, 1.0))
     with pytest.raises(RuntimeError, match="range \\[nan, nan\\] is not finite"):
         torch.histogram(torch.tensor([1.0, nan], device="pjrt"), bins=2)
+
+
+@pytest.mark.parametrize("dims", [2, 3])
+def test_fractional_max_pool_picks_the_cpus_windows(mode, dims):
+    g = seeded(14)
+    forward = torch.ops.aten.fractional_max_pool2d if dims == 2 else torch.ops.aten.fractional_max_pool3d
+    backward = (torch.ops.aten.fractional_max_pool2d_backward if dims == 2
+                else torch.ops.aten.fractional_max_pool3d_backward)
+    cases = ([((2, 3, 9, 11), [2, 3], [4, 5]), ((3, 10, 10), [3, 3], [5, 5]), ((1, 1, 5, 6), [2, 2], [1, 1])]
+             if dims == 2 else [((2, 2, 7, 8, 9), [2, 2, 3], [3, 4, 5]), ((2, 6, 6, 6), [2, 2, 2], [3, 3, 3])])
+    for shape, kernel, out in cases:
+        for dtype in [torch.float32, torch.float64]:
+            x = torch.randn(*shape, generator=g, dtype=dtype)
+            x.view(-1)[3] = nan  # a NaN wins its windows, as on the CPU
+            batch = shape[0] if len(shape) == dims + 2 else 1
+            samples = torch.rand(batch, shape[-dims - 1], dims, generator=g, dtype=dtype)
+            values, indices = forward(x, kernel, out, samples)
+            got_values, got_indices = forward(x.to("pjrt"), kernel, out, samples.to("pjrt"))
+            assert_close(got_values, values, rtol=0, atol=0, equal_nan=True)
+            assert_close(got_indices, indices)
+            grad = torch.randn(values.shape, generator=g, dtype=dtype)
+            assert_close(backward(grad.to("pjrt"), x.to("pjrt"), kernel, out, got_indices),
+                         backward(grad, x, kernel, out, indices))

@@ -145,6 +145,116 @@ at::Tensor pjrt_col2im(
 
 // `max_unpool2d`/`max_unpool3d`: each value written at its flat index into its plane of the
 // output (zeros elsewhere), one scatter over the flattened spatial dims.
+// ----- fractional max pooling ----------------------------------------------------------------
+
+// The window starts of fractional max pooling along one dim, per (batch, plane), as PyTorch's
+// `generate_intervals` makes them in the input's dtype: trunc((i + u) a) - trunc(u a) with
+// a = (in - pool) / (out - 1) and u the plane's sample, the last window at the end.
+at::Tensor fractional_starts(const at::Tensor& sample, int64_t in, int64_t out, int64_t pool) {
+  const at::TensorOptions longs = sample.options().dtype(at::kLong);
+  const at::Tensor last = at::full({sample.size(0), sample.size(1), 1}, in - pool, longs);
+  if (out == 1) {
+    return last;
+  }
+  const at::Tensor alpha = at::scalar_tensor(static_cast<double>(in - pool), sample.options()) /
+      at::scalar_tensor(static_cast<double>(out - 1), sample.options());
+  const at::Tensor u = sample.unsqueeze(-1);
+  const at::Tensor i = at::arange(out - 1, sample.options()).view({1, 1, -1});
+  const at::Tensor starts = at::trunc((i + u) * alpha) - at::trunc(u * alpha);
+  return at::cat({starts.to(at::kLong), last}, -1);
+}
+
+// `fractional_max_pool2d`/`3d`: the maximum of each pseudo-random window (its starts from the
+// given samples: the last sample index along width, as PyTorch reads them) and its flat index in
+// the plane. Windows are read in row-major order; a larger value or any NaN replaces the best,
+// as in PyTorch's kernel.
+std::tuple<at::Tensor, at::Tensor> fractional_max_pool(
+    const char* op,
+    const at::Tensor& self,
+    at::IntArrayRef kernel,
+    at::IntArrayRef output_size,
+    const at::Tensor& samples,
+    int64_t dims) {
+  const bool batched = self.dim() == dims + 2;
+  TORCH_CHECK(
+      self.dim() == dims + 1 || batched, op, "(): Expected ", dims + 1, "D or ", dims + 2,
+      "D tensor, but got: ", self.sizes());
+  TORCH_CHECK(
+      static_cast<int64_t>(kernel.size()) == dims && static_cast<int64_t>(output_size.size()) == dims,
+      op, "(): kernel_size and output_size must each have ", dims, " elements");
+  const at::Tensor x = batched ? self : self.unsqueeze(0);
+  const int64_t n = x.size(0), c = x.size(1);
+  for (int64_t d = 0; d < dims; ++d) {
+    TORCH_CHECK(
+        output_size[d] + kernel[d] - 1 <= x.size(d + 2), op, "(): pool size ", kernel[d],
+        " too large relative to input size ", x.size(d + 2), " along dimension ", d, " for output size ",
+        output_size[d]);
+  }
+  TORCH_CHECK(
+      samples.dim() == 3 && samples.size(0) >= n && samples.size(1) == c && samples.size(2) == dims, op,
+      "(): expected random_samples of shape (", n, ", ", c, ", ", dims, "), but got ", samples.sizes());
+  const at::TensorOptions longs = x.options().dtype(at::kLong);
+  std::vector<int64_t> strides(dims);
+  int64_t stride = 1;
+  for (int64_t d = dims - 1; d >= 0; --d) {
+    strides[d] = stride;
+    stride *= x.size(d + 2);
+  }
+  std::vector<int64_t> out_shape = {n, c};
+  out_shape.insert(out_shape.end(), output_size.begin(), output_size.end());
+  // Each window's first element, as a flat index in its plane.
+  at::Tensor origin = at::zeros(out_shape, longs);
+  for (int64_t d = 0; d < dims; ++d) {
+    const int64_t which = dims == 2 ? 1 - d : d;
+    const at::Tensor sample = samples.narrow(0, 0, n).select(2, which).to(x.scalar_type());
+    std::vector<int64_t> view = {n, c};
+    for (int64_t e = 0; e < dims; ++e) {
+      view.push_back(e == d ? output_size[d] : 1);
+    }
+    origin = origin + fractional_starts(sample, x.size(d + 2), output_size[d], kernel[d]).view(view) * strides[d];
+  }
+  const at::Tensor planes = x.reshape({n, c, -1});
+  int64_t window = 1;
+  for (int64_t d = 0; d < dims; ++d) {
+    window *= kernel[d];
+  }
+  at::Tensor best, best_index;
+  for (int64_t k = 0; k < window; ++k) {
+    int64_t offset = 0, rest = k;
+    for (int64_t d = dims - 1; d >= 0; --d) {
+      offset += (rest % kernel[d]) * strides[d];
+      rest /= kernel[d];
+    }
+    const at::Tensor index = origin + offset;
+    const at::Tensor value = planes.gather(2, index.reshape({n, c, -1})).view(out_shape);
+    if (k == 0) {
+      best = value;
+      best_index = index;
+      continue;
+    }
+    const at::Tensor take = at::logical_or(value > best, at::isnan(value));
+    best = at::where(take, value, best);
+    best_index = at::where(take, index, best_index);
+  }
+  if (!batched) {
+    best = best.squeeze(0);
+    best_index = best_index.squeeze(0);
+  }
+  return {best.contiguous(), best_index.contiguous()};
+}
+
+// Its gradient: each output's gradient added at its maximum's index.
+at::Tensor fractional_max_pool_backward(const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& indices, int64_t dims) {
+  const bool batched = self.dim() == dims + 2;
+  const at::Tensor x = batched ? self : self.unsqueeze(0);
+  const int64_t n = x.size(0), c = x.size(1);
+  const at::Tensor grad = grad_output.reshape({n, c, -1});
+  const at::Tensor where = indices.reshape({n, c, -1});
+  return at::zeros({n, c, x.numel() / std::max<int64_t>(n * c, 1)}, grad_output.options())
+      .scatter_add(2, where, grad)
+      .view(self.sizes());
+}
+
 at::Tensor pjrt_max_unpool(const at::Tensor& self, const at::Tensor& indices, std::vector<int64_t> output_size, int64_t dims) {
   const char* name = dims == 2 ? "max_unpooling2d" : "max_unpooling3d";
   TORCH_CHECK(

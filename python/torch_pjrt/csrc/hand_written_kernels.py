@@ -211,6 +211,12 @@ HAND_WRITTEN["conv"] = [
     ("col2im", "pjrt_col2im(self, ints(output_size), kernel_size, dilation, padding, stride)", ""),
     ("max_unpool2d", "pjrt_max_unpool(self, indices, ints(output_size), 2)", ""),
     ("max_unpool3d", "pjrt_max_unpool(self, indices, ints(output_size), 3)", ""),
+    ("fractional_max_pool2d",
+     "fractional_max_pool(\"fractional_max_pool2d\", self, kernel_size, output_size, random_samples, 2)", ""),
+    ("fractional_max_pool3d",
+     "fractional_max_pool(\"fractional_max_pool3d\", self, kernel_size, output_size, random_samples, 3)", ""),
+    ("fractional_max_pool2d_backward", "fractional_max_pool_backward(grad_output, self, indices, 2)", ""),
+    ("fractional_max_pool3d_backward", "fractional_max_pool_backward(grad_output, self, indices, 3)", ""),
 ]
 
 HAND_WRITTEN["creation"] = [

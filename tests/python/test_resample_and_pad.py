@@ -1,6 +1,6 @@
 """Upsampling (nearest, nearest-exact, linear, bilinear, trilinear, bicubic, antialiased bilinear and
 bicubic), reflection/replication
-padding and grid sampling (`F.grid_sample` on 4-d inputs) on pjrt against the CPU, in every eager
+padding and grid sampling (`F.grid_sample` on 4-d and 5-d inputs) on pjrt against the CPU, in every eager
 mode: values and input gradients (and the grid's), odd and fractional scales, align_corners,
 bfloat16, PyTorch's errors, and a U-Net-style block that fuses into one region. Nothing may fall
 back to the CPU."""
@@ -198,6 +198,26 @@ def test_grid_sample_and_its_gradients(mode, interpolation, padding_mode, align_
             results.append([t.detach().cpu() for t in (out, xs.grad, gs.grad)])
         for a, e in zip(results[1], results[0]):
             torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("interpolation", ["bilinear", "nearest"])
+@pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_volumetric_grid_sample_and_its_gradients(mode, interpolation, padding_mode, align_corners):
+    kwargs = dict(mode=interpolation, padding_mode=padding_mode, align_corners=align_corners)
+    x = torch.randn(2, 3, 4, 5, 6, generator=seeded(40), dtype=torch.float64)
+    points = torch.rand(2, 3, 4, 2, 3, generator=seeded(41), dtype=torch.float64) * 2.4 - 1.2
+    results = []
+    for device in ("cpu", "pjrt"):
+        xs = x.detach().to(device).requires_grad_()
+        gs = points.detach().to(device).requires_grad_()
+        out = F.grid_sample(xs, gs, **kwargs)
+        out.backward(torch.randn(out.shape, generator=seeded(42), dtype=torch.float64).to(device))
+        results.append([t.detach().cpu() for t in (out, xs.grad, gs.grad)])
+    for a, e in zip(results[1], results[0]):
+        torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-10)
+    with pytest.raises(RuntimeError, match="bicubic interpolation only supports 4D input"):
+        F.grid_sample(x.to("pjrt"), points.to("pjrt"), mode="bicubic", align_corners=False)
 
 
 def test_grid_sample_refuses_what_the_cpu_refuses(mode):

@@ -266,6 +266,7 @@ def _upsample_rows() -> list[tuple[str, str, str]]:
 
 HAND_WRITTEN["resample"] = _upsample_rows() + [
     ("grid_sampler_2d", "pjrt_grid_sampler_2d", "autograd"),
+    ("grid_sampler_3d", "pjrt_grid_sampler_3d", "autograd"),
     # Antialiased resizes (torchvision's `Resize(antialias=True)` on float images).
     ("_upsample_bilinear2d_aa", "pjrt_upsample_bilinear2d_aa", ""),
     ("_upsample_bicubic2d_aa", "pjrt_upsample_bicubic2d_aa", ""),

@@ -666,6 +666,89 @@ at::Tensor pjrt_grid_sampler_2d(
   return sample_bilinear(img, ix, iy);
 }
 
+// A batch of volumes, `(N, C, D * H * W)`, read at integer voxel coordinates (zero outside).
+struct Volume {
+  at::Tensor flat;
+  int64_t c, d, h, w;
+
+  at::Tensor read(const at::Tensor& x, const at::Tensor& y, const at::Tensor& z) const {
+    at::Tensor inside = (x >= 0).logical_and(x <= static_cast<double>(w - 1))
+                            .logical_and(y >= 0).logical_and(y <= static_cast<double>(h - 1))
+                            .logical_and(z >= 0).logical_and(z <= static_cast<double>(d - 1));
+    at::Tensor xi = at::where(inside, x, constant_like(x, 0)).to(at::kLong);
+    at::Tensor yi = at::where(inside, y, constant_like(y, 0)).to(at::kLong);
+    at::Tensor zi = at::where(inside, z, constant_like(z, 0)).to(at::kLong);
+    at::Tensor index = ((zi * h + yi) * w + xi).flatten(1);  // (N, OD * OH * OW)
+    int64_t n = index.size(0);
+    at::Tensor values = flat.gather(2, index.unsqueeze(1).expand({n, c, index.size(1)}));
+    values = values.view({n, c, x.size(1), x.size(2), x.size(3)});
+    return at::where(inside.unsqueeze(1), values, at::zeros({}, values.options()));
+  }
+};
+
+// `grid_sampler_3d`: trilinear (the CPU kernel's eight corner weights, summed in its order) or
+// nearest sampling of volumes at a grid of normalized (x, y, z) points, with the 2-d sampler's
+// padding modes; above autograd, as the 2-d one.
+at::Tensor pjrt_grid_sampler_3d(
+    const at::Tensor& input,
+    const at::Tensor& grid,
+    int64_t interpolation_mode,
+    int64_t padding_mode,
+    bool align_corners) {
+  TORCH_CHECK(
+      input.dim() == 5 && grid.dim() == 5 && grid.size(4) == 3,
+      "grid_sampler_3d(): expected a 5-D input and a grid of shape (N, D_out, H_out, W_out, 3), but got "
+      "input of shape ", input.sizes(), " and grid of shape ", grid.sizes());
+  TORCH_CHECK(
+      input.size(0) == grid.size(0),
+      "grid_sampler(): expected grid and input to have same batch size, but got input with sizes ",
+      input.sizes(), " and grid with sizes ", grid.sizes());
+  TORCH_CHECK(
+      input.scalar_type() == grid.scalar_type(),
+      "grid_sampler(): expected input and grid to have same dtype, but input has ",
+      input.scalar_type(), " and grid has ", grid.scalar_type());
+  TORCH_CHECK(
+      interpolation_mode != kBicubic, "grid_sampler(): bicubic interpolation only supports 4D input");
+  TORCH_CHECK(
+      interpolation_mode == kBilinear || interpolation_mode == kNearest,
+      "grid_sampler_3d(): unknown interpolation mode ", interpolation_mode);
+  TORCH_CHECK(
+      padding_mode >= kZeros && padding_mode <= kReflection,
+      "grid_sampler_3d(): unknown padding mode ", padding_mode);
+  const int64_t n = input.size(0), c = input.size(1), d = input.size(2), h = input.size(3), w = input.size(4);
+  if (input.numel() == 0 || grid.numel() == 0) {
+    return at::zeros({n, c, grid.size(1), grid.size(2), grid.size(3)}, input.options());
+  }
+  Volume vol{input.reshape({n, c, d * h * w}), c, d, h, w};
+  at::Tensor ix = pad_coordinate(unnormalize(grid.select(4, 0), w, align_corners), w, padding_mode, align_corners);
+  at::Tensor iy = pad_coordinate(unnormalize(grid.select(4, 1), h, align_corners), h, padding_mode, align_corners);
+  at::Tensor iz = pad_coordinate(unnormalize(grid.select(4, 2), d, align_corners), d, padding_mode, align_corners);
+  if (interpolation_mode == kNearest) {
+    at::Tensor x = at::round(ix), y = at::round(iy), z = at::round(iz);
+    auto zero_through = [](const at::Tensor& t) {
+      return at::where(at::isfinite(t), t - t.detach(), at::zeros({}, t.options()));
+    };
+    at::Tensor one = 1 + zero_through(x) + zero_through(y) + zero_through(z);
+    return vol.read(x, y, z) * one.unsqueeze(1);
+  }
+  const at::Tensor x0 = at::floor(ix), y0 = at::floor(iy), z0 = at::floor(iz);
+  const at::Tensor x1 = x0 + 1, y1 = y0 + 1, z1 = z0 + 1;
+  const std::array<at::Tensor, 2> xs = {x0, x1}, ys = {y0, y1}, zs = {z0, z1};
+  const std::array<at::Tensor, 2> wx = {x1 - ix, ix - x0}, wy = {y1 - iy, iy - y0}, wz = {z1 - iz, iz - z0};
+  at::Tensor out;
+  // Corners top (z0) then bottom (z1); in each, north-west, north-east, south-west, south-east.
+  for (int k = 0; k < 2; ++k) {
+    for (int j = 0; j < 2; ++j) {
+      for (int i = 0; i < 2; ++i) {
+        const at::Tensor weight = wx[i] * wy[j] * wz[k];
+        const at::Tensor term = vol.read(xs[i], ys[j], zs[k]) * weight.unsqueeze(1);
+        out = out.defined() ? out + term : term;
+      }
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 // Kernel registrations, generated from the rows of hand_written_kernels.py.

@@ -518,6 +518,29 @@ def test_scatter_reduce_prod_amax_amin_with_gradients(mode, reduce, include_self
         assert_close(got, expected, rtol=1e-2 if dtype == torch.bfloat16 else 1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("reduce", ["add", "multiply"])
+def test_legacy_scatter_with_a_reduction(mode, reduce):
+    # `scatter(..., reduce=)` is `scatter_reduce` with the self included, in every form.
+    x = torch.randn(3, 4, generator=seeded(27))
+    index = torch.tensor([[0, 1, 2, 0], [2, 2, 0, 1]])
+    src = torch.randn(2, 5, generator=seeded(28))
+    assert_close(torch.scatter(x.to("pjrt"), 0, index.to("pjrt"), src.to("pjrt"), reduce=reduce),
+                 torch.scatter(x, 0, index, src, reduce=reduce))
+    assert_close(torch.scatter(x.to("pjrt"), 1, index.to("pjrt"), 2.5, reduce=reduce),
+                 torch.scatter(x, 1, index, 2.5, reduce=reduce))
+    out = torch.empty(0, device="pjrt")
+    torch.scatter(x.to("pjrt"), 0, index.to("pjrt"), src.to("pjrt"), reduce=reduce, out=out)
+    assert_close(out, torch.scatter(x, 0, index, src, reduce=reduce))
+    in_place = x.to("pjrt")
+    in_place.scatter_(0, index.to("pjrt"), src.to("pjrt"), reduce=reduce)
+    assert_close(in_place, x.clone().scatter_(0, index, src, reduce=reduce))
+    ints = torch.arange(12).view(3, 4)
+    assert_close(torch.scatter(ints.to("pjrt"), 0, index.to("pjrt"), 3, reduce=reduce),
+                 torch.scatter(ints, 0, index, 3, reduce=reduce))
+    with pytest.raises(RuntimeError, match="reduce argument must be either add or multiply"):
+        torch.scatter(x.to("pjrt"), 0, index.to("pjrt"), 2.0, reduce="max")
+
+
 @pytest.mark.parametrize("reduce", ["prod", "mean", "amax", "amin"])
 def test_index_reduce_matches_the_cpu(mode, reduce):
     target = torch.randn(3, 6, generator=seeded(27))

@@ -294,6 +294,8 @@ HAND_WRITTEN["indexing"] = [
     ("index_fill.int_Tensor", "pjrt_index_fill", ""),
     ("index_fill.int_Scalar", "index_fill_scalar", ""),
     ("scatter_reduce.two", "pjrt_scatter_reduce", ""),
+    ("scatter.reduce", "pjrt_scatter_legacy_reduce", ""),
+    ("scatter.value_reduce", "pjrt_scatter_value_legacy_reduce", ""),
     ("index_reduce", "pjrt_index_reduce", ""),
     ("take", "pjrt_take", ""),
     # `put` itself is PyTorch's composite over `put_`.

@@ -719,6 +719,35 @@ at::Tensor pjrt_scatter_reduce(
   return c.run_functional();
 }
 
+// The legacy `scatter(..., reduce=)`: `scatter_reduce` with the self included ("add" sums,
+// "multiply" multiplies); a scalar value is a source of that value in the index's shape.
+c10::string_view legacy_scatter_reduction(c10::string_view reduce) {
+  if (reduce == "add") {
+    return "sum";
+  }
+  TORCH_CHECK(reduce == "multiply", "reduce argument must be either add or multiply.");
+  return "prod";
+}
+
+at::Tensor pjrt_scatter_legacy_reduce(
+    const at::Tensor& self,
+    int64_t dim,
+    const at::Tensor& index,
+    const at::Tensor& src,
+    c10::string_view reduce) {
+  return pjrt_scatter_reduce(self, dim, index, src, legacy_scatter_reduction(reduce), /*include_self=*/true);
+}
+
+at::Tensor pjrt_scatter_value_legacy_reduce(
+    const at::Tensor& self,
+    int64_t dim,
+    const at::Tensor& index,
+    const at::Scalar& value,
+    c10::string_view reduce) {
+  const at::Tensor src = at::full(index.sizes(), value, self.options());
+  return pjrt_scatter_reduce(self, dim, index, src, legacy_scatter_reduction(reduce), /*include_self=*/true);
+}
+
 // `index_reduce` is `scatter_reduce` with the index spread over `source`'s other dimensions.
 at::Tensor pjrt_index_reduce(
     const at::Tensor& self,

@@ -109,6 +109,12 @@ fn masked_fill_meta(a: &MetaArgs) -> Result<Meta, OpError> {
             "masked_fill_ only supports a 0-dimensional value tensor, but got tensor with {} dimension(s).",
             i[2].rank()
         );
+        // PyTorch refuses a complex value tensor for a real tensor, whatever its value.
+        ensure!(
+            !i[2].dtype.is_complex() || x.dtype.is_complex(),
+            "value cannot be converted to type {} without overflow",
+            x.dtype.cpp_type_name()
+        );
     } else {
         a.expect_counts(2..=2, 1..=1)?;
     }

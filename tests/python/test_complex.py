@@ -402,6 +402,10 @@ def test_vector_norms_and_masked_fill(strict_or_fused_mode, dtype):
     for value in [0, -2.5, torch.tensor(1 + 2j, dtype=dtype)]:
         device_value = value.to("pjrt") if isinstance(value, torch.Tensor) else value
         same(x.to("pjrt").masked_fill(mask.to("pjrt"), device_value), x.masked_fill(mask, value))
+    # A complex value tensor into a real tensor is refused, as on the CPU.
+    with pytest.raises(RuntimeError, match="value cannot be converted to type int64_t without overflow"):
+        torch.zeros(2, dtype=torch.long, device="pjrt").masked_fill(mask[0, :2].to("pjrt"),
+                                                                    torch.tensor(1j, device="pjrt"))
     leaf = x.clone().requires_grad_()
     expected = torch.autograd.grad(torch.linalg.vector_norm(leaf), leaf)[0]
     on_device = x.to("pjrt").requires_grad_()

@@ -218,6 +218,9 @@ def test_volumetric_grid_sample_and_its_gradients(mode, interpolation, padding_m
         torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-10)
     with pytest.raises(RuntimeError, match="bicubic interpolation only supports 4D input"):
         F.grid_sample(x.to("pjrt"), points.to("pjrt"), mode="bicubic", align_corners=False)
+    # Integer volumes are refused, as PyTorch's kernels refuse them.
+    with pytest.raises(NotImplementedError, match="not implemented for 'Long'"):
+        F.grid_sample(x.long().to("pjrt"), points.long().to("pjrt"), align_corners=False)
 
 
 def test_grid_sample_refuses_what_the_cpu_refuses(mode):

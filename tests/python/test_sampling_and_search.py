@@ -1,5 +1,5 @@
 """Ops pjrt runs natively instead of falling back to the CPU: erfc, erfinv, lgamma and digamma,
-and special.i1e, i1, i0e (with i0 and modified_bessel_i0), modified_bessel_i1, spherical_bessel_j0, zeta, entr and xlog1py, and nextafter; the
+and special.i1e, i1, i0e (with i0 and modified_bessel_i0), modified_bessel_i1, spherical_bessel_j0, erfcx, log_ndtr, ndtri, zeta, entr and xlog1py, and nextafter; the
 scans cumprod and logcumsumexp; the distributions exponential_, geometric_, log_normal_ and
 cauchy_ and multinomial; searchsorted and bucketize; signbit, copysign, logit, sinc, heaviside,
 count_nonzero, aminmax, linalg.cross, isposinf and isneginf. Values (and gradients where PyTorch has them) against
@@ -125,6 +125,24 @@ def test_float_only_special_functions(mode, name, dtype):
     assert_close(fn(ints.to("pjrt")), fn(ints), rtol=1e-5, atol=0)
     with pytest.raises(NotImplementedError, match="not implemented for 'BFloat16'"):
         fn(torch.ones(2, dtype=torch.bfloat16, device="pjrt"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_normal_distribution_tails(mode, dtype):
+    # erfcx across its switch to the asymptotic series at 10, log_ndtr on both sides of zero and
+    # far into the lower tail (where ndtr itself underflows), ndtri from the deep tail to 1.
+    x = torch.tensor([-40.0, -10.0, -1.0, -1e-3, 0.0, 0.3, 1.0, 5.0, 9.9, 10.1, 30.0, 1e5, inf, -inf, nan], dtype=dtype)
+    for fn in [torch.special.erfcx, torch.special.log_ndtr]:
+        _close_with_nans(fn(x.to("pjrt")), fn(x), dtype)
+    p = torch.tensor([0.0, 1e-30, 1e-20, 1e-5, 0.01, 0.3, 0.5, 0.7, 0.99, 1 - 1e-6, 1.0, 1.5, -0.1, nan], dtype=dtype)
+    if dtype == torch.float64:
+        p = torch.cat([p, torch.tensor([1e-300, 1 - 1e-12], dtype=dtype)])
+    torch.testing.assert_close(torch.special.ndtri(p.to("pjrt")).cpu(), torch.special.ndtri(p), equal_nan=True,
+                               rtol=1e-6 if dtype == torch.float32 else 1e-10, atol=0)
+    ints = torch.tensor([0, 1, -3])
+    assert_close(torch.special.erfcx(ints.to("pjrt")), torch.special.erfcx(ints), rtol=1e-6, atol=0)
+    with pytest.raises(NotImplementedError, match="not implemented for 'BFloat16'"):
+        torch.special.ndtri(torch.ones(2, dtype=torch.bfloat16, device="pjrt"))
 
 
 # zeta: poles (x = 1), x < 1, q at and below zero, integer and not, and x = +inf

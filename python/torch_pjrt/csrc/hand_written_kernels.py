@@ -117,6 +117,9 @@ HAND_WRITTEN["elementwise"] = [
     ("special_i1", "pjrt_special_i1", ""),
     ("special_modified_bessel_i1", "pjrt_special_modified_bessel_i1", ""),
     ("special_spherical_bessel_j0", "pjrt_special_spherical_bessel_j0", ""),
+    ("special_erfcx", "pjrt_special_erfcx", ""),
+    ("special_log_ndtr", "pjrt_special_log_ndtr", ""),
+    ("special_ndtri", "pjrt_special_ndtri", ""),
     ("polygamma", "pjrt_polygamma", "real"),
 ]
 

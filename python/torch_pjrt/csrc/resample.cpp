@@ -623,6 +623,10 @@ at::Tensor pjrt_grid_sampler_2d(
     int64_t interpolation_mode,
     int64_t padding_mode,
     bool align_corners) {
+  // PyTorch's kernels sample floating-point images only.
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      at::isFloatingType(input.scalar_type()),
+      "\"grid_sampler_2d\" not implemented for '", c10::toString(input.scalar_type()), "'");
   TORCH_CHECK(
       input.dim() == 4 && grid.dim() == 4 && grid.size(3) == 2,
       "grid_sampler_2d(): expected a 4-D input and a grid of shape (N, H_out, W_out, 2), but got "
@@ -695,6 +699,10 @@ at::Tensor pjrt_grid_sampler_3d(
     int64_t interpolation_mode,
     int64_t padding_mode,
     bool align_corners) {
+  // PyTorch's kernels sample floating-point images only.
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      at::isFloatingType(input.scalar_type()),
+      "\"grid_sampler_3d\" not implemented for '", c10::toString(input.scalar_type()), "'");
   TORCH_CHECK(
       input.dim() == 5 && grid.dim() == 5 && grid.size(4) == 3,
       "grid_sampler_3d(): expected a 5-D input and a grid of shape (N, D_out, H_out, W_out, 3), but got "

@@ -135,9 +135,25 @@ GAUGE_FREE_VALUES: dict[str, str] = {
 }
 
 
+def _mode_value_repeats(sample) -> bool:
+    """Whether a slice's most frequent value occurs more than once (its index is then any of
+    those positions)."""
+    x = sample.input.detach().cpu()
+    if x.dim() == 0 or x.numel() == 0:
+        return False
+    dim = sample.args[0] if sample.args else sample.kwargs.get("dim", -1)
+    values = torch.mode(x, dim, keepdim=True).values
+    return bool(((x == values).sum(dim) > 1).any())
+
+
 # Samples whose gradient is any element of a subdifferential, with the reason: the CPU's
 # backward picks one element, a correct backward may pick another.
 ARBITRARY_SUBGRADIENTS: dict[str, tuple[str, object]] = {
+    "mode": (
+        "the gradient of a most frequent value that occurs several times goes to the occurrence "
+        "its index names, which is any of them",
+        _mode_value_repeats,
+    ),
     "linalg.norm.subgradients_at_zero": (
         "the spectral and nuclear norms' subgradient at a zero matrix is u v^T for any unit "
         "singular vectors, which the CPU's LAPACK and the device's eigensolver choose differently",
@@ -163,8 +179,29 @@ def _with_canonical_signs(op, out):
     return type(out)(fixed)
 
 
+# Ops whose index output may be any position holding the value found: `mode`'s most frequent
+# value occurs several times, and which occurrence the CPU reports depends on its unstable sort.
+# Each run's indices become the first occurrence before comparing.
+ANY_OCCURRENCE_INDICES: dict[str, str] = {
+    "mode": "the index of a value that occurs several times is any of its positions; the CPU's "
+    "comes from an unstable sort",
+}
+
+
+def _with_first_occurrences(op, inp, args, kwargs, out):
+    if op_id(op) not in ANY_OCCURRENCE_INDICES or not isinstance(out, tuple) or inp.dim() == 0:
+        return out
+    values, _ = out
+    dim = args[0] if args else kwargs.get("dim", -1)
+    keepdim = args[1] if len(args) > 1 else kwargs.get("keepdim", False)
+    kept = values if keepdim else values.unsqueeze(dim)
+    first = (inp.detach() == kept.detach()).to(torch.uint8).argmax(dim, keepdim=keepdim)
+    return type(out)((values, first))
+
+
 def _call(op, inp, args, kwargs):
-    return _with_canonical_signs(op, op(inp, *args, **kwargs))
+    out = op(inp, *args, **kwargs)
+    return _with_first_occurrences(op, inp, args, kwargs, _with_canonical_signs(op, out))
 
 
 def op_id(op) -> str:

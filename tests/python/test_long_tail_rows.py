@@ -244,7 +244,13 @@ def test_pdist_values_and_gradients(mode, p):
     x = torch.randn(6, 3, generator=seeded(8), dtype=torch.float64)
     x[3] = x[1]  # a zero distance: its gradient is zero, as PyTorch's _pdist_backward gives
     check(lambda t: F.pdist(t, p), (x,), rtol=1e-10, atol=1e-10)
-    assert F.pdist(torch.randn(1, 3, device="pjrt")).shape == (0,)
+    single = torch.randn(1, 3, device="pjrt", requires_grad=True)
+    no_pairs = F.pdist(single)
+    assert no_pairs.shape == (0,)
+    no_pairs.sum().backward()  # still part of the graph, as PyTorch's
+    assert_close(single.grad, torch.zeros(1, 3))
+    with pytest.raises(NotImplementedError, match="not implemented for 'BFloat16'"):
+        F.pdist(x.bfloat16().to("pjrt"), p)
     with pytest.raises(RuntimeError, match="requires contiguous input"):
         torch.ops.aten._pdist_forward(x.to("pjrt").t(), p)
 
@@ -259,6 +265,13 @@ def test_unique_consecutive_runs(mode):
         for g, e in zip(got, expected):
             assert_close(g, e, equal_nan=True)
     assert_close(torch.unique_consecutive(x.to("pjrt")), torch.unique_consecutive(x))
+    # One slice along the dim; and PyTorch's refusal of empty slices.
+    single = torch.randn(5, 1, 5, generator=seeded(15))
+    for got, expected in zip(torch.unique_consecutive(single.to("pjrt"), return_counts=True, dim=1),
+                             torch.unique_consecutive(single, return_counts=True, dim=1)):
+        assert_close(got, expected)
+    with pytest.raises(RuntimeError, match="There are 0 sized dimensions, and they aren't selected"):
+        torch.unique_consecutive(torch.zeros(5, 0, 5, device="pjrt"), dim=0)
 
 
 def test_nonzero_static_reads_nothing_to_the_host(mode):
@@ -327,3 +340,7 @@ def test_fractional_max_pool_picks_the_cpus_windows(mode, dims):
             grad = torch.randn(values.shape, generator=g, dtype=dtype)
             assert_close(backward(grad.to("pjrt"), x.to("pjrt"), kernel, out, got_indices),
                          backward(grad, x, kernel, out, indices))
+    # An empty batch.
+    empty = torch.zeros(0, 1, *([6] * dims))
+    samples = torch.rand(0, 1, dims, generator=g)
+    assert forward(empty.to("pjrt"), [2] * dims, [3] * dims, samples.to("pjrt"))[0].shape == (0, 1, *([3] * dims))

@@ -202,6 +202,11 @@ std::tuple<at::Tensor, at::Tensor> fractional_max_pool(
   }
   std::vector<int64_t> out_shape = {n, c};
   out_shape.insert(out_shape.end(), output_size.begin(), output_size.end());
+  if (n * c == 0) {
+    at::Tensor values = at::empty(out_shape, x.options());
+    at::Tensor indices = at::empty(out_shape, longs);
+    return batched ? std::make_tuple(values, indices) : std::make_tuple(values.squeeze(0), indices.squeeze(0));
+  }
   // Each window's first element, as a flat index in its plane.
   at::Tensor origin = at::zeros(out_shape, longs);
   for (int64_t d = 0; d < dims; ++d) {
@@ -248,9 +253,12 @@ at::Tensor fractional_max_pool_backward(const at::Tensor& grad_output, const at:
   const bool batched = self.dim() == dims + 2;
   const at::Tensor x = batched ? self : self.unsqueeze(0);
   const int64_t n = x.size(0), c = x.size(1);
+  if (n * c == 0) {
+    return at::zeros(self.sizes(), grad_output.options());
+  }
   const at::Tensor grad = grad_output.reshape({n, c, -1});
   const at::Tensor where = indices.reshape({n, c, -1});
-  return at::zeros({n, c, x.numel() / std::max<int64_t>(n * c, 1)}, grad_output.options())
+  return at::zeros({n, c, x.numel() / (n * c)}, grad_output.options())
       .scatter_add(2, where, grad)
       .view(self.sizes());
 }

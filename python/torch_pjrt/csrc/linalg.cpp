@@ -119,9 +119,14 @@ void check_cdist(const at::Tensor& x1, const at::Tensor& x2, double p) {
 // rows are equal, as PyTorch's `_pdist_backward`.
 at::Tensor pjrt_pdist_forward(const at::Tensor& self, double p) {
   TORCH_CHECK(self.is_contiguous(), "_pdist_forward requires contiguous input");
+  // As PyTorch's kernels: float32 and float64 only.
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      !at::isReducedFloatingType(self.scalar_type()),
+      "\"pdist\" not implemented for '", c10::toString(self.scalar_type()), "'");
   const int64_t n = self.size(0);
   if (n <= 1) {
-    return at::empty({0}, self.options());
+    // No pairs; still an output of `self` for autograd, as PyTorch's.
+    return self.reshape({-1}).narrow(0, 0, 0).clone();
   }
   const at::Tensor pairs = at::triu_indices(n, n, 1, self.options().dtype(at::kLong));
   const at::Tensor gap = self.index_select(0, pairs[0]) - self.index_select(0, pairs[1]);
@@ -970,18 +975,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> pjrt_linalg_lstsq(
   }
   // LAPACK leaves the solution in a column-major buffer of max(m, n) rows; PyTorch returns its
   // first n rows.
-  if (m > n) {
-    solution = column_major(at::cat({solution, at::zeros_like(solution).narrow(-2, 0, 1).expand(
-                                                   [&] {
-                                                     auto sizes = solution.sizes().vec();
-                                                     sizes[sizes.size() - 2] = m - n;
-                                                     return sizes;
-                                                   }())},
-                                    -2))
-                   .narrow(-2, 0, n);
-  } else {
-    solution = column_major(solution);
-  }
+  solution = m > n ? column_major(at::constant_pad_nd(solution, {0, 0, 0, m - n})).narrow(-2, 0, n)
+                   : column_major(solution);
   if (vector_case) {
     solution = solution.squeeze(-1);
   }

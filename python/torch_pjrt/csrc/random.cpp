@@ -196,6 +196,10 @@ at::Tensor pjrt_rrelu_with_noise(
   if (!training) {
     return at::leaky_relu(self, (lower.toDouble() + upper.toDouble()) / 2);
   }
+  // PyTorch's training kernel draws for float32, float64 and bfloat16.
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      self.scalar_type() != at::kHalf, "\"rrelu_with_noise\" not implemented for '",
+      c10::toString(self.scalar_type()), "'");
   at::Tensor slopes = at::empty_like(self, at::MemoryFormat::Contiguous);
   pjrt_uniform_(slopes, lower.toDouble(), upper.toDouble(), std::move(gen));
   const at::Tensor scaled = self <= 0;

@@ -270,6 +270,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> pjrt_unique_consecutive(
   const at::Tensor source = whole ? self.reshape({-1}) : self;
   const int64_t d = whole ? 0 : at::maybe_wrap_dim(*dim, self.dim());
   const int64_t n = source.dim() == 0 ? 1 : source.size(d);
+  if (!whole) {
+    for (int64_t other = 0; other < self.dim(); ++other) {
+      TORCH_CHECK(
+          other == d || self.size(other) > 0,
+          "There are 0 sized dimensions, and they aren't selected, so unique cannot be applied");
+    }
+  }
   if (n == 0) {
     at::Tensor inverse = return_inverse ? (whole ? at::zeros(self.sizes(), longs) : none) : none;
     return {source.clone(), inverse, none};
@@ -277,7 +284,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> pjrt_unique_consecutive(
   // Slices along `d` that differ from the one before, any element counting.
   at::Tensor differs = at::ne(source.narrow(d, 1, n - 1), source.narrow(d, 0, n - 1));
   if (!whole) {
-    differs = differs.movedim(d, 0).reshape({n - 1, -1}).any(1);
+    differs = n == 1 ? differs.reshape({0}) : differs.movedim(d, 0).reshape({n - 1, -1}).any(1);
   }
   const at::Tensor is_new = at::cat({at::ones({1}, self.options().dtype(at::kBool)), differs});
   const at::Tensor starts = is_new.nonzero().squeeze(1);
@@ -348,6 +355,10 @@ void check_histogram(const at::Tensor& self, const std::optional<at::Tensor>& we
   TORCH_CHECK(
       at::isFloatingType(self.scalar_type()),
       "torch.histogramdd: input tensor should have a floating-point dtype, but got ", self.scalar_type());
+  // As PyTorch's kernel: float32 and float64 only.
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      !at::isReducedFloatingType(self.scalar_type()),
+      "\"histogramdd\" not implemented for '", c10::toString(self.scalar_type()), "'");
   if (present(weight)) {
     TORCH_CHECK(
         weight->scalar_type() == self.scalar_type(),

@@ -449,6 +449,10 @@ at::Tensor upsample_antialias(
     const std::vector<std::optional<double>>& scales,
     bool cubic) {
   check_resample(op, self, 2, output_size);
+  // PyTorch's kernels compute the taps in float32 and float64 only.
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      !at::isReducedFloatingType(self.scalar_type()),
+      "\"", op, "\" not implemented for '", c10::toString(self.scalar_type()), "'");
   at::Tensor result = self.to(interpolation_type(self));
   for (int64_t i = 1; i >= 0; --i) {
     const int64_t dim = i + 2;
@@ -468,6 +472,9 @@ at::Tensor upsample_antialias_backward(
       input_size.size() == 4 && grad_output.dim() == 4,
       "upsample antialias backward: expected a 4-D gradient and input size, but got a gradient of shape ",
       grad_output.sizes(), " and input size ", input_size);
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      !at::isReducedFloatingType(grad_output.scalar_type()),
+      "\"upsample antialias backward\" not implemented for '", c10::toString(grad_output.scalar_type()), "'");
   at::Tensor grad = grad_output.to(interpolation_type(grad_output));
   for (int64_t i = 0; i < 2; ++i) {
     const int64_t dim = i + 2;

@@ -1,6 +1,6 @@
 """Long-tail ops composed on the device as rows of `csrc/hand_written_kernels.py`: `nansum`,
 `nanmedian`, `take` and `put_` (so `put` and `take`'s gradient), `addbmm`, `renorm`, `polygamma` of every order,
-`max_unpool2d`/`max_unpool3d`, `mode`, `frexp`, `pdist`, `unique_consecutive`, `nonzero_static`, `histogram` and fractional max pooling, with the in-place and
+`max_unpool2d`/`max_unpool3d`, `mode`, `frexp`, `pdist`, `unique_consecutive`, `nonzero_static`, `histogram`, `histogramdd` and fractional max pooling, with the in-place and
 `out=` forms the generator derives. Values and gradients against the CPU in every eager mode,
 and the CPU's errors. Nothing may fall back to the CPU (the `mode` fixture checks)."""
 
@@ -344,3 +344,29 @@ def test_fractional_max_pool_picks_the_cpus_windows(mode, dims):
     empty = torch.zeros(0, 1, *([6] * dims))
     samples = torch.rand(0, 1, dims, generator=g)
     assert forward(empty.to("pjrt"), [2] * dims, [3] * dims, samples.to("pjrt"))[0].shape == (0, 1, *([3] * dims))
+
+
+def test_histogramdd_bins_points_as_the_cpu(mode):
+    g = seeded(16)
+    x = torch.tensor([[0.0, 1.0], [1.0, 0.0], [2.0, 0.0], [2.0, 2.0]])
+    cases = [
+        (x, dict(bins=[3, 3], weight=torch.tensor([1.0, 2.0, 4.0, 8.0]))),
+        (x, dict(bins=[2, 2], range=[0.0, 1.0, 0.0, 1.0], density=True)),
+        (x, dict(bins=[torch.tensor([0.0, 1.0, 2.0]), torch.tensor([0.0, 1.0, 2.0])])),
+        (torch.zeros(0, 2), dict(bins=[2, 2])),
+        (torch.randn(500, 3, generator=g, dtype=torch.float64), dict(bins=[4, 5, 6], density=True)),
+        (torch.randn(7, 20, 2, generator=g), dict(bins=[5, 7], range=[-1.0, 1.0, -2.0, 2.0],
+                                                  weight=torch.rand(7, 20, generator=g))),
+    ]
+    for t, kw in cases:
+        expected = torch.histogramdd(t, **kw)
+        on_device = {k: ([b.to("pjrt") for b in v] if isinstance(v, list) and isinstance(v[0], torch.Tensor)
+                         else v.to("pjrt") if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+        got = torch.histogramdd(t.to("pjrt"), **on_device)
+        assert_close(got.hist, expected.hist)
+        for got_edges, expected_edges in zip(got.bin_edges, expected.bin_edges):
+            assert_close(got_edges, expected_edges)
+    with pytest.raises(RuntimeError, match="The size of bins must be equal to the innermost dimension"):
+        torch.histogramdd(x.to("pjrt"), bins=[2, 2, 2])
+    with pytest.raises(RuntimeError, match="expected 2 sequences of bin edges"):
+        torch.histogramdd(x.to("pjrt"), bins=[torch.tensor([0.0, 1.0], device="pjrt")] * 3)

@@ -329,29 +329,55 @@ at::Tensor pjrt_bincount(const at::Tensor& self, const std::optional<at::Tensor>
   return at::zeros({length}, counts.options()).index_add(0, self.to(at::kLong), counts);
 }
 
-// `torch.histogram`'s counts (or summed weights) of `self` in the bins `edges` delimits: each
-// bin holds [edge_k, edge_k+1), the last one its right edge too, exactly as PyTorch's kernel
-// places values against the edges (a search over them, not a division); values outside the
-// edges, and NaNs, are not counted. `density` divides by the total and the bins' widths.
-at::Tensor histogram_of(
-    const at::Tensor& self,
-    const at::Tensor& edges,
+// `torch.histogramdd`'s counts (or summed weights) of the points `(N, D)` in the bins the
+// per-coordinate `edges` delimit: each bin holds [edge_k, edge_k+1) along each coordinate, the
+// last one its right edge too, exactly as PyTorch's kernel places values against the edges (a
+// search over them, not a division); points outside the edges in any coordinate, and NaNs, are
+// not counted. `density` divides by the total and each coordinate's bin widths, in PyTorch's
+// order.
+at::Tensor histogram_of_points(
+    const at::Tensor& points,
+    const std::vector<at::Tensor>& edges,
     const std::optional<at::Tensor>& weight,
-    bool density) {
-  const int64_t bins = edges.size(0) - 1;
-  const at::Tensor flat = self.reshape({-1});
-  const at::Tensor inside = at::logical_and(flat >= edges.narrow(0, 0, 1), flat <= edges.narrow(0, bins, 1));
-  const at::Tensor bin = (at::searchsorted(edges, flat, /*out_int32=*/false, /*right=*/true) - 1).clamp(0, bins - 1);
-  const at::Tensor amounts = present(weight) ? weight->reshape({-1}) : at::ones_like(flat);
-  at::Tensor hist = at::zeros({bins}, self.options())
-                        .index_add(0, bin, at::where(inside, amounts, at::zeros_like(amounts)));
+    bool density,
+    const std::vector<std::pair<double, double>>& bounds = {}) {
+  const int64_t n = points.size(0);
+  const at::TensorOptions longs = points.options().dtype(at::kLong);
+  at::Tensor counted = at::ones({n}, points.options().dtype(at::kBool));
+  at::Tensor flat = at::zeros({n}, longs);
+  std::vector<int64_t> shape;
+  for (size_t d = 0; d < edges.size(); ++d) {
+    const at::Tensor& e = edges[d];
+    const int64_t bins = e.size(0) - 1;
+    shape.push_back(bins);
+    const at::Tensor coordinate = points.select(1, static_cast<int64_t>(d)).contiguous();
+    // The outer edges as the host knows them where it chose them: a fused linspace may round
+    // its last edge below the data's maximum.
+    const at::Tensor inside = bounds.empty()
+        ? at::logical_and(coordinate >= e.narrow(0, 0, 1), coordinate <= e.narrow(0, bins, 1))
+        : at::logical_and(coordinate >= bounds[d].first, coordinate <= bounds[d].second);
+    const at::Tensor bin =
+        (at::searchsorted(e, coordinate, /*out_int32=*/false, /*right=*/true) - 1).clamp(0, bins - 1);
+    counted = at::logical_and(counted, inside);
+    flat = flat * bins + bin;
+  }
+  const at::Tensor amounts = present(weight) ? weight->reshape({-1}) : at::ones({n}, points.options());
+  at::Tensor hist = at::zeros({c10::multiply_integers(shape)}, points.options())
+                        .index_add(0, flat, at::where(counted, amounts, at::zeros_like(amounts)))
+                        .view(shape);
   if (density) {
-    hist = hist / (hist.sum() * (edges.narrow(0, 1, bins) - edges.narrow(0, 0, bins)));
+    hist = hist / hist.sum();
+    for (size_t d = 0; d < edges.size(); ++d) {
+      std::vector<int64_t> along(edges.size(), 1);
+      along[d] = shape[d];
+      const at::Tensor widths = edges[d].narrow(0, 1, shape[d]) - edges[d].narrow(0, 0, shape[d]);
+      hist = hist / widths.view(along);
+    }
   }
   return hist;
 }
 
-void check_histogram(const at::Tensor& self, const std::optional<at::Tensor>& weight) {
+void check_histogram(const at::Tensor& self, const std::optional<at::Tensor>& weight, bool per_point) {
   TORCH_CHECK(
       at::isFloatingType(self.scalar_type()),
       "torch.histogramdd: input tensor should have a floating-point dtype, but got ", self.scalar_type());
@@ -363,49 +389,110 @@ void check_histogram(const at::Tensor& self, const std::optional<at::Tensor>& we
     TORCH_CHECK(
         weight->scalar_type() == self.scalar_type(),
         "torch.histogramdd: if weight tensor is provided, it should have the same dtype as the input tensor");
+    const at::IntArrayRef expected = per_point ? self.sizes().slice(0, self.dim() - 1) : self.sizes();
     TORCH_CHECK(
-        weight->sizes() == self.sizes(),
-        "torch.histogramdd: if weight tensor is provided it should have the same shape as the input tensor");
+        weight->sizes() == expected,
+        "torch.histogramdd: if weight tensor is provided it should have the same shape as the input tensor",
+        per_point ? " excluding its innermost dimension" : "");
   }
 }
 
-// `torch.histogram` with a bin count: equal bins over `range`, or over the data's range (read
-// to the host, as PyTorch's kernel reads it: it fixes the edges), widened by 1/2 each way when
-// every value is the same, and [0, 1] for no values.
+// The points of a `histogramdd` input: its last dim holds each point's coordinates.
+at::Tensor histogram_points(const at::Tensor& self) {
+  TORCH_CHECK(
+      self.dim() >= 2, "torch.histogramdd: input tensor should have at least 2 dimensions, but got ",
+      self.dim());
+  return self.reshape({-1, self.size(-1)});
+}
+
+// Equal bins along each coordinate: over `range`'s pairs, or over the data's range (read to the
+// host, as PyTorch's kernel reads it: it fixes the edges), widened by 1/2 each way where every
+// value is the same, and [0, 1] for no points.
+std::vector<at::Tensor> histogram_edges(
+    const at::Tensor& points,
+    at::IntArrayRef bins,
+    at::OptionalArrayRef<double> range,
+    std::vector<std::pair<double, double>>* bounds = nullptr) {
+  const int64_t dims = points.size(1);
+  TORCH_CHECK(
+      static_cast<int64_t>(bins.size()) == dims,
+      "histogramdd: The size of bins must be equal to the innermost dimension of the input.");
+  std::vector<double> left(dims, 0.0), right(dims, 1.0);
+  if (range.has_value()) {
+    TORCH_CHECK(
+        static_cast<int64_t>(range->size()) == 2 * dims, "torch.histogramdd: for a ", dims,
+        "-dimensional histogram range should have ", 2 * dims, " elements, but got ", range->size());
+    for (int64_t d = 0; d < dims; ++d) {
+      left[d] = (*range)[2 * d];
+      right[d] = (*range)[2 * d + 1];
+    }
+  } else if (points.size(0) > 0) {
+    auto [low, high] = at::aminmax(points, 0);
+    const at::Tensor both = at::stack({low, high}).to(at::kDouble).cpu();
+    for (int64_t d = 0; d < dims; ++d) {
+      left[d] = both[0][d].item<double>();
+      right[d] = both[1][d].item<double>();
+    }
+  }
+  std::vector<at::Tensor> edges;
+  for (int64_t d = 0; d < dims; ++d) {
+    TORCH_CHECK(
+        bins[d] > 0, "torch.histogramdd(): bins must be > 0, but got ", bins[d], " for dimension ", d);
+    TORCH_CHECK(
+        std::isfinite(left[d]) && std::isfinite(right[d]), "torch.histogramdd: dimension ", d, "'s range [",
+        left[d], ", ", right[d], "] is not finite");
+    TORCH_CHECK(
+        left[d] <= right[d], "torch.histogramdd: min should not exceed max, but got min ", left[d], " max ",
+        right[d], " for dimension ", d);
+    if (left[d] == right[d]) {
+      left[d] -= 0.5;
+      right[d] += 0.5;
+    }
+    edges.push_back(at::linspace(left[d], right[d], bins[d] + 1, points.options()));
+    if (bounds != nullptr) {
+      bounds->emplace_back(left[d], right[d]);
+    }
+  }
+  return edges;
+}
+
+std::vector<at::Tensor> checked_edges(const at::Tensor& self, at::TensorList bins) {
+  std::vector<at::Tensor> edges;
+  for (size_t d = 0; d < bins.size(); ++d) {
+    const at::Tensor& b = bins[d];
+    TORCH_CHECK(
+        b.dim() == 1, "torch.histogramdd: bins tensor should have one dimension, but got ", b.dim(),
+        " dimensions in the bins tensor for dimension ", d);
+    TORCH_CHECK(
+        b.scalar_type() == self.scalar_type(),
+        "torch.histogramdd: input tensor and bins tensors should have the same dtype, but got input ",
+        self.scalar_type(), " and bins for dimension ", d, " ", b.scalar_type());
+    TORCH_CHECK(
+        b.numel() > 0, "torch.histogramdd: bins tensor should have at least 1 element, but got ", b.numel(),
+        " elements for dimension ", d);
+    edges.push_back(b.contiguous().clone());
+  }
+  return edges;
+}
+
+// `torch.histogram` with a bin count: one coordinate's `histogramdd`.
 std::tuple<at::Tensor, at::Tensor> pjrt_histogram_bin_ct(
     const at::Tensor& self,
     int64_t bins,
     at::OptionalArrayRef<double> range,
     const std::optional<at::Tensor>& weight,
     bool density) {
-  check_histogram(self, weight);
-  TORCH_CHECK(bins > 0, "torch.histogramdd(): bins must be > 0, but got ", bins, " for dimension 0");
-  double left = 0.0, right = 1.0;
+  check_histogram(self, weight, /*per_point=*/false);
   if (range.has_value()) {
     TORCH_CHECK(
         range->size() == 2,
         "torch.histogramdd: for a 1-dimensional histogram range should have 2 elements, but got ",
         range->size());
-    left = (*range)[0];
-    right = (*range)[1];
-  } else if (self.numel() > 0) {
-    auto [low, high] = at::aminmax(self);
-    const at::Tensor both = at::stack({low, high}).to(at::kDouble).cpu();
-    left = both[0].item<double>();
-    right = both[1].item<double>();
   }
-  TORCH_CHECK(
-      std::isfinite(left) && std::isfinite(right),
-      "torch.histogramdd: dimension 0's range [", left, ", ", right, "] is not finite");
-  TORCH_CHECK(
-      left <= right, "torch.histogramdd: min should not exceed max, but got min ", left, " max ", right,
-      " for dimension 0");
-  if (left == right) {
-    left -= 0.5;
-    right += 0.5;
-  }
-  const at::Tensor edges = at::linspace(left, right, bins + 1, self.options());
-  return {histogram_of(self, edges, weight, density), edges};
+  const at::Tensor points = self.reshape({-1, 1});
+  std::vector<std::pair<double, double>> bounds;
+  std::vector<at::Tensor> edges = histogram_edges(points, {bins}, range, &bounds);
+  return {histogram_of_points(points, edges, weight, density, bounds), edges[0]};
 }
 
 // `torch.histogram` with the edges given (increasing).
@@ -414,23 +501,60 @@ std::tuple<at::Tensor, at::Tensor> pjrt_histogram_bins_tensor(
     const at::Tensor& bins,
     const std::optional<at::Tensor>& weight,
     bool density) {
-  check_histogram(self, weight);
-  TORCH_CHECK(
-      bins.dim() == 1, "torch.histogramdd: bins tensor should have one dimension, but got ", bins.dim(),
-      " dimensions in the bins tensor for dimension 0");
-  TORCH_CHECK(
-      bins.scalar_type() == self.scalar_type(),
-      "torch.histogramdd: input tensor and bins tensors should have the same dtype, but got input ",
-      self.scalar_type(), " and bins for dimension 0 ", bins.scalar_type());
-  TORCH_CHECK(
-      bins.numel() > 0,
-      "torch.histogramdd: bins tensor should have at least 1 element, but got ", bins.numel(),
-      " elements for dimension 0");
-  const at::Tensor edges = bins.contiguous().clone();
-  if (edges.numel() == 1) {
-    return {at::zeros({0}, self.options()), edges};
+  check_histogram(self, weight, /*per_point=*/false);
+  std::vector<at::Tensor> edges = checked_edges(self, {bins});
+  if (edges[0].numel() == 1) {
+    return {at::zeros({0}, self.options()), edges[0]};
   }
-  return {histogram_of(self, edges, weight, density), edges};
+  return {histogram_of_points(self.reshape({-1, 1}), edges, weight, density), edges[0]};
+}
+
+// `torch.histogramdd`'s pieces: the edges of equal bins, and the histogram over equal bins or
+// over given edges.
+std::vector<at::Tensor> pjrt_histogramdd_bin_edges(
+    const at::Tensor& self,
+    at::IntArrayRef bins,
+    at::OptionalArrayRef<double> range,
+    const std::optional<at::Tensor>& weight,
+    bool density) {
+  check_histogram(self, weight, /*per_point=*/true);
+  return histogram_edges(histogram_points(self), bins, range);
+}
+
+at::Tensor pjrt_histogramdd_from_bin_cts(
+    const at::Tensor& self,
+    at::IntArrayRef bins,
+    at::OptionalArrayRef<double> range,
+    const std::optional<at::Tensor>& weight,
+    bool density) {
+  check_histogram(self, weight, /*per_point=*/true);
+  const at::Tensor points = histogram_points(self);
+  std::vector<std::pair<double, double>> bounds;
+  std::vector<at::Tensor> edges = histogram_edges(points, bins, range, &bounds);
+  return histogram_of_points(points, edges, weight, density, bounds);
+}
+
+at::Tensor pjrt_histogramdd_from_bin_tensors(
+    const at::Tensor& self,
+    at::TensorList bins,
+    const std::optional<at::Tensor>& weight,
+    bool density) {
+  check_histogram(self, weight, /*per_point=*/true);
+  const at::Tensor points = histogram_points(self);
+  TORCH_CHECK(
+      static_cast<int64_t>(bins.size()) == points.size(1), "torch.histogramdd: expected ", points.size(1),
+      " sequences of bin edges for a ", points.size(1), "-dimensional histogram but got ", bins.size());
+  std::vector<at::Tensor> edges = checked_edges(self, bins);
+  for (const at::Tensor& e : edges) {
+    if (e.numel() == 1) {
+      std::vector<int64_t> shape;
+      for (const at::Tensor& f : edges) {
+        shape.push_back(f.numel() - 1);
+      }
+      return at::zeros(shape, self.options());
+    }
+  }
+  return histogram_of_points(points, edges, weight, density);
 }
 
 // `torch.histc`: `bins` equal bins over [min, max] (the data's range when both are 0); values

@@ -288,7 +288,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> pjrt_unique_consecutive(
   }
   const at::Tensor is_new = at::cat({at::ones({1}, self.options().dtype(at::kBool)), differs});
   const at::Tensor starts = is_new.nonzero().squeeze(1);
-  const at::Tensor values = whole ? source.index({starts}) : source.index_select(d, starts);
+  // Along a dim, PyTorch's result is the selected slices moved back from the front: the same
+  // layout here.
+  const at::Tensor values = whole
+      ? source.index({starts})
+      : source.movedim(d, 0).contiguous().index_select(0, starts).movedim(0, d);
   at::Tensor inverse = none;
   if (return_inverse) {
     inverse = is_new.to(at::kLong).cumsum(0) - 1;

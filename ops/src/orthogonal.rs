@@ -155,29 +155,28 @@ fn recurrence_step(
             let back = e.mul(k, previous);
             e.sub(product, back)
         }
-        Family::Laguerre => {
-            // ((2k + 1 - x) L_k - k L_{k-1}) / (k + 1)
-            let one = e.full_like(k, 1.0);
-            let odd = e.add(k, k);
-            let odd = e.add(odd, one);
-            let factor = e.sub(odd, x);
-            let product = e.mul(factor, current);
-            let back = e.mul(k, previous);
-            let numerator = e.sub(product, back);
-            let next_k = e.add(k, one);
-            e.div(numerator, next_k)
-        }
-        Family::Legendre => {
-            // ((2k + 1) x P_k - k P_{k-1}) / (k + 1)
-            let one = e.full_like(k, 1.0);
-            let odd = e.add(k, k);
-            let odd = e.add(odd, one);
-            let scaled = e.mul(odd, x);
-            let product = e.mul(scaled, current);
-            let back = e.mul(k, previous);
-            let numerator = e.sub(product, back);
-            let next_k = e.add(k, one);
-            e.div(numerator, next_k)
-        }
+        // ((2k + 1 - x) L_k - k L_{k-1}) / (k + 1)
+        Family::Laguerre => normalized_step(e, k, previous, current, |e, odd| e.sub(odd, x)),
+        // ((2k + 1) x P_k - k P_{k-1}) / (k + 1)
+        Family::Legendre => normalized_step(e, k, previous, current, |e, odd| e.mul(odd, x)),
     }
+}
+
+/// `(f(2k + 1) P_k - k P_{k-1}) / (k + 1)`, the shape of Laguerre's and Legendre's recurrences.
+fn normalized_step(
+    e: &mut Emitter,
+    k: Value,
+    previous: Value,
+    current: Value,
+    factor: impl FnOnce(&mut Emitter, Value) -> Value,
+) -> Value {
+    let one = e.full_like(k, 1.0);
+    let odd = e.add(k, k);
+    let odd = e.add(odd, one);
+    let factor = factor(e, odd);
+    let product = e.mul(factor, current);
+    let back = e.mul(k, previous);
+    let numerator = e.sub(product, back);
+    let next_k = e.add(k, one);
+    e.div(numerator, next_k)
 }

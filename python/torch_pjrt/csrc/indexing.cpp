@@ -744,8 +744,7 @@ at::Tensor pjrt_scatter_value_legacy_reduce(
     const at::Tensor& index,
     const at::Scalar& value,
     c10::string_view reduce) {
-  const at::Tensor src = at::full(index.sizes(), value, self.options());
-  return pjrt_scatter_reduce(self, dim, index, src, legacy_scatter_reduction(reduce), /*include_self=*/true);
+  return pjrt_scatter_legacy_reduce(self, dim, index, at::full(index.sizes(), value, self.options()), reduce);
 }
 
 // `index_reduce` is `scatter_reduce` with the index spread over `source`'s other dimensions.

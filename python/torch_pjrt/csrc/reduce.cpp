@@ -93,20 +93,23 @@ std::tuple<at::Tensor, at::Tensor> pjrt_var_mean(
 
 // ----- order statistics -----------------------------------------------------------------------
 
+// A value-and-index reduction's results, picked with `dim` kept: `dim` dropped unless `keepdim`,
+// and contiguous, as PyTorch's kernels return them.
+std::tuple<at::Tensor, at::Tensor> reduced_pair(at::Tensor value, at::Tensor index, int64_t dim, bool keepdim) {
+  if (!keepdim) {
+    value = value.squeeze(dim);
+    index = index.squeeze(dim);
+  }
+  return {value.contiguous(), index.contiguous()};
+}
+
 // The `k`-th smallest (0-based) along `dim`, NaN sorting last as in PyTorch's sort.
 std::tuple<at::Tensor, at::Tensor> order_statistic(const at::Tensor& self, int64_t k, int64_t dim, bool keepdim) {
   if (self.dim() == 0) {
     return {self.clone(), at::zeros({}, self.options().dtype(at::kLong))};
   }
   auto [values, indices] = at::sort(self, /*stable=*/true, dim, /*descending=*/false);
-  at::Tensor value = values.narrow(dim, k, 1);
-  at::Tensor index = indices.narrow(dim, k, 1);
-  if (!keepdim) {
-    value = value.squeeze(dim);
-    index = index.squeeze(dim);
-  }
-  // Contiguous results, as PyTorch's kernels return them.
-  return {value.contiguous(), index.contiguous()};
+  return reduced_pair(values.narrow(dim, k, 1), indices.narrow(dim, k, 1), dim, keepdim);
 }
 
 std::tuple<at::Tensor, at::Tensor> pjrt_kthvalue(const at::Tensor& self, c10::SymInt k_sym, int64_t dim, bool keepdim) {
@@ -155,13 +158,7 @@ std::tuple<at::Tensor, at::Tensor> pjrt_nanmedian_dim(const at::Tensor& self, in
   auto [values, indices] = at::sort(self, /*stable=*/true, wrapped, /*descending=*/false);
   const at::Tensor count = at::logical_not(at::isnan(self)).sum(wrapped, /*keepdim=*/true);
   const at::Tensor k = at::where(count > 0, (count - 1).div(2, "floor"), at::zeros_like(count));
-  at::Tensor value = values.gather(wrapped, k);
-  at::Tensor index = indices.gather(wrapped, k);
-  if (!keepdim) {
-    value = value.squeeze(wrapped);
-    index = index.squeeze(wrapped);
-  }
-  return {value.contiguous(), index.contiguous()};
+  return reduced_pair(values.gather(wrapped, k), indices.gather(wrapped, k), wrapped, keepdim);
 }
 
 at::Tensor pjrt_nanmedian(const at::Tensor& self) {
@@ -196,13 +193,7 @@ std::tuple<at::Tensor, at::Tensor> pjrt_mode(const at::Tensor& self, int64_t dim
   const at::Tensor longest = length.amax(wrapped, /*keepdim=*/true);
   // argmax takes the first: the smallest of the most frequent values.
   const at::Tensor pick = at::eq(length, longest).to(at::kByte).argmax(wrapped, /*keepdim=*/true);
-  at::Tensor value = sorted.gather(wrapped, pick);
-  at::Tensor index = order.gather(wrapped, pick);
-  if (!keepdim) {
-    value = value.squeeze(wrapped);
-    index = index.squeeze(wrapped);
-  }
-  return {value.contiguous(), index.contiguous()};
+  return reduced_pair(sorted.gather(wrapped, pick), order.gather(wrapped, pick), wrapped, keepdim);
 }
 
 at::Tensor pjrt_median(const at::Tensor& self) {
@@ -487,12 +478,6 @@ std::tuple<at::Tensor, at::Tensor> pjrt_histogram_bin_ct(
     const std::optional<at::Tensor>& weight,
     bool density) {
   check_histogram(self, weight, /*per_point=*/false);
-  if (range.has_value()) {
-    TORCH_CHECK(
-        range->size() == 2,
-        "torch.histogramdd: for a 1-dimensional histogram range should have 2 elements, but got ",
-        range->size());
-  }
   const at::Tensor points = self.reshape({-1, 1});
   std::vector<std::pair<double, double>> bounds;
   std::vector<at::Tensor> edges = histogram_edges(points, {bins}, range, &bounds);

@@ -624,19 +624,21 @@ at::Tensor sample_bicubic(
   return out;
 }
 
-at::Tensor pjrt_grid_sampler_2d(
+// The checks both grid samplers make first, in PyTorch's order and words: floating-point images
+// only, an `(N, C, spatial...)` input with a grid of `(N, spatial_out..., spatial)` points (the
+// grid's shape spelled out in `grid_shape`), one batch size and one dtype for both.
+void check_grid_sampler(
+    const char* name,
     const at::Tensor& input,
     const at::Tensor& grid,
-    int64_t interpolation_mode,
-    int64_t padding_mode,
-    bool align_corners) {
-  // PyTorch's kernels sample floating-point images only.
+    int64_t spatial,
+    const char* grid_shape) {
   TORCH_CHECK_NOT_IMPLEMENTED(
       at::isFloatingType(input.scalar_type()),
-      "\"grid_sampler_2d\" not implemented for '", c10::toString(input.scalar_type()), "'");
+      "\"", name, "\" not implemented for '", c10::toString(input.scalar_type()), "'");
   TORCH_CHECK(
-      input.dim() == 4 && grid.dim() == 4 && grid.size(3) == 2,
-      "grid_sampler_2d(): expected a 4-D input and a grid of shape (N, H_out, W_out, 2), but got "
+      input.dim() == spatial + 2 && grid.dim() == spatial + 2 && grid.size(spatial + 1) == spatial, name,
+      "(): expected a ", spatial + 2, "-D input and a grid of shape ", grid_shape, ", but got "
       "input of shape ", input.sizes(), " and grid of shape ", grid.sizes());
   TORCH_CHECK(
       input.size(0) == grid.size(0),
@@ -646,6 +648,21 @@ at::Tensor pjrt_grid_sampler_2d(
       input.scalar_type() == grid.scalar_type(),
       "grid_sampler(): expected input and grid to have same dtype, but input has ",
       input.scalar_type(), " and grid has ", grid.scalar_type());
+}
+
+// Zero with a gradient of one with respect to `t` where it is finite: nearest sampling scales its
+// values by 1 plus these, so the grid's gradient is zero, not absent.
+at::Tensor zero_through(const at::Tensor& t) {
+  return at::where(at::isfinite(t), t - t.detach(), at::zeros({}, t.options()));
+}
+
+at::Tensor pjrt_grid_sampler_2d(
+    const at::Tensor& input,
+    const at::Tensor& grid,
+    int64_t interpolation_mode,
+    int64_t padding_mode,
+    bool align_corners) {
+  check_grid_sampler("grid_sampler_2d", input, grid, 2, "(N, H_out, W_out, 2)");
   TORCH_CHECK(
       interpolation_mode >= kBilinear && interpolation_mode <= kBicubic,
       "grid_sampler_2d(): unknown interpolation mode ", interpolation_mode);
@@ -668,9 +685,6 @@ at::Tensor pjrt_grid_sampler_2d(
     at::Tensor x = at::round(ix), y = at::round(iy);
     // The grid's gradient is zero, not absent (as on the CPU): the values are scaled by a one
     // whose gradient with respect to the rounded coordinates is one (and `round`'s is zero).
-    auto zero_through = [](const at::Tensor& t) {
-      return at::where(at::isfinite(t), t - t.detach(), at::zeros({}, t.options()));
-    };
     at::Tensor one = 1 + zero_through(x) + zero_through(y);
     return img.read(x, y) * one.unsqueeze(1);
   }
@@ -706,22 +720,7 @@ at::Tensor pjrt_grid_sampler_3d(
     int64_t interpolation_mode,
     int64_t padding_mode,
     bool align_corners) {
-  // PyTorch's kernels sample floating-point images only.
-  TORCH_CHECK_NOT_IMPLEMENTED(
-      at::isFloatingType(input.scalar_type()),
-      "\"grid_sampler_3d\" not implemented for '", c10::toString(input.scalar_type()), "'");
-  TORCH_CHECK(
-      input.dim() == 5 && grid.dim() == 5 && grid.size(4) == 3,
-      "grid_sampler_3d(): expected a 5-D input and a grid of shape (N, D_out, H_out, W_out, 3), but got "
-      "input of shape ", input.sizes(), " and grid of shape ", grid.sizes());
-  TORCH_CHECK(
-      input.size(0) == grid.size(0),
-      "grid_sampler(): expected grid and input to have same batch size, but got input with sizes ",
-      input.sizes(), " and grid with sizes ", grid.sizes());
-  TORCH_CHECK(
-      input.scalar_type() == grid.scalar_type(),
-      "grid_sampler(): expected input and grid to have same dtype, but input has ",
-      input.scalar_type(), " and grid has ", grid.scalar_type());
+  check_grid_sampler("grid_sampler_3d", input, grid, 3, "(N, D_out, H_out, W_out, 3)");
   TORCH_CHECK(
       interpolation_mode != kBicubic, "grid_sampler(): bicubic interpolation only supports 4D input");
   TORCH_CHECK(
@@ -740,9 +739,6 @@ at::Tensor pjrt_grid_sampler_3d(
   at::Tensor iz = pad_coordinate(unnormalize(grid.select(4, 2), d, align_corners), d, padding_mode, align_corners);
   if (interpolation_mode == kNearest) {
     at::Tensor x = at::round(ix), y = at::round(iy), z = at::round(iz);
-    auto zero_through = [](const at::Tensor& t) {
-      return at::where(at::isfinite(t), t - t.detach(), at::zeros({}, t.options()));
-    };
     at::Tensor one = 1 + zero_through(x) + zero_through(y) + zero_through(z);
     return vol.read(x, y, z) * one.unsqueeze(1);
   }
